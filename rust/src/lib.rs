@@ -1,0 +1,9 @@
+//! Native core of `smg-grpc-proto`.
+//!
+//! Each capability lives in its own module and builds, tests and benches without Python.
+//! The PyO3 bindings live in [`py`] behind the `python` feature, which the wheel build enables.
+
+pub mod build_info;
+
+#[cfg(feature = "python")]
+mod py;

@@ -1,0 +1,14 @@
+//! The PyO3 layer: the only code that knows about Python. One file per capability; each
+//! converts types, releases the GIL around heavy work and maps errors — nothing else.
+
+use pyo3::prelude::*;
+
+mod build_info;
+
+/// `smg_grpc_proto._native`: the private extension module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    build_info::register(m)?;
+    Ok(())
+}
