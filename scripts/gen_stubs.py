@@ -119,6 +119,22 @@ def _relative_imports(text: str, modules: set[str]) -> str:
     return re.sub(r"^import (\w+)( as \w+)?$", fix, text, flags=re.MULTILINE)
 
 
+# betterproto2-compiler 0.10.1 renames fields that clash with Python keywords, but not fields
+# that clash with betterproto2.Message methods: `KvEventBatch.load` shadows `Message.load`, and
+# parsing any KvEventBatch then fails with "'NoneType' object is not callable". We rename such
+# fields with a trailing underscore (the compiler's own convention for keywords); the wire is
+# unaffected because betterproto2 maps fields by number. tests/test_dataclasses.py checks that no
+# field of any generated dataclass shadows a Message attribute.
+_BETTERPROTO2_SHADOWED = ("load", "parse", "dump", "to_dict", "from_dict", "to_json", "from_json")
+
+
+def _unshadow_betterproto2_fields(text: str) -> str:
+    names = "|".join(_BETTERPROTO2_SHADOWED)
+    return re.sub(
+        rf"^(    )({names}): (.*= betterproto2\.field\()", r"\1\2_: \3", text, flags=re.MULTILINE
+    )
+
+
 def generate(out: Path) -> None:
     """Write all generated trees below ``out`` (a package-shaped folder)."""
     files = _proto_files()
@@ -155,6 +171,8 @@ def generate(out: Path) -> None:
     dc = out / "dataclasses"
     dc.mkdir()
     _protoc(protoc_bin, plugin_bin, [f"--python_betterproto2_out={dc}"], files)
+    for path in sorted(dc.rglob("*.py")):
+        path.write_text(_unshadow_betterproto2_fields(path.read_text()))
 
 
 def _tree(root: Path) -> dict[str, Path]:

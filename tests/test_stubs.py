@@ -1,4 +1,4 @@
-"""The generated stubs: fresh, stamped for the declared runtime floor, importable both ways, lazy."""
+"""The generated stubs: fresh, stamped for the runtime floor, importable both ways, lazy."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import ast
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import smg_grpc_proto
 from smg_grpc_proto import generated
@@ -37,13 +37,15 @@ def test_generated_files_are_fresh():
     """Regenerating from protos/ with the pinned generators reproduces the committed files."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gen_stubs.py"), "--check"],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-5000:]
 
 
 def test_gencode_stamp_equals_declared_protobuf_floor():
-    """Each _pb2.py states its gencode version; a runtime check, if any, must not exceed the floor."""
+    """Each _pb2.py states its gencode version; a runtime check must not exceed the floor."""
     floor = _requirement_floor("protobuf")
     stamps = set()
     for path in sorted(GEN.glob("*_pb2.py")):
@@ -63,15 +65,15 @@ def test_gencode_stamp_equals_declared_protobuf_floor():
 def test_grpc_generated_version_equals_declared_grpcio_floor():
     floor = _requirement_floor("grpcio")
     for path in sorted(GEN.glob("*_pb2_grpc.py")):
-        m = re.search(r"^GRPC_GENERATED_VERSION = '([\d.]+)'$", path.read_text(), flags=re.MULTILINE)
+        m = re.search(
+            r"^GRPC_GENERATED_VERSION = '([\d.]+)'$", path.read_text(), flags=re.MULTILINE
+        )
         assert m, path.name
         assert m.group(1) == floor, f"{path.name}: generated for grpcio {m.group(1)}, floor {floor}"
 
 
 def test_every_module_importable_both_ways():
-    assert set(generated.MODULES) == {
-        p.stem for p in GEN.glob("*.py") if p.stem != "__init__"
-    }
+    assert set(generated.MODULES) == {p.stem for p in GEN.glob("*.py") if p.stem != "__init__"}
     assert len(generated.MODULES) == 16
     for name in generated.MODULES:
         top = getattr(smg_grpc_proto, name)
@@ -105,7 +107,10 @@ def test_stub_py_files_use_relative_imports_and_pyi_resolve():
 
 def _fresh_python(code: str, **env: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PATH": "/usr/bin:/bin", **env},
     )
     assert result.returncode == 0, result.stderr
@@ -117,7 +122,8 @@ def test_imports_are_lazy():
         "import sys, smg_grpc_proto\n"
         "print(sorted(m for m in sys.modules if m.endswith(('_pb2', '_pb2_grpc'))))\n"
         "from smg_grpc_proto import vllm_engine_pb2_grpc\n"
-        "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.endswith(('_pb2', '_pb2_grpc'))))\n"
+        "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules\n"
+        "             if m.endswith(('_pb2', '_pb2_grpc'))))\n"
         "print('smg_grpc_proto._native' in sys.modules)\n"
     )
     before, after, native = out.splitlines()
@@ -160,8 +166,11 @@ def test_method_paths_match_the_wire_contract():
     )
     assert f"/{trt.full_name}/Generate" == "/trtllm.TrtllmService/Generate"
     counts = {
-        "sglang_scheduler_pb2": 15, "vllm_engine_pb2": 12, "trtllm_service_pb2": 8,
-        "tokenspeed_scheduler_pb2": 11, "mlx_engine_pb2": 6,
+        "sglang_scheduler_pb2": 15,
+        "vllm_engine_pb2": 12,
+        "trtllm_service_pb2": 8,
+        "tokenspeed_scheduler_pb2": 11,
+        "mlx_engine_pb2": 6,
     }
     for module, n in counts.items():
         (svc,) = getattr(smg_grpc_proto, module).DESCRIPTOR.services_by_name.values()

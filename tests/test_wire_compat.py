@@ -56,7 +56,9 @@ def _ranges(rs: object) -> list[tuple[int, int]]:
     return sorted((r.start, r.end) for r in rs)  # type: ignore[attr-defined]
 
 
-def _message_props(prefix: str, msg: descriptor_pb2.DescriptorProto) -> Iterator[tuple[str, object]]:
+def _message_props(
+    prefix: str, msg: descriptor_pb2.DescriptorProto
+) -> Iterator[tuple[str, object]]:
     path = f"{prefix}.{msg.name}"
     yield f"{path}", "message"
     yield f"{path}#reserved_ranges", _ranges(msg.reserved_range)
@@ -64,8 +66,11 @@ def _message_props(prefix: str, msg: descriptor_pb2.DescriptorProto) -> Iterator
     yield f"{path}#extension_ranges", _ranges(msg.extension_range)
     yield f"{path}#options", msg.options.SerializeToString(deterministic=True)
     for oneof in msg.oneof_decl:
-        members = sorted(f.number for f in msg.field if f.HasField("oneof_index")
-                         and msg.oneof_decl[f.oneof_index].name == oneof.name)
+        members = sorted(
+            f.number
+            for f in msg.field
+            if f.HasField("oneof_index") and msg.oneof_decl[f.oneof_index].name == oneof.name
+        )
         yield f"{path}/oneof {oneof.name}", members
     for f in msg.field:
         for key, value in _field_props(msg, f).items():
@@ -76,7 +81,9 @@ def _message_props(prefix: str, msg: descriptor_pb2.DescriptorProto) -> Iterator
         yield from _enum_props(path, enum)
 
 
-def _enum_props(prefix: str, enum: descriptor_pb2.EnumDescriptorProto) -> Iterator[tuple[str, object]]:
+def _enum_props(
+    prefix: str, enum: descriptor_pb2.EnumDescriptorProto
+) -> Iterator[tuple[str, object]]:
     path = f"{prefix}.{enum.name}"
     yield f"{path}", "enum"
     yield f"{path}#reserved_ranges", _ranges(enum.reserved_range)
@@ -139,14 +146,17 @@ def test_same_descriptor_file_names(upstream, ours):
 def test_wire_and_api_identical_to_0_4_28(name, upstream, ours):
     theirs, mine = properties(upstream[name]), properties(ours[name])
     missing = sorted(k for k in theirs if k not in mine)
-    changed = sorted(f"{k}: 0.4.28 {theirs[k]!r} != ours {mine[k]!r}"
-                     for k in theirs if k in mine and theirs[k] != mine[k])
+    changed = sorted(
+        f"{k}: 0.4.28 {theirs[k]!r} != ours {mine[k]!r}"
+        for k in theirs
+        if k in mine and theirs[k] != mine[k]
+    )
     allowed = documented_additions()
     undocumented = sorted(k for k in mine if k not in theirs and k.split("#")[0] not in allowed)
     assert not missing, f"{name}: removed relative to 0.4.28:\n" + "\n".join(missing)
     assert not changed, f"{name}: changed relative to 0.4.28:\n" + "\n".join(changed)
-    assert not undocumented, (
-        f"{name}: additions not documented in protos/README.md:\n" + "\n".join(undocumented)
+    assert not undocumented, f"{name}: additions not documented in protos/README.md:\n" + "\n".join(
+        undocumented
     )
 
 
@@ -161,8 +171,17 @@ def test_comparison_detects_a_renumbered_field(upstream):
     assert "vllm_engine.proto:vllm.grpc.engine.TensorData/field 2#name" not in mine
     assert {k for k in theirs if k not in mine} == {
         f"vllm_engine.proto:vllm.grpc.engine.TensorData/field 2#{p}"
-        for p in ("name", "type", "type_name", "label", "proto3_optional", "oneof", "json_name",
-                  "default_value", "options")
+        for p in (
+            "name",
+            "type",
+            "type_name",
+            "label",
+            "proto3_optional",
+            "oneof",
+            "json_name",
+            "default_value",
+            "options",
+        )
     }
 
 

@@ -2,6 +2,7 @@
 
 from smg_grpc_proto.build import BuildInfo
 
+__all__ = ["__version__", "build_info"]
 __version__: str
 
 def build_info() -> BuildInfo: ...

@@ -51,7 +51,11 @@ def oneof_width(descriptor: _d.Descriptor, depth: int = 0, max_depth: int = 3) -
 
 def _is_synthetic(oneof: _d.OneofDescriptor) -> bool:
     # proto3 `optional` fields live in a one-member oneof whose name starts with "_".
-    return len(oneof.fields) == 1 and oneof.name.startswith("_") and oneof.name[1:] == oneof.fields[0].name
+    return (
+        len(oneof.fields) == 1
+        and oneof.name.startswith("_")
+        and oneof.name[1:] == oneof.fields[0].name
+    )
 
 
 def _value(field: _d.FieldDescriptor, index: int) -> Any:
@@ -96,8 +100,11 @@ def populate(msg: Message, variant: int = 0, depth: int = 0, max_depth: int = 3)
         container = getattr(msg, field.name)
         is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
         if is_map:
-            key_f, val_f = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
-            for i in range(2):
+            key_f = field.message_type.fields_by_name["key"]
+            val_f = field.message_type.fields_by_name["value"]
+            # One entry only: map order on the wire is unspecified and differs between runtimes
+            # even with deterministic=True (upb and pure Python sort int keys differently).
+            for i in range(1):
                 key = _map_key(key_f, i)
                 if val_f.message_type is not None:
                     if depth < max_depth:

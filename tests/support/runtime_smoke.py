@@ -54,10 +54,10 @@ def loopback_call() -> str:
     from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
     class Engine(pb_grpc.VllmEngineServicer):
-        def HealthCheck(self, request, context):  # noqa: N802
+        def HealthCheck(self, request, context):
             return pb.HealthCheckResponse(healthy=True, message="ok")
 
-        def Generate(self, request, context):  # noqa: N802
+        def Generate(self, request, context):
             for i, token in enumerate(request.tokenized.input_ids):
                 yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[token + i]))
 
@@ -69,7 +69,8 @@ def loopback_call() -> str:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.VllmEngineStub(channel)
             health = stub.HealthCheck(pb.HealthCheckRequest(), timeout=10)
-            assert health.healthy and health.message == "ok"
+            assert health.healthy
+            assert health.message == "ok"
             request = pb.GenerateRequest(
                 request_id="r1", tokenized=pb.TokenizedInput(input_ids=[10, 20, 30])
             )

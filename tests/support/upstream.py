@@ -20,9 +20,19 @@ def upstream_package() -> Path:
         wheels = list(CACHE.glob("smg_grpc_proto-*.whl"))
         if not wheels:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                 "--disable-pip-version-check", "--only-binary=:all:",
-                 f"smg-grpc-proto=={UPSTREAM_VERSION}", "-d", str(CACHE)],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    "--only-binary=:all:",
+                    f"smg-grpc-proto=={UPSTREAM_VERSION}",
+                    "-d",
+                    str(CACHE),
+                ],
                 check=True,
             )
             wheels = list(CACHE.glob("smg_grpc_proto-*.whl"))

@@ -325,7 +325,6 @@ class EngineLoad(_message.Message):
     WAITING_REQUESTS_FIELD_NUMBER: _builtins.int
     WAITING_UNCACHED_TOKENS_FIELD_NUMBER: _builtins.int
     TOKEN_USAGE_FIELD_NUMBER: _builtins.int
-    ACTIVE_TOKEN_USAGE_FIELD_NUMBER: _builtins.int
     GEN_THROUGHPUT_FIELD_NUMBER: _builtins.int
     MAX_RUNNING_REQUESTS_FIELD_NUMBER: _builtins.int
     AGE_MS_FIELD_NUMBER: _builtins.int
@@ -339,6 +338,7 @@ class EngineLoad(_message.Message):
     SPECULATIVE_FIELD_NUMBER: _builtins.int
     LORA_FIELD_NUMBER: _builtins.int
     DISAGGREGATION_FIELD_NUMBER: _builtins.int
+    ACTIVE_TOKEN_USAGE_FIELD_NUMBER: _builtins.int
     ENGINE_SILENCE_MS_FIELD_NUMBER: _builtins.int
     ENGINE_REPORTS_STEPS_FIELD_NUMBER: _builtins.int
     PREFILL_PENDING_TOKENS_FIELD_NUMBER: _builtins.int
@@ -353,11 +353,6 @@ class EngineLoad(_message.Message):
     """
     token_usage: _builtins.float
     """Fraction of KV-cache capacity in use, 0..1, as GetLoads reports it."""
-    active_token_usage: _builtins.float
-    """Fraction of KV-cache capacity that cannot be evicted (0..1), i.e. usage
-    without reclaimable cached prefixes. Absent = the engine does not report
-    it. Part of the routing core.
-    """
     gen_throughput: _builtins.float
     """Generation throughput in output tokens per second; 0 = unknown."""
     max_running_requests: _builtins.int
@@ -382,6 +377,11 @@ class EngineLoad(_message.Message):
     """KV-cache slots in use, in tokens. Absent = not reported."""
     max_total_num_tokens: _builtins.int
     """Total KV-cache capacity, in tokens. Absent = not reported."""
+    active_token_usage: _builtins.float
+    """Fraction of KV-cache capacity that cannot be evicted (0..1), i.e. usage
+    without reclaimable cached prefixes. Absent = the engine does not report
+    it. Part of the routing core.
+    """
     engine_silence_ms: _builtins.int
     """Milliseconds since the engine last produced anything (a token, a finished
     request, a step's statistics) while the servicer had requests in flight
@@ -428,7 +428,6 @@ class EngineLoad(_message.Message):
         waiting_requests: _builtins.int = ...,
         waiting_uncached_tokens: _builtins.int | None = ...,
         token_usage: _builtins.float = ...,
-        active_token_usage: _builtins.float | None = ...,
         gen_throughput: _builtins.float = ...,
         max_running_requests: _builtins.int = ...,
         age_ms: _builtins.int = ...,
@@ -442,6 +441,7 @@ class EngineLoad(_message.Message):
         speculative: Global___EngineSpeculative | None = ...,
         lora: Global___EngineLora | None = ...,
         disaggregation: Global___EngineDisaggregation | None = ...,
+        active_token_usage: _builtins.float | None = ...,
         engine_silence_ms: _builtins.int | None = ...,
         engine_reports_steps: _builtins.bool | None = ...,
         prefill_pending_tokens: _builtins.int | None = ...,

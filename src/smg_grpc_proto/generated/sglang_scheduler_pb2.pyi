@@ -703,23 +703,23 @@ class GenerateStreamChunk(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     CACHED_TOKENS_FIELD_NUMBER: _builtins.int
-    REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_LOGPROBS_FIELD_NUMBER: _builtins.int
     HIDDEN_STATES_FIELD_NUMBER: _builtins.int
     INPUT_LOGPROBS_FIELD_NUMBER: _builtins.int
     INDEX_FIELD_NUMBER: _builtins.int
+    REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     prompt_tokens: _builtins.int
     """Prompt length in tokens. Running total, not a delta."""
     completion_tokens: _builtins.int
     """Tokens generated so far for this sample. Running total, not a delta."""
     cached_tokens: _builtins.int
     """Prompt tokens served from the prefix cache instead of being recomputed. Running total."""
+    index: _builtins.int
+    """Sample number in [0, n) when sampling_params.n > 1; 0 for single-sample requests."""
     reasoning_tokens: _builtins.int
     """Generated tokens that belong to reasoning / thinking content. Counted only when
     GenerateRequest.require_reasoning is true; 0 otherwise.
     """
-    index: _builtins.int
-    """Sample number in [0, n) when sampling_params.n > 1; 0 for single-sample requests."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Tokens generated since the previous chunk for this sample (a delta, not the full output)."""
@@ -745,11 +745,11 @@ class GenerateStreamChunk(_message.Message):
         prompt_tokens: _builtins.int = ...,
         completion_tokens: _builtins.int = ...,
         cached_tokens: _builtins.int = ...,
-        reasoning_tokens: _builtins.int = ...,
         output_logprobs: Global___OutputLogProbs | None = ...,
         hidden_states: _abc.Iterable[_builtins.float] | None = ...,
         input_logprobs: Global___InputLogProbs | None = ...,
         index: _builtins.int = ...,
+        reasoning_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input_logprobs", b"input_logprobs", "output_logprobs", b"output_logprobs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -772,13 +772,13 @@ class GenerateComplete(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     CACHED_TOKENS_FIELD_NUMBER: _builtins.int
-    REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_LOGPROBS_FIELD_NUMBER: _builtins.int
     ALL_HIDDEN_STATES_FIELD_NUMBER: _builtins.int
     MATCHED_TOKEN_ID_FIELD_NUMBER: _builtins.int
     MATCHED_STOP_STR_FIELD_NUMBER: _builtins.int
     INPUT_LOGPROBS_FIELD_NUMBER: _builtins.int
     INDEX_FIELD_NUMBER: _builtins.int
+    REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _builtins.int
     SPEC_DRAFT_TOKENS_FIELD_NUMBER: _builtins.int
     finish_reason: _builtins.str
@@ -791,14 +791,14 @@ class GenerateComplete(_message.Message):
     """Number of tokens generated for this sample."""
     cached_tokens: _builtins.int
     """Prompt tokens served from the prefix cache."""
-    reasoning_tokens: _builtins.int
-    """Generated tokens counted as reasoning content; 0 unless require_reasoning was set."""
     matched_token_id: _builtins.int
     """The stop token id (EOS or one of stop_token_ids) that ended generation."""
     matched_stop_str: _builtins.str
     """The stop string (from SamplingParams.stop) that ended generation."""
     index: _builtins.int
     """Sample number in [0, n) when sampling_params.n > 1; 0 for single-sample requests."""
+    reasoning_tokens: _builtins.int
+    """Generated tokens counted as reasoning content; 0 unless require_reasoning was set."""
     spec_accepted_tokens: _builtins.int
     """Speculative decoding: draft tokens accepted by the target model for this request.
     0 when speculative decoding is off.
@@ -834,13 +834,13 @@ class GenerateComplete(_message.Message):
         prompt_tokens: _builtins.int = ...,
         completion_tokens: _builtins.int = ...,
         cached_tokens: _builtins.int = ...,
-        reasoning_tokens: _builtins.int = ...,
         output_logprobs: Global___OutputLogProbs | None = ...,
         all_hidden_states: _abc.Iterable[Global___HiddenStates] | None = ...,
         matched_token_id: _builtins.int = ...,
         matched_stop_str: _builtins.str = ...,
         input_logprobs: Global___InputLogProbs | None = ...,
         index: _builtins.int = ...,
+        reasoning_tokens: _builtins.int = ...,
         spec_accepted_tokens: _builtins.int = ...,
         spec_draft_tokens: _builtins.int = ...,
     ) -> None: ...
@@ -1936,12 +1936,12 @@ class SchedulerLoad(_message.Message):
     CACHE_HIT_RATE_FIELD_NUMBER: _builtins.int
     UTILIZATION_FIELD_NUMBER: _builtins.int
     MAX_RUNNING_REQUESTS_FIELD_NUMBER: _builtins.int
-    NUM_WAITING_UNCACHED_TOKENS_FIELD_NUMBER: _builtins.int
     MEMORY_FIELD_NUMBER: _builtins.int
     SPECULATIVE_FIELD_NUMBER: _builtins.int
     LORA_FIELD_NUMBER: _builtins.int
     DISAGGREGATION_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
+    NUM_WAITING_UNCACHED_TOKENS_FIELD_NUMBER: _builtins.int
     dp_rank: _builtins.int
     """Data-parallel rank this entry describes (0-based)."""
     num_running_reqs: _builtins.int
@@ -1966,8 +1966,8 @@ class SchedulerLoad(_message.Message):
     """Configured maximum number of concurrently running requests."""
     num_waiting_uncached_tokens: _builtins.int
     """Prompt tokens of waiting requests that the prefix cache will not cover, i.e. prefill work
-    still queued, in tokens. Numbered 17 (out of order) because it was added after the
-    section fields 12-16; the number is fixed for wire compatibility.
+    still queued, in tokens. Numbered 17 because it was added after the section fields 12-16;
+    the number is fixed for wire compatibility.
     """
     @_builtins.property
     def memory(self) -> Global___MemoryMetrics:
@@ -2003,12 +2003,12 @@ class SchedulerLoad(_message.Message):
         cache_hit_rate: _builtins.float = ...,
         utilization: _builtins.float = ...,
         max_running_requests: _builtins.int = ...,
-        num_waiting_uncached_tokens: _builtins.int = ...,
         memory: Global___MemoryMetrics | None = ...,
         speculative: Global___SpeculativeMetrics | None = ...,
         lora: Global___LoRAMetrics | None = ...,
         disaggregation: Global___DisaggregationMetrics | None = ...,
         queues: Global___QueueMetrics | None = ...,
+        num_waiting_uncached_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_disaggregation", b"_disaggregation", "_lora", b"_lora", "_memory", b"_memory", "_queues", b"_queues", "_speculative", b"_speculative", "disaggregation", b"disaggregation", "lora", b"lora", "memory", b"memory", "queues", b"queues", "speculative", b"speculative"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

@@ -104,8 +104,8 @@ class SamplingParams(_message.Message):
     JSON_SCHEMA_FIELD_NUMBER: _builtins.int
     EBNF_GRAMMAR_FIELD_NUMBER: _builtins.int
     STRUCTURAL_TAG_FIELD_NUMBER: _builtins.int
-    NO_STOP_TRIM_FIELD_NUMBER: _builtins.int
     CUSTOM_PARAMS_FIELD_NUMBER: _builtins.int
+    NO_STOP_TRIM_FIELD_NUMBER: _builtins.int
     SAMPLING_SEED_FIELD_NUMBER: _builtins.int
     temperature: _builtins.float
     """Softmax temperature (>= 0). 0 = greedy decoding. Absent = engine default."""
@@ -206,8 +206,8 @@ class SamplingParams(_message.Message):
         json_schema: _builtins.str = ...,
         ebnf_grammar: _builtins.str = ...,
         structural_tag: _builtins.str = ...,
-        no_stop_trim: _builtins.bool = ...,
         custom_params: _struct_pb2.Struct | None = ...,
+        no_stop_trim: _builtins.bool = ...,
         sampling_seed: _builtins.int | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty", "_max_new_tokens", b"_max_new_tokens", "_min_p", b"_min_p", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_sampling_seed", b"_sampling_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "constraint", b"constraint", "custom_params", b"custom_params", "ebnf_grammar", b"ebnf_grammar", "frequency_penalty", b"frequency_penalty", "json_schema", b"json_schema", "max_new_tokens", b"max_new_tokens", "min_p", b"min_p", "presence_penalty", b"presence_penalty", "regex", b"regex", "repetition_penalty", b"repetition_penalty", "sampling_seed", b"sampling_seed", "structural_tag", b"structural_tag", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
@@ -1384,14 +1384,14 @@ class SchedulerLoad(_message.Message):
     NUM_USED_TOKENS_FIELD_NUMBER: _builtins.int
     MAX_TOTAL_NUM_TOKENS_FIELD_NUMBER: _builtins.int
     MAX_RUNNING_REQUESTS_FIELD_NUMBER: _builtins.int
-    NUM_WAITING_UNCACHED_TOKENS_FIELD_NUMBER: _builtins.int
     TOKEN_USAGE_FIELD_NUMBER: _builtins.int
-    ACTIVE_TOKEN_USAGE_FIELD_NUMBER: _builtins.int
     GEN_THROUGHPUT_FIELD_NUMBER: _builtins.int
     CACHE_HIT_RATE_FIELD_NUMBER: _builtins.int
     UTILIZATION_FIELD_NUMBER: _builtins.int
     MEMORY_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
+    NUM_WAITING_UNCACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    ACTIVE_TOKEN_USAGE_FIELD_NUMBER: _builtins.int
     dp_rank: _builtins.int
     """0-based data-parallel rank this entry describes."""
     num_running_reqs: _builtins.int
@@ -1408,24 +1408,24 @@ class SchedulerLoad(_message.Message):
     """KV cache capacity of this rank, in tokens."""
     max_running_requests: _builtins.int
     """Admission window: most requests the rank runs at once. 0 = unknown."""
-    num_waiting_uncached_tokens: _builtins.int
-    """Queued work: prompt tokens of waiting requests that are not covered by the prefix cache
-    (same meaning as SGLang's field). Used by the gateway's least-load policy; 0 when not
-    reported. Numbered 14 (next free number at the time) so older numbers stayed stable.
-    """
     token_usage: _builtins.float
     """KV cache occupancy, fraction 0..1 (about num_used_tokens / max_total_num_tokens)."""
-    active_token_usage: _builtins.float
-    """KV occupancy that cannot be evicted, fraction 0..1; excludes retained prefix cache that
-    could be reclaimed, so an idle worker with a warm cache does not look busy.
-    Absent from older workers.
-    """
     gen_throughput: _builtins.float
     """Generation throughput, in tokens per second."""
     cache_hit_rate: _builtins.float
     """Prefix cache hit rate, fraction 0..1."""
     utilization: _builtins.float
     """Overall busyness of the rank, fraction 0..1."""
+    num_waiting_uncached_tokens: _builtins.int
+    """Queued work: prompt tokens of waiting requests that are not covered by the prefix cache
+    (same meaning as SGLang's field). Used by the gateway's least-load policy; 0 when not
+    reported. Numbered 14 (next free number at the time) so older numbers stayed stable.
+    """
+    active_token_usage: _builtins.float
+    """KV occupancy that cannot be evicted, fraction 0..1; excludes retained prefix cache that
+    could be reclaimed, so an idle worker with a warm cache does not look busy.
+    Absent from older workers.
+    """
     @_builtins.property
     def memory(self) -> Global___MemoryMetrics:
         """Memory breakdown; present only when the "memory" section was requested."""
@@ -1444,14 +1444,14 @@ class SchedulerLoad(_message.Message):
         num_used_tokens: _builtins.int = ...,
         max_total_num_tokens: _builtins.int = ...,
         max_running_requests: _builtins.int = ...,
-        num_waiting_uncached_tokens: _builtins.int = ...,
         token_usage: _builtins.float = ...,
-        active_token_usage: _builtins.float | None = ...,
         gen_throughput: _builtins.float = ...,
         cache_hit_rate: _builtins.float = ...,
         utilization: _builtins.float = ...,
         memory: Global___MemoryMetrics | None = ...,
         queues: Global___QueueMetrics | None = ...,
+        num_waiting_uncached_tokens: _builtins.int = ...,
+        active_token_usage: _builtins.float | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_active_token_usage", b"_active_token_usage", "_memory", b"_memory", "_queues", b"_queues", "active_token_usage", b"active_token_usage", "memory", b"memory", "queues", b"queues"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

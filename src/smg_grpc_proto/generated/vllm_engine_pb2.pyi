@@ -86,6 +86,12 @@ class SamplingParams(_message.Message):
     SPACES_BETWEEN_SPECIAL_TOKENS_FIELD_NUMBER: _builtins.int
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
     N_FIELD_NUMBER: _builtins.int
+    JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    REGEX_FIELD_NUMBER: _builtins.int
+    GRAMMAR_FIELD_NUMBER: _builtins.int
+    STRUCTURAL_TAG_FIELD_NUMBER: _builtins.int
+    JSON_OBJECT_FIELD_NUMBER: _builtins.int
+    CHOICE_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
@@ -93,12 +99,6 @@ class SamplingParams(_message.Message):
     LOGIT_BIAS_FIELD_NUMBER: _builtins.int
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     GRAMMAR_FROM_FIRST_TOKEN_FIELD_NUMBER: _builtins.int
-    JSON_SCHEMA_FIELD_NUMBER: _builtins.int
-    REGEX_FIELD_NUMBER: _builtins.int
-    GRAMMAR_FIELD_NUMBER: _builtins.int
-    STRUCTURAL_TAG_FIELD_NUMBER: _builtins.int
-    JSON_OBJECT_FIELD_NUMBER: _builtins.int
-    CHOICE_FIELD_NUMBER: _builtins.int
     temperature: _builtins.float
     """Softmax temperature; 0 = greedy decoding. Absent = the servicer default of
     1.0. Declared `optional` precisely so an explicit 0 survives the wire.
@@ -148,6 +148,22 @@ class SamplingParams(_message.Message):
     """Number of independent outputs (choices) to sample for this prompt. 0
     (unset) is treated as 1. Outputs are told apart by their `index`.
     """
+    json_schema: _builtins.str
+    """JSON Schema document (as JSON text) the output must validate against."""
+    regex: _builtins.str
+    """Regular expression the output must match."""
+    grammar: _builtins.str
+    """Grammar (EBNF / Lark style, as the engine's backend accepts) the output
+    must follow.
+    """
+    structural_tag: _builtins.str
+    """Structural-tag specification (JSON text), e.g. for tool-call formats of
+    Harmony-style models.
+    """
+    json_object: _builtins.bool
+    """true = the output must be some JSON object. Setting false still selects
+    this alternative and is not meaningful.
+    """
     logprobs: _builtins.int
     """Number of top alternatives to return with each output token's logprob;
     0 = the sampled token's logprob only, -1 = the whole vocabulary. Absent =
@@ -172,22 +188,6 @@ class SamplingParams(_message.Message):
     when it has already placed the model's reasoning in the prompt. false
     (unset) = the engine decides where the constraint starts.
     """
-    json_schema: _builtins.str
-    """JSON Schema document (as JSON text) the output must validate against."""
-    regex: _builtins.str
-    """Regular expression the output must match."""
-    grammar: _builtins.str
-    """Grammar (EBNF / Lark style, as the engine's backend accepts) the output
-    must follow.
-    """
-    structural_tag: _builtins.str
-    """Structural-tag specification (JSON text), e.g. for tool-call formats of
-    Harmony-style models.
-    """
-    json_object: _builtins.bool
-    """true = the output must be some JSON object. Setting false still selects
-    this alternative and is not meaningful.
-    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Stop strings: generation ends when the output text contains one. Empty =
@@ -201,14 +201,14 @@ class SamplingParams(_message.Message):
         """
 
     @_builtins.property
+    def choice(self) -> Global___ChoiceConstraint:
+        """The output must be exactly one of the listed strings."""
+
+    @_builtins.property
     def logit_bias(self) -> _containers.ScalarMap[_builtins.int, _builtins.float]:
         """Additive bias on the logits of specific tokens: token id -> bias, usually
         within -100..100 (-100 effectively bans a token). Empty = none.
         """
-
-    @_builtins.property
-    def choice(self) -> Global___ChoiceConstraint:
-        """The output must be exactly one of the listed strings."""
 
     def __init__(
         self,
@@ -228,6 +228,12 @@ class SamplingParams(_message.Message):
         spaces_between_special_tokens: _builtins.bool = ...,
         ignore_eos: _builtins.bool = ...,
         n: _builtins.int = ...,
+        json_schema: _builtins.str = ...,
+        regex: _builtins.str = ...,
+        grammar: _builtins.str = ...,
+        structural_tag: _builtins.str = ...,
+        json_object: _builtins.bool = ...,
+        choice: Global___ChoiceConstraint | None = ...,
         logprobs: _builtins.int | None = ...,
         prompt_logprobs: _builtins.int | None = ...,
         seed: _builtins.int | None = ...,
@@ -235,12 +241,6 @@ class SamplingParams(_message.Message):
         logit_bias: _abc.Mapping[_builtins.int, _builtins.float] | None = ...,
         truncate_prompt_tokens: _builtins.int | None = ...,
         grammar_from_first_token: _builtins.bool = ...,
-        json_schema: _builtins.str = ...,
-        regex: _builtins.str = ...,
-        grammar: _builtins.str = ...,
-        structural_tag: _builtins.str = ...,
-        json_object: _builtins.bool = ...,
-        choice: Global___ChoiceConstraint | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_max_tokens", b"_max_tokens", "_prompt_logprobs", b"_prompt_logprobs", "_seed", b"_seed", "_temperature", b"_temperature", "_truncate_prompt_tokens", b"_truncate_prompt_tokens", "choice", b"choice", "constraint", b"constraint", "grammar", b"grammar", "json_object", b"json_object", "json_schema", b"json_schema", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "prompt_logprobs", b"prompt_logprobs", "regex", b"regex", "seed", b"seed", "structural_tag", b"structural_tag", "temperature", b"temperature", "truncate_prompt_tokens", b"truncate_prompt_tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -352,11 +352,16 @@ class TensorData(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    SHAPE_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
     INLINE_FIELD_NUMBER: _builtins.int
     SHM_FIELD_NUMBER: _builtins.int
     REMOTE_FIELD_NUMBER: _builtins.int
+    SHAPE_FIELD_NUMBER: _builtins.int
+    DTYPE_FIELD_NUMBER: _builtins.int
+    inline: _builtins.bytes
+    """The bytes inside the message. Field 1 used to be a plain `bytes data`;
+    same number and wire type, so older producers remain compatible.
+    Subject to the gRPC message-size limit.
+    """
     dtype: _builtins.str
     """Element type. Accepted names and item sizes in bytes:
       "float32" 4, "bfloat16" 2 (the upper 16 bits of an IEEE-754 float32),
@@ -366,15 +371,6 @@ class TensorData(_message.Message):
     Any other name is rejected. Floating tensors are cast to the model dtype
     on arrival; integer tensors are kept as sent.
     """
-    inline: _builtins.bytes
-    """The bytes inside the message. Field 1 used to be a plain `bytes data`;
-    same number and wire type, so older producers remain compatible.
-    Subject to the gRPC message-size limit.
-    """
-    @_builtins.property
-    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Size of each dimension, outermost first: one uint32 per dimension."""
-
     @_builtins.property
     def shm(self) -> _common_pb2.ShmHandle:
         """The bytes in a shared-memory segment on the same host (see
@@ -388,14 +384,18 @@ class TensorData(_message.Message):
         but NOT implemented for vLLM: the servicer rejects such a tensor.
         """
 
+    @_builtins.property
+    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Size of each dimension, outermost first: one uint32 per dimension."""
+
     def __init__(
         self,
         *,
-        shape: _abc.Iterable[_builtins.int] | None = ...,
-        dtype: _builtins.str = ...,
         inline: _builtins.bytes = ...,
         shm: _common_pb2.ShmHandle | None = ...,
         remote: _common_pb2.RemoteTensorHandle | None = ...,
+        shape: _abc.Iterable[_builtins.int] | None = ...,
+        dtype: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inline", b"inline", "payload", b"payload", "remote", b"remote", "shm", b"shm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -666,10 +666,10 @@ class GenerateRequest(_message.Message):
     STREAM_FIELD_NUMBER: _builtins.int
     KV_TRANSFER_PARAMS_FIELD_NUMBER: _builtins.int
     MM_INPUTS_FIELD_NUMBER: _builtins.int
-    EXTRA_MM_INPUTS_FIELD_NUMBER: _builtins.int
     KV_TRANSFER_PARAMS_JSON_FIELD_NUMBER: _builtins.int
     DATA_PARALLEL_RANK_FIELD_NUMBER: _builtins.int
     MEDIA_REFS_FIELD_NUMBER: _builtins.int
+    EXTRA_MM_INPUTS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Identifier chosen by the gateway; must be unique among the engine's
     in-flight requests. Abort refers to it.
@@ -716,18 +716,18 @@ class GenerateRequest(_message.Message):
         """
 
     @_builtins.property
-    def extra_mm_inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___MultimodalInputs]:
-        """Further preprocessed batches when a request mixes modalities (say images
-        in mm_inputs and a video here), one batch per additional modality, each
-        with its own tensors, placeholders and hashes. Empty = none.
-        """
-
-    @_builtins.property
     def media_refs(self) -> Global___MediaRefs:
         """Unprocessed media for engine-side processing. Set only when the gateway
         did not preprocess the media; mutually exclusive with mm_inputs and
         extra_mm_inputs, and requires `tokenized` input. Only for engines whose
         GetServerInfoResponse.mm_processor is non-empty. Not set = none.
+        """
+
+    @_builtins.property
+    def extra_mm_inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___MultimodalInputs]:
+        """Further preprocessed batches when a request mixes modalities (say images
+        in mm_inputs and a video here), one batch per additional modality, each
+        with its own tensors, placeholders and hashes. Empty = none.
         """
 
     def __init__(
@@ -740,10 +740,10 @@ class GenerateRequest(_message.Message):
         stream: _builtins.bool = ...,
         kv_transfer_params: Global___KvTransferParams | None = ...,
         mm_inputs: Global___MultimodalInputs | None = ...,
-        extra_mm_inputs: _abc.Iterable[Global___MultimodalInputs] | None = ...,
         kv_transfer_params_json: _builtins.str | None = ...,
         data_parallel_rank: _builtins.int | None = ...,
         media_refs: Global___MediaRefs | None = ...,
+        extra_mm_inputs: _abc.Iterable[Global___MultimodalInputs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_data_parallel_rank", b"_data_parallel_rank", "_kv_transfer_params_json", b"_kv_transfer_params_json", "data_parallel_rank", b"data_parallel_rank", "input", b"input", "kv_transfer_params", b"kv_transfer_params", "kv_transfer_params_json", b"kv_transfer_params_json", "media_refs", b"media_refs", "mm_inputs", b"mm_inputs", "sampling_params", b"sampling_params", "text", b"text", "tokenized", b"tokenized"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

@@ -360,11 +360,6 @@ class GenerateComplete(betterproto2.Message):
     Prompt tokens served from the prefix cache.
     """
 
-    reasoning_tokens: "int" = betterproto2.field(12, betterproto2.TYPE_UINT32)
-    """
-    Generated tokens counted as reasoning content; 0 unless require_reasoning was set.
-    """
-
     output_logprobs: "OutputLogProbs | None" = betterproto2.field(
         6, betterproto2.TYPE_MESSAGE, optional=True
     )
@@ -403,6 +398,11 @@ class GenerateComplete(betterproto2.Message):
     index: "int" = betterproto2.field(11, betterproto2.TYPE_UINT32)
     """
     Sample number in [0, n) when sampling_params.n > 1; 0 for single-sample requests.
+    """
+
+    reasoning_tokens: "int" = betterproto2.field(12, betterproto2.TYPE_UINT32)
+    """
+    Generated tokens counted as reasoning content; 0 unless require_reasoning was set.
     """
 
     spec_accepted_tokens: "int" = betterproto2.field(13, betterproto2.TYPE_UINT32)
@@ -613,12 +613,6 @@ class GenerateStreamChunk(betterproto2.Message):
     Prompt tokens served from the prefix cache instead of being recomputed. Running total.
     """
 
-    reasoning_tokens: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
-    """
-    Generated tokens that belong to reasoning / thinking content. Counted only when
-    GenerateRequest.require_reasoning is true; 0 otherwise.
-    """
-
     output_logprobs: "OutputLogProbs | None" = betterproto2.field(
         5, betterproto2.TYPE_MESSAGE, optional=True
     )
@@ -642,6 +636,12 @@ class GenerateStreamChunk(betterproto2.Message):
     index: "int" = betterproto2.field(8, betterproto2.TYPE_UINT32)
     """
     Sample number in [0, n) when sampling_params.n > 1; 0 for single-sample requests.
+    """
+
+    reasoning_tokens: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
+    """
+    Generated tokens that belong to reasoning / thinking content. Counted only when
+    GenerateRequest.require_reasoning is true; 0 otherwise.
     """
 
 
@@ -1678,13 +1678,6 @@ class SchedulerLoad(betterproto2.Message):
     Configured maximum number of concurrently running requests.
     """
 
-    num_waiting_uncached_tokens: "int" = betterproto2.field(17, betterproto2.TYPE_INT32)
-    """
-    Prompt tokens of waiting requests that the prefix cache will not cover, i.e. prefill work
-    still queued, in tokens. Numbered 17 (out of order) because it was added after the
-    section fields 12-16; the number is fixed for wire compatibility.
-    """
-
     memory: "MemoryMetrics | None" = betterproto2.field(
         12, betterproto2.TYPE_MESSAGE, optional=True
     )
@@ -1714,6 +1707,13 @@ class SchedulerLoad(betterproto2.Message):
     queues: "QueueMetrics | None" = betterproto2.field(16, betterproto2.TYPE_MESSAGE, optional=True)
     """
     Breakdown of queued requests ("queues" section).
+    """
+
+    num_waiting_uncached_tokens: "int" = betterproto2.field(17, betterproto2.TYPE_INT32)
+    """
+    Prompt tokens of waiting requests that the prefix cache will not cover, i.e. prefill work
+    still queued, in tokens. Numbered 17 because it was added after the section fields 12-16;
+    the number is fixed for wire compatibility.
     """
 
 

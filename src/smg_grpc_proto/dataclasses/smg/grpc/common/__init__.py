@@ -257,15 +257,6 @@ class EngineLoad(betterproto2.Message):
     Fraction of KV-cache capacity in use, 0..1, as GetLoads reports it.
     """
 
-    active_token_usage: "float | None" = betterproto2.field(
-        18, betterproto2.TYPE_DOUBLE, optional=True
-    )
-    """
-    Fraction of KV-cache capacity that cannot be evicted (0..1), i.e. usage
-    without reclaimable cached prefixes. Absent = the engine does not report
-    it. Part of the routing core.
-    """
-
     gen_throughput: "float" = betterproto2.field(5, betterproto2.TYPE_DOUBLE)
     """
     Generation throughput in output tokens per second; 0 = unknown.
@@ -340,6 +331,15 @@ class EngineLoad(betterproto2.Message):
     )
     """
     Prefill/decode disaggregation queues. Absent = not reported or no PD.
+    """
+
+    active_token_usage: "float | None" = betterproto2.field(
+        18, betterproto2.TYPE_DOUBLE, optional=True
+    )
+    """
+    Fraction of KV-cache capacity that cannot be evicted (0..1), i.e. usage
+    without reclaimable cached prefixes. Absent = the engine does not report
+    it. Part of the routing core.
     """
 
     engine_silence_ms: "int | None" = betterproto2.field(
@@ -888,7 +888,7 @@ class KvEventBatch(betterproto2.Message):
     Not set = an ordinary batch.
     """
 
-    load: "EngineLoad | None" = betterproto2.field(8, betterproto2.TYPE_MESSAGE, optional=True)
+    load_: "EngineLoad | None" = betterproto2.field(8, betterproto2.TYPE_MESSAGE, optional=True)
     """
     The engine's load as the servicer saw it when sending this batch. Not set
     by servicers that predate the field; see EngineLoad.

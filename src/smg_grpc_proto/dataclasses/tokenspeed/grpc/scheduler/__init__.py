@@ -1146,18 +1146,18 @@ class SamplingParams(betterproto2.Message):
     Structural-tag specification (JSON text) for the grammar backend.
     """
 
-    no_stop_trim: "bool" = betterproto2.field(22, betterproto2.TYPE_BOOL)
-    """
-    true: keep a matched trailing stop token in the returned ids. Default false: it is
-    stripped (the match itself is still reported in GenerateComplete.matched_stop).
-    """
-
     custom_params: "___google__protobuf__.Struct | None" = betterproto2.field(
         21, betterproto2.TYPE_MESSAGE, optional=True
     )
     """
     Free-form backend-specific knobs, so new options need no schema change. Unset or empty =
     none; a servicer may ignore keys it does not know.
+    """
+
+    no_stop_trim: "bool" = betterproto2.field(22, betterproto2.TYPE_BOOL)
+    """
+    true: keep a matched trailing stop token in the returned ids. Default false: it is
+    stripped (the match itself is still reported in GenerateComplete.matched_stop).
     """
 
     sampling_seed: "int | None" = betterproto2.field(23, betterproto2.TYPE_UINT64, optional=True)
@@ -1212,25 +1212,9 @@ class SchedulerLoad(betterproto2.Message):
     Admission window: most requests the rank runs at once. 0 = unknown.
     """
 
-    num_waiting_uncached_tokens: "int" = betterproto2.field(14, betterproto2.TYPE_INT32)
-    """
-    Queued work: prompt tokens of waiting requests that are not covered by the prefix cache
-    (same meaning as SGLang's field). Used by the gateway's least-load policy; 0 when not
-    reported. Numbered 14 (next free number at the time) so older numbers stayed stable.
-    """
-
     token_usage: "float" = betterproto2.field(8, betterproto2.TYPE_DOUBLE)
     """
     KV cache occupancy, fraction 0..1 (about num_used_tokens / max_total_num_tokens).
-    """
-
-    active_token_usage: "float | None" = betterproto2.field(
-        15, betterproto2.TYPE_DOUBLE, optional=True
-    )
-    """
-    KV occupancy that cannot be evicted, fraction 0..1; excludes retained prefix cache that
-    could be reclaimed, so an idle worker with a warm cache does not look busy.
-    Absent from older workers.
     """
 
     gen_throughput: "float" = betterproto2.field(9, betterproto2.TYPE_DOUBLE)
@@ -1258,6 +1242,22 @@ class SchedulerLoad(betterproto2.Message):
     queues: "QueueMetrics | None" = betterproto2.field(13, betterproto2.TYPE_MESSAGE, optional=True)
     """
     Queue breakdown; present only when the "queues" section was requested.
+    """
+
+    num_waiting_uncached_tokens: "int" = betterproto2.field(14, betterproto2.TYPE_INT32)
+    """
+    Queued work: prompt tokens of waiting requests that are not covered by the prefix cache
+    (same meaning as SGLang's field). Used by the gateway's least-load policy; 0 when not
+    reported. Numbered 14 (next free number at the time) so older numbers stayed stable.
+    """
+
+    active_token_usage: "float | None" = betterproto2.field(
+        15, betterproto2.TYPE_DOUBLE, optional=True
+    )
+    """
+    KV occupancy that cannot be evicted, fraction 0..1; excludes retained prefix cache that
+    could be reclaimed, so an idle worker with a warm cache does not look busy.
+    Absent from older workers.
     """
 
 

@@ -324,15 +324,6 @@ class GenerateRequest(betterproto2.Message):
     media.
     """
 
-    extra_mm_inputs: "list[MultimodalInputs]" = betterproto2.field(
-        11, betterproto2.TYPE_MESSAGE, repeated=True
-    )
-    """
-    Further preprocessed batches when a request mixes modalities (say images
-    in mm_inputs and a video here), one batch per additional modality, each
-    with its own tensors, placeholders and hashes. Empty = none.
-    """
-
     kv_transfer_params_json: "str | None" = betterproto2.field(
         8, betterproto2.TYPE_STRING, optional=True
     )
@@ -356,6 +347,15 @@ class GenerateRequest(betterproto2.Message):
     did not preprocess the media; mutually exclusive with mm_inputs and
     extra_mm_inputs, and requires `tokenized` input. Only for engines whose
     GetServerInfoResponse.mm_processor is non-empty. Not set = none.
+    """
+
+    extra_mm_inputs: "list[MultimodalInputs]" = betterproto2.field(
+        11, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    Further preprocessed batches when a request mixes modalities (say images
+    in mm_inputs and a video here), one batch per additional modality, each
+    with its own tensors, placeholders and hashes. Empty = none.
     """
 
 
@@ -1232,6 +1232,51 @@ class SamplingParams(betterproto2.Message):
     (unset) is treated as 1. Outputs are told apart by their `index`.
     """
 
+    json_schema: "str | None" = betterproto2.field(
+        16, betterproto2.TYPE_STRING, optional=True, group="constraint"
+    )
+    """
+    JSON Schema document (as JSON text) the output must validate against.
+    """
+
+    regex: "str | None" = betterproto2.field(
+        17, betterproto2.TYPE_STRING, optional=True, group="constraint"
+    )
+    """
+    Regular expression the output must match.
+    """
+
+    grammar: "str | None" = betterproto2.field(
+        18, betterproto2.TYPE_STRING, optional=True, group="constraint"
+    )
+    """
+    Grammar (EBNF / Lark style, as the engine's backend accepts) the output
+    must follow.
+    """
+
+    structural_tag: "str | None" = betterproto2.field(
+        19, betterproto2.TYPE_STRING, optional=True, group="constraint"
+    )
+    """
+    Structural-tag specification (JSON text), e.g. for tool-call formats of
+    Harmony-style models.
+    """
+
+    json_object: "bool | None" = betterproto2.field(
+        20, betterproto2.TYPE_BOOL, optional=True, group="constraint"
+    )
+    """
+    true = the output must be some JSON object. Setting false still selects
+    this alternative and is not meaningful.
+    """
+
+    choice: "ChoiceConstraint | None" = betterproto2.field(
+        21, betterproto2.TYPE_MESSAGE, optional=True, group="constraint"
+    )
+    """
+    The output must be exactly one of the listed strings.
+    """
+
     logprobs: "int | None" = betterproto2.field(22, betterproto2.TYPE_INT32, optional=True)
     """
     Number of top alternatives to return with each output token's logprob;
@@ -1280,51 +1325,6 @@ class SamplingParams(betterproto2.Message):
     normally wait for the end of the reasoning section. The gateway sets it
     when it has already placed the model's reasoning in the prompt. false
     (unset) = the engine decides where the constraint starts.
-    """
-
-    json_schema: "str | None" = betterproto2.field(
-        16, betterproto2.TYPE_STRING, optional=True, group="constraint"
-    )
-    """
-    JSON Schema document (as JSON text) the output must validate against.
-    """
-
-    regex: "str | None" = betterproto2.field(
-        17, betterproto2.TYPE_STRING, optional=True, group="constraint"
-    )
-    """
-    Regular expression the output must match.
-    """
-
-    grammar: "str | None" = betterproto2.field(
-        18, betterproto2.TYPE_STRING, optional=True, group="constraint"
-    )
-    """
-    Grammar (EBNF / Lark style, as the engine's backend accepts) the output
-    must follow.
-    """
-
-    structural_tag: "str | None" = betterproto2.field(
-        19, betterproto2.TYPE_STRING, optional=True, group="constraint"
-    )
-    """
-    Structural-tag specification (JSON text), e.g. for tool-call formats of
-    Harmony-style models.
-    """
-
-    json_object: "bool | None" = betterproto2.field(
-        20, betterproto2.TYPE_BOOL, optional=True, group="constraint"
-    )
-    """
-    true = the output must be some JSON object. Setting false still selects
-    this alternative and is not meaningful.
-    """
-
-    choice: "ChoiceConstraint | None" = betterproto2.field(
-        21, betterproto2.TYPE_MESSAGE, optional=True, group="constraint"
-    )
-    """
-    The output must be exactly one of the listed strings.
     """
 
 
@@ -1419,22 +1419,6 @@ class TensorData(betterproto2.Message):
         - payload: Where the bytes are. Exactly one must be set; none is an error.
     """
 
-    shape: "list[int]" = betterproto2.field(2, betterproto2.TYPE_UINT32, repeated=True)
-    """
-    Size of each dimension, outermost first: one uint32 per dimension.
-    """
-
-    dtype: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
-    """
-    Element type. Accepted names and item sizes in bytes:
-      "float32" 4, "bfloat16" 2 (the upper 16 bits of an IEEE-754 float32),
-      "float16" 2 (IEEE half), "int64" 8, "uint32" 4,
-      "uint8" 1 (raw pixel bytes, for engines that normalize on device; see
-      GetServerInfoResponse.mm_device_do_normalize).
-    Any other name is rejected. Floating tensors are cast to the model dtype
-    on arrival; integer tensors are kept as sent.
-    """
-
     inline: "bytes | None" = betterproto2.field(
         1, betterproto2.TYPE_BYTES, optional=True, group="payload"
     )
@@ -1459,6 +1443,22 @@ class TensorData(betterproto2.Message):
     """
     Remote transport (e.g. NIXL). Declared for symmetry with other engines
     but NOT implemented for vLLM: the servicer rejects such a tensor.
+    """
+
+    shape: "list[int]" = betterproto2.field(2, betterproto2.TYPE_UINT32, repeated=True)
+    """
+    Size of each dimension, outermost first: one uint32 per dimension.
+    """
+
+    dtype: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    Element type. Accepted names and item sizes in bytes:
+      "float32" 4, "bfloat16" 2 (the upper 16 bits of an IEEE-754 float32),
+      "float16" 2 (IEEE half), "int64" 8, "uint32" 4,
+      "uint8" 1 (raw pixel bytes, for engines that normalize on device; see
+      GetServerInfoResponse.mm_device_do_normalize).
+    Any other name is rejected. Floating tensors are cast to the model dtype
+    on arrival; integer tensors are kept as sent.
     """
 
 

@@ -1,0 +1,53 @@
+# smg-grpc-proto developer commands. `make help` lists them; `make test` is exactly what CI runs.
+PYTHON ?= python3
+CARGO  ?= cargo
+PIP    := $(PYTHON) -m pip
+WHEEL_DIR := dist
+
+.DEFAULT_GOAL := test
+.PHONY: help deps wheel install demo gen gen-check lint typecheck rust-test pytest test clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+deps: ## install the test and lint tools (pip >= 25.1 for dependency groups)
+	$(PIP) install --quiet --disable-pip-version-check "pip>=25.1"
+	$(PIP) install --quiet --disable-pip-version-check --group test
+
+wheel: ## build the abi3 wheel into dist/ with maturin (stale wheels removed first)
+	rm -rf $(WHEEL_DIR)
+	$(PYTHON) -m maturin build --release --quiet --out $(WHEEL_DIR)
+
+install: deps wheel ## build the wheel and install it (with the [dataclasses] extra)
+	$(PIP) install --quiet --disable-pip-version-check --force-reinstall \
+		"$$(ls $(WHEEL_DIR)/smg_grpc_proto-*.whl)[dataclasses]"
+
+demo: install ## the main job: toy engines for every contract over real gRPC on loopback
+	$(PYTHON) examples/demo.py
+
+gen: ## regenerate stubs, shipped protos and dataclasses from protos/
+	$(PYTHON) scripts/gen_stubs.py
+
+gen-check: ## fail if the generated files are stale
+	$(PYTHON) scripts/gen_stubs.py --check
+
+lint: ## ruff (check + format) on Python, fmt + clippy on Rust
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	cd rust && $(CARGO) fmt --check
+	cd rust && $(CARGO) clippy --all-targets --features python --quiet -- -D warnings
+
+typecheck: ## mypy --strict on the hand-written code and examples; stubtest on _native
+	$(PYTHON) -m mypy
+	cd /tmp && $(PYTHON) -m mypy.stubtest smg_grpc_proto._native
+
+rust-test: ## the crate's own tests (no Python)
+	cd rust && $(CARGO) test --quiet
+
+pytest: ## the Python test suite against the installed wheel (no tests collected = failure)
+	$(PYTHON) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+test: install lint typecheck rust-test pytest ## everything CI runs
+
+clean: ## remove build outputs and caches
+	rm -rf $(WHEEL_DIR) rust/target .pytest_cache .mypy_cache .ruff_cache .hypothesis
