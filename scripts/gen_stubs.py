@@ -8,7 +8,8 @@ Outputs (all of them are committed and must never be edited by hand):
 
 * ``src/smg_grpc_proto/generated/``  ``*_pb2.py``, ``*_pb2_grpc.py`` (grpcio-tools) and their
   typed ``.pyi`` (mypy-protobuf), plus an ``__init__.py`` listing the modules;
-* ``src/smg_grpc_proto/proto/``      a copy of the ``.proto`` sources shipped in the wheel;
+* ``src/smg_grpc_proto/proto/``      a copy of the ``.proto`` sources shipped in the wheel, and
+  ``descriptors.binpb``, their FileDescriptorSet with source info and imports;
 * ``src/smg_grpc_proto/dataclasses/`` betterproto2 dataclasses (the ``[dataclasses]`` extra).
 
 The generators are pinned in ``scripts/gen-requirements.txt`` (protoc, via grpcio-tools) and
@@ -36,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 PACKAGE = ROOT / "src" / "smg_grpc_proto"
 CACHE = ROOT / ".cache" / "codegen"
+
+DESCRIPTOR_SET = "descriptors.binpb"
 
 # Output folders, relative to the package, that this script owns completely.
 OUTPUTS = ("generated", "proto", "dataclasses")
@@ -167,6 +170,18 @@ def generate(out: Path) -> None:
     proto.mkdir()
     for f in files:
         shutil.copyfile(PROTOS / f, proto / f)
+    # A self-contained FileDescriptorSet with source info (comments, line numbers): what
+    # `smg-proto compat` compares when it checks the installed package.
+    _protoc(
+        protoc_bin,
+        plugin_bin,
+        [
+            f"--descriptor_set_out={proto / DESCRIPTOR_SET}",
+            "--include_imports",
+            "--include_source_info",
+        ],
+        files,
+    )
 
     dc = out / "dataclasses"
     dc.mkdir()
