@@ -62,12 +62,15 @@ __all__ = [
 _LAZY = frozenset(_STUB_MODULES)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module = importlib.import_module(f"smg_grpc_proto.generated.{name}")
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if not TYPE_CHECKING:
+    # Hidden from type checkers: with a visible `__getattr__ -> Any`, mypy would accept any
+    # misspelled module name; the TYPE_CHECKING imports above declare the real ones.
+    def __getattr__(name: str) -> Any:
+        if name in _LAZY:
+            module = importlib.import_module(f"smg_grpc_proto.generated.{name}")
+            globals()[name] = module
+            return module
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
