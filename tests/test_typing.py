@@ -100,11 +100,19 @@ def run_mypy(
     if mypy_path is not None:
         env["MYPYPATH"] = str(mypy_path)
     cmd = [
-        sys.executable, "-m", "mypy",
-        "--config-file", str(config_file),
+        sys.executable,
+        "-m",
+        "mypy",
+        "--config-file",
+        str(config_file),
         "--strict",
-        "--no-incremental", "--cache-dir", str(cache_dir),
-        "--show-error-codes", "--no-pretty", "--no-color-output", "--hide-error-context",
+        "--no-incremental",
+        "--cache-dir",
+        str(cache_dir),
+        "--show-error-codes",
+        "--no-pretty",
+        "--no-color-output",
+        "--hide-error-context",
         *extra_args,
         *targets,
     ]
@@ -116,13 +124,15 @@ def run_mypy(
         m = _LINE_RE.match(raw)
         if m:
             path = Path(m["path"])
-            diagnostics.append(Diagnostic(
-                path=(path if path.is_absolute() else cwd / path).resolve(),
-                line=int(m["line"]),
-                severity=m["severity"],
-                message=m["message"],
-                code=m["code"],
-            ))
+            diagnostics.append(
+                Diagnostic(
+                    path=(path if path.is_absolute() else cwd / path).resolve(),
+                    line=int(m["line"]),
+                    severity=m["severity"],
+                    message=m["message"],
+                    code=m["code"],
+                )
+            )
     return MypyRun(proc.returncode, proc.stdout, proc.stderr, diagnostics)
 
 
@@ -151,14 +161,16 @@ def test_examples_pass_mypy_strict(tmp_path: Path):
     for name in EXAMPLE_FILES:
         assert (EXAMPLES / name).is_file(), name
     n_files = len(list(EXAMPLES.glob("*.py")))
-    run = _parsed(run_mypy(
-        ["examples"],
-        cwd=ROOT,
-        cache_dir=tmp_path / "cache",
-        config_file=ROOT / "pyproject.toml",
-        mypy_path=SRC,
-        extra_args=("--verbose",),
-    ))
+    run = _parsed(
+        run_mypy(
+            ["examples"],
+            cwd=ROOT,
+            cache_dir=tmp_path / "cache",
+            config_file=ROOT / "pyproject.toml",
+            mypy_path=SRC,
+            extra_args=("--verbose",),
+        )
+    )
     assert run.returncode == 0, run.report()
     assert run.errors == []
     assert f"no issues found in {n_files} source files" in run.stdout, run.stdout
@@ -191,7 +203,7 @@ def _expectation(path: Path) -> Expectation:
 def _fail_param(path: Path) -> object:
     lines = path.read_text().splitlines()
     xfail = next((ln for ln in lines[1:3] if ln.startswith("# xfail: ")), None)
-    marks = [pytest.mark.xfail(strict=True, reason=xfail[len("# xfail: "):])] if xfail else []
+    marks = [pytest.mark.xfail(strict=True, reason=xfail[len("# xfail: ") :])] if xfail else []
     return pytest.param(path, id=path.stem, marks=marks)
 
 
@@ -205,13 +217,15 @@ def test_fail_table_is_complete():
 @pytest.mark.parametrize("case", [_fail_param(p) for p in FAIL_CASES])
 def test_negative_snippet_is_rejected(case: Path, tmp_path: Path, empty_config: Path):
     expected = _expectation(case)
-    run = _parsed(run_mypy(
-        [str(case)],
-        cwd=tmp_path,
-        cache_dir=tmp_path / "cache",
-        config_file=empty_config,
-        mypy_path=SRC,
-    ))
+    run = _parsed(
+        run_mypy(
+            [str(case)],
+            cwd=tmp_path,
+            cache_dir=tmp_path / "cache",
+            config_file=empty_config,
+            mypy_path=SRC,
+        )
+    )
     assert run.returncode == 1, f"{case.name} was accepted by mypy --strict\n{run.report()}"
     errors = run.errors
     assert len(errors) == 1, f"expected exactly one error\n{run.report()}"
@@ -228,7 +242,7 @@ def test_negative_snippet_is_rejected(case: Path, tmp_path: Path, empty_config: 
 
 INSTALLED = Path(smg_grpc_proto.__file__).resolve().parent
 
-WRONG_SNIPPET = '''\
+WRONG_SNIPPET = """\
 import grpc
 
 from smg_grpc_proto import vllm_engine_pb2, vllm_engine_pb2_grpc
@@ -237,7 +251,7 @@ reveal_type(vllm_engine_pb2.GenerateResponse().WhichOneof("response"))
 request_id: int = vllm_engine_pb2.GenerateRequest().request_id
 stub = vllm_engine_pb2_grpc.VllmEngineStub(grpc.insecure_channel("127.0.0.1:1"))
 stub.HealthCheck(vllm_engine_pb2.GenerateRequest())
-'''
+"""
 
 
 def _installed_or_skip() -> Path:
@@ -260,22 +274,24 @@ def test_installed_package_is_typed(tmp_path: Path, empty_config: Path):
     installed = _installed_or_skip()
     assert (installed / "py.typed").is_file()
     project = _copy_examples(tmp_path / "project")
-    run = _parsed(run_mypy(
-        ["."],
-        cwd=project,
-        cache_dir=tmp_path / "cache",
-        config_file=empty_config,
-        extra_args=("--verbose",),
-    ))
+    run = _parsed(
+        run_mypy(
+            ["."],
+            cwd=project,
+            cache_dir=tmp_path / "cache",
+            config_file=empty_config,
+            extra_args=("--verbose",),
+        )
+    )
     assert run.returncode == 0, run.report()
     assert f"Parsing {installed / '__init__.py'} (smg_grpc_proto)" in run.stderr
     assert f"Parsing {installed / 'generated' / 'vllm_engine_pb2.pyi'}" in run.stderr
     assert str(SRC) not in run.stderr
 
     (project / "wrong.py").write_text(WRONG_SNIPPET)
-    run = _parsed(run_mypy(
-        ["wrong.py"], cwd=project, cache_dir=tmp_path / "cache2", config_file=empty_config
-    ))
+    run = _parsed(
+        run_mypy(["wrong.py"], cwd=project, cache_dir=tmp_path / "cache2", config_file=empty_config)
+    )
     wrong = (project / "wrong.py").resolve()
     got = {(d.line, d.severity, d.code) for d in run.diagnostics if d.path == wrong}
     assert got == {(5, "note", None), (6, "error", "assignment"), (8, "error", "arg-type")}, (
@@ -291,13 +307,19 @@ def test_py_typed_marker_is_what_makes_mypy_read_the_package(tmp_path: Path, emp
     refuses to analyse it (import-untyped); with the marker the examples pass."""
     installed = _installed_or_skip()
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    site = Path(subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True, timeout=60,
-    ).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.strip()
+    )
     # Only the stub-only packages the examples need (types-grpcio, types-protobuf), no runtime.
     real_site = Path(sysconfig.get_paths()["purelib"])
     stub_dirs = sorted(real_site.glob("*-stubs"))
@@ -311,10 +333,15 @@ def test_py_typed_marker_is_what_makes_mypy_read_the_package(tmp_path: Path, emp
     project = _copy_examples(tmp_path / "project", EXAMPLE_FILES)
 
     def check(cache: str) -> MypyRun:
-        return _parsed(run_mypy(
-            ["."], cwd=project, cache_dir=tmp_path / cache, config_file=empty_config,
-            extra_args=("--python-executable", str(python)),
-        ))
+        return _parsed(
+            run_mypy(
+                ["."],
+                cwd=project,
+                cache_dir=tmp_path / cache,
+                config_file=empty_config,
+                extra_args=("--python-executable", str(python)),
+            )
+        )
 
     with_marker = check("cache-with")
     assert with_marker.returncode == 0, with_marker.report()
