@@ -1,0 +1,119 @@
+"""The ``smg-proto`` command: argument parsing only; the work is done by the library modules.
+
+    smg-proto compat --against smg-grpc-proto==0.4.28 --level wire-json --format github
+
+Each subcommand registers itself through a ``add_<name>_parser`` function that sets its
+``handler``; add new subcommands the same way in :func:`build_parser`.
+Exit codes: 0 success (compatible), 1 breaking changes found, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from smg_grpc_proto.compat import CompatError, check, load_schema
+from smg_grpc_proto.compat._model import LEVELS
+from smg_grpc_proto.compat.config import CompatConfig, find_config, load_config
+from smg_grpc_proto.compat.report import FORMATS, Report, path_prefix, render
+from smg_grpc_proto.compat.sources import find_protos, packaged_descriptors, schema_dir
+
+EXIT_OK, EXIT_BREAKING, EXIT_ERROR = 0, 1, 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="smg-proto",
+        description="Tools for the smg-grpc-proto schemas.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_compat_parser(commands)
+    return parser
+
+
+def add_compat_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "compat",
+        help="check the schemas for breaking changes against a reference (buf's rules)",
+        description=(
+            "Compare the current schemas (the protos/ directory here, --protos DIR, or the "
+            "installed package's descriptors) with a reference and report breaking changes with "
+            "buf's rule ids. Exit code 0: compatible, 1: breaking, 2: usage or input error."
+        ),
+    )
+    p.add_argument(
+        "--against",
+        required=True,
+        metavar="REF",
+        help="the reference: a directory of .proto files, a FileDescriptorSet (.binpb/.pb), "
+        "a wheel (.whl), a requirement such as smg-grpc-proto==0.4.28, or a git revision",
+    )
+    p.add_argument(
+        "--level",
+        choices=LEVELS,
+        default="wire",
+        help="strictness, as buf's categories: wire ⊂ wire-json ⊂ package ⊂ file "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text, json, or github (GitHub Actions annotations) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file with ignore / ignore_only / except (default: [tool.smg-proto.compat] "
+        "of the pyproject.toml next to the protos directory)",
+    )
+    p.add_argument(
+        "--protos",
+        metavar="DIR",
+        help="the current schema directory (default: ./protos, else the installed package)",
+    )
+    p.set_defaults(handler=run_compat)
+
+
+def run_compat(args: argparse.Namespace) -> int:
+    protos = schema_dir(Path(args.protos)) if args.protos else find_protos()
+    current = load_schema(protos) if protos is not None else packaged_descriptors()
+    against = load_schema(args.against, repo=protos)
+    config: CompatConfig | None
+    if args.config:
+        config = load_config(Path(args.config))
+    else:
+        config = find_config(protos) if protos is not None else None
+    findings = check(
+        current, against, level=args.level, ignore=config.as_ignore() if config else None
+    )
+    prefix = path_prefix(protos, repository_relative=args.format == "github")
+    report = Report(findings, args.level, args.against, prefix)
+    sys.stdout.write(render(report, args.format))
+    return EXIT_BREAKING if findings else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``smg-proto``; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help exits 0, usage errors exit 2
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except CompatError as exc:
+        print(f"smg-proto {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"smg-proto {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
