@@ -3,9 +3,16 @@ PYTHON ?= python3
 CARGO  ?= cargo
 PIP    := $(PYTHON) -m pip
 WHEEL_DIR := dist
+# Release snapshots of the schema; the newest (by version number) is the compat reference.
+RELEASES ?= protos/releases
+LATEST_RELEASE = $(shell ls $(RELEASES) 2>/dev/null \
+	| sed -n 's/^\([0-9]*\.[0-9]*\.[0-9]*\)\.binpb$$/\1/p' | sort -t. -k1,1n -k2,2n -k3,3n | tail -n 1)
+RELEASE_ARGS ?=
 
 .DEFAULT_GOAL := test
-.PHONY: help deps wheel install demo gen gen-check lint typecheck rust-test pytest test clean
+
+.PHONY: pytest-fallback help deps wheel install demo gen gen-check compat lint typecheck rust-test pytest test \
+	release clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -31,6 +38,10 @@ gen: ## regenerate stubs, shipped protos and dataclasses from protos/
 gen-check: ## fail if the generated files are stale
 	$(PYTHON) scripts/gen_stubs.py --check
 
+compat: ## check protos/ against the last release (protos/releases/<latest>.binpb)
+	@test -n "$(LATEST_RELEASE)" || { echo "no <X.Y.Z>.binpb in $(RELEASES)" >&2; exit 1; }
+	$(PYTHON) -m smg_grpc_proto.cli compat --against $(RELEASES)/$(LATEST_RELEASE).binpb --protos protos
+
 lint: ## ruff (check + format) on Python, fmt + clippy on Rust
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
@@ -44,10 +55,17 @@ typecheck: ## mypy --strict on the hand-written code and examples; stubtest on _
 rust-test: ## the crate's own tests (no Python)
 	cd rust && $(CARGO) test --quiet
 
+pytest-fallback: ## the tensor tests again with the pure-numpy kernels (SMG_GRPC_PROTO_NATIVE=0)
+	SMG_GRPC_PROTO_NATIVE=0 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_tensors.py \
+		tests/test_tensor_frames.py tests/test_shm.py -k "not native and not gil"
+
 pytest: ## the Python test suite against the installed wheel (no tests collected = failure)
 	$(PYTHON) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-test: install lint typecheck rust-test pytest ## everything CI runs
+test: install compat lint typecheck rust-test pytest pytest-fallback ## everything CI runs
+
+release: ## dry run of a release (RELEASE_ARGS="--bump minor", "--execute --repository-url URL")
+	$(PYTHON) scripts/release.py $(RELEASE_ARGS)
 
 clean: ## remove build outputs and caches
 	rm -rf $(WHEEL_DIR) rust/target .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -129,6 +129,7 @@ def test_runtime_matrix(built_wheel: Path, matrix_root: Path):
                 assert summary["protobuf"] == protobuf
                 assert summary["grpcio"] == grpcio
                 assert summary["loopback"] == "ok"
+                assert summary["tensors"] == "native"
                 results[(protobuf, grpcio, impl)] = summary
     digests = {s["digest"] for s in results.values()}
     counts = {(s["messages"], s["roundtrips"]) for s in results.values()}

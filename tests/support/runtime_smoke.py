@@ -81,6 +81,27 @@ def loopback_call() -> str:
     return "ok"
 
 
+def tensors_round_trip() -> str:
+    """The tensor API on this runtime: pack/unpack and the one-copy frame codec."""
+    import numpy as np
+
+    from smg_grpc_proto import tensors, vllm_engine_pb2
+
+    array = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    td = vllm_engine_pb2.TensorData.FromString(
+        tensors.pack(array, vllm_engine_pb2.TensorData).SerializeToString()
+    )
+    assert tensors.unpack(td).tolist() == array.tolist()
+    request = tensors.TensorMessage(vllm_engine_pb2.GenerateRequest(request_id="t"))
+    request.attach("mm_inputs.pixel_values", array, dtype="bfloat16")
+    data = tensors.serialize(request)
+    plain = vllm_engine_pb2.GenerateRequest.FromString(data)
+    back = tensors.parse(data, vllm_engine_pb2.GenerateRequest, bf16="float32")
+    assert back["mm_inputs.pixel_values"].tolist() == array.tolist()
+    assert plain.mm_inputs.pixel_values.dtype == "bfloat16"
+    return tensors.backend
+
+
 def main() -> None:
     expected_impl = sys.argv[1]
     actual = api_implementation.Type()
@@ -94,6 +115,7 @@ def main() -> None:
         "roundtrips": n_roundtrips,
         "digest": digest,
         "loopback": loopback_call(),
+        "tensors": tensors_round_trip(),
     }
     print(json.dumps(summary))
 

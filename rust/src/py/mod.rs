@@ -4,11 +4,13 @@
 use pyo3::prelude::*;
 
 mod build_info;
+mod tensor;
 
 /// `smg_grpc_proto._native`: the private extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     build_info::register(m)?;
+    tensor::register(m)?;
     Ok(())
 }

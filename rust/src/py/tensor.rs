@@ -1,0 +1,394 @@
+//! Python view of [`crate::tensor`]: dtype sizes, conversions and the frame codec.
+//!
+//! numpy arrays are read through `__array_interface__` (the buffer protocol is outside the
+//! abi3-py310 API). Each function holds a strong reference to every array it touches for its
+//! whole duration, releases the GIL around copies, conversions and parsing, and raises every
+//! [`TensorError`] as `ValueError` with its message; wrong Python types raise `TypeError`.
+
+use std::mem::MaybeUninit;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyInt, PyTuple, PyType};
+
+use crate::tensor::convert::{self as core_convert, Conversion};
+use crate::tensor::wire::{self, Plan, Source, MAX_DEPTH};
+use crate::tensor::{TensorError, WireDtype};
+
+fn value_error(err: TensorError) -> PyErr {
+    PyValueError::new_err(err.to_string())
+}
+
+/// A new `bytes` object of `len` bytes, filled by `write` with the GIL released.
+///
+/// `write` gets the object's uninitialised buffer and must return it initialised (the core's
+/// `*_uninit` writers do exactly that, so each output byte is written once). `PyBytes::new_with`
+/// is not used because it zero-fills the buffer first, holding the GIL: for a fresh 100 MiB
+/// output that first touch of the memory is most of the cost, and a second pass besides.
+fn new_bytes<'py, F>(py: Python<'py>, len: usize, write: F) -> PyResult<Bound<'py, PyBytes>>
+where
+    F: for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], TensorError> + Send,
+{
+    if len == 0 {
+        return Ok(PyBytes::new(py, &[]));
+    }
+    let size = ffi::Py_ssize_t::try_from(len).map_err(|_| {
+        value_error(TensorError::MessageTooLarge {
+            what: "output",
+            size: len as u64,
+            limit: isize::MAX as u64,
+        })
+    })?;
+    // SAFETY: with a NULL source, `PyBytes_FromStringAndSize` returns a new reference to a
+    // fresh bytes object of `size` uninitialised bytes, or NULL with an exception set, which
+    // `from_owned_ptr_or_err` turns into the error. We take ownership of the new reference.
+    let bytes = unsafe {
+        Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))?
+    }
+    .cast_into::<PyBytes>()?;
+    // SAFETY: `PyBytes_AsString` of a bytes object returns its internal buffer of `size` (+1
+    // NUL) bytes, valid while the object lives; `bytes` holds our reference until we return it.
+    // The object was created above and no one else has seen it (len > 0, so it is not the
+    // shared empty singleton), so this is the only access to the buffer. Its contents are
+    // uninitialised, hence `MaybeUninit`.
+    let buffer = unsafe {
+        let data = ffi::PyBytes_AsString(bytes.as_ptr()).cast::<MaybeUninit<u8>>();
+        if data.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        std::slice::from_raw_parts_mut(data, len)
+    };
+    // On error the object is dropped unseen, so its unwritten bytes are never read.
+    py.detach(|| {
+        crate::tensor::memory::advise_huge_pages(buffer);
+        write(buffer).map(|written| written.len())
+    })
+    .map_err(value_error)?;
+    Ok(bytes)
+}
+
+/// The memory of one numpy array, kept alive by the reference held in `_array`.
+struct ArrayMemory<'py> {
+    _array: Bound<'py, PyAny>,
+    addr: usize,
+    len: usize,
+    readonly: bool,
+    contiguous: bool,
+    dtype: String,
+}
+
+impl<'py> ArrayMemory<'py> {
+    /// Reads the address, size, flags and dtype of `array`, which must be a `numpy.ndarray`.
+    fn of(array: &Bound<'py, PyAny>, arg: &str) -> PyResult<Self> {
+        static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        let py = array.py();
+        let ndarray = NDARRAY.import(py, "numpy", "ndarray")?;
+        if !array.is_instance(ndarray)? {
+            return Err(PyTypeError::new_err(format!(
+                "{arg}: expected a numpy.ndarray, got {}",
+                array.get_type().name()?
+            )));
+        }
+        let (addr, readonly): (usize, bool) = array
+            .getattr("__array_interface__")?
+            .get_item("data")?
+            .extract()?;
+        let len: usize = array.getattr("nbytes")?.extract()?;
+        if len > 0 && (addr == 0 || isize::try_from(len).is_err()) {
+            return Err(PyTypeError::new_err(format!(
+                "{arg}: array reports {len} bytes at address {addr:#x}"
+            )));
+        }
+        Ok(ArrayMemory {
+            _array: array.clone(),
+            addr,
+            len,
+            readonly,
+            contiguous: array.getattr("flags")?.getattr("c_contiguous")?.extract()?,
+            dtype: array.getattr("dtype")?.getattr("str")?.extract()?,
+        })
+    }
+
+    /// A tensor source: C-contiguous, little-endian, a dtype we know.
+    fn source(array: &Bound<'py, PyAny>, arg: &'static str) -> PyResult<(Self, WireDtype)> {
+        let memory = Self::of(array, arg)?;
+        let dtype = WireDtype::from_numpy_str(&memory.dtype, arg).map_err(value_error)?;
+        if !memory.contiguous {
+            return Err(value_error(TensorError::NotContiguous { arg }));
+        }
+        Ok((memory, dtype))
+    }
+
+    /// A destination: writable, C-contiguous `uint8`.
+    fn destination(array: &Bound<'py, PyAny>, arg: &'static str) -> PyResult<Self> {
+        let memory = Self::of(array, arg)?;
+        if memory.dtype != "|u1" {
+            return Err(value_error(TensorError::DestinationDtype {
+                numpy: memory.dtype,
+            }));
+        }
+        if !memory.contiguous {
+            return Err(value_error(TensorError::NotContiguous { arg }));
+        }
+        if memory.readonly {
+            return Err(value_error(TensorError::ReadOnly { arg }));
+        }
+        Ok(memory)
+    }
+
+    fn overlaps(&self, other: &Self) -> bool {
+        self.len > 0
+            && other.len > 0
+            && self.addr < other.addr.saturating_add(other.len)
+            && other.addr < self.addr.saturating_add(self.len)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: numpy reported `len` (`nbytes`) bytes of C-contiguous data starting at `addr`
+        // (`__array_interface__['data']`), checked non-null and at most `isize::MAX` above.
+        // `self._array` holds a strong reference to the array, and the returned slice borrows
+        // `self`, so the array (which owns or references its memory) outlives the slice; numpy
+        // cannot resize an array with outstanding references unless told to skip that check.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`, plus: the array is writable (checked in `destination`), the
+        // slice borrows `self` mutably so no other slice of this `ArrayMemory` exists, and the
+        // caller has checked that it does not overlap any source memory read at the same time.
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+/// Converts a plan of nested tuples: `((field, child), ...)` or an int (a `TensorData` whose
+/// payload is that field).
+fn plan_from_py(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyResult<Plan> {
+    if depth > MAX_DEPTH {
+        return Err(value_error(TensorError::PlanTooDeep { max: MAX_DEPTH }));
+    }
+    if let Ok(number) = obj.cast::<PyInt>() {
+        return Ok(Plan::Tensor(field_number(number, path)?));
+    }
+    let Ok(fields) = obj.cast::<PyTuple>() else {
+        return Err(PyTypeError::new_err(format!(
+            "{path}: expected a tuple of (field_number, child) pairs or an int, got {}",
+            obj.get_type().name()?
+        )));
+    };
+    let mut plan = Vec::with_capacity(fields.len());
+    for (i, pair) in fields.iter().enumerate() {
+        let item = format!("{path}[{i}]");
+        let pair = pair
+            .cast::<PyTuple>()
+            .ok()
+            .filter(|p| p.len() == 2)
+            .ok_or_else(|| {
+                PyTypeError::new_err(format!("{item}: expected a (field_number, child) pair"))
+            })?;
+        let number = pair.get_item(0)?;
+        let number = number
+            .cast::<PyInt>()
+            .map_err(|_| PyTypeError::new_err(format!("{item}[0]: field number must be an int")))?;
+        let number = field_number(number, &format!("{item}[0]"))?;
+        let child = plan_from_py(&pair.get_item(1)?, &format!("{item}[1]"), depth + 1)?;
+        plan.push((number, child));
+    }
+    Ok(Plan::Message(plan))
+}
+
+/// `obj` as `bytes`, or a `TypeError` naming the argument.
+fn bytes_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>, arg: &str) -> PyResult<&'a Bound<'py, PyBytes>> {
+    obj.cast::<PyBytes>().map_err(|_| {
+        let got = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+        PyTypeError::new_err(format!("{arg}: expected bytes, got {got}"))
+    })
+}
+
+/// Prefixes the message of an error about `sources[i]`, keeping its type for the two we raise.
+fn in_source(py: Python<'_>, i: usize, err: PyErr) -> PyErr {
+    let msg = format!("sources[{i}]: {}", err.value(py));
+    if err.is_instance_of::<PyTypeError>(py) {
+        PyTypeError::new_err(msg)
+    } else if err.is_instance_of::<PyValueError>(py) {
+        PyValueError::new_err(msg)
+    } else {
+        err
+    }
+}
+
+fn field_number(number: &Bound<'_, PyInt>, path: &str) -> PyResult<u32> {
+    let invalid = || {
+        value_error(TensorError::PlanFieldNumber {
+            path: path.to_owned(),
+            value: number.to_string(),
+        })
+    };
+    let value: i64 = number.extract().map_err(|_| invalid())?;
+    Plan::field_number(value, path).map_err(value_error)
+}
+
+/// dtype_itemsize(name: str) -> int
+/// --
+///
+/// Bytes per element of a wire dtype; `ValueError` for names outside the vocabulary.
+#[pyfunction]
+fn dtype_itemsize(name: &str) -> PyResult<usize> {
+    WireDtype::from_name(name, "name")
+        .map(WireDtype::itemsize)
+        .map_err(value_error)
+}
+
+/// convert(src, wire_dtype) -> bytes
+/// --
+///
+/// The bytes of `src` (a C-contiguous little-endian numpy array) converted to `wire_dtype`.
+#[pyfunction]
+fn convert<'py>(
+    py: Python<'py>,
+    src: &Bound<'py, PyAny>,
+    wire_dtype: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let (memory, from) = ArrayMemory::source(src, "src")?;
+    let to = WireDtype::from_name(wire_dtype, "wire_dtype").map_err(value_error)?;
+    let conversion = Conversion::new(from, to).map_err(value_error)?;
+    let len = conversion
+        .output_len(memory.len, "src")
+        .map_err(value_error)?;
+    let bytes = memory.bytes();
+    new_bytes(py, len, |out| {
+        core_convert::convert_into_uninit(bytes, from, out, to)
+    })
+}
+
+/// convert_into(src, dst, wire_dtype) -> None
+/// --
+///
+/// Like `convert`, written into `dst`: a writable C-contiguous uint8 array of exactly the
+/// converted size.
+#[pyfunction]
+fn convert_into(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    dst: &Bound<'_, PyAny>,
+    wire_dtype: &str,
+) -> PyResult<()> {
+    let (source, from) = ArrayMemory::source(src, "src")?;
+    let mut destination = ArrayMemory::destination(dst, "dst")?;
+    let to = WireDtype::from_name(wire_dtype, "wire_dtype").map_err(value_error)?;
+    if source.overlaps(&destination) {
+        return Err(value_error(TensorError::Overlap {
+            src: source.addr,
+            src_len: source.len,
+            dst: destination.addr,
+            dst_len: destination.len,
+        }));
+    }
+    let input = source.bytes();
+    let output = destination.bytes_mut();
+    py.detach(|| core_convert::convert_into(input, from, output, to))
+        .map_err(value_error)
+}
+
+/// The header and the payload spans `(offset, length)` returned by `decode_frames`.
+type Decoded<'py> = (Bound<'py, PyBytes>, Vec<(usize, usize)>);
+
+/// decode_frames(data, plan, nonce) -> tuple[bytes, list[tuple[int, int]]]
+/// --
+///
+/// Splits a serialized message into a header whose tensor payloads are tokens
+/// (`nonce + u32_le(i)`) and the `(offset, length)` of each payload within `data`.
+#[pyfunction]
+fn decode_frames<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    plan: &Bound<'py, PyAny>,
+    nonce: &Bound<'py, PyAny>,
+) -> PyResult<Decoded<'py>> {
+    let (data, nonce) = (bytes_arg(data, "data")?, bytes_arg(nonce, "nonce")?);
+    let plan = plan_from_py(plan, "plan", 0)?;
+    let (data, nonce) = (data.as_bytes(), nonce.as_bytes());
+    let layout = py
+        .detach(|| wire::decode_frames(data, &plan, nonce))
+        .map_err(value_error)?;
+    let header = new_bytes(py, layout.len(), |out| layout.write_into_uninit(out))?;
+    Ok((header, layout.spans().to_vec()))
+}
+
+/// encode_frames(header, plan, nonce, sources) -> bytes
+/// --
+///
+/// Replaces every token `nonce + u32_le(i)` in the tensor payloads of `header` by the bytes
+/// of `sources[i] = (array, wire_dtype)`, converted, in one pass over each tensor.
+#[pyfunction]
+fn encode_frames<'py>(
+    py: Python<'py>,
+    header: &Bound<'py, PyAny>,
+    plan: &Bound<'py, PyAny>,
+    nonce: &Bound<'py, PyAny>,
+    sources: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let (header, nonce) = (bytes_arg(header, "header")?, bytes_arg(nonce, "nonce")?);
+    let plan = plan_from_py(plan, "plan", 0)?;
+    let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = sources.cast::<pyo3::types::PyList>() {
+        list.iter().collect()
+    } else if let Ok(tuple) = sources.cast::<PyTuple>() {
+        tuple.iter().collect()
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "sources: expected a list of (ndarray, wire_dtype) tuples, got {}",
+            sources.get_type().name()?
+        )));
+    };
+    let mut arrays = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let pair = item
+            .cast::<PyTuple>()
+            .ok()
+            .filter(|p| p.len() == 2)
+            .ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "sources[{i}]: expected an (ndarray, wire_dtype) tuple"
+                ))
+            })?;
+        let (memory, from) =
+            ArrayMemory::source(&pair.get_item(0)?, "array").map_err(|e| in_source(py, i, e))?;
+        let name: String = pair
+            .get_item(1)?
+            .extract()
+            .map_err(|_| PyTypeError::new_err(format!("sources[{i}]: wire_dtype must be a str")))?;
+        let to = WireDtype::from_name(&name, "wire_dtype")
+            .map_err(|e| in_source(py, i, value_error(e)))?;
+        arrays.push((memory, from, to));
+    }
+    let mut tensors = Vec::with_capacity(arrays.len());
+    for (i, (memory, from, to)) in arrays.iter().enumerate() {
+        let source = Source::new(memory.bytes(), *from, *to)
+            .map_err(|e| in_source(py, i, value_error(e)))?;
+        tensors.push(source);
+    }
+    let (header, nonce) = (header.as_bytes(), nonce.as_bytes());
+    let layout = py
+        .detach(|| wire::encode_frames(header, &plan, nonce, &tensors))
+        .map_err(value_error)?;
+    new_bytes(py, layout.len(), |out| layout.write_into_uninit(out))
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(dtype_itemsize, m)?)?;
+    m.add_function(wrap_pyfunction!(convert, m)?)?;
+    m.add_function(wrap_pyfunction!(convert_into, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_frames, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,38 @@
+"""numpy arrays <-> every engine's ``TensorData`` message: zero-copy, shared memory, fast.
+
+The wire rules (``protos/README.md``): raw little-endian, C-contiguous row-major bytes, one
+``uint32`` per dimension, ``len(payload) == product(shape) * itemsize``, dtypes ``float32``,
+``bfloat16``, ``float16``, ``int64``, ``uint32``, ``uint8``. Three layouts exist — SGLang
+(``data=1, shape=2, dtype=3``, inline only), vLLM (``inline=1`` in ``oneof payload`` with
+``shm=4, remote=5``; ``shape=2, dtype=3``) and TokenSpeed (``shape=1, dtype=2``, ``inline=3``,
+``shm=4, remote=5``) — and :func:`pack` / :func:`unpack` speak all three.
+
+* :func:`pack` / :func:`unpack` / :func:`unpack_torch`: one ``TensorData`` at a time;
+* :class:`TensorMessage`, :func:`serialize`, :func:`deserializer`, :func:`parse`: whole requests
+  whose tensors are written with one copy and read with none (grpcio serializers);
+* :data:`backend`: ``"native"`` (Rust) or ``"numpy"`` (fallback, ``SMG_GRPC_PROTO_NATIVE=0``).
+
+Bad input raises :class:`~smg_grpc_proto.errors.TensorError` (a ``ValueError``) naming the field
+and the numbers; a ``remote`` payload raises
+:class:`~smg_grpc_proto.errors.TransportNotImplementedError`.
+"""
+
+from smg_grpc_proto.tensors._backend import backend
+from smg_grpc_proto.tensors._codec import SHM_MIN_BYTES, pack, unpack, unpack_torch
+from smg_grpc_proto.tensors._frames import TensorMessage, deserializer, parse, serialize
+from smg_grpc_proto.tensors._layout import ITEMSIZE, LAYOUTS, plan_for
+
+__all__ = [
+    "ITEMSIZE",
+    "LAYOUTS",
+    "SHM_MIN_BYTES",
+    "TensorMessage",
+    "backend",
+    "deserializer",
+    "pack",
+    "parse",
+    "plan_for",
+    "serialize",
+    "unpack",
+    "unpack_torch",
+]

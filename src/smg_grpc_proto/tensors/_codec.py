@@ -1,0 +1,274 @@
+"""numpy array <-> one engine's ``TensorData`` message (inline or shared memory)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from google.protobuf.message import Message
+
+from smg_grpc_proto import shm
+from smg_grpc_proto.errors import TensorError, TensorTypeError, TransportNotImplementedError
+from smg_grpc_proto.tensors import _backend
+from smg_grpc_proto.tensors._layout import (
+    CONVERSIONS,
+    MAX_INLINE_BYTES,
+    NUMPY_STORAGE,
+    Layout,
+    byte_length,
+    check_dtype,
+    layout_of,
+    wire_dtype_of,
+)
+
+M = TypeVar("M", bound=Message)
+Transport = Literal["inline", "shm", "auto"]
+Bf16Mode = Literal["auto", "ml_dtypes", "float32", "uint16"]
+
+#: Tensors at least this large go to shared memory with ``transport="auto"`` (upstream default).
+SHM_MIN_BYTES = 65536
+
+
+@dataclass(frozen=True)
+class Source:
+    """A validated array about to be sent: nothing has been copied yet."""
+
+    array: np.ndarray[Any, Any]
+    source_dtype: str
+    wire_dtype: str
+    shape: tuple[int, ...]
+    nbytes: int  # on the wire, after conversion
+
+    def contiguous(self) -> np.ndarray[Any, Any]:
+        """C-contiguous little-endian storage (a view when the input already is, else a copy);
+        ``bfloat16`` as its raw uint16 bits."""
+        array = self.array.view(np.uint16) if self.source_dtype == "bfloat16" else self.array
+        return np.ascontiguousarray(array, dtype=NUMPY_STORAGE[self.source_dtype])
+
+
+def inspect(array: Any, dtype: str | None) -> Source:
+    """Validate an array and the requested wire dtype, without copying anything."""
+    if not isinstance(array, np.ndarray):
+        if isinstance(array, (str, bytes, dict)) or array is None:
+            raise TensorTypeError(
+                f"array must be a numpy array or array-like, got {type(array).__name__}",
+                field="array",
+                actual=type(array).__name__,
+            )
+        array = np.asarray(array)
+    source = wire_dtype_of(array)
+    target = source if dtype is None else dtype
+    check_dtype(target, field="dtype")
+    if target not in CONVERSIONS[source]:
+        raise TensorError(
+            f"dtype: cannot send a {source} array as {target}; conversions exist only from "
+            f"float32 to bfloat16 and float16",
+            field="dtype",
+            expected=sorted(CONVERSIONS[source]),
+            actual=target,
+        )
+    shape = tuple(int(d) for d in array.shape)
+    return Source(array, source, target, shape, byte_length(shape, target, field="array.shape"))
+
+
+def check_inline(nbytes: int, field: str) -> None:
+    """An inline payload must fit a protobuf message (2 GiB - 1)."""
+    if nbytes > MAX_INLINE_BYTES:
+        raise TensorError(
+            f"{field}: {nbytes} bytes do not fit an inline protobuf field "
+            f"(max {MAX_INLINE_BYTES}); use transport='shm'",
+            field=field,
+            expected=MAX_INLINE_BYTES,
+            actual=nbytes,
+        )
+
+
+def pack(
+    array: Any,
+    message_type: type[M],
+    *,
+    dtype: str | None = None,
+    transport: Transport = "inline",
+    shm_min_bytes: int = SHM_MIN_BYTES,
+    shm_dir: Path | None = None,
+) -> M:
+    """A filled ``TensorData`` of ``message_type`` (SGLang, vLLM or TokenSpeed) for ``array``.
+
+    ``dtype`` converts float32 to ``"bfloat16"`` or ``"float16"`` (round to nearest even; NaN and
+    Inf preserved) in the same pass that copies the bytes. ``transport="shm"`` writes the bytes to
+    a new shared-memory segment and sends its handle; ``"auto"`` does so from ``shm_min_bytes`` on
+    when the engine's layout has a shared-memory handle.
+    """
+    layout = layout_of(message_type)
+    if transport not in ("inline", "shm", "auto"):
+        raise TensorError(
+            f"transport must be 'inline', 'shm' or 'auto', got {transport!r}",
+            field="transport",
+            expected=["inline", "shm", "auto"],
+            actual=transport,
+        )
+    source = inspect(array, dtype)
+    use_shm = transport == "shm" or (
+        transport == "auto" and layout.supports_shm and source.nbytes >= shm_min_bytes
+    )
+    if use_shm and not layout.supports_shm:
+        raise TensorError(
+            f"transport: {layout.full_name} has no shared-memory handle (inline only)",
+            field="transport",
+            expected="inline",
+            actual=transport,
+        )
+    if not use_shm:
+        check_inline(source.nbytes, layout.payload_field)
+    src = source.contiguous()
+    message = message_type()
+    message.shape.extend(source.shape)  # type: ignore[attr-defined]
+    message.dtype = source.wire_dtype  # type: ignore[attr-defined]
+    if use_shm:
+        _write_shm(message, src, source.wire_dtype, source.nbytes, shm_dir or shm.DEFAULT_DIR)
+    else:
+        setattr(message, layout.payload_field, _backend.convert(src, source.wire_dtype))
+    return message
+
+
+def _write_shm(message: Any, src: np.ndarray[Any, Any], target: str, nbytes: int, d: Path) -> None:
+    segment = shm.create(nbytes, directory=d)
+    try:
+        if nbytes:
+            _backend.convert_into(src, segment.buffer, target)
+    except BaseException:
+        segment.close()
+        shm.unlink(segment.name, directory=d)
+        raise
+    segment.close()
+    handle = message.shm
+    handle.name = segment.name
+    handle.offset = 0
+    handle.nbytes = nbytes
+    handle.owner_id = segment.owner_id
+
+
+def _payload_kind(message: Any, layout: Layout) -> str | None:
+    if layout.oneof is None:
+        return layout.payload_field
+    kind: str | None = message.WhichOneof(layout.oneof)
+    return kind
+
+
+def unpack(
+    message: Message,
+    *,
+    bf16: Bf16Mode = "auto",
+    unlink: bool | None = None,
+    shm_dir: Path | None = None,
+) -> np.ndarray[Any, Any]:
+    """The tensor of a ``TensorData`` message as a read-only numpy array, without copying.
+
+    Inline payloads are viewed in place (the array keeps the bytes alive); shared-memory payloads
+    are mapped read-only (and unlinked after mapping unless ``unlink=False`` or upstream's
+    ``TOKENSPEED_UNLINK_MM_SHM_AFTER_READ=0``). ``bfloat16`` comes back as ``ml_dtypes.bfloat16``
+    when ml_dtypes is installed (``bf16="auto"``); otherwise as float32 (an exact widening, the
+    one case that copies), or as the raw ``uint16`` bits with ``bf16="uint16"``.
+    """
+    layout = layout_of(message)
+    name = layout.full_name
+    td: Any = message
+    dtype = td.dtype
+    check_dtype(dtype, field=f"{name}.dtype")
+    shape = tuple(td.shape)
+    nbytes = byte_length(shape, dtype, field=f"{name}.shape")
+    kind = _payload_kind(td, layout)
+    if kind == layout.payload_field:
+        raw: Any = getattr(td, layout.payload_field)
+        if len(raw) != nbytes:
+            raise TensorError(
+                f"{name}.{layout.payload_field}: {len(raw)} bytes, but shape {list(shape)} of "
+                f"{dtype} needs {nbytes}",
+                field=f"{name}.{layout.payload_field}",
+                expected=nbytes,
+                actual=len(raw),
+            )
+    elif kind == "shm":
+        handle = td.shm
+        if handle.nbytes != nbytes:
+            raise TensorError(
+                f"{name}.shm.nbytes = {handle.nbytes}, but shape {list(shape)} of {dtype} "
+                f"needs {nbytes}",
+                field=f"{name}.shm.nbytes",
+                expected=nbytes,
+                actual=handle.nbytes,
+            )
+        raw = shm.open_readonly(
+            handle.name,
+            offset=handle.offset,
+            nbytes=handle.nbytes,
+            directory=shm_dir or shm.DEFAULT_DIR,
+            unlink_after=unlink,
+        )
+    elif kind == "remote":
+        raise TransportNotImplementedError(
+            f"{name}.remote: the remote transport ({td.remote.transport or 'unnamed'}) is not "
+            f"implemented; send inline or shm",
+            field=f"{name}.remote",
+            actual=td.remote.transport,
+        )
+    else:
+        raise TensorError(
+            f"{name}: no payload (none of inline, shm, remote is set)",
+            field=f"{name}.payload",
+            expected=["inline", "shm", "remote"],
+            actual=None,
+        )
+    return view(raw, dtype, shape, bf16=bf16)
+
+
+def view(
+    raw: Any, dtype: str, shape: tuple[int, ...], *, bf16: Bf16Mode = "auto", offset: int = 0
+) -> np.ndarray[Any, Any]:
+    """A read-only array over ``raw`` (bytes or uint8 array) at ``offset``; sizes pre-checked."""
+    storage = NUMPY_STORAGE[dtype]
+    array = np.frombuffer(raw, dtype=storage, count=math.prod(shape), offset=offset).reshape(shape)
+    if array.flags.writeable:  # never for bytes or read-only mappings; kept as a guarantee
+        array.flags.writeable = False
+    if dtype == "bfloat16":
+        return _bf16(array, bf16)
+    return array
+
+
+def _bf16(bits: np.ndarray[Any, Any], mode: Bf16Mode) -> np.ndarray[Any, Any]:
+    if mode == "uint16":
+        return bits
+    if mode in ("auto", "ml_dtypes"):
+        try:
+            import ml_dtypes
+        except ImportError:
+            if mode == "ml_dtypes":
+                raise
+        else:
+            return bits.view(ml_dtypes.bfloat16)
+    widened = bits.astype(np.uint32)
+    widened <<= 16  # in place: keeps 0-d arrays arrays
+    widened = widened.view(np.float32)
+    widened.flags.writeable = False
+    return widened
+
+
+def unpack_torch(message: Message, *, unlink: bool | None = None) -> Any:
+    """The tensor as a ``torch.Tensor`` sharing the payload memory (native bfloat16).
+
+    torch has no read-only tensors: the returned tensor aliases immutable bytes or a read-only
+    mapping, so ``clone()`` it before writing to it.
+    """
+    import torch
+
+    bits = unpack(message, bf16="uint16", unlink=unlink)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
+        tensor = torch.from_numpy(bits)
+    if message.dtype == "bfloat16":  # type: ignore[attr-defined]
+        tensor = tensor.view(torch.bfloat16)
+    return tensor

@@ -1,0 +1,316 @@
+"""The whole-request fast path: messages carrying big tensors with one copy of each tensor.
+
+Protobuf cannot hold a tensor without copying it (a ``bytes`` field takes only ``bytes``, and the
+runtime copies again into its arena and once more when serializing). Here the big payloads never
+enter a protobuf message:
+
+* Sending, each tensor payload is a 20-byte *token* inside an otherwise normal message; the small
+  message is serialized by protobuf and the native codec replaces each token by the tensor's
+  bytes (converted, e.g. to bfloat16, on the fly), fixing the enclosing length prefixes — one
+  pass over each tensor.
+* Receiving, the codec swaps every ``TensorData`` payload for a token, protobuf parses the small
+  rest (so merge semantics are protobuf's own), and each token becomes a read-only numpy view of
+  the received bytes — no copy at all.
+
+The bytes on the wire are ordinary protobuf: plain stubs parse them, and these functions read
+bytes written by plain stubs. Use them as grpcio serializers (sync and ``grpc.aio``)::
+
+    call = channel.unary_stream(
+        "/vllm.grpc.engine.VllmEngine/Generate",
+        request_serializer=tensors.serialize,
+        response_deserializer=vllm_engine_pb2.GenerateResponse.FromString,
+    )
+    request = tensors.TensorMessage(vllm_engine_pb2.GenerateRequest(request_id="r1"))
+    request.attach("mm_inputs.pixel_values", pixels, dtype="bfloat16")
+    for response in call(request): ...
+
+and on the server ``request_deserializer=tensors.deserializer(vllm_engine_pb2.GenerateRequest)``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import DecodeError, Message
+
+from smg_grpc_proto.errors import TensorError, TensorTypeError
+from smg_grpc_proto.tensors import _backend
+from smg_grpc_proto.tensors._codec import Bf16Mode, check_inline, inspect, unpack, view
+from smg_grpc_proto.tensors._layout import (
+    LAYOUTS,
+    Plan,
+    byte_length,
+    check_dtype,
+    layout_of,
+    plan_for,
+)
+
+M = TypeVar("M", bound=Message)
+_SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]*)\])?$")
+_TOKEN_LEN = 20
+
+
+class TensorMessage(Generic[M]):
+    """A protobuf message plus the tensors that travel in its ``TensorData`` payloads.
+
+    Paths name a ``TensorData`` inside the message: dotted field names, ``[i]`` for a repeated
+    element and ``[key]`` for a map value, e.g. ``"mm_inputs.pixel_values"``,
+    ``"mm_inputs.model_specific_tensors[image_grid_thw]"``, ``"mm_inputs.items[0].encoder_input"``.
+    """
+
+    def __init__(self, message: M) -> None:
+        if not isinstance(message, Message):
+            raise TensorTypeError(
+                f"TensorMessage wraps a protobuf message, got {type(message).__name__}",
+                field="message",
+                actual=type(message).__name__,
+            )
+        self.message: M = message
+        self._nonce = os.urandom(16)
+        self._sources: list[tuple[np.ndarray[Any, Any], str]] = []
+        self._arrays: dict[str, np.ndarray[Any, Any]] = {}
+        self._data: bytes | None = None
+        self._spans: dict[str, tuple[int, int]] = {}
+
+    # -- sending ---------------------------------------------------------------------------
+    def attach(self, path: str, array: Any, *, dtype: str | None = None) -> None:
+        """Make ``array`` the payload of the ``TensorData`` at ``path`` (sets shape and dtype).
+
+        The bytes are written once, by :func:`serialize`; only a non-contiguous or big-endian
+        input is copied now, to bring it into wire order.
+        """
+        source = inspect(array, dtype)
+        check_inline(source.nbytes, path)
+        td: Any = _resolve(self.message, path, create=True)
+        layout = layout_of(td)
+        td.Clear()
+        td.shape.extend(source.shape)
+        td.dtype = source.wire_dtype
+        index = len(self._sources)
+        setattr(td, layout.payload_field, self._nonce + index.to_bytes(4, "little"))
+        self._sources.append((source.contiguous(), source.wire_dtype))
+        self._arrays[path] = np.asarray(array)
+
+    # -- receiving -------------------------------------------------------------------------
+    def __getitem__(self, path: str) -> np.ndarray[Any, Any]:
+        """The tensor at ``path``: a zero-copy view for received frames, else :func:`unpack`."""
+        if path in self._arrays:
+            return self._arrays[path]
+        return unpack(_resolve(self.message, path, create=False))
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._arrays
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
+        """Every tensor carried in the frames, by path (attached arrays when sending)."""
+        return dict(self._arrays)
+
+    def to_message(self) -> M:
+        """A self-contained copy of the message with every payload filled in (copies bytes)."""
+        if self._data is None:
+            return type(self.message).FromString(serialize(self))
+        message = type(self.message)()
+        message.CopyFrom(self.message)
+        for path, (offset, length) in self._spans.items():
+            td = _resolve(message, path, create=False)
+            setattr(td, layout_of(td).payload_field, self._data[offset : offset + length])
+        return message
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{p}: {a.dtype}{list(a.shape)}" for p, a in self._arrays.items())
+        return f"TensorMessage({type(self.message).__name__}, {{{shapes}}})"
+
+
+def _resolve(message: Message, path: str, *, create: bool) -> Message:
+    node: Any = message
+    for segment in path.split("."):
+        m = _SEGMENT.match(segment)
+        field = node.DESCRIPTOR.fields_by_name.get(m.group(1)) if m else None
+        if m is None or field is None or field.message_type is None:
+            raise TensorError(
+                f"path {path!r}: {segment!r} is not a message field of {node.DESCRIPTOR.full_name}",
+                field=path,
+                actual=segment,
+            )
+        name, key = m.group(1), m.group(2)
+        value = getattr(node, name)
+        is_map = field.message_type.GetOptions().map_entry
+        if is_map:
+            if key is None:
+                raise TensorError(f"path {path!r}: map field {name!r} needs [key]", field=path)
+            key_type = field.message_type.fields_by_name["key"].cpp_type
+            typed_key: Any = key if key_type == field.CPPTYPE_STRING else int(key)
+            if not create and typed_key not in value:
+                raise TensorError(f"path {path!r}: no map entry {key!r}", field=path)
+            node = value[typed_key]
+        elif key is not None:
+            try:
+                node = value[int(key)]
+            except (ValueError, IndexError):
+                raise TensorError(
+                    f"path {path!r}: {name} has {len(value)} elements, no [{key}]",
+                    field=path,
+                    expected=len(value),
+                    actual=key,
+                ) from None
+        else:
+            node = value
+    if node.DESCRIPTOR.full_name not in LAYOUTS:
+        raise TensorError(
+            f"path {path!r} names a {node.DESCRIPTOR.full_name}, not a TensorData", field=path
+        )
+    return node  # type: ignore[no-any-return]
+
+
+def serialize(message: Message | TensorMessage[Any]) -> bytes:
+    """Wire bytes of a message; tensors attached to a :class:`TensorMessage` copied exactly once."""
+    if isinstance(message, TensorMessage):
+        header: bytes = message.message.SerializeToString()
+        if not message._sources:
+            return header
+        plan = plan_for(message.message.DESCRIPTOR)
+        return _backend.encode_frames(header, plan, message._nonce, message._sources)
+    if isinstance(message, Message):
+        return message.SerializeToString()
+    raise TensorTypeError(
+        f"serialize() takes a protobuf message or TensorMessage, got {type(message).__name__}",
+        field="message",
+        actual=type(message).__name__,
+    )
+
+
+def deserializer(
+    message_type: type[M], *, bf16: Bf16Mode = "auto"
+) -> Callable[[bytes], TensorMessage[M]]:
+    """A grpcio deserializer: ``bytes`` -> :class:`TensorMessage` with zero-copy tensor views."""
+    plan = plan_for(message_type.DESCRIPTOR)
+
+    def deserialize(data: bytes) -> TensorMessage[M]:
+        return _decode(message_type, plan, bytes(data), bf16)
+
+    deserialize.__qualname__ = f"deserializer({message_type.DESCRIPTOR.full_name})"
+    return deserialize
+
+
+def parse(data: bytes, message_type: type[M], *, bf16: Bf16Mode = "auto") -> TensorMessage[M]:
+    """Parse wire bytes into a :class:`TensorMessage` (see :func:`deserializer`)."""
+    return _decode(message_type, plan_for(message_type.DESCRIPTOR), data, bf16)
+
+
+def _decode(message_type: type[M], plan: Plan, data: bytes, bf16: Bf16Mode) -> TensorMessage[M]:
+    if not isinstance(data, bytes):
+        raise TensorTypeError(
+            f"expected bytes, got {type(data).__name__}", field="data", actual=type(data).__name__
+        )
+    nonce = os.urandom(16)
+    header, spans = _backend.decode_frames(data, plan, nonce)
+    try:
+        message = message_type.FromString(header)
+    except DecodeError as exc:
+        raise TensorError(
+            f"{message_type.DESCRIPTOR.full_name}: invalid wire bytes: {exc}", field="wire"
+        ) from None
+    result: TensorMessage[M] = TensorMessage(message)
+    result._data = data
+    if not spans:
+        return result
+    for path, td in _tensor_data(message, plan, ""):
+        layout = layout_of(td)
+        payload = getattr(td, layout.payload_field)
+        if len(payload) != _TOKEN_LEN or payload[:16] != nonce:
+            continue
+        offset, length = spans[int.from_bytes(payload[16:], "little")]
+        name = f"{path} ({layout.full_name})"
+        dtype: str = td.dtype
+        check_dtype(dtype, field=f"{name}.dtype")
+        shape = tuple(td.shape)
+        nbytes = byte_length(shape, dtype, field=f"{name}.shape")
+        if length != nbytes:
+            raise TensorError(
+                f"{name}.{layout.payload_field}: {length} bytes, but shape {list(shape)} of "
+                f"{dtype} needs {nbytes}",
+                field=f"{path}.{layout.payload_field}",
+                expected=nbytes,
+                actual=length,
+            )
+        result._arrays[path] = view(data, dtype, shape, bf16=bf16, offset=offset)
+        result._spans[path] = (offset, length)
+    return result
+
+
+_SINGLE, _REPEATED, _MAP = 0, 1, 2
+# One step of a walk: (field name, kind, child steps — or None when the child is a TensorData).
+_Steps = tuple[tuple[str, int, "_Steps | None"], ...]
+
+
+@cache
+def _steps(descriptor: Descriptor, plan: Plan) -> _Steps:
+    """``plan`` resolved against ``descriptor`` once: field names and kinds instead of numbers."""
+    assert isinstance(plan, tuple)
+    out = []
+    for number, child in plan:
+        field = descriptor.fields_by_number[number]
+        child_type = field.message_type
+        assert child_type is not None  # plans only name message fields
+        if child_type.GetOptions().map_entry:
+            value_plan = dict(child)[2] if isinstance(child, tuple) else child
+            value_type = child_type.fields_by_name["value"].message_type
+            steps = None if isinstance(value_plan, int) else _steps(value_type, value_plan)
+            out.append((field.name, _MAP, steps))
+        else:
+            kind = _REPEATED if _is_repeated(field) else _SINGLE
+            out.append(
+                (field.name, kind, None if isinstance(child, int) else _steps(child_type, child))
+            )
+    return tuple(out)
+
+
+def _tensor_data(node: Any, plan: Plan, prefix: str) -> Iterator[tuple[str, Any]]:
+    """Every set TensorData along ``plan``, with its path."""
+    if isinstance(plan, int):
+        yield prefix, node
+        return
+    yield from _walk(node, _steps(node.DESCRIPTOR, plan), prefix)
+
+
+def _walk(node: Any, steps: _Steps, prefix: str) -> Iterator[tuple[str, Any]]:
+    for name, kind, child in steps:
+        path = f"{prefix}.{name}" if prefix else name
+        if kind == _SINGLE:
+            if node.HasField(name):
+                value = getattr(node, name)
+                if child is None:
+                    yield path, value
+                else:
+                    yield from _walk(value, child, path)
+            continue
+        container = getattr(node, name)
+        if kind == _MAP:
+            items: Any = ((f"{path}[{key}]", container[key]) for key in container)
+        else:
+            items = ((f"{path}[{i}]", item) for i, item in enumerate(container))
+        for item_path, item in items:
+            if child is None:
+                yield item_path, item
+            else:
+                yield from _walk(item, child, item_path)
+
+
+def _is_repeated(field: Any) -> bool:
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is not None:
+        return bool(is_repeated)
+    return bool(field.label == field.LABEL_REPEATED)
