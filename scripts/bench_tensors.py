@@ -210,29 +210,37 @@ def main() -> None:
             fns = ops(mib, bf16)
             t = {name: time_op(fn, args.repeat) * 1e3 for name, fn in fns.items()}
             mem = {} if args.no_memory else {n: peak_memory(mib, bf16, n) for n in fns}
-            conv = "f32→bf16" if bf16 else "none"
-
-            def row(op: str, naive: str, ours: str, copy: str | None) -> None:
-                c = f"{t[copy]:.2f}" if copy else "–"
-                ratio = f"{t[ours] / t[copy]:.2f}×" if copy else "–"
-                mn = f"{mem[naive]:.0f}" if mem else "–"
-                mo = f"{mem[ours]:.0f}" if mem else "–"
-                print(
-                    f"| {mib} MiB | {conv} | {op} | {t[naive]:.2f} | {t[ours]:.3f} | {c} | "
-                    f"**{t[naive] / t[ours]:.1f}×** | {ratio} | {mn} | {mo} |"
-                )
-
-            row("encode request", "encode/naive", "encode/ours", "encode/one-copy")
-            row("decode to array", "decode/naive", "decode/ours", None)
+            label = f"| {mib} MiB | {'f32->bf16' if bf16 else 'none'} "
+            rows = [
+                ("encode request", "encode/naive", "encode/ours", "encode/one-copy"),
+                ("decode to array", "decode/naive", "decode/ours", None),
+            ]
             if not bf16:
-                row("shm read", "shm/read-pread", "shm/read-ours", None)
+                rows.append(("shm read", "shm/read-pread", "shm/read-ours", None))
+            for op, naive, ours, copy in rows:
+                print(label + table_row(op, t, mem, naive, ours, copy))
+            if not bf16:
+                write, one = t["shm/write-ours"], t["encode/one-copy"]
+                peak = f"{mem['shm/write-ours']:.0f}" if mem else "-"
                 print(
-                    f"| {mib} MiB | none | shm write (pack) | – | "
-                    f"{t['shm/write-ours']:.2f} | {t['encode/one-copy']:.2f} | – | "
-                    f"{t['shm/write-ours'] / t['encode/one-copy']:.2f}× | – | "
-                    f"{mem.get('shm/write-ours', float('nan')):.0f} |"
+                    f"{label}| shm write (pack) | - | {write:.2f} | {one:.2f} | - | "
+                    f"{write / one:.2f}x | - | {peak} |"
                 )
             sys.stdout.flush()
+
+
+def table_row(
+    op: str, t: dict[str, float], mem: dict[str, float], naive: str, ours: str, copy: str | None
+) -> str:
+    """The cells of one comparison row (after size and conversion)."""
+    one = f"{t[copy]:.2f}" if copy else "-"
+    ratio = f"{t[ours] / t[copy]:.2f}x" if copy else "-"
+    peak_naive = f"{mem[naive]:.0f}" if mem else "-"
+    peak_ours = f"{mem[ours]:.0f}" if mem else "-"
+    return (
+        f"| {op} | {t[naive]:.2f} | {t[ours]:.3f} | {one} | **{t[naive] / t[ours]:.1f}x** | "
+        f"{ratio} | {peak_naive} | {peak_ours} |"
+    )
 
 
 if __name__ == "__main__":

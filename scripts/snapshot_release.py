@@ -23,7 +23,6 @@ cache the test suite uses.
 from __future__ import annotations
 
 import argparse
-import ast
 import re
 import subprocess
 import sys
@@ -34,6 +33,10 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2, struct_pb2, timestamp_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
+# The package's own reader of _pb2.py sources (pure Python; works from a source checkout).
+sys.path.insert(0, str(ROOT / "src"))
+from smg_grpc_proto.compat._pb2source import serialized_descriptor  # noqa: E402
+
 RELEASES = Path("protos") / "releases"
 DESCRIPTORS = Path("src") / "smg_grpc_proto" / "proto" / "descriptors.binpb"
 CHANGELOG = Path("CHANGELOG.md")
@@ -50,21 +53,6 @@ WELL_KNOWN = {
 # --- the 0.4.28 baseline -------------------------------------------------------------------------
 
 
-def serialized_descriptor(pb2_source: str) -> bytes:
-    """The bytes literal passed to ``AddSerializedFile`` in a generated ``_pb2.py``."""
-    for node in ast.walk(ast.parse(pb2_source)):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "AddSerializedFile"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, bytes)
-        ):
-            return node.args[0].value
-    raise ValueError("no AddSerializedFile(b'...') call found")
-
-
 def wheel_descriptors(wheel: Path) -> dict[str, descriptor_pb2.FileDescriptorProto]:
     """Every ``FileDescriptorProto`` embedded in the wheel's ``*_pb2.py``, keyed by file name."""
     files: dict[str, descriptor_pb2.FileDescriptorProto] = {}
@@ -72,7 +60,10 @@ def wheel_descriptors(wheel: Path) -> dict[str, descriptor_pb2.FileDescriptorPro
         for name in sorted(zf.namelist()):
             if name.endswith("_pb2.py"):
                 source = zf.read(name).decode()
-                fdp = descriptor_pb2.FileDescriptorProto.FromString(serialized_descriptor(source))
+                data = serialized_descriptor(source)
+                if data is None:
+                    raise ValueError(f"{wheel}!{name}: no serialized descriptor found")
+                fdp = descriptor_pb2.FileDescriptorProto.FromString(data)
                 files[fdp.name] = fdp
     if not files:
         raise ValueError(f"{wheel}: no *_pb2.py files")

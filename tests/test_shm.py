@@ -55,8 +55,9 @@ def test_real_dev_shm_and_keep_after_read(monkeypatch):
 
 
 def test_auto_stays_inline_below_threshold(shm_dir):
-    msg = tensors.pack(np.zeros(10, np.float32), vllm_engine_pb2.TensorData, transport="auto",
-                       shm_dir=shm_dir)
+    msg = tensors.pack(
+        np.zeros(10, np.float32), vllm_engine_pb2.TensorData, transport="auto", shm_dir=shm_dir
+    )
     assert msg.WhichOneof("payload") == "inline"
     assert list(shm_dir.iterdir()) == []
 
@@ -96,8 +97,7 @@ def test_wrong_owner_is_refused(shm_dir):
             tensors.unpack(handle("foreign"), shm_dir=shm_dir)
     else:
         with pytest.raises(ShmError, match="expected uid 4242") as info:
-            shm.open_readonly("foreign", offset=0, nbytes=16, directory=shm_dir,
-                              expected_uid=4242)
+            shm.open_readonly("foreign", offset=0, nbytes=16, directory=shm_dir, expected_uid=4242)
     assert info.value.field == "shm.owner"
     assert path.exists()
 
@@ -114,7 +114,7 @@ def test_directory_and_fifo_are_refused(shm_dir):
     (shm_dir / "dir").mkdir()
     os.mkfifo(shm_dir / "fifo")
     for name in ("dir", "fifo"):
-        with pytest.raises(ShmError, match="not a regular file|cannot open"):
+        with pytest.raises(ShmError, match=r"not a regular file|cannot open"):
             shm.open_readonly(name, offset=0, nbytes=1, directory=shm_dir)
 
 
@@ -140,8 +140,9 @@ def test_reader_killed_before_reading_leaves_nothing_after_reap(shm_dir):
         print(msg.shm.name, flush=True)
         sys.stdin.readline()
     """)
-    proc = subprocess.Popen([sys.executable, "-c", writer], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", writer], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     name = proc.stdout.readline().strip()
     reader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     reader.send_signal(signal.SIGKILL)
@@ -157,8 +158,9 @@ def test_reader_killed_before_reading_leaves_nothing_after_reap(shm_dir):
 
 
 def test_owner_reaps_its_own_unconsumed_segments_after_max_age(shm_dir):
-    msg = tensors.pack(np.ones(10, np.uint8), vllm_engine_pb2.TensorData, transport="shm",
-                       shm_dir=shm_dir)
+    msg = tensors.pack(
+        np.ones(10, np.uint8), vllm_engine_pb2.TensorData, transport="shm", shm_dir=shm_dir
+    )
     assert shm.reap(directory=shm_dir, max_age=60) == []
     assert shm.reap(directory=shm_dir, max_age=60, now=time.time() + 120) == [msg.shm.name]
 
@@ -191,7 +193,8 @@ def test_we_read_an_upstream_style_segment_at_an_offset(shm_dir):
     os.write(fd, b"HEADER!!" + payload)
     os.close(fd)
     msg = tokenspeed_scheduler_pb2.TensorData(
-        shape=[10], dtype="int64",
+        shape=[10],
+        dtype="int64",
         shm={"name": name, "offset": 8, "nbytes": len(payload), "owner_id": "smg:1"},
     )
     assert tensors.unpack(msg, shm_dir=shm_dir).tolist() == list(range(10))

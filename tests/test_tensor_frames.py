@@ -62,8 +62,11 @@ def test_deserializer_reads_plain_bytes_without_copying():
     tm, pixels, grid = vllm_request()
     plain_bytes = tm.to_message().SerializeToString()
     got = tensors.deserializer(vllm_engine_pb2.GenerateRequest)(plain_bytes)
-    assert set(got) == {"mm_inputs.pixel_values", "mm_inputs.model_specific_tensors[image_grid_thw]",
-                        "extra_mm_inputs[0].pixel_values"}
+    assert set(got) == {
+        "mm_inputs.pixel_values",
+        "mm_inputs.model_specific_tensors[image_grid_thw]",
+        "extra_mm_inputs[0].pixel_values",
+    }
     view = got["mm_inputs.pixel_values"]
     assert view.tolist() == pixels.tolist()
     assert not view.flags.writeable
@@ -133,9 +136,11 @@ def random_request(rng: random.Random):
     n_extra = rng.randrange(3)
     for _ in range(n_extra):
         msg.extra_mm_inputs.add().mm_hashes.append("h")
-    paths = ["mm_inputs.pixel_values", "mm_inputs.model_specific_tensors[a]",
-             "mm_inputs.model_specific_tensors[b]"] + [
-        f"extra_mm_inputs[{i}].pixel_values" for i in range(n_extra)]
+    paths = [
+        "mm_inputs.pixel_values",
+        "mm_inputs.model_specific_tensors[a]",
+        "mm_inputs.model_specific_tensors[b]",
+    ] + [f"extra_mm_inputs[{i}].pixel_values" for i in range(n_extra)]
     for path in rng.sample(paths, rng.randrange(1, len(paths) + 1)):
         shape = tuple(rng.randrange(0, 5) for _ in range(rng.randrange(0, 4)))
         dtype = rng.choice(["<f4", ">f4", "<i8", "<u4", "|u1", "<f2"])
@@ -154,13 +159,15 @@ def test_fast_path_round_trips_and_agrees_with_plain_protobuf(seed):
     plain = vllm_engine_pb2.GenerateRequest.FromString(data)
     assert plain == tm.to_message()
     got = tensors.parse(data, vllm_engine_pb2.GenerateRequest, bf16="float32")
-    reparsed = tensors.parse(plain.SerializeToString(), vllm_engine_pb2.GenerateRequest,
-                             bf16="float32")
+    reparsed = tensors.parse(
+        plain.SerializeToString(), vllm_engine_pb2.GenerateRequest, bf16="float32"
+    )
     for path, (array, wire) in arrays.items():
         expected = array.astype(array.dtype.newbyteorder("<"))
         if wire == "bfloat16":
-            expected = tensors.unpack(tensors.pack(array, vllm_engine_pb2.TensorData,
-                                                   dtype=wire), bf16="float32")
+            expected = tensors.unpack(
+                tensors.pack(array, vllm_engine_pb2.TensorData, dtype=wire), bf16="float32"
+            )
         assert got[path].tolist() == expected.tolist(), path
         assert reparsed[path].tobytes() == got[path].tobytes()
     assert got.to_message() == plain
@@ -193,13 +200,13 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
         if op == 0 and buf:
             buf[rng.randrange(len(buf))] = rng.randrange(256)
         elif op == 1 and buf:
-            del buf[rng.randrange(len(buf)):]
+            del buf[rng.randrange(len(buf)) :]
         elif op == 2:
             pos = rng.randrange(len(buf) + 1)
             buf[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
         elif op == 3 and len(buf) > 2:
             a = rng.randrange(len(buf))
-            del buf[a:a + rng.randrange(1, 8)]
+            del buf[a : a + rng.randrange(1, 8)]
         elif buf:
             pos = rng.randrange(len(buf))
             buf[pos] ^= 1 << rng.randrange(8)
@@ -212,18 +219,20 @@ def seeds():
     small.attach("mm_inputs.pixel_values", np.arange(6, dtype=np.float32).reshape(2, 3))
     small.attach("mm_inputs.model_specific_tensors[g]", np.arange(3, dtype=np.int64))
     shm_msg = vllm_engine_pb2.GenerateRequest()
-    shm_msg.mm_inputs.pixel_values.CopyFrom(vllm_engine_pb2.TensorData(
-        shape=[4], dtype="uint8", shm={"name": "nope", "nbytes": 4}))
-    return [tensors.serialize(small), shm_msg.SerializeToString(),
-            tensors.serialize(tm)[:2000]]
+    shm_msg.mm_inputs.pixel_values.CopyFrom(
+        vllm_engine_pb2.TensorData(shape=[4], dtype="uint8", shm={"name": "nope", "nbytes": 4})
+    )
+    return [tensors.serialize(small), shm_msg.SerializeToString(), tensors.serialize(tm)[:2000]]
 
 
 def test_fuzz_unpack_and_deserializer_raise_only_documented_errors(tmp_path):
     rng = random.Random(1234)
     corpus = seeds()
     deserialize = tensors.deserializer(vllm_engine_pb2.GenerateRequest)
-    td_seeds = [vllm_engine_pb2.GenerateRequest.FromString(s).mm_inputs.pixel_values
-                .SerializeToString() for s in corpus[:2]]
+    td_seeds = [
+        vllm_engine_pb2.GenerateRequest.FromString(s).mm_inputs.pixel_values.SerializeToString()
+        for s in corpus[:2]
+    ]
     counts = {"ok": 0, "error": 0, "decode": 0}
     for i in range(100_000):
         if i % 2:
@@ -264,13 +273,14 @@ def _handlers():
         request_deserializer=tensors.deserializer(vllm_engine_pb2.GenerateRequest),
         response_serializer=tensors.serialize,
     )
-    return grpc.method_handlers_generic_handler("vllm.grpc.engine.VllmEngine",
-                                                {"Generate": method})
+    return grpc.method_handlers_generic_handler("vllm.grpc.engine.VllmEngine", {"Generate": method})
 
 
 def test_grpc_sync_round_trip_over_loopback():
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
-                         options=[("grpc.max_receive_message_length", 64 << 20)])
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2),
+        options=[("grpc.max_receive_message_length", 64 << 20)],
+    )
     server.add_generic_rpc_handlers((_handlers(),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

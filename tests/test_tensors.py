@@ -17,8 +17,11 @@ from smg_grpc_proto import sglang_scheduler_pb2, tensors, tokenspeed_scheduler_p
 from smg_grpc_proto.errors import TensorError, TensorTypeError, TransportNotImplementedError
 from smg_grpc_proto.tensors import _fallback
 
-LAYOUTS = [vllm_engine_pb2.TensorData, tokenspeed_scheduler_pb2.TensorData,
-           sglang_scheduler_pb2.TensorData]
+LAYOUTS = [
+    vllm_engine_pb2.TensorData,
+    tokenspeed_scheduler_pb2.TensorData,
+    sglang_scheduler_pb2.TensorData,
+]
 SHM_LAYOUTS = LAYOUTS[:2]
 WIRE = {"float32": "<f4", "float16": "<f2", "int64": "<i8", "uint32": "<u4", "uint8": "|u1"}
 
@@ -26,8 +29,11 @@ WIRE = {"float32": "<f4", "float16": "<f2", "int64": "<i8", "uint32": "<u4", "ui
 def native():
     from smg_grpc_proto import _native
 
-    missing = [k for k in ("convert", "convert_into", "decode_frames", "encode_frames")
-               if not hasattr(_native, k)]
+    missing = [
+        k
+        for k in ("convert", "convert_into", "decode_frames", "encode_frames")
+        if not hasattr(_native, k)
+    ]
     assert not missing, f"native module lacks {missing}"
     return _native
 
@@ -39,8 +45,10 @@ def test_native_backend_is_active_unless_disabled():
 
 # ---------------------------------------------------------------- round trips, every layout
 arrays = hnp.arrays(
-    dtype=st.sampled_from([np.dtype(d).newbyteorder(o) for d in ("f4", "f2", "i8", "u4")
-                           for o in "<>"] + [np.dtype("u1")]),
+    dtype=st.sampled_from(
+        [np.dtype(d).newbyteorder(o) for d in ("f4", "f2", "i8", "u4") for o in "<>"]
+        + [np.dtype("u1")]
+    ),
     shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6),
 )
 
@@ -85,20 +93,45 @@ def test_native_and_fallback_pack_identically(array, layout):
 
 # ---------------------------------------------------------------- bfloat16 / float16
 SPECIAL = np.array(
-    [0.0, -0.0, 1.0, -1.0, 3.14159, 1e-40, -1e-45, 65504.0, 65520.0, 1e6, 3.4e38, -3.4e38,
-     np.inf, -np.inf, np.nan, -np.nan, 1.00390625, 1.01171875, 5.9604645e-08, 2.9802322e-08],
+    [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        3.14159,
+        1e-40,
+        -1e-45,
+        65504.0,
+        65520.0,
+        1e6,
+        3.4e38,
+        -3.4e38,
+        np.inf,
+        -np.inf,
+        np.nan,
+        -np.nan,
+        1.00390625,
+        1.01171875,
+        5.9604645e-08,
+        2.9802322e-08,
+    ],
     dtype=np.float32,
 )
-NAN_BITS = np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0xFFFFFFFF, 0x7F80FFFF, 0x7FBFFFFF],
-                    dtype="<u4").view("<f4")
+NAN_BITS = np.array(
+    [0x7F800001, 0xFF800001, 0x7FC00000, 0xFFFFFFFF, 0x7F80FFFF, 0x7FBFFFFF], dtype="<u4"
+).view("<f4")
 
 
 @pytest.mark.parametrize("target", ["bfloat16", "float16"])
 def test_conversion_matches_reference_rounding(target):
     rng = np.random.default_rng(7)
-    values = np.concatenate([SPECIAL, rng.standard_normal(100_000).astype(np.float32) * 1e3,
-                             rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype("<u4")
-                             .view("<f4")])
+    values = np.concatenate(
+        [
+            SPECIAL,
+            rng.standard_normal(100_000).astype(np.float32) * 1e3,
+            rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype("<u4").view("<f4"),
+        ]
+    )
     finite = values[~np.isnan(values)]
     msg = tensors.pack(finite, vllm_engine_pb2.TensorData, dtype=target)
     with np.errstate(over="ignore"):
@@ -112,8 +145,9 @@ def test_conversion_matches_reference_rounding(target):
 @pytest.mark.parametrize("target", ["bfloat16", "float16"])
 def test_nan_and_inf_survive_conversion(target):
     values = np.concatenate([NAN_BITS, np.array([np.inf, -np.inf], np.float32)])
-    back = tensors.unpack(tensors.pack(values, vllm_engine_pb2.TensorData, dtype=target),
-                          bf16="float32").astype(np.float32)
+    back = tensors.unpack(
+        tensors.pack(values, vllm_engine_pb2.TensorData, dtype=target), bf16="float32"
+    ).astype(np.float32)
     assert np.isnan(back[: len(NAN_BITS)]).all()
     assert np.signbit(back[: len(NAN_BITS)]).tolist() == np.signbit(NAN_BITS).tolist()
     assert back[-2:].tolist() == [np.inf, -np.inf]
@@ -124,8 +158,9 @@ def test_nan_and_inf_survive_conversion(target):
 @pytest.mark.parametrize("mode", ["auto", "ml_dtypes", "float32", "uint16"])
 def test_bf16_output_modes(mode):
     values = np.array([1.5, -2.25, np.inf], np.float32)
-    out = tensors.unpack(tensors.pack(values, vllm_engine_pb2.TensorData, dtype="bfloat16"),
-                         bf16=mode)
+    out = tensors.unpack(
+        tensors.pack(values, vllm_engine_pb2.TensorData, dtype="bfloat16"), bf16=mode
+    )
     if mode == "uint16":
         assert out.dtype == np.uint16
         assert out.tolist() == [0x3FC0, 0xC010, 0x7F80]
@@ -168,21 +203,49 @@ def td(layout=vllm_engine_pb2.TensorData, **kw):
     [
         (td(inline=b"\0" * 4, shape=[1], dtype="float64"), TensorError, "unknown dtype 'float64'"),
         (td(inline=b"\0" * 7, shape=[2], dtype="float32"), TensorError, "7 bytes, but shape"),
-        (td(inline=b"", shape=[2**31, 2**31], dtype="uint8"), TensorError, "needs 4611686018427387904"),
+        (
+            td(inline=b"", shape=[2**31, 2**31], dtype="uint8"),
+            TensorError,
+            "needs 4611686018427387904",
+        ),
         (td(shape=[2], dtype="float32"), TensorError, "no payload"),
-        (td(shape=[1], dtype="uint8", remote={"transport": "nixl"}), TransportNotImplementedError,
-         "remote transport \\(nixl\\)"),
-        (td(shape=[4], dtype="uint8", shm={"name": "../etc/passwd", "nbytes": 4}), TensorError,
-         "not a plain file name"),
-        (td(shape=[4], dtype="uint8", shm={"name": "x", "nbytes": 5}), TensorError,
-         "shm.nbytes = 5, but shape"),
-        (td(sglang_scheduler_pb2.TensorData, data=b"\0" * 3, shape=[4], dtype="uint8"),
-         TensorError, "data: 3 bytes"),
-        (td(tokenspeed_scheduler_pb2.TensorData, inline=b"", shape=[1], dtype=""), TensorError,
-         "unknown dtype ''"),
+        (
+            td(shape=[1], dtype="uint8", remote={"transport": "nixl"}),
+            TransportNotImplementedError,
+            "remote transport \\(nixl\\)",
+        ),
+        (
+            td(shape=[4], dtype="uint8", shm={"name": "../etc/passwd", "nbytes": 4}),
+            TensorError,
+            "not a plain file name",
+        ),
+        (
+            td(shape=[4], dtype="uint8", shm={"name": "x", "nbytes": 5}),
+            TensorError,
+            "shm.nbytes = 5, but shape",
+        ),
+        (
+            td(sglang_scheduler_pb2.TensorData, data=b"\0" * 3, shape=[4], dtype="uint8"),
+            TensorError,
+            "data: 3 bytes",
+        ),
+        (
+            td(tokenspeed_scheduler_pb2.TensorData, inline=b"", shape=[1], dtype=""),
+            TensorError,
+            "unknown dtype ''",
+        ),
     ],
-    ids=["dtype", "length", "overflow", "missing", "remote", "traversal", "shm-size", "sglang",
-         "empty-dtype"],
+    ids=[
+        "dtype",
+        "length",
+        "overflow",
+        "missing",
+        "remote",
+        "traversal",
+        "shm-size",
+        "sglang",
+        "empty-dtype",
+    ],
 )
 def test_bad_messages_raise_precise_errors(message, error, match):
     with pytest.raises(error, match=match) as info:
@@ -195,22 +258,57 @@ def test_bad_messages_raise_precise_errors(message, error, match):
     ("args", "kwargs", "error", "match"),
     [
         ((np.zeros(2, np.float64), vllm_engine_pb2.TensorData), {}, TensorError, "float64"),
-        ((np.zeros(2, np.int64), vllm_engine_pb2.TensorData), {"dtype": "bfloat16"}, TensorError,
-         "cannot send a int64 array as bfloat16"),
-        ((np.zeros(2, np.float32), vllm_engine_pb2.TensorData), {"dtype": "complex"}, TensorError,
-         "unknown dtype"),
-        ((np.zeros(2, np.float32), vllm_engine_pb2.GenerateRequest), {}, TensorTypeError,
-         "expected an SGLang, vLLM or TokenSpeed TensorData"),
+        (
+            (np.zeros(2, np.int64), vllm_engine_pb2.TensorData),
+            {"dtype": "bfloat16"},
+            TensorError,
+            "cannot send a int64 array as bfloat16",
+        ),
+        (
+            (np.zeros(2, np.float32), vllm_engine_pb2.TensorData),
+            {"dtype": "complex"},
+            TensorError,
+            "unknown dtype",
+        ),
+        (
+            (np.zeros(2, np.float32), vllm_engine_pb2.GenerateRequest),
+            {},
+            TensorTypeError,
+            "expected an SGLang, vLLM or TokenSpeed TensorData",
+        ),
         (("text", vllm_engine_pb2.TensorData), {}, TensorTypeError, "got str"),
-        ((np.zeros(2, np.float32), sglang_scheduler_pb2.TensorData), {"transport": "shm"},
-         TensorError, "inline only"),
-        ((np.zeros(2, np.float32), vllm_engine_pb2.TensorData), {"transport": "pigeon"},
-         TensorError, "transport must be"),
-        ((np.broadcast_to(np.zeros(1, np.uint8), (2**16, 2**16, 2**2)), vllm_engine_pb2.TensorData),
-         {}, TensorError, "do not fit an inline protobuf field"),
+        (
+            (np.zeros(2, np.float32), sglang_scheduler_pb2.TensorData),
+            {"transport": "shm"},
+            TensorError,
+            "inline only",
+        ),
+        (
+            (np.zeros(2, np.float32), vllm_engine_pb2.TensorData),
+            {"transport": "pigeon"},
+            TensorError,
+            "transport must be",
+        ),
+        (
+            (
+                np.broadcast_to(np.zeros(1, np.uint8), (2**16, 2**16, 2**2)),
+                vllm_engine_pb2.TensorData,
+            ),
+            {},
+            TensorError,
+            "do not fit an inline protobuf field",
+        ),
     ],
-    ids=["float64", "int-to-bf16", "bad-dtype", "not-tensordata", "str", "sglang-shm",
-         "transport", "over-2GiB"],
+    ids=[
+        "float64",
+        "int-to-bf16",
+        "bad-dtype",
+        "not-tensordata",
+        "str",
+        "sglang-shm",
+        "transport",
+        "over-2GiB",
+    ],
 )
 def test_bad_pack_arguments(args, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -225,7 +323,10 @@ def test_errors_pickle_with_their_details():
     again = pickle.loads(pickle.dumps(info.value))
     assert type(again) is TensorError
     assert (again.field, again.expected, again.actual) == (
-        info.value.field, info.value.expected, info.value.actual)
+        info.value.field,
+        info.value.expected,
+        info.value.actual,
+    )
     assert again.expected == 8
     assert again.actual == 7
 
@@ -234,8 +335,9 @@ def test_errors_pickle_with_their_details():
 def test_eight_threads_pack_and_unpack_identically():
     rng = np.random.default_rng(3)
     inputs = [rng.standard_normal((256, 1024)).astype(np.float32) for _ in range(8)]
-    expected = [tensors.pack(a, vllm_engine_pb2.TensorData, dtype="bfloat16").inline
-                for a in inputs]
+    expected = [
+        tensors.pack(a, vllm_engine_pb2.TensorData, dtype="bfloat16").inline for a in inputs
+    ]
     results: dict[int, list[bytes]] = {}
 
     def work(i):
