@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 import zipfile
 from collections.abc import Iterable
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The package's own reader of _pb2.py sources (pure Python; works from a source checkout).
 sys.path.insert(0, str(ROOT / "src"))
 from smg_grpc_proto.compat._pb2source import serialized_descriptor  # noqa: E402
+from smg_grpc_proto.compat.sources import download_wheel  # noqa: E402
 
 RELEASES = Path("protos") / "releases"
 DESCRIPTORS = Path("src") / "smg_grpc_proto" / "proto" / "descriptors.binpb"
@@ -119,29 +119,8 @@ def baseline_snapshot(wheel: Path) -> bytes:
 
 
 def baseline_wheel(root: Path = ROOT) -> Path:
-    """The published 0.4.28 wheel, downloaded into ``.cache/upstream/`` on first use."""
-    cache = root / ".cache" / "upstream" / BASELINE_VERSION
-    wheels = sorted(cache.glob("smg_grpc_proto-*.whl"))
-    if not wheels:
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "--only-binary=:all:",
-                f"{BASELINE_PACKAGE}=={BASELINE_VERSION}",
-                "-d",
-                str(cache),
-            ],
-            check=True,
-        )
-        wheels = sorted(cache.glob("smg_grpc_proto-*.whl"))
-    return wheels[0]
+    """The published 0.4.28 wheel (downloaded once into the package's wheel cache)."""
+    return download_wheel(f"{BASELINE_PACKAGE}=={BASELINE_VERSION}")
 
 
 # --- our own releases ----------------------------------------------------------------------------

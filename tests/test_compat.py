@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2, json_format
-from support.upstream import CACHE as UPSTREAM_CACHE
-from support.upstream import UPSTREAM_VERSION, upstream_package
+from support.upstream import UPSTREAM_VERSION, upstream_package, upstream_wheel
 
 import smg_grpc_proto
 from smg_grpc_proto import cli
@@ -98,11 +97,6 @@ def compile_(tmp_path_factory: pytest.TempPathFactory) -> Compiler:
 
 def rules_of(findings: list[Finding]) -> set[str]:
     return {f.rule for f in findings}
-
-
-def upstream_wheel() -> Path:
-    upstream_package()  # downloads it once into .cache/upstream/
-    return next(UPSTREAM_CACHE.glob("smg_grpc_proto-*.whl"))
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:

@@ -32,8 +32,7 @@ import pytest
 import yaml
 from google.protobuf import descriptor_pb2, descriptor_pool
 from support.descriptors import file_descriptors
-from support.upstream import CACHE as UPSTREAM_CACHE
-from support.upstream import upstream_package
+from support.upstream import upstream_package, upstream_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -56,9 +55,7 @@ def _finding(rule="FIELD_NO_DELETE", message="Previously present field 2 was del
 
 @pytest.fixture(scope="module")
 def baseline_wheel() -> Path:
-    upstream_package()  # downloads the 0.4.28 wheel into the shared cache on first use
-    (wheel,) = UPSTREAM_CACHE.glob("smg_grpc_proto-*.whl")
-    return wheel
+    return upstream_wheel()  # downloaded into the shared wheel cache on first use
 
 
 def test_baseline_snapshot_is_derived_from_the_published_wheel(baseline_wheel):
