@@ -257,7 +257,9 @@ def _bf16(bits: np.ndarray[Any, Any], mode: Bf16Mode) -> np.ndarray[Any, Any]:
     return widened
 
 
-def unpack_torch(message: Message, *, unlink: bool | None = None) -> Any:
+def unpack_torch(
+    message: Message, *, unlink: bool | None = None, shm_dir: Path | None = None
+) -> Any:
     """The tensor as a ``torch.Tensor`` sharing the payload memory (native bfloat16).
 
     torch has no read-only tensors: the returned tensor aliases immutable bytes or a read-only
@@ -265,7 +267,7 @@ def unpack_torch(message: Message, *, unlink: bool | None = None) -> Any:
     """
     import torch
 
-    bits = unpack(message, bf16="uint16", unlink=unlink)
+    bits = unpack(message, bf16="uint16", unlink=unlink, shm_dir=shm_dir)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
         tensor = torch.from_numpy(bits)
