@@ -156,6 +156,64 @@ def tensor_layouts() -> list[str]:
     return lines
 
 
+def tensor_request() -> list[str]:
+    """A Qwen2-VL-sized pixel tensor sent to a toy vLLM engine with the one-copy codec."""
+    import numpy as np
+
+    from smg_grpc_proto import tensors
+
+    pixels = np.random.default_rng(0).standard_normal((1512, 1176)).astype(np.float32)
+    grid = np.array([[1, 42, 36]], dtype=np.int64)
+
+    def generate(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        received = request["mm_inputs.pixel_values"]  # a zero-copy view of the received bytes
+        chunk = vllm_engine_pb2.GenerateStreamChunk(token_ids=list(received.shape))
+        chunk.prompt_tokens = int(request["mm_inputs.model_specific_tensors[image_grid_thw]"][0, 1])
+        yield vllm_engine_pb2.GenerateResponse(chunk=chunk)
+
+    handler = grpc.unary_stream_rpc_method_handler(
+        generate,
+        request_deserializer=tensors.deserializer(vllm_engine_pb2.GenerateRequest),
+        response_serializer=tensors.serialize,
+    )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2),
+        options=[("grpc.max_receive_message_length", 64 << 20)],
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "vllm.grpc.engine.VllmEngine", {"Generate": handler}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_stream(
+                "/vllm.grpc.engine.VllmEngine/Generate",
+                request_serializer=tensors.serialize,
+                response_deserializer=vllm_engine_pb2.GenerateResponse.FromString,
+            )
+            request = tensors.TensorMessage(vllm_engine_pb2.GenerateRequest(request_id="img-1"))
+            request.attach("mm_inputs.pixel_values", pixels, dtype="bfloat16")
+            request.attach("mm_inputs.model_specific_tensors[image_grid_thw]", grid)
+            start = time.perf_counter()
+            data = tensors.serialize(request)
+            encode_ms = (time.perf_counter() - start) * 1e3
+            (reply,) = list(call(request, timeout=30))
+    finally:
+        server.stop(None)
+    return [
+        f"  pixel_values {pixels.shape} float32 -> bfloat16 on the wire: "
+        f"{len(data) / 2**20:.1f} MiB request, encoded in {encode_ms:.1f} ms (one pass, "
+        f"conversion included; backend {tensors.backend})",
+        f"  the engine saw shape {list(reply.chunk.token_ids)} and grid height "
+        f"{reply.chunk.prompt_tokens} without copying the tensor",
+    ]
+
+
 def main() -> None:
     info = smg_grpc_proto.build_info()
     print(
@@ -167,6 +225,8 @@ def main() -> None:
         print("  " + run_engine(engine))
     print("\nOne tensor, three TensorData wire layouts (first bytes):")
     print("\n".join(tensor_layouts()))
+    print("\nA multimodal request through the one-copy tensor codec:")
+    print("\n".join(tensor_request()))
 
 
 if __name__ == "__main__":
