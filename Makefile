@@ -11,17 +11,21 @@ RELEASE_ARGS ?=
 
 .DEFAULT_GOAL := test
 
-.PHONY: pytest-fallback help deps wheel install demo gen gen-check compat lint typecheck rust-test pytest test \
+.PHONY: pytest-fallback system-deps help deps wheel install demo gen gen-check compat lint typecheck rust-test pytest test \
 	release clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-deps: ## install the test and lint tools (pip >= 25.1 for dependency groups)
+system-deps: ## build tools for the bundled C libraries (cmake, nasm for libjpeg-turbo); apt if missing
+	@command -v cmake >/dev/null && command -v nasm >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake nasm; }
+
+deps: system-deps ## install the test and lint tools (pip >= 25.1 for dependency groups)
 	$(PIP) install --quiet --disable-pip-version-check "pip>=25.1"
 	$(PIP) install --quiet --disable-pip-version-check --group test
 
-wheel: ## build the abi3 wheel into dist/ with maturin (stale wheels removed first)
+wheel: system-deps ## build the abi3 wheel into dist/ with maturin (stale wheels removed first)
 	rm -rf $(WHEEL_DIR)
 	$(PYTHON) -m maturin build --release --quiet --out $(WHEEL_DIR)
 

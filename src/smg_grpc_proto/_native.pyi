@@ -1,7 +1,7 @@
 """Type stub of the private Rust extension; checked against the binary by mypy stubtest."""
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
@@ -9,13 +9,18 @@ import numpy.typing as npt
 from smg_grpc_proto.build import BuildInfo
 
 __all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "DecodedImage",
     "__version__",
     "build_info",
     "convert",
     "convert_into",
+    "decode_error_kinds",
     "decode_frames",
+    "decode_image",
     "dtype_itemsize",
     "encode_frames",
+    "resize",
 ]
 __version__: str
 
@@ -83,3 +88,49 @@ def encode_frames(
     protobuf limit, malformed wire data or plan, or an unusable source array (message prefixed
     ``sources[i]``); ``TypeError`` for arguments of the wrong type.
     """
+
+def resize(
+    image: npt.NDArray[np.uint8],
+    width: int,
+    height: int,
+    filter: str,
+    pass_order: str,
+    region: tuple[float, float, float, float] | None,
+    threads: int,
+) -> bytearray:
+    """Pillow 13.0.0's ``Image.resize((width, height), filter, box=region, reducing_gap=None)``
+    of a C-contiguous uint8 array ``(H, W)`` or ``(H, W, C)``, C in 1, 3, 4, byte for byte.
+    ``filter``: ``nearest``, ``box``, ``bilinear``, ``hamming``, ``bicubic``, ``lanczos``.
+
+    Returns ``height * width * C`` new bytes (row-major, channels interleaved). ``pass_order``
+    ``"pillow12"`` selects the order of Pillow <= 12.2 (always horizontal first); ``threads`` 0
+    picks one per core for large images. The GIL is released while resizing.
+
+    Raises ``TypeError`` if ``image`` is not a numpy array, ``ValueError`` for a non-uint8,
+    non-contiguous or badly shaped array, a channel count other than 1, 3, 4, a non-positive or
+    too large size (65536 per side, 2**31 - 1 bytes), an unknown filter or pass order, or a box
+    Pillow rejects.
+    """
+
+DEFAULT_MAX_PIXELS: int
+
+@final
+class DecodedImage:
+    """RGB pixels owned by the extension; ``numpy.asarray`` views them without a copy."""
+
+    @property
+    def height(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+
+def decode_image(data: bytes, apply_exif: bool, max_pixels: int | None, alpha: str) -> DecodedImage:
+    """Decode a JPEG, PNG, GIF, BMP or WebP file to RGB (``height x width x 3`` bytes).
+
+    ``alpha`` is ``"white"`` or ``"drop"``. Failures raise ``ValueError(kind, message, format,
+    field, expected, actual)``; ``smg_grpc_proto.vision.decode`` maps them to exception classes.
+    """
+
+def decode_error_kinds() -> list[str]:
+    """The kind of every decoding failure, one per Rust ``DecodeError`` variant."""

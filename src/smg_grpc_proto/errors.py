@@ -11,11 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "IMAGE_DECODE_ERRORS",
+    "CorruptImageError",
+    "EmptyImageError",
+    "ImageDecodeError",
+    "ImageMemoryError",
+    "ImageTooLargeError",
     "ShmError",
     "SmgProtoError",
     "TensorError",
     "TensorTypeError",
     "TransportNotImplementedError",
+    "TruncatedImageError",
+    "UnknownImageFormatError",
+    "UnsupportedImageError",
 ]
 
 
@@ -57,3 +66,100 @@ class ShmError(TensorError):
 
 class TransportNotImplementedError(SmgProtoError, NotImplementedError):
     """The payload uses a transport this package cannot read (``remote``)."""
+
+
+class ImageDecodeError(SmgProtoError, ValueError):
+    """An encoded image could not be decoded (``smg_grpc_proto.vision.decode``).
+
+    ``kind`` names the failure (one subclass per kind, see ``IMAGE_DECODE_ERRORS``) and ``format``
+    the image format when it was recognised (``"JPEG"``, ``"PNG"``, ``"GIF"``, ``"BMP"``,
+    ``"WEBP"``); ``field``/``expected``/``actual`` carry the numbers (e.g. ``max_pixels``).
+    """
+
+    kind = "image_decode"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str = "",
+        expected: Any = None,
+        actual: Any = None,
+        format: str | None = None,
+    ) -> None:
+        super().__init__(message, field=field, expected=expected, actual=actual)
+        self.format = format
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_image,
+            (type(self), str(self), self.field, self.expected, self.actual, self.format),
+        )
+
+
+def _rebuild_image(
+    cls: type[ImageDecodeError],
+    message: str,
+    field: str,
+    expected: Any,
+    actual: Any,
+    format: str | None,
+) -> ImageDecodeError:
+    return cls(message, field=field, expected=expected, actual=actual, format=format)
+
+
+class UnknownImageFormatError(ImageDecodeError):
+    """The data is not a JPEG, PNG, GIF, BMP or WebP file (or is empty)."""
+
+    kind = "unknown_format"
+
+
+class UnsupportedImageError(ImageDecodeError):
+    """The format is known but uses a feature that is not decoded (e.g. 12-bit JPEG)."""
+
+    kind = "unsupported"
+
+
+class TruncatedImageError(ImageDecodeError):
+    """The data ends before the image is complete."""
+
+    kind = "truncated"
+
+
+class CorruptImageError(ImageDecodeError):
+    """The data is malformed."""
+
+    kind = "corrupt"
+
+
+class EmptyImageError(ImageDecodeError):
+    """The header declares a width or height of zero."""
+
+    kind = "zero_size"
+
+
+class ImageTooLargeError(ImageDecodeError):
+    """The header declares more pixels than ``max_pixels`` (a possible decompression bomb)."""
+
+    kind = "too_many_pixels"
+
+
+class ImageMemoryError(ImageDecodeError):
+    """The pixel buffers could not be allocated."""
+
+    kind = "out_of_memory"
+
+
+IMAGE_DECODE_ERRORS: dict[str, type[ImageDecodeError]] = {
+    cls.kind: cls
+    for cls in (
+        UnknownImageFormatError,
+        UnsupportedImageError,
+        TruncatedImageError,
+        CorruptImageError,
+        EmptyImageError,
+        ImageTooLargeError,
+        ImageMemoryError,
+    )
+}
+"""Each decoding failure kind (one per Rust ``DecodeError`` variant) and its exception class."""

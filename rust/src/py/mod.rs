@@ -4,6 +4,8 @@
 use pyo3::prelude::*;
 
 mod build_info;
+mod decode;
+mod image;
 mod tensor;
 
 /// `smg_grpc_proto._native`: the private extension module.
@@ -11,6 +13,8 @@ mod tensor;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     build_info::register(m)?;
+    decode::register(m)?;
+    image::register(m)?;
     tensor::register(m)?;
     Ok(())
 }

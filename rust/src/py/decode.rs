@@ -1,0 +1,182 @@
+//! Python view of [`crate::image::decode`]: bytes in, an RGB pixel buffer numpy can wrap out.
+//!
+//! The input is read through `bytes` (the buffer protocol is outside the abi3-py310 API; the
+//! Python wrapper turns bytearray, memoryview and paths into `bytes`). Decoding runs with the
+//! GIL released; the `bytes` object is immutable and our reference keeps it alive meanwhile.
+//! Every [`DecodeError`] is raised as `ValueError(kind, message, format, field, expected,
+//! actual)`, which the wrapper (`smg_grpc_proto.vision._decode`) re-raises as the matching
+//! `ImageDecodeError` subclass.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::IntoPyObjectExt;
+
+use crate::image::decode::{self as core, AlphaMode, DecodeError, DecodeOptions};
+
+fn decode_error(py: Python<'_>, err: &DecodeError) -> PyErr {
+    match error_args(py, err) {
+        Ok(args) => PyValueError::new_err(args.unbind()),
+        Err(e) => e,
+    }
+}
+
+/// `(kind, message, format, field, expected, actual)` for the wrapper's exception.
+fn error_args<'py>(py: Python<'py>, err: &DecodeError) -> PyResult<Bound<'py, PyTuple>> {
+    let none = || py.None();
+    let (field, expected, actual): (&str, Py<PyAny>, Py<PyAny>) = match err {
+        DecodeError::UnknownFormat { head, recognised } => (
+            "format",
+            "JPEG, PNG, GIF, BMP or WebP".into_py_any(py)?,
+            match recognised {
+                Some(name) => name.into_py_any(py)?,
+                None => PyBytes::new(py, head).into_any().unbind(),
+            },
+        ),
+        DecodeError::ZeroSize { width, height, .. } => {
+            ("size", none(), (*width, *height).into_py_any(py)?)
+        }
+        DecodeError::TooManyPixels {
+            width,
+            height,
+            limit,
+            ..
+        } => (
+            "max_pixels",
+            limit.into_py_any(py)?,
+            (u128::from(*width) * u128::from(*height)).into_py_any(py)?,
+        ),
+        DecodeError::OutOfMemory { bytes, .. } => ("size", none(), bytes.into_py_any(py)?),
+        DecodeError::Unsupported { .. }
+        | DecodeError::Truncated { .. }
+        | DecodeError::Corrupt { .. } => ("data", none(), none()),
+    };
+    PyTuple::new(
+        py,
+        [
+            err.kind().into_py_any(py)?,
+            err.to_string().into_py_any(py)?,
+            err.format().map(|f| f.name()).into_py_any(py)?,
+            field.into_py_any(py)?,
+            expected,
+            actual,
+        ],
+    )
+}
+
+/// The pixels of one decoded image, exposed to numpy through `__array_interface__` (zero copy).
+///
+/// The buffer is a leaked `Vec<u8>` owned by this object: Rust keeps only its raw parts and never
+/// reads or references the memory again (numpy may write to it), and frees it when the object
+/// is collected, which numpy delays for as long as any array viewing it is alive (the array's
+/// `base` holds a reference to this object).
+#[pyclass(module = "smg_grpc_proto._native", name = "DecodedImage", frozen)]
+struct PyDecodedImage {
+    ptr: *mut u8,
+    len: usize,
+    capacity: usize,
+    height: u32,
+    width: u32,
+}
+
+// SAFETY: the object owns its buffer outright (no other owner exists); moving it to another
+// thread moves that ownership. Concurrent access goes through numpy, which the GIL serialises.
+unsafe impl Send for PyDecodedImage {}
+// SAFETY: `&PyDecodedImage` only reads the pointer value and sizes, never the buffer.
+unsafe impl Sync for PyDecodedImage {}
+
+impl PyDecodedImage {
+    fn new(pixels: Vec<u8>, height: u32, width: u32) -> Self {
+        let mut pixels = std::mem::ManuallyDrop::new(pixels);
+        Self {
+            ptr: pixels.as_mut_ptr(),
+            len: pixels.len(),
+            capacity: pixels.capacity(),
+            height,
+            width,
+        }
+    }
+}
+
+impl Drop for PyDecodedImage {
+    fn drop(&mut self) {
+        // SAFETY: the raw parts come from a `Vec<u8>` that was leaked in `new` and is rebuilt
+        // exactly once, here; no array can view the buffer any more (each holds a reference).
+        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.capacity) });
+    }
+}
+
+#[pymethods]
+impl PyDecodedImage {
+    #[getter]
+    fn height(&self) -> u32 {
+        self.height
+    }
+
+    #[getter]
+    fn width(&self) -> u32 {
+        self.width
+    }
+
+    /// numpy's array interface (version 3): C-contiguous `(height, width, 3)` uint8, writable.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        out.set_item("version", 3)?;
+        out.set_item("shape", (self.height, self.width, 3))?;
+        out.set_item("typestr", "|u1")?;
+        out.set_item("data", (self.ptr as usize, false))?;
+        Ok(out)
+    }
+}
+
+/// decode_image(data, apply_exif, max_pixels, alpha) -> DecodedImage
+/// --
+///
+/// Decodes a JPEG, PNG, GIF, BMP or WebP file to RGB: an object with `height`, `width` and an
+/// `__array_interface__` for `numpy.asarray` (`height × width × 3` uint8, no copy). `alpha` is
+/// "white" (composite onto white) or "drop".
+#[pyfunction]
+fn decode_image(
+    py: Python<'_>,
+    data: &Bound<'_, PyBytes>,
+    apply_exif: bool,
+    max_pixels: Option<u64>,
+    alpha: &str,
+) -> PyResult<PyDecodedImage> {
+    let alpha = match alpha {
+        "white" => AlphaMode::White,
+        "drop" => AlphaMode::Drop,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "alpha must be 'white' or 'drop', got {other:?}"
+            )))
+        }
+    };
+    let options = DecodeOptions {
+        apply_exif,
+        max_pixels,
+        alpha,
+    };
+    let input = data.as_bytes();
+    let image = py
+        .detach(|| core::decode(input, &options))
+        .map_err(|err| decode_error(py, &err))?;
+    Ok(PyDecodedImage::new(image.pixels, image.height, image.width))
+}
+
+/// decode_error_kinds() -> list[str]
+/// --
+///
+/// The `kind` of every decoding failure, one per Rust error variant, in declaration order.
+#[pyfunction]
+fn decode_error_kinds() -> Vec<&'static str> {
+    DecodeError::KINDS.to_vec()
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("DEFAULT_MAX_PIXELS", core::DEFAULT_MAX_PIXELS)?;
+    m.add_class::<PyDecodedImage>()?;
+    m.add_function(wrap_pyfunction!(decode_image, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_error_kinds, m)?)
+}

@@ -1,0 +1,215 @@
+//! Python view of [`crate::image::resample`]: Pillow-exact resizing of numpy `uint8` images.
+//!
+//! The image is read through `__array_interface__` (the buffer protocol is outside the
+//! abi3-py310 API) while a strong reference to the array is held; the result is a new
+//! `bytearray` (writable, so the numpy view the Python wrapper makes of it is writable too),
+//! filled with the GIL released. Every [`ResampleError`] is raised as `ValueError` with its
+//! message; a non-array argument raises `TypeError`.
+
+use std::mem::MaybeUninit;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyByteArray, PyInt, PyType};
+
+use crate::image::resample::{self, ImageRef, PassOrder, ResampleError, ResizeOptions};
+use crate::image::Filter;
+
+fn value_error(err: ResampleError) -> PyErr {
+    PyValueError::new_err(err.to_string())
+}
+
+/// A C-contiguous `uint8` numpy array of shape `(H, W)` or `(H, W, C)`, kept alive by `_array`.
+struct Pixels<'py> {
+    _array: Bound<'py, PyAny>,
+    addr: usize,
+    len: usize,
+    width: usize,
+    height: usize,
+    channels: usize,
+}
+
+impl<'py> Pixels<'py> {
+    fn of(array: &Bound<'py, PyAny>) -> PyResult<Self> {
+        static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        let ndarray = NDARRAY.import(array.py(), "numpy", "ndarray")?;
+        if !array.is_instance(ndarray)? {
+            return Err(PyTypeError::new_err(format!(
+                "image: expected a numpy.ndarray, got {}",
+                array.get_type().name()?
+            )));
+        }
+        let dtype: String = array.getattr("dtype")?.getattr("str")?.extract()?;
+        if dtype != "|u1" {
+            return Err(PyValueError::new_err(format!(
+                "image: expected dtype uint8, got {dtype}"
+            )));
+        }
+        let shape: Vec<usize> = array.getattr("shape")?.extract()?;
+        let (height, width, channels) = match shape[..] {
+            [h, w] => (h, w, 1),
+            [h, w, c] => (h, w, c),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "image: expected shape (H, W) or (H, W, C), got {} dimensions {shape:?}",
+                    shape.len()
+                )))
+            }
+        };
+        if !array
+            .getattr("flags")?
+            .getattr("c_contiguous")?
+            .extract::<bool>()?
+        {
+            return Err(PyValueError::new_err(format!(
+                "image: array {shape:?} is not C-contiguous (use numpy.ascontiguousarray)"
+            )));
+        }
+        let (addr, _readonly): (usize, bool) = array
+            .getattr("__array_interface__")?
+            .get_item("data")?
+            .extract()?;
+        let len: usize = array.getattr("nbytes")?.extract()?;
+        let expected = height
+            .checked_mul(width)
+            .and_then(|n| n.checked_mul(channels));
+        if expected != Some(len) || (len > 0 && addr == 0) || isize::try_from(len).is_err() {
+            return Err(PyValueError::new_err(format!(
+                "image: array reports {len} bytes at address {addr:#x} for shape {shape:?}"
+            )));
+        }
+        Ok(Pixels {
+            _array: array.clone(),
+            addr,
+            len,
+            width,
+            height,
+            channels,
+        })
+    }
+
+    fn image(&self) -> ImageRef<'_> {
+        let data = if self.len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: numpy reported `len` (`nbytes` = H·W·C, checked) bytes of C-contiguous
+            // uint8 data at `addr` (`__array_interface__['data']`), non-null and at most
+            // `isize::MAX`. `self._array` is a strong reference to the array, and the slice
+            // borrows `self`, so the array (which owns or references the memory) outlives it;
+            // numpy refuses to reallocate an array that has other references (`resize`
+            // refcheck). Another Python thread writing into the array during the call only
+            // makes the output unspecified; we never write through this slice.
+            unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+        };
+        ImageRef {
+            data,
+            width: self.width,
+            height: self.height,
+            channels: self.channels,
+        }
+    }
+}
+
+/// A new `bytearray` of `len ≥ 1` bytes, zeroed and then filled by `write`, with the GIL
+/// released.
+fn new_bytearray<'py, F>(py: Python<'py>, len: usize, write: F) -> PyResult<Bound<'py, PyByteArray>>
+where
+    F: FnOnce(&mut [u8]) -> Result<(), ResampleError> + Send,
+{
+    let size = ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| PyValueError::new_err(format!("output of {len} bytes is too large")))?;
+    // SAFETY: with a NULL source, `PyByteArray_FromStringAndSize` returns a new reference to a
+    // fresh bytearray of `size` uninitialised bytes, or NULL with an exception set, which
+    // `from_owned_ptr_or_err` turns into the error. We take ownership of the new reference.
+    let array = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyByteArray_FromStringAndSize(std::ptr::null(), size),
+        )?
+    }
+    .cast_into::<PyByteArray>()?;
+    // SAFETY: `PyByteArray_AsString` returns the object's buffer of `size` bytes (plus a NUL),
+    // valid while the object lives and is not resized; `array` holds our reference until we
+    // return it, and no Python code sees the object before then, so nothing resizes it and this
+    // is the only access. The bytes are uninitialised, hence `MaybeUninit`, until zeroed below.
+    let buffer = unsafe {
+        let data = ffi::PyByteArray_AsString(array.as_ptr()).cast::<MaybeUninit<u8>>();
+        if data.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        std::slice::from_raw_parts_mut(data, len)
+    };
+    py.detach(|| {
+        buffer.fill(MaybeUninit::new(0));
+        // SAFETY: every byte was just initialised, and `MaybeUninit<u8>` has the layout of `u8`.
+        let bytes = unsafe { &mut *(buffer as *mut [MaybeUninit<u8>] as *mut [u8]) };
+        write(bytes)
+    })
+    .map_err(value_error)?;
+    Ok(array)
+}
+
+/// resize(image, width, height, filter, pass_order, region, threads) -> bytearray
+/// --
+///
+/// Pillow 13.0.0's `Image.resize((width, height), filter, box=region, reducing_gap=None)` of a
+/// C-contiguous uint8 array `(H, W)` or `(H, W, C)` with C in 1, 3, 4, byte for byte; the
+/// result is `height × width × C` bytes. `filter`: nearest, box, bilinear, hamming, bicubic,
+/// lanczos. `pass_order`: "pillow13" or "pillow12" (Pillow ≤ 12.2). `threads`: 0 = automatic.
+#[pyfunction]
+#[pyo3(signature = (image, width, height, filter, pass_order, region, threads))]
+#[allow(clippy::too_many_arguments)]
+fn resize<'py>(
+    py: Python<'py>,
+    image: &Bound<'py, PyAny>,
+    width: &Bound<'py, PyInt>,
+    height: &Bound<'py, PyInt>,
+    filter: &str,
+    pass_order: &str,
+    region: Option<(f64, f64, f64, f64)>,
+    threads: usize,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let filter = Filter::from_name(filter).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "unknown filter {filter:?}: expected nearest, box, bilinear, hamming, bicubic or lanczos"
+        ))
+    })?;
+    let pass_order = PassOrder::from_name(pass_order).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "unknown pass_order {pass_order:?}: expected \"pillow13\" or \"pillow12\""
+        ))
+    })?;
+    let (out_w, out_h) =
+        resample::output_size(size_arg(width, "width")?, size_arg(height, "height")?)
+            .map_err(value_error)?;
+    let pixels = Pixels::of(image)?;
+    let src = pixels.image();
+    let len = resample::check(&src, out_w, out_h).map_err(value_error)?;
+    let options = ResizeOptions {
+        filter,
+        pass_order,
+        // Pillow parses the box with "ffff": each coordinate rounded to single precision.
+        region: region.map(|(l, t, r, b)| [l as f32, t as f32, r as f32, b as f32]),
+        threads,
+        simd: true,
+    };
+    new_bytearray(py, len, |out| {
+        resample::resize_into(&src, out, out_w, out_h, &options)
+    })
+}
+
+/// A size argument as `i64`; ints beyond it are refused here, naming the value.
+fn size_arg(v: &Bound<'_, PyInt>, name: &str) -> PyResult<i64> {
+    v.extract::<i64>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "output {name} {v} is out of range (at most {} per side)",
+            resample::MAX_SIDE
+        ))
+    })
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(resize, m)?)
+}

@@ -1,0 +1,91 @@
+"""Decoding encoded images to RGB exactly as transformers' loader gets them from Pillow.
+
+``decode(data)`` equals, byte for byte (Pillow 13.0.0, transformers 5.x)::
+
+    image = PIL.Image.open(io.BytesIO(data))
+    image = PIL.ImageOps.exif_transpose(image)            # apply_exif=True
+    np.array(transformers.image_transforms.convert_to_rgb(image, return_numpy=True))
+
+for JPEG (baseline, progressive, arithmetic; gray, YCbCr, RGB, CMYK/YCCK), PNG (1-16 bit, gray,
+gray+alpha, RGB, RGBA, palette with or without ``tRNS``, interlaced; first frame of an APNG),
+GIF (first frame, transparency index), BMP (1/4/8-bit palette, 16/24/32-bit, bitfields,
+RLE4/RLE8) and WebP (lossy, lossless, alpha; first frame of an animation). The decoding runs in
+Rust with the GIL released; JPEG goes through the same libjpeg-turbo code path as Pillow (ISLOW
+IDCT, fancy upsampling), WebP through libwebp, both linked statically into the extension.
+
+``alpha="white"`` composites images with an alpha band or transparency onto white like
+``convert_to_rgb``; ``alpha="drop"`` gives ``image.convert("RGB")`` instead, which is what
+transformers' ``load_image`` (paths and URLs) does after ``exif_transpose``.
+
+``max_pixels`` (default :data:`DEFAULT_MAX_PIXELS` = 2 x Pillow's ``MAX_IMAGE_PIXELS``, the size
+above which Pillow raises ``DecompressionBombError``) is checked against the header's width x
+height before any pixel memory is allocated; ``None`` disables the check.
+
+The returned array is ``(height, width, 3)`` ``uint8``, C-contiguous and writable. It views the
+buffer the decoder wrote (no copy): its ``base`` is the native ``DecodedImage`` that owns the
+memory and frees it when the last array viewing it is gone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from smg_grpc_proto import _native
+from smg_grpc_proto.errors import IMAGE_DECODE_ERRORS, ImageDecodeError
+
+__all__ = ["DEFAULT_MAX_PIXELS", "ImageSource", "decode"]
+
+DEFAULT_MAX_PIXELS: int = _native.DEFAULT_MAX_PIXELS
+"""178 956 970: twice Pillow's ``Image.MAX_IMAGE_PIXELS`` (89 478 485)."""
+
+ImageSource = bytes | bytearray | memoryview | str | os.PathLike[str]
+"""Encoded image bytes, or the path of an image file."""
+
+
+def _to_bytes(data: ImageSource) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    if isinstance(data, (str, os.PathLike)):
+        with open(data, "rb") as f:
+            return f.read()
+    raise TypeError(
+        f"data must be bytes, bytearray, memoryview or a path, not {type(data).__name__}"
+    )
+
+
+def decode(
+    data: ImageSource,
+    *,
+    apply_exif: bool = True,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    alpha: Literal["white", "drop"] = "white",
+) -> npt.NDArray[np.uint8]:
+    """Decode a JPEG, PNG, GIF, BMP or WebP image to an ``(H, W, 3)`` uint8 RGB array.
+
+    Raises a subclass of :class:`~smg_grpc_proto.errors.ImageDecodeError` (a ``ValueError``):
+    ``UnknownImageFormatError``, ``UnsupportedImageError``, ``TruncatedImageError``,
+    ``CorruptImageError``, ``EmptyImageError``, ``ImageTooLargeError`` or ``ImageMemoryError``;
+    ``TypeError`` for an argument of the wrong type, ``OSError`` if a path cannot be read.
+    """
+    raw = _to_bytes(data)
+    if max_pixels is not None and (isinstance(max_pixels, bool) or max_pixels < 0):
+        raise TypeError(f"max_pixels must be a non-negative int or None, got {max_pixels!r}")
+    try:
+        image = _native.decode_image(raw, bool(apply_exif), max_pixels, alpha)
+    except ValueError as exc:
+        raise _decode_error(exc) from None
+    return np.asarray(image)
+
+
+def _decode_error(exc: ValueError) -> ValueError:
+    if len(exc.args) != 6:  # an argument error, not a decoding failure
+        return exc
+    kind, message, fmt, field, expected, actual = exc.args
+    cls = IMAGE_DECODE_ERRORS.get(kind, ImageDecodeError)
+    return cls(message, field=field, expected=expected, actual=actual, format=fmt)
