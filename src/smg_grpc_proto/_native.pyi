@@ -11,6 +11,8 @@ from smg_grpc_proto.build import BuildInfo
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DecodedImage",
+    "Preprocessor",
+    "Tensor",
     "__version__",
     "build_info",
     "convert",
@@ -20,6 +22,8 @@ __all__ = [
     "decode_image",
     "dtype_itemsize",
     "encode_frames",
+    "processor_error_kinds",
+    "processor_families",
     "resize",
 ]
 __version__: str
@@ -134,3 +138,61 @@ def decode_image(data: bytes, apply_exif: bool, max_pixels: int | None, alpha: s
 
 def decode_error_kinds() -> list[str]:
     """The kind of every decoding failure, one per Rust ``DecodeError`` variant."""
+
+@final
+class Tensor:
+    """An output tensor owned by the extension; ``numpy.asarray`` views it without a copy."""
+
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def dtype(self) -> str:
+        """``"float32"`` or ``"int64"``."""
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+
+@final
+class Preprocessor:
+    """A model image processor (``rust/src/processors``): a family's transformers class
+    defaults overridden by normalised config keys (``smg_grpc_proto.vision._config``).
+
+    Failures raise ``ValueError(kind, message, field, expected, actual, index, decode_kind,
+    format)``; ``smg_grpc_proto.vision.ImageProcessor`` maps them to exception classes.
+    """
+
+    def __new__(cls, family: str, config: dict[str, Any]) -> Preprocessor: ...
+    @property
+    def family(self) -> str: ...
+    def config(self) -> dict[str, Any]:
+        """Every key of the configuration and its value (defaults included)."""
+
+    def images(
+        self,
+        images: Sequence[bytes | npt.NDArray[np.uint8]],
+        threads: int,
+        apply_exif: bool,
+        alpha: str,
+        max_pixels: int | None,
+    ) -> list[tuple[str, Tensor]]:
+        """Process encoded ``bytes`` and uint8 ``HxW``/``HxWxC`` (C = 1, 3, 4) arrays.
+
+        ``threads`` 0 uses every core; ``alpha`` (encoded inputs) is ``"load_image"``
+        (transformers' path loading), ``"white"`` (``convert_to_rgb``) or ``"drop"``.
+        """
+
+    def videos(
+        self,
+        videos: Sequence[Sequence[bytes | npt.NDArray[np.uint8]]],
+        threads: int,
+        apply_exif: bool,
+        alpha: str,
+        max_pixels: int | None,
+    ) -> list[tuple[str, Tensor]]:
+        """Process videos (lists of frames); Qwen families only."""
+
+def processor_error_kinds() -> list[str]:
+    """The kind of every processing failure, one per Rust ``ProcessorError`` variant."""
+
+def processor_families() -> list[str]:
+    """The family names ``Preprocessor`` accepts."""

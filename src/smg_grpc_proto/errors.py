@@ -12,11 +12,19 @@ from typing import Any
 
 __all__ = [
     "IMAGE_DECODE_ERRORS",
+    "IMAGE_PROCESSING_ERRORS",
+    "AspectRatioError",
+    "BatchShapeError",
     "CorruptImageError",
     "EmptyImageError",
     "ImageDecodeError",
     "ImageMemoryError",
+    "ImageProcessingError",
+    "ImageShapeError",
     "ImageTooLargeError",
+    "ProcessingLimitError",
+    "ProcessorConfigError",
+    "ResizeError",
     "ShmError",
     "SmgProtoError",
     "TensorError",
@@ -25,6 +33,7 @@ __all__ = [
     "TruncatedImageError",
     "UnknownImageFormatError",
     "UnsupportedImageError",
+    "VideoShapeError",
 ]
 
 
@@ -163,3 +172,105 @@ IMAGE_DECODE_ERRORS: dict[str, type[ImageDecodeError]] = {
     )
 }
 """Each decoding failure kind (one per Rust ``DecodeError`` variant) and its exception class."""
+
+
+class ImageProcessingError(SmgProtoError, ValueError):
+    """A model image processor rejected its configuration, an image or a batch
+    (``smg_grpc_proto.vision.ImageProcessor``).
+
+    ``kind`` names the failure (one subclass per kind, see ``IMAGE_PROCESSING_ERRORS``);
+    ``index`` is the position of the image (or, for videos, of the video) at fault, when one is;
+    ``field``/``expected``/``actual`` carry the values. Images that fail to decode raise the
+    ``ImageDecodeError`` subclasses instead.
+    """
+
+    kind = "image_processing"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str = "",
+        expected: Any = None,
+        actual: Any = None,
+        index: int | None = None,
+    ) -> None:
+        super().__init__(message, field=field, expected=expected, actual=actual)
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_processing,
+            (type(self), str(self), self.field, self.expected, self.actual, self.index),
+        )
+
+
+def _rebuild_processing(
+    cls: type[ImageProcessingError],
+    message: str,
+    field: str,
+    expected: Any,
+    actual: Any,
+    index: int | None,
+) -> ImageProcessingError:
+    return cls(message, field=field, expected=expected, actual=actual, index=index)
+
+
+class AspectRatioError(ImageProcessingError):
+    """An image more than 200 times wider than tall or the reverse (Qwen's ``smart_resize``);
+    the message is transformers'."""
+
+    kind = "aspect_ratio"
+
+
+class ProcessorConfigError(ImageProcessingError):
+    """A configuration value out of range, of the wrong type, or an unknown family."""
+
+    kind = "config"
+
+
+class ImageShapeError(ImageProcessingError):
+    """An image that cannot be processed: empty, a channel count other than 1, 3 or 4, or a
+    size the configuration cannot patchify."""
+
+    kind = "image_shape"
+
+
+class ProcessingLimitError(ImageProcessingError):
+    """An image side or an output tensor beyond the size limits."""
+
+    kind = "too_large"
+
+
+class VideoShapeError(ImageProcessingError):
+    """The frames of one video differ in size."""
+
+    kind = "video_shape"
+
+
+class BatchShapeError(ImageProcessingError):
+    """Processed images of different shapes that must be stacked into one tensor."""
+
+    kind = "batch_shape"
+
+
+class ResizeError(ImageProcessingError):
+    """The resampler refused a resize."""
+
+    kind = "resample"
+
+
+IMAGE_PROCESSING_ERRORS: dict[str, type[ImageProcessingError]] = {
+    cls.kind: cls
+    for cls in (
+        AspectRatioError,
+        ProcessorConfigError,
+        ImageShapeError,
+        ProcessingLimitError,
+        VideoShapeError,
+        BatchShapeError,
+        ResizeError,
+    )
+}
+"""Each processing failure kind (one per Rust ``ProcessorError`` variant except ``decode``,
+which raises the ``IMAGE_DECODE_ERRORS`` classes) and its exception class."""

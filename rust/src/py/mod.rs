@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod build_info;
 mod decode;
 mod image;
+mod processors;
 mod tensor;
 
 /// `smg_grpc_proto._native`: the private extension module.
@@ -15,6 +16,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     build_info::register(m)?;
     decode::register(m)?;
     image::register(m)?;
+    processors::register(m)?;
     tensor::register(m)?;
     Ok(())
 }

@@ -10,9 +10,28 @@ Available today:
   (nearest, box, bilinear, hamming, bicubic, lanczos; Pillow 13's pass order by default, the
   order of Pillow <= 12.2 on request), with the GIL released and SIMD/threads that never change
   a byte.
+* :class:`ImageProcessor`: the image processors of Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5,
+  CLIP, LLaVA-1.5, SigLIP and LLaVA-NeXT, bit-exact with transformers' PIL backend
+  (``from_pretrained(preprocessor_config.json | model dir | dict)`` or ``for_family(name)``);
+  a batch of images (bytes, paths, arrays, PIL images) or Qwen videos in, a
+  :class:`ProcessorOutput` of numpy tensors and placeholder token counts out.
 """
 
+from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS, ImageSource, decode
+from smg_grpc_proto.vision._processor import ImageProcessor, ProcessorOutput
 from smg_grpc_proto.vision._resample import PassOrder, Resample, resize
+from smg_grpc_proto.vision._tokens import VisionTokens
 
-__all__ = ["DEFAULT_MAX_PIXELS", "ImageSource", "PassOrder", "Resample", "decode", "resize"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "Family",
+    "ImageProcessor",
+    "ImageSource",
+    "PassOrder",
+    "ProcessorOutput",
+    "Resample",
+    "VisionTokens",
+    "decode",
+    "resize",
+]

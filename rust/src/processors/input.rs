@@ -1,0 +1,294 @@
+//! Inputs to RGB: decoded pixels (1, 3 or 4 channels) or encoded files.
+//!
+//! - Encoded bytes go through [`crate::image::decode`] (Pillow-exact), with EXIF and alpha as
+//!   the caller's [`Options`] say. [`Alpha::LoadImage`] reproduces what transformers' processors
+//!   make of a path: `load_image` (`exif_transpose`, then `convert("RGB")`, which drops alpha but
+//!   keeps a single transparent colour in `info["transparency"]`), then `convert_to_rgb`, which
+//!   sees that colour and composites every pixel of exactly that colour onto white.
+//! - Pixel arrays follow transformers' `convert_to_rgb` for numpy input: 3 channels are used as
+//!   they are, 1 channel is repeated, 4 channels are composited onto white as
+//!   `np.round(alpha * rgb + (1 - alpha) * 255)` with `alpha = a / 255`, all in `float64`, rounding
+//!   half to even.
+
+use std::borrow::Cow;
+
+use crate::image::decode::convert::{self, AlphaMode, ModeImage, Pixels, Transparency};
+use crate::image::decode::{self, exif, DecodeError, DecodeOptions, Format, RgbImage};
+
+use super::{Options, ProcessorError, RgbRef, MAX_SIDE};
+
+/// What encoded images with an alpha band or transparency info become.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Alpha {
+    /// transformers' processors given a path: `convert_to_rgb(load_image(path))` — alpha
+    /// dropped, and the pixels of a single transparent colour (PNG `tRNS` of gray, RGB or one
+    /// palette index; GIF transparency) turned white.
+    #[default]
+    LoadImage,
+    /// transformers' processors given `Image.open(...)`: `convert_to_rgb`, alpha composited
+    /// onto white.
+    White,
+    /// Pillow's plain `convert("RGB")`: alpha and transparency ignored.
+    Drop,
+}
+
+/// The colour `convert_to_rgb` turns white after `load_image`'s `convert("RGB")`: Pillow
+/// converts `info["transparency"]` along with the pixels for `L` (a gray value, clipped to 255
+/// by `putpixel`) and `P` with one transparent index (its palette colour), keeps an `RGB`
+/// colour as it is and leaves the int of `1`/`I;16` untouched, which `convert_transparent`
+/// then reads as `(t, 0, 0)`; per-index palette alphas are deleted (with a warning).
+fn load_image_key(image: &ModeImage) -> Option<[u8; 3]> {
+    let low = |v: u16| (v & 0xff) as u8;
+    match (&image.pixels, image.transparency.as_ref()?) {
+        (Pixels::L(_), Transparency::Gray(t)) => {
+            let v = (*t).min(255) as u8;
+            Some([v, v, v])
+        }
+        (Pixels::Bilevel(_) | Pixels::I16(_), Transparency::Gray(t)) => Some([low(*t), 0, 0]),
+        (Pixels::Rgb(_), Transparency::Rgb(r, g, b)) => Some([low(*r), low(*g), low(*b)]),
+        (Pixels::P { palette, .. }, Transparency::PaletteIndex(i)) => {
+            let [r, g, b, _] = palette.entries[usize::from(*i)];
+            Some([r, g, b])
+        }
+        _ => None,
+    }
+}
+
+/// `convert_to_rgb(load_image(data))` (see [`Alpha::LoadImage`]).
+fn decode_like_load_image(
+    data: &[u8],
+    apply_exif: bool,
+    max_pixels: Option<u64>,
+) -> Result<RgbImage, DecodeError> {
+    let format = match decode::sniff(data) {
+        // Only PNG and GIF carry a transparent colour; the rest is plain `convert("RGB")`.
+        Some(f @ (Format::Png | Format::Gif)) => f,
+        _ => {
+            let options = DecodeOptions {
+                apply_exif,
+                max_pixels,
+                alpha: AlphaMode::Drop,
+            };
+            return decode::decode(data, &options);
+        }
+    };
+    let limit = max_pixels.unwrap_or(u64::MAX);
+    let decoded = if format == Format::Png {
+        decode::png::decode(data, limit)?
+    } else {
+        decode::gif::decode(data, limit)?
+    };
+    let orientation = if apply_exif {
+        exif::orientation(decoded.exif.as_deref(), decoded.xmp.as_deref())
+    } else {
+        1
+    };
+    let key = load_image_key(&decoded.image);
+    let (width, height) = (decoded.image.width, decoded.image.height);
+    let oom = |bytes| DecodeError::OutOfMemory { format, bytes };
+    let mut pixels = convert::to_rgb(decoded.image, AlphaMode::Drop).map_err(oom)?;
+    if let Some(key) = key {
+        for px in pixels.chunks_exact_mut(3) {
+            if px == key {
+                px.copy_from_slice(&[255, 255, 255]);
+            }
+        }
+    }
+    let image = RgbImage {
+        width,
+        height,
+        pixels,
+    };
+    exif::transpose(image, orientation).map_err(oom)
+}
+
+/// An image handed to a processor.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// Interleaved `u8` pixels, `height` rows of `width × channels` bytes, channels 1, 3 or 4.
+    Pixels {
+        data: &'a [u8],
+        width: usize,
+        height: usize,
+        channels: usize,
+    },
+    /// A whole JPEG, PNG, GIF, BMP or WebP file.
+    Encoded(&'a [u8]),
+}
+
+/// An RGB image, borrowed from the input or owned after a conversion or a decode.
+#[derive(Debug)]
+pub struct Rgb<'a> {
+    pub data: Cow<'a, [u8]>,
+    pub width: usize,
+    pub height: usize,
+}
+
+impl Rgb<'_> {
+    pub fn view(&self) -> RgbRef<'_> {
+        RgbRef {
+            data: &self.data,
+            width: self.width,
+            height: self.height,
+        }
+    }
+}
+
+/// transformers' compositing of a 4-channel `uint8` array onto white, for one value.
+#[inline]
+pub fn composite_on_white(value: u8, alpha: u8) -> u8 {
+    let a = f64::from(alpha) / 255.0;
+    let blended = a * f64::from(value) + (1.0 - a) * 255.0;
+    // np.round: half to even; the result lies in [0, 255].
+    blended.round_ties_even() as u8
+}
+
+impl<'a> Input<'a> {
+    /// The image as RGB.
+    pub fn to_rgb(self, options: &Options) -> Result<Rgb<'a>, ProcessorError> {
+        match self {
+            Input::Encoded(bytes) => {
+                let decoded = match options.alpha {
+                    Alpha::LoadImage => {
+                        decode_like_load_image(bytes, options.apply_exif, options.max_pixels)
+                    }
+                    Alpha::White | Alpha::Drop => {
+                        let decode_options = DecodeOptions {
+                            apply_exif: options.apply_exif,
+                            max_pixels: options.max_pixels,
+                            alpha: if options.alpha == Alpha::White {
+                                AlphaMode::White
+                            } else {
+                                AlphaMode::Drop
+                            },
+                        };
+                        decode::decode(bytes, &decode_options)
+                    }
+                };
+                let image = decoded.map_err(|error| ProcessorError::Decode { index: 0, error })?;
+                Ok(Rgb {
+                    data: Cow::Owned(image.pixels),
+                    width: image.width as usize,
+                    height: image.height as usize,
+                })
+            }
+            Input::Pixels {
+                data,
+                width,
+                height,
+                channels,
+            } => {
+                check_pixels(data.len(), width, height, channels)?;
+                if channels != 3 {
+                    super::check_image("image converted to RGB", height, width)?;
+                }
+                let data = match channels {
+                    3 => Cow::Borrowed(data),
+                    1 => Cow::Owned(data.iter().flat_map(|&v| [v, v, v]).collect()),
+                    _ => {
+                        let mut out = Vec::with_capacity(width * height * 3);
+                        for px in data.chunks_exact(4) {
+                            let a = px[3];
+                            out.extend(px[..3].iter().map(|&v| composite_on_white(v, a)));
+                        }
+                        Cow::Owned(out)
+                    }
+                };
+                Ok(Rgb {
+                    data,
+                    width,
+                    height,
+                })
+            }
+        }
+    }
+}
+
+fn check_pixels(
+    len: usize,
+    width: usize,
+    height: usize,
+    channels: usize,
+) -> Result<(), ProcessorError> {
+    if !matches!(channels, 1 | 3 | 4) {
+        return Err(ProcessorError::shape(
+            "channels",
+            "1, 3 or 4 (HxWxC uint8)",
+            channels.to_string(),
+        ));
+    }
+    if width == 0 || height == 0 {
+        return Err(ProcessorError::shape(
+            "size",
+            "at least 1x1",
+            format!("{height}x{width} (HxW)"),
+        ));
+    }
+    if width > MAX_SIDE || height > MAX_SIDE {
+        return Err(ProcessorError::TooLarge {
+            what: "image side",
+            limit: MAX_SIDE as u64,
+            actual: width.max(height) as u64,
+        });
+    }
+    let expected = width * height * channels;
+    if len != expected {
+        return Err(ProcessorError::shape(
+            "data length",
+            format!("{expected} bytes ({height}x{width}x{channels})"),
+            len.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn composite_matches_numpy() {
+        // np.round(np.array([[[10, 200, 30, 128]]])[..., 3:4] / 255 * ... ) values computed in
+        // numpy: alpha 128/255; 10 -> 132.0 (131.98...), 200 -> 227.39 -> 227, 30 -> 142.0
+        assert_eq!(composite_on_white(10, 128), 132);
+        assert_eq!(composite_on_white(200, 128), 227);
+        assert_eq!(composite_on_white(30, 128), 142);
+        assert_eq!(composite_on_white(77, 255), 77);
+        assert_eq!(composite_on_white(77, 0), 255);
+    }
+
+    #[test]
+    fn channels() {
+        let opts = Options::default();
+        let gray = Input::Pixels {
+            data: &[1, 2],
+            width: 2,
+            height: 1,
+            channels: 1,
+        };
+        assert_eq!(&*gray.to_rgb(&opts).unwrap().data, &[1, 1, 1, 2, 2, 2]);
+        let bad = Input::Pixels {
+            data: &[1, 2],
+            width: 1,
+            height: 1,
+            channels: 2,
+        };
+        assert_eq!(bad.to_rgb(&opts).unwrap_err().kind(), "image_shape");
+        let short = Input::Pixels {
+            data: &[1, 2],
+            width: 1,
+            height: 1,
+            channels: 3,
+        };
+        assert_eq!(short.to_rgb(&opts).unwrap_err().kind(), "image_shape");
+        let empty = Input::Pixels {
+            data: &[],
+            width: 0,
+            height: 1,
+            channels: 3,
+        };
+        assert_eq!(empty.to_rgb(&opts).unwrap_err().kind(), "image_shape");
+        let err = Input::Encoded(b"nope").to_rgb(&opts).unwrap_err();
+        assert_eq!(err.kind(), "decode");
+    }
+}

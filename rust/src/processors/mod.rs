@@ -1,0 +1,397 @@
+//! Model image processors, bit-exact with transformers' PIL backend (transformers 5.24.0 with
+//! Pillow 13.0.0).
+//!
+//! - [`qwen`]: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 (`smart_resize`, patches in merge-window
+//!   order, `image_grid_thw`; videos with temporal patches, `video_grid_thw`);
+//! - [`clip`]: CLIP and LLaVA-1.5 (shortest-edge resize, center crop, LLaVA's pad to square);
+//! - [`siglip`]: SigLIP (resize to a fixed size);
+//! - [`llava_next`]: LLaVA-NeXT (anyres tiles plus the base image, `image_sizes`);
+//! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
+//!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
+//!   to RGB), [`config`] (family defaults and keys), [`parallel`].
+//!
+//! A batch runs in two parallel passes over its images: decode, convert and resize each one
+//! (`u8`, through [`crate::image::resize`], Pillow-exact), then allocate the output tensor once
+//! and write each image's normalised values into its own slice of it. Results never depend on
+//! the thread count.
+
+pub mod clip;
+pub mod config;
+mod error;
+pub mod input;
+pub mod llava_next;
+pub mod normalize;
+pub mod parallel;
+pub mod qwen;
+pub mod siglip;
+pub mod sizes;
+
+use std::borrow::Cow;
+use std::mem::MaybeUninit;
+
+use crate::image::decode::DEFAULT_MAX_PIXELS;
+use crate::image::{self as img, ImageRef, ResizeOptions};
+
+pub use config::{Common, Family, ProcessorConfig, Value};
+pub use error::ProcessorError;
+pub use input::{Alpha, Input, Rgb};
+pub use normalize::Normalize;
+pub use sizes::SizeSpec;
+
+/// Largest accepted width or height of any image, input, intermediate or output (Pillow's
+/// resampler limit in [`crate::image::resample::MAX_SIDE`]).
+pub const MAX_SIDE: usize = img::resample::MAX_SIDE;
+
+/// Largest output tensor, in bytes (16 GiB).
+pub const MAX_OUTPUT_BYTES: u64 = 1 << 34;
+
+/// A borrowed RGB image: `height` rows of `width × 3` bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct RgbRef<'a> {
+    pub data: &'a [u8],
+    pub width: usize,
+    pub height: usize,
+}
+
+/// The elements of an output tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+/// One output tensor: row-major, `shape` dimensions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: TensorData,
+}
+
+impl Tensor {
+    fn i64(shape: Vec<usize>, values: Vec<i64>) -> Self {
+        Tensor {
+            shape,
+            data: TensorData::I64(values),
+        }
+    }
+}
+
+/// The tensors a processor returns, by transformers' names (`pixel_values`, `image_grid_thw`,
+/// `image_sizes`, `pixel_values_videos`, `video_grid_thw`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outputs {
+    pub tensors: Vec<(&'static str, Tensor)>,
+}
+
+impl Outputs {
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| t)
+    }
+}
+
+/// How to run a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Threads: 0 uses one per core.
+    pub threads: usize,
+    /// Apply the EXIF orientation of encoded inputs (transformers does for paths).
+    pub apply_exif: bool,
+    /// Reject encoded images whose header declares more pixels (`None`: no limit).
+    pub max_pixels: Option<u64>,
+    /// What encoded images with alpha or transparency become.
+    pub alpha: Alpha,
+}
+
+impl Default for Options {
+    /// All cores, EXIF applied, Pillow's decompression-bomb limit, [`Alpha::LoadImage`].
+    fn default() -> Self {
+        Options {
+            threads: 0,
+            apply_exif: true,
+            max_pixels: Some(DEFAULT_MAX_PIXELS),
+            alpha: Alpha::LoadImage,
+        }
+    }
+}
+
+/// A validated configuration of one family, ready to process batches.
+#[derive(Clone, Debug)]
+pub struct Preprocessor {
+    family: Family,
+    config: ProcessorConfig,
+    normalize: Normalize,
+}
+
+impl Preprocessor {
+    /// `family`'s transformers defaults overridden by `entries` (see [`config`]).
+    pub fn new(family: Family, entries: &[(String, Value)]) -> Result<Self, ProcessorError> {
+        let config = ProcessorConfig::build(family, entries)?;
+        Ok(Self::from_config(family, config))
+    }
+
+    /// A preprocessor for a complete configuration (validated by [`ProcessorConfig::build`]).
+    pub fn from_config(family: Family, config: ProcessorConfig) -> Self {
+        let normalize = config.common().normalize();
+        Preprocessor {
+            family,
+            config,
+            normalize,
+        }
+    }
+
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    pub fn config(&self) -> &ProcessorConfig {
+        &self.config
+    }
+
+    /// Processes a batch of images.
+    pub fn images(
+        &self,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        if inputs.is_empty() {
+            return Err(ProcessorError::shape(
+                "images",
+                "at least one image",
+                "an empty batch",
+            ));
+        }
+        match &self.config {
+            ProcessorConfig::Qwen(c) => qwen::images(c, &self.normalize, inputs, options),
+            ProcessorConfig::Clip(c) => clip::images(c, &self.normalize, inputs, options),
+            ProcessorConfig::LlavaNext(c) => {
+                llava_next::images(c, &self.normalize, inputs, options)
+            }
+        }
+    }
+
+    /// Processes a batch of videos, each a list of frames (Qwen families only).
+    pub fn videos(
+        &self,
+        videos: &[Vec<Input<'_>>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        match &self.config {
+            ProcessorConfig::Qwen(c) => qwen::videos(c, &self.normalize, videos, options),
+            _ => Err(ProcessorError::config(
+                "videos",
+                "a Qwen family (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5)",
+                self.family.name(),
+            )),
+        }
+    }
+}
+
+/// Pillow's `Image.resize((out_w, out_h), filter, reducing_gap=None)` of an RGB image; the
+/// image itself when the size is unchanged (Pillow copies it).
+pub(crate) fn resize_rgb<'a>(
+    src: Rgb<'a>,
+    out_h: usize,
+    out_w: usize,
+    common: &Common,
+    threads: usize,
+) -> Result<Rgb<'a>, ProcessorError> {
+    if (out_h, out_w) == (src.height, src.width) {
+        return Ok(src);
+    }
+    check_side("resized image", out_h, out_w)?;
+    let options = ResizeOptions {
+        filter: common.resample,
+        pass_order: common.pass_order,
+        region: None,
+        threads,
+        simd: true,
+    };
+    let image = ImageRef {
+        data: &src.data,
+        width: src.width,
+        height: src.height,
+        channels: 3,
+    };
+    let data = img::resize(&image, out_w, out_h, &options)
+        .map_err(|error| ProcessorError::Resample { index: 0, error })?;
+    Ok(Rgb {
+        data: Cow::Owned(data),
+        width: out_w,
+        height: out_h,
+    })
+}
+
+/// Largest `u8` image made along the way (the resampler's limit): `height × width × 3` bytes.
+pub const MAX_IMAGE_BYTES: usize = img::resample::MAX_BYTES;
+
+/// An RGB image of `height × width` within [`MAX_SIDE`] and [`MAX_IMAGE_BYTES`]; its length.
+pub(crate) fn check_image(
+    what: &'static str,
+    height: usize,
+    width: usize,
+) -> Result<usize, ProcessorError> {
+    check_side(what, height, width)?;
+    let bytes = height as u64 * width as u64 * 3;
+    if bytes > MAX_IMAGE_BYTES as u64 {
+        return Err(ProcessorError::TooLarge {
+            what,
+            limit: MAX_IMAGE_BYTES as u64,
+            actual: bytes,
+        });
+    }
+    Ok(bytes as usize)
+}
+
+/// Both sides within 1 ..= [`MAX_SIDE`].
+pub(crate) fn check_side(
+    what: &'static str,
+    height: usize,
+    width: usize,
+) -> Result<(), ProcessorError> {
+    if height == 0 || width == 0 {
+        return Err(ProcessorError::shape(
+            what,
+            "a non-empty size",
+            format!("{height}x{width} (HxW)"),
+        ));
+    }
+    if height > MAX_SIDE || width > MAX_SIDE {
+        return Err(ProcessorError::TooLarge {
+            what,
+            limit: MAX_SIDE as u64,
+            actual: height.max(width) as u64,
+        });
+    }
+    Ok(())
+}
+
+/// The product of `dims`, checked against [`MAX_OUTPUT_BYTES`] for `itemsize`-byte elements.
+pub(crate) fn checked_len(
+    what: &'static str,
+    dims: &[usize],
+    itemsize: usize,
+) -> Result<usize, ProcessorError> {
+    let mut n: u128 = 1;
+    for &d in dims {
+        n = n.saturating_mul(d as u128);
+    }
+    let bytes = n.saturating_mul(itemsize as u128);
+    if bytes > u128::from(MAX_OUTPUT_BYTES) {
+        return Err(ProcessorError::TooLarge {
+            what,
+            limit: MAX_OUTPUT_BYTES,
+            actual: u64::try_from(bytes).unwrap_or(u64::MAX),
+        });
+    }
+    Ok(n as usize)
+}
+
+/// An output value before it is written.
+pub(crate) type Out = MaybeUninit<f32>;
+
+/// An output buffer of `len` values, not yet written, or an error instead of an abort when the
+/// memory cannot be had. Not zeroing it saves a pass over tens of MB: every writer writes every
+/// value of its slice, and [`OutBuffer::finish`] is only called once all slices are written.
+pub(crate) struct OutBuffer(Vec<Out>);
+
+impl OutBuffer {
+    pub fn new(what: &'static str, len: usize) -> Result<Self, ProcessorError> {
+        let mut values: Vec<Out> = Vec::new();
+        values
+            .try_reserve_exact(len)
+            .map_err(|_| ProcessorError::TooLarge {
+                what,
+                limit: MAX_OUTPUT_BYTES,
+                actual: (len as u64).saturating_mul(4),
+            })?;
+        // SAFETY: the capacity is at least `len` (reserved above) and `MaybeUninit` values need
+        // no initialisation.
+        unsafe { values.set_len(len) };
+        Ok(OutBuffer(values))
+    }
+
+    pub fn slices(&mut self, lengths: &[usize]) -> Vec<&mut [Out]> {
+        split_lengths(&mut self.0, lengths)
+    }
+
+    /// The values, once every one has been written.
+    ///
+    /// # Safety
+    ///
+    /// Every element must have been written (`MaybeUninit::write` or a copy of a written value).
+    pub unsafe fn finish(self) -> Vec<f32> {
+        let mut values = std::mem::ManuallyDrop::new(self.0);
+        let (ptr, len, capacity) = (values.as_mut_ptr(), values.len(), values.capacity());
+        // SAFETY: `MaybeUninit<f32>` has the size, alignment and layout of `f32`; the buffer
+        // comes from a `Vec<MaybeUninit<f32>>` with this length and capacity, whose ownership
+        // moves to the new Vec (the old one is never dropped); the caller guarantees that all
+        // `len` values are initialised.
+        unsafe { Vec::from_raw_parts(ptr.cast::<f32>(), len, capacity) }
+    }
+}
+
+/// Splits `out` into consecutive slices of the given lengths (which must sum to `out.len()`).
+pub(crate) fn split_lengths<'a, T>(mut out: &'a mut [T], lengths: &[usize]) -> Vec<&'a mut [T]> {
+    let mut parts = Vec::with_capacity(lengths.len());
+    for &len in lengths {
+        let (head, tail) = out.split_at_mut(len.min(out.len()));
+        parts.push(head);
+        out = tail;
+    }
+    parts
+}
+
+/// Phase 1 of a batch: `f` on every input on `options.threads` threads, the first error (by
+/// input index) returned. `f` gets the resize thread count to use.
+pub(crate) fn prepare_all<'a, P, F>(
+    inputs: &[Input<'a>],
+    options: &Options,
+    f: F,
+) -> Result<Vec<P>, ProcessorError>
+where
+    P: Send,
+    F: Fn(Rgb<'a>, usize) -> Result<P, ProcessorError> + Sync,
+{
+    let workers = parallel::workers(options.threads, inputs.len());
+    let resize_threads = if workers == 1 { options.threads } else { 1 };
+    let results = parallel::map(inputs.to_vec(), workers, |i, input| {
+        input
+            .to_rgb(options)
+            .and_then(|rgb| f(rgb, resize_threads))
+            .map_err(|e| e.at(i))
+    });
+    results.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_and_alloc() {
+        let mut buffer = OutBuffer::new("t", 10).unwrap();
+        let parts = buffer.slices(&[3, 0, 7]);
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [3, 0, 7]);
+        for part in parts {
+            part.fill(Out::new(1.5));
+        }
+        // SAFETY: every value was just written.
+        assert_eq!(unsafe { buffer.finish() }, vec![1.5; 10]);
+        assert!(checked_len("t", &[1 << 20, 1 << 20, 1 << 20], 4).is_err());
+        assert_eq!(checked_len("t", &[2, 3], 4).unwrap(), 6);
+    }
+
+    #[test]
+    fn empty_batch_and_videos_elsewhere() {
+        let p = Preprocessor::new(Family::Clip, &[]).unwrap();
+        assert_eq!(
+            p.images(&[], &Options::default()).unwrap_err().kind(),
+            "image_shape"
+        );
+        let err = p.videos(&[], &Options::default()).unwrap_err();
+        assert_eq!(err.kind(), "config");
+    }
+}

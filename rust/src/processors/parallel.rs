@@ -1,0 +1,84 @@
+//! Items of a batch on several threads, results in input order.
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// The thread count for `requested` (0: one per core) and `items` items.
+pub fn workers(requested: usize, items: usize) -> usize {
+    let cap = if requested == 0 {
+        std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
+    } else {
+        requested
+    };
+    cap.min(items).max(1)
+}
+
+/// Applies `f` to every item on `threads` threads (the calling thread included); returns the
+/// results in the order of `items`. Items are handed out one at a time, so uneven items balance.
+pub fn map<T, R, F>(items: Vec<T>, threads: usize, f: F) -> Vec<R>
+where
+    T: Send,
+    R: Send,
+    F: Fn(usize, T) -> R + Sync,
+{
+    let n = items.len();
+    if threads <= 1 || n <= 1 {
+        return items
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| f(i, t))
+            .collect();
+    }
+    let slots: Vec<Mutex<Option<T>>> = items.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n {
+            break;
+        }
+        // Each index is taken by exactly one thread, so the locks never contend; a poisoned lock
+        // (a panic in `f` on another item) still holds its value.
+        let item = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(item) = item {
+            let r = f(i, item);
+            *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..threads.min(n) {
+            scope.spawn(work);
+        }
+        work();
+    });
+    results
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every item is processed before the scope ends")
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_is_kept() {
+        let items: Vec<usize> = (0..100).collect();
+        for threads in [1, 2, 7] {
+            let out = map(items.clone(), threads, |i, x| {
+                assert_eq!(i, x);
+                x * 2
+            });
+            assert_eq!(out, (0..100).map(|x| x * 2).collect::<Vec<_>>());
+        }
+        assert!(map(Vec::<u8>::new(), 4, |_, x| x).is_empty());
+        assert_eq!(workers(0, 1), 1);
+        assert_eq!(workers(3, 10), 3);
+        assert_eq!(workers(3, 2), 2);
+    }
+}

@@ -1,0 +1,595 @@
+//! Python view of [`crate::processors`]: a configured `Preprocessor` that takes a list of numpy
+//! `uint8` images (`HxW` or `HxWxC`, C in 1, 3, 4) and/or encoded `bytes`, and returns the output
+//! tensors as `Tensor` objects numpy wraps without a copy (`__array_interface__`).
+//!
+//! Arrays are read through `__array_interface__` (the buffer protocol is outside the abi3-py310
+//! API) while strong references to every input are held; all decoding, resizing and
+//! normalisation runs with the GIL released, on all cores unless `threads` says otherwise.
+//! Every [`ProcessorError`] is raised as `ValueError(kind, message, field, expected, actual,
+//! index, decode_kind, format)`, which the wrapper (`smg_grpc_proto.vision._processor`) re-raises
+//! as the matching exception class.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::IntoPyObjectExt;
+
+use crate::image::decode::DecodeError;
+use crate::processors::{
+    Alpha, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData, Value,
+};
+
+fn processor_error(py: Python<'_>, err: &ProcessorError) -> PyErr {
+    match error_args(py, err) {
+        Ok(args) => PyValueError::new_err(args.unbind()),
+        Err(e) => e,
+    }
+}
+
+/// `(kind, message, field, expected, actual, index, decode_kind, format)`.
+fn error_args<'py>(py: Python<'py>, err: &ProcessorError) -> PyResult<Bound<'py, PyTuple>> {
+    let none = || py.None();
+    let mut decode_kind = none();
+    let mut format = none();
+    let (field, expected, actual): (&str, Py<PyAny>, Py<PyAny>) = match err {
+        ProcessorError::AspectRatio { height, width, .. } => (
+            "aspect_ratio",
+            200.0f64.into_py_any(py)?,
+            ProcessorError::ratio(*height, *width).into_py_any(py)?,
+        ),
+        ProcessorError::Config {
+            field,
+            expected,
+            actual,
+        }
+        | ProcessorError::ImageShape {
+            field,
+            expected,
+            actual,
+            ..
+        } => (field, expected.into_py_any(py)?, actual.into_py_any(py)?),
+        ProcessorError::TooLarge {
+            what,
+            limit,
+            actual,
+        } => (what, limit.into_py_any(py)?, actual.into_py_any(py)?),
+        ProcessorError::VideoShape {
+            expected, actual, ..
+        } => (
+            "frame size",
+            expected.into_py_any(py)?,
+            actual.into_py_any(py)?,
+        ),
+        ProcessorError::BatchShape {
+            what,
+            expected,
+            actual,
+        } => (what, expected.into_py_any(py)?, actual.into_py_any(py)?),
+        ProcessorError::Decode { error, .. } => {
+            decode_kind = error.kind().into_py_any(py)?;
+            format = error.format().map(|f| f.name()).into_py_any(py)?;
+            decode_details(py, error)?
+        }
+        ProcessorError::Resample { .. } => ("size", none(), none()),
+    };
+    PyTuple::new(
+        py,
+        [
+            err.kind().into_py_any(py)?,
+            err.to_string().into_py_any(py)?,
+            field.into_py_any(py)?,
+            expected,
+            actual,
+            err.index().into_py_any(py)?,
+            decode_kind,
+            format,
+        ],
+    )
+}
+
+/// `(field, expected, actual)` of a decoding failure, as `smg_grpc_proto.vision.decode` gives them.
+fn decode_details(
+    py: Python<'_>,
+    err: &DecodeError,
+) -> PyResult<(&'static str, Py<PyAny>, Py<PyAny>)> {
+    Ok(match err {
+        DecodeError::UnknownFormat { head, recognised } => (
+            "format",
+            "JPEG, PNG, GIF, BMP or WebP".into_py_any(py)?,
+            match recognised {
+                Some(name) => name.into_py_any(py)?,
+                None => PyBytes::new(py, head).into_any().unbind(),
+            },
+        ),
+        DecodeError::ZeroSize { width, height, .. } => {
+            ("size", py.None(), (*width, *height).into_py_any(py)?)
+        }
+        DecodeError::TooManyPixels {
+            width,
+            height,
+            limit,
+            ..
+        } => (
+            "max_pixels",
+            limit.into_py_any(py)?,
+            (u128::from(*width) * u128::from(*height)).into_py_any(py)?,
+        ),
+        DecodeError::OutOfMemory { bytes, .. } => ("size", py.None(), bytes.into_py_any(py)?),
+        DecodeError::Unsupported { .. }
+        | DecodeError::Truncated { .. }
+        | DecodeError::Corrupt { .. } => ("data", py.None(), py.None()),
+    })
+}
+
+/// A configuration value from Python: bool, int, float, str, None, a list of numbers, a list of
+/// `[h, w]` pairs, or a dict of ints.
+fn value_of(key: &str, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let bad = || {
+        PyTypeError::new_err(format!(
+            "config[{key:?}]: unsupported value {}",
+            obj.repr()
+                .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+        ))
+    };
+    if obj.is_none() {
+        return Ok(Value::None);
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.cast::<PyInt>().is_ok() {
+        return obj.extract::<i64>().map(Value::Int).map_err(|_| bad());
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        return Ok(Value::Float(f.value()));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::Str(s.to_str()?.to_owned()));
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut entries = Vec::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let k: String = k.extract().map_err(|_| bad())?;
+            if v.cast::<PyBool>().is_ok() {
+                return Err(bad());
+            }
+            let v: i64 = v.extract().map_err(|_| bad())?;
+            entries.push((k, v));
+        }
+        return Ok(Value::Map(entries));
+    }
+    if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() {
+        let items: Vec<Bound<'_, PyAny>> = obj.try_iter()?.collect::<PyResult<_>>()?;
+        if items
+            .iter()
+            .all(|i| i.cast::<PyList>().is_ok() || i.cast::<PyTuple>().is_ok())
+        {
+            let mut pairs = Vec::with_capacity(items.len());
+            for item in &items {
+                let pair: Vec<i64> = item.extract().map_err(|_| bad())?;
+                let [h, w] = pair[..] else {
+                    return Err(bad());
+                };
+                pairs.push((h, w));
+            }
+            return Ok(Value::Pairs(pairs));
+        }
+        let mut floats = Vec::with_capacity(items.len());
+        for item in &items {
+            if item.cast::<PyBool>().is_ok() {
+                return Err(bad());
+            }
+            floats.push(item.extract::<f64>().map_err(|_| bad())?);
+        }
+        return Ok(Value::Floats(floats));
+    }
+    Err(bad())
+}
+
+fn value_to_py(py: Python<'_>, value: &Value) -> PyResult<Py<PyAny>> {
+    match value {
+        Value::Bool(b) => b.into_py_any(py),
+        Value::Int(i) => i.into_py_any(py),
+        Value::Float(f) => f.into_py_any(py),
+        Value::Str(s) => s.into_py_any(py),
+        Value::Floats(v) => v.clone().into_py_any(py),
+        Value::Pairs(v) => {
+            let lists: Vec<Vec<i64>> = v.iter().map(|&(h, w)| vec![h, w]).collect();
+            lists.into_py_any(py)
+        }
+        Value::Map(entries) => {
+            let d = PyDict::new(py);
+            for (k, v) in entries {
+                d.set_item(k, v)?;
+            }
+            d.into_py_any(py)
+        }
+        Value::None => Ok(py.None()),
+    }
+}
+
+/// One input kept alive for the call: encoded `bytes` or a numpy array's memory.
+enum Held<'py> {
+    Bytes(Bound<'py, PyBytes>),
+    Array {
+        _array: Bound<'py, PyAny>,
+        addr: usize,
+        len: usize,
+        width: usize,
+        height: usize,
+        channels: usize,
+    },
+}
+
+impl<'py> Held<'py> {
+    fn of(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Self> {
+        if let Ok(bytes) = obj.cast::<PyBytes>() {
+            return Ok(Held::Bytes(bytes.clone()));
+        }
+        static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        let ndarray = NDARRAY.import(obj.py(), "numpy", "ndarray")?;
+        if !obj.is_instance(ndarray)? {
+            return Err(PyTypeError::new_err(format!(
+                "{what}: expected bytes or a numpy.ndarray, got {}",
+                obj.get_type().name()?
+            )));
+        }
+        let dtype: String = obj.getattr("dtype")?.getattr("str")?.extract()?;
+        if dtype != "|u1" {
+            return Err(PyValueError::new_err(format!(
+                "{what}: expected dtype uint8, got {dtype}"
+            )));
+        }
+        let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
+        let (height, width, channels) = match shape[..] {
+            [h, w] => (h, w, 1),
+            [h, w, c] => (h, w, c),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "{what}: expected shape (H, W) or (H, W, C), got {shape:?}"
+                )))
+            }
+        };
+        if !obj
+            .getattr("flags")?
+            .getattr("c_contiguous")?
+            .extract::<bool>()?
+        {
+            return Err(PyValueError::new_err(format!(
+                "{what}: array {shape:?} is not C-contiguous (use numpy.ascontiguousarray)"
+            )));
+        }
+        let (addr, _readonly): (usize, bool) = obj
+            .getattr("__array_interface__")?
+            .get_item("data")?
+            .extract()?;
+        let len: usize = obj.getattr("nbytes")?.extract()?;
+        let expected = height
+            .checked_mul(width)
+            .and_then(|n| n.checked_mul(channels));
+        if expected != Some(len) || (len > 0 && addr == 0) || isize::try_from(len).is_err() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: array reports {len} bytes at address {addr:#x} for shape {shape:?}"
+            )));
+        }
+        Ok(Held::Array {
+            _array: obj.clone(),
+            addr,
+            len,
+            width,
+            height,
+            channels,
+        })
+    }
+
+    fn input(&self) -> Input<'_> {
+        match self {
+            Held::Bytes(bytes) => Input::Encoded(bytes.as_bytes()),
+            Held::Array {
+                addr,
+                len,
+                width,
+                height,
+                channels,
+                ..
+            } => {
+                let data = if *len == 0 {
+                    &[][..]
+                } else {
+                    // SAFETY: numpy reported `len` (`nbytes` = H·W·C, checked) bytes of
+                    // C-contiguous uint8 data at `addr` (`__array_interface__['data']`), non-null
+                    // and at most `isize::MAX`. `_array` is a strong reference to the array and
+                    // the slice borrows `self`, so the array (which owns or references the memory)
+                    // outlives it; numpy refuses to reallocate an array that has other references.
+                    // Another Python thread writing into the array during the call only makes the
+                    // output unspecified; we never write through this slice.
+                    unsafe { std::slice::from_raw_parts(*addr as *const u8, *len) }
+                };
+                Input::Pixels {
+                    data,
+                    width: *width,
+                    height: *height,
+                    channels: *channels,
+                }
+            }
+        }
+    }
+}
+
+fn items<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() {
+        return Err(PyTypeError::new_err(format!(
+            "{what}: expected a list, got {}",
+            obj.get_type().name()?
+        )));
+    }
+    obj.try_iter()?.collect()
+}
+
+fn options(
+    threads: usize,
+    apply_exif: bool,
+    alpha: &str,
+    max_pixels: Option<u64>,
+) -> PyResult<Options> {
+    let alpha = match alpha {
+        "load_image" => Alpha::LoadImage,
+        "white" => Alpha::White,
+        "drop" => Alpha::Drop,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "alpha must be 'load_image', 'white' or 'drop', got {other:?}"
+            )))
+        }
+    };
+    Ok(Options {
+        threads,
+        apply_exif,
+        max_pixels,
+        alpha,
+    })
+}
+
+/// An output tensor owned by the extension, exposed to numpy through `__array_interface__`
+/// (zero copy, writable).
+///
+/// The buffer is a leaked `Vec<f32>` or `Vec<i64>` owned by this object: Rust keeps only its raw
+/// parts and never reads or references the memory again (numpy may write to it), and frees it
+/// when the object is collected, which numpy delays for as long as any array viewing it is alive
+/// (the array's `base` holds a reference to this object).
+#[pyclass(module = "smg_grpc_proto._native", name = "Tensor", frozen)]
+struct PyTensor {
+    addr: usize,
+    len: usize,
+    capacity: usize,
+    float: bool,
+    shape: Vec<usize>,
+}
+
+impl PyTensor {
+    fn new(shape: Vec<usize>, data: TensorData) -> Self {
+        let (addr, len, capacity, float) = match data {
+            TensorData::F32(v) => {
+                let mut v = std::mem::ManuallyDrop::new(v);
+                (v.as_mut_ptr() as usize, v.len(), v.capacity(), true)
+            }
+            TensorData::I64(v) => {
+                let mut v = std::mem::ManuallyDrop::new(v);
+                (v.as_mut_ptr() as usize, v.len(), v.capacity(), false)
+            }
+        };
+        PyTensor {
+            addr,
+            len,
+            capacity,
+            float,
+            shape,
+        }
+    }
+}
+
+impl Drop for PyTensor {
+    fn drop(&mut self) {
+        // SAFETY: the raw parts come from a `Vec<f32>` (`float`) or `Vec<i64>` leaked in `new`
+        // and are rebuilt exactly once, here, with the same element type; no array can view the
+        // buffer any more (each holds a reference to this object).
+        unsafe {
+            if self.float {
+                drop(Vec::from_raw_parts(
+                    self.addr as *mut f32,
+                    self.len,
+                    self.capacity,
+                ));
+            } else {
+                drop(Vec::from_raw_parts(
+                    self.addr as *mut i64,
+                    self.len,
+                    self.capacity,
+                ));
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyTensor {
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.shape.clone()
+    }
+
+    /// `"float32"` or `"int64"`.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        if self.float {
+            "float32"
+        } else {
+            "int64"
+        }
+    }
+
+    /// numpy's array interface (version 3): C-contiguous, writable.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        out.set_item("version", 3)?;
+        out.set_item("shape", PyTuple::new(py, &self.shape)?)?;
+        out.set_item("typestr", if self.float { "<f4" } else { "<i8" })?;
+        // An empty Vec's pointer is dangling but non-null and aligned, which numpy accepts.
+        out.set_item("data", (self.addr, false))?;
+        Ok(out)
+    }
+}
+
+fn outputs_to_py(outputs: Outputs) -> Vec<(&'static str, PyTensor)> {
+    outputs
+        .tensors
+        .into_iter()
+        .map(|(name, t)| (name, PyTensor::new(t.shape, t.data)))
+        .collect()
+}
+
+/// A processor configuration, validated once, applied to batches.
+#[pyclass(module = "smg_grpc_proto._native", name = "Preprocessor", frozen)]
+struct PyPreprocessor {
+    inner: Preprocessor,
+}
+
+#[pymethods]
+impl PyPreprocessor {
+    /// Preprocessor(family, config)
+    /// --
+    ///
+    /// `family`'s transformers class defaults overridden by `config` (normalised keys: see
+    /// `smg_grpc_proto.vision`). Raises `ValueError(kind, ...)` for a bad value or key.
+    #[new]
+    fn new(py: Python<'_>, family: &str, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let family = Family::from_name(family).ok_or_else(|| {
+            let names: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
+            processor_error(
+                py,
+                &ProcessorError::Config {
+                    field: "family",
+                    expected: format!("one of {names:?}"),
+                    actual: format!("{family:?}"),
+                },
+            )
+        })?;
+        let mut entries = Vec::with_capacity(config.len());
+        for (k, v) in config.iter() {
+            let key: String = k
+                .extract()
+                .map_err(|_| PyTypeError::new_err("config keys must be str"))?;
+            let value = value_of(&key, &v)?;
+            entries.push((key, value));
+        }
+        let inner = Preprocessor::new(family, &entries).map_err(|e| processor_error(py, &e))?;
+        Ok(PyPreprocessor { inner })
+    }
+
+    #[getter]
+    fn family(&self) -> &'static str {
+        self.inner.family().name()
+    }
+
+    /// config() -> dict
+    /// --
+    ///
+    /// Every key of the configuration and its value (defaults included).
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (key, value) in self.inner.config().entries() {
+            out.set_item(key, value_to_py(py, &value)?)?;
+        }
+        Ok(out)
+    }
+
+    /// images(images, threads, apply_exif, alpha, max_pixels) -> list[tuple[str, Tensor]]
+    /// --
+    ///
+    /// Processes a list of images (numpy uint8 `HxW`/`HxWxC` arrays or encoded `bytes`).
+    #[pyo3(signature = (images, threads, apply_exif, alpha, max_pixels))]
+    fn images(
+        &self,
+        py: Python<'_>,
+        images: &Bound<'_, PyAny>,
+        threads: usize,
+        apply_exif: bool,
+        alpha: &str,
+        max_pixels: Option<u64>,
+    ) -> PyResult<Vec<(&'static str, PyTensor)>> {
+        let options = options(threads, apply_exif, alpha, max_pixels)?;
+        let held = items(images, "images")?
+            .iter()
+            .enumerate()
+            .map(|(i, obj)| Held::of(obj, &format!("images[{i}]")))
+            .collect::<PyResult<Vec<_>>>()?;
+        let inputs: Vec<Input<'_>> = held.iter().map(Held::input).collect();
+        let inner = &self.inner;
+        let outputs = py
+            .detach(|| inner.images(&inputs, &options))
+            .map_err(|e| processor_error(py, &e))?;
+        Ok(outputs_to_py(outputs))
+    }
+
+    /// videos(videos, threads, apply_exif, alpha, max_pixels) -> list[tuple[str, Tensor]]
+    /// --
+    ///
+    /// Processes a list of videos, each a list of frames (arrays or `bytes`), Qwen families only.
+    #[pyo3(signature = (videos, threads, apply_exif, alpha, max_pixels))]
+    fn videos(
+        &self,
+        py: Python<'_>,
+        videos: &Bound<'_, PyAny>,
+        threads: usize,
+        apply_exif: bool,
+        alpha: &str,
+        max_pixels: Option<u64>,
+    ) -> PyResult<Vec<(&'static str, PyTensor)>> {
+        let options = options(threads, apply_exif, alpha, max_pixels)?;
+        let mut held = Vec::new();
+        for (v, video) in items(videos, "videos")?.iter().enumerate() {
+            let frames = items(video, &format!("videos[{v}]"))?
+                .iter()
+                .enumerate()
+                .map(|(f, obj)| Held::of(obj, &format!("videos[{v}][{f}]")))
+                .collect::<PyResult<Vec<_>>>()?;
+            held.push(frames);
+        }
+        let inputs: Vec<Vec<Input<'_>>> = held
+            .iter()
+            .map(|frames| frames.iter().map(Held::input).collect())
+            .collect();
+        let inner = &self.inner;
+        let outputs = py
+            .detach(|| inner.videos(&inputs, &options))
+            .map_err(|e| processor_error(py, &e))?;
+        Ok(outputs_to_py(outputs))
+    }
+}
+
+/// processor_error_kinds() -> list[str]
+/// --
+///
+/// The `kind` of every processing failure, one per Rust error variant, in declaration order.
+#[pyfunction]
+fn processor_error_kinds() -> Vec<&'static str> {
+    ProcessorError::KINDS.to_vec()
+}
+
+/// processor_families() -> list[str]
+/// --
+///
+/// The family names `Preprocessor` accepts.
+#[pyfunction]
+fn processor_families() -> Vec<&'static str> {
+    Family::ALL.iter().map(|f| f.name()).collect()
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPreprocessor>()?;
+    m.add_class::<PyTensor>()?;
+    m.add_function(wrap_pyfunction!(processor_error_kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(processor_families, m)?)
+}

@@ -1,0 +1,170 @@
+"""transformers ``preprocessor_config.json`` files to the native processor's configuration.
+
+The native ``Preprocessor`` starts from a family's transformers class defaults (they live in
+Rust, ``rust/src/processors/``) and applies normalised keys. This module finds the family and
+normalises the keys exactly as transformers' ``__init__``/``_standardize_kwargs`` would:
+
+* ``size``: an int becomes ``{"shortest_edge": n}`` (every supported class has
+  ``default_to_square = False``), a list ``{"height": h, "width": w}``;
+* ``crop_size``/``pad_size``: an int becomes ``{"height": n, "width": n}``;
+* Qwen: top-level ``min_pixels``/``max_pixels`` override ``size["shortest_edge"]``/
+  ``size["longest_edge"]`` (as ``Qwen2VLImageProcessorPil.__init__`` does);
+* CLIP: ``use_square_size`` replaces ``size`` by ``{"height": 224, "width": 224}`` (the class's
+  own shortest edge, as ``CLIPImageProcessorPil.__init__`` does);
+* ``None`` values keep the class default; keys a family does not use are ignored.
+
+Nothing is downloaded: a source is a dict, a JSON file, or a local model directory holding
+``preprocessor_config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, cast, get_args
+
+__all__ = ["FAMILIES", "Family", "family_of", "from_hf", "load_json", "normalise"]
+
+Family = Literal[
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "clip", "llava", "siglip", "llava_next"
+]
+FAMILIES: tuple[Family, ...] = get_args(Family)
+
+QWEN: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"})
+
+# transformers class names (without the "Fast"/"Pil" backend suffix) -> family.
+_CLASSES: dict[str, Family] = {
+    "Qwen2VLImageProcessor": "qwen2_vl",
+    "Qwen2_5_VLImageProcessor": "qwen2_5_vl",
+    "CLIPImageProcessor": "clip",
+    "LlavaImageProcessor": "llava",
+    "SiglipImageProcessor": "siglip",
+    "LlavaNextImageProcessor": "llava_next",
+}
+
+_COMMON = (
+    "do_resize",
+    "resample",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "image_mean",
+    "image_std",
+    "pass_order",
+)
+_KEYS: dict[str, tuple[str, ...]] = {
+    "qwen": ("patch_size", "merge_size", "temporal_patch_size"),
+    "clip": ("do_center_crop", "do_pad"),
+    "llava_next": ("do_center_crop", "do_pad", "image_grid_pinpoints"),
+}
+
+CONFIG_NAME = "preprocessor_config.json"
+
+
+def _kind(family: Family) -> str:
+    if family in QWEN:
+        return "qwen"
+    return "llava_next" if family == "llava_next" else "clip"
+
+
+def family_of(config: Mapping[str, Any]) -> Family:
+    """The family of a transformers config, from ``image_processor_type``."""
+    name = config.get("image_processor_type") or config.get("video_processor_type")
+    if not isinstance(name, str):
+        raise ValueError(
+            "the config names no image_processor_type; pass family=... "
+            f"(one of {', '.join(FAMILIES)})"
+        )
+    base = name.removesuffix("Fast").removesuffix("Pil")
+    if base in _CLASSES:
+        return _CLASSES[base]
+    if base in ("Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor"):
+        return "qwen3_vl" if base.startswith("Qwen3") else "qwen2_vl"
+    raise ValueError(
+        f"image_processor_type {name!r} is not supported; supported: "
+        f"{', '.join(sorted(_CLASSES))} (pass family=... to force one)"
+    )
+
+
+def _size_dict(value: Any, *, square: bool) -> dict[str, int]:
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items() if v is not None}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"height": value, "width": value} if square else {"shortest_edge": value}
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return {"height": value[0], "width": value[1]}
+    raise ValueError(f"cannot read a size from {value!r}")
+
+
+def normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``config`` that ``family`` uses, in the native processor's form."""
+    kind = _kind(family)
+    out: dict[str, Any] = {}
+    for key in (*_COMMON, *_KEYS[kind]):
+        value = config.get(key)
+        if value is not None:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    for key in ("image_mean", "image_std"):
+        if key in out and not isinstance(out[key], (int, float)):
+            out[key] = [float(v) for v in out[key]]
+    if config.get("size") is not None:
+        out["size"] = _size_dict(config["size"], square=False)
+    if kind == "qwen":
+        size = dict(out.get("size", {}))
+        for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            if config.get(key) is not None:
+                size[edge] = config[key]
+                size.pop(key, None)
+        if size:
+            if set(size) == {"shortest_edge"} or set(size) == {"longest_edge"}:
+                # Complete a partial override from the class default the processor would keep.
+                size = {**_qwen_default_size(family), **size}
+            out["size"] = size
+    else:
+        if config.get("crop_size") is not None:
+            out["crop_size"] = _size_dict(config["crop_size"], square=True)
+        if family == "clip" and config.get("use_square_size"):
+            out["size"] = {"height": 224, "width": 224}
+        if family in ("clip", "siglip") and "pad_size" in config:
+            pad = config["pad_size"]
+            out["pad_size"] = None if pad is None else _size_dict(pad, square=True)
+        if "image_grid_pinpoints" in out:
+            out["image_grid_pinpoints"] = [list(p) for p in out["image_grid_pinpoints"]]
+    return out
+
+
+def _qwen_default_size(family: Family) -> dict[str, int]:
+    if family in ("qwen3_vl", "qwen3_5"):
+        return {"shortest_edge": 65536, "longest_edge": 16777216}
+    return {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
+
+
+def load_json(source: str | os.PathLike[str]) -> dict[str, Any]:
+    """The preprocessor config at ``source``: a JSON file, or a directory holding
+    ``preprocessor_config.json``. Never downloads: a name that is not a local path fails."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no {CONFIG_NAME} at {os.fspath(source)!r}: pass a local file, a model directory "
+            "or a dict (nothing is downloaded)"
+        )
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return cast(dict[str, Any], data)
+
+
+def from_hf(
+    source: Mapping[str, Any] | str | os.PathLike[str], family: Family | None = None
+) -> tuple[Family, dict[str, Any]]:
+    """``(family, config)`` of a transformers config source (a dict, a file or a directory)."""
+    raw = dict(source) if isinstance(source, Mapping) else load_json(source)
+    chosen = family if family is not None else family_of(raw)
+    if chosen not in FAMILIES:
+        raise ValueError(f"unknown family {chosen!r}: expected one of {', '.join(FAMILIES)}")
+    return chosen, raw

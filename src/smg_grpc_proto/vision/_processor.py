@@ -1,0 +1,257 @@
+"""``ImageProcessor``: transformers' image processors (PIL backend), bit-exact, in Rust.
+
+``ImageProcessor.from_pretrained(source)`` reads a transformers ``preprocessor_config.json`` (a
+file, a local model directory or a dict; nothing is downloaded) and ``ImageProcessor.for_family``
+starts from a family's transformers class defaults. Calling the processor runs decoding,
+resizing, rescaling, normalisation and patching natively, with the GIL released and the images
+of a batch spread over the cores; the outputs equal, byte for byte, those of the PIL backend
+class (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``, ``LlavaImageProcessorPil``,
+``SiglipImageProcessorPil``, ``LlavaNextImageProcessorPil``) of transformers 5.24.0 with Pillow
+13.0.0.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from smg_grpc_proto import _native
+from smg_grpc_proto.errors import (
+    IMAGE_DECODE_ERRORS,
+    IMAGE_PROCESSING_ERRORS,
+    ImageDecodeError,
+    ImageProcessingError,
+)
+from smg_grpc_proto.vision import _config, _inputs, _tokens
+from smg_grpc_proto.vision._config import QWEN, Family
+from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS
+
+__all__ = ["ImageProcessor", "ProcessorOutput"]
+
+F32Array = npt.NDArray[np.float32]
+I64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class ProcessorOutput:
+    """The tensors of one call, under transformers' names, and the placeholder token counts."""
+
+    pixel_values: F32Array | None = None
+    """Qwen: ``(sum of patches, 3 * T * ps * ps)``; CLIP/LLaVA/SigLIP: ``(B, 3, H, W)``;
+    LLaVA-NeXT: ``(B, tiles, 3, H, W)``. ``None`` when the call had only videos."""
+    image_grid_thw: I64Array | None = None
+    """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
+    image_sizes: I64Array | None = None
+    """LLaVA-NeXT: ``(B, 2)`` = each image's original ``(height, width)``."""
+    pixel_values_videos: F32Array | None = None
+    """Qwen videos: ``(sum of patches, 3 * T * ps * ps)``."""
+    video_grid_thw: I64Array | None = None
+    """Qwen videos: ``(V, 3)`` = ``[grid_t, grid_h, grid_w]`` per video."""
+    num_image_tokens: tuple[int, ...] | None = None
+    """Placeholder tokens per image (``None`` when the family needs :class:`VisionTokens`)."""
+    num_video_tokens: tuple[int, ...] | None = None
+    """Placeholder tokens per video (Qwen)."""
+
+    def tensors(self) -> dict[str, npt.NDArray[Any]]:
+        """Every tensor that is set, by transformers' name (what the model's forward takes)."""
+        names = (
+            "pixel_values",
+            "image_grid_thw",
+            "image_sizes",
+            "pixel_values_videos",
+            "video_grid_thw",
+        )
+        return {n: v for n in names if (v := getattr(self, n)) is not None}
+
+    def attach(
+        self,
+        message: Any,
+        at: str = "mm_inputs",
+        *,
+        modality: Literal["image", "video"] = "image",
+        dtype: str | None = None,
+    ) -> None:
+        """Attach the tensors to a :class:`smg_grpc_proto.tensors.TensorMessage`: the pixels as
+        ``{at}.pixel_values`` (converted to ``dtype``, e.g. ``"bfloat16"``) and the side tensors
+        as ``{at}.model_specific_tensors[name]`` — the layout of vLLM's and SGLang's
+        ``MultimodalInputs``. ``modality="video"`` attaches ``pixel_values_videos`` and
+        ``video_grid_thw`` (set the message's ``modality`` to VIDEO as well)."""
+        tensors = self.tensors()
+        primary = "pixel_values_videos" if modality == "video" else "pixel_values"
+        if primary not in tensors:
+            raise ValueError(f"this output has no {modality} tensors ({primary})")
+        message.attach(f"{at}.pixel_values", tensors.pop(primary), dtype=dtype)
+        keep = ("video_grid_thw",) if modality == "video" else ("image_grid_thw", "image_sizes")
+        for name in keep:
+            if name in tensors:
+                message.attach(f"{at}.model_specific_tensors[{name}]", tensors[name])
+
+
+def _raise_native(exc: ValueError) -> Exception:
+    if len(exc.args) != 8:  # an argument error, not a processing failure
+        return exc
+    kind, message, fld, expected, actual, index, decode_kind, fmt = exc.args
+    if kind == "decode":
+        decode_cls = IMAGE_DECODE_ERRORS.get(decode_kind, ImageDecodeError)
+        return decode_cls(message, field=fld, expected=expected, actual=actual, format=fmt)
+    cls = IMAGE_PROCESSING_ERRORS.get(kind, ImageProcessingError)
+    return cls(message, field=fld, expected=expected, actual=actual, index=index)
+
+
+class ImageProcessor:
+    """A transformers image processor (PIL backend) of one family and configuration.
+
+    ``family`` is one of ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_5``, ``clip``,
+    ``llava``, ``siglip``, ``llava_next``; ``config`` holds transformers config keys overriding
+    the family's class defaults. Encoded inputs (bytes, paths) become what transformers'
+    processors make of a path (``alpha="load_image"``): ``load_image`` applies the EXIF
+    orientation (``apply_exif``) and ``convert("RGB")`` (alpha dropped; a single transparent
+    colour is kept and ``convert_to_rgb`` turns its pixels white). ``alpha="white"`` composites
+    alpha onto white instead, as ``convert_to_rgb`` does for an ``Image.open``-ed image;
+    ``alpha="drop"`` is plain ``convert("RGB")``. ``max_pixels`` rejects larger encoded images
+    before decoding (``None``: no limit). ``threads``: ``None`` uses every core.
+    ``vision_tokens`` lets CLIP/LLaVA/SigLIP/LLaVA-NeXT count placeholder tokens.
+    """
+
+    def __init__(
+        self,
+        family: Family,
+        config: Mapping[str, Any] | None = None,
+        *,
+        threads: int | None = None,
+        apply_exif: bool = True,
+        alpha: Literal["load_image", "white", "drop"] = "load_image",
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        vision_tokens: _tokens.VisionTokens | None = None,
+    ) -> None:
+        normalised = _config.normalise(family, config or {}) if family in _config.FAMILIES else {}
+        try:
+            self._native = _native.Preprocessor(family, normalised)
+        except ValueError as exc:
+            raise _raise_native(exc) from None
+        if alpha not in ("load_image", "white", "drop"):
+            raise ValueError(f"alpha must be 'load_image', 'white' or 'drop', got {alpha!r}")
+        if max_pixels is not None and (isinstance(max_pixels, bool) or max_pixels < 0):
+            raise TypeError(f"max_pixels must be a non-negative int or None, got {max_pixels!r}")
+        self.family: Family = family
+        self.threads = threads
+        self.apply_exif = bool(apply_exif)
+        self.alpha: Literal["load_image", "white", "drop"] = alpha
+        self.max_pixels = max_pixels
+        self.vision_tokens = vision_tokens
+        self._config: dict[str, Any] = self._native.config()
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The complete configuration (defaults included), in the native processor's keys."""
+        return copy.deepcopy(self._config)
+
+    def __repr__(self) -> str:
+        return f"ImageProcessor({self.family!r}, {self._config!r})"
+
+    @classmethod
+    def for_family(cls, family: Family, **kwargs: Any) -> ImageProcessor:
+        """The family's transformers class defaults (Qwen3-VL/3.5, which reuse Qwen2-VL's
+        class, get the values of their published configs: patch 16, mean/std 0.5,
+        65 536 to 16 777 216 pixels); ``kwargs`` go to the constructor."""
+        return cls(family, None, **kwargs)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: Mapping[str, Any] | str | os.PathLike[str],
+        *,
+        family: Family | None = None,
+        **kwargs: Any,
+    ) -> ImageProcessor:
+        """From a transformers ``preprocessor_config.json``: its path, a local model directory
+        holding it, or its contents as a dict. The family comes from ``image_processor_type``
+        unless given; a directory's ``processor_config.json`` supplies ``vision_tokens``."""
+        chosen, raw = _config.from_hf(source, family)
+        if "vision_tokens" not in kwargs and not isinstance(source, Mapping):
+            directory = Path(source) if Path(source).is_dir() else Path(source).parent
+            processor_config = directory / "processor_config.json"
+            if processor_config.is_file():
+                with open(processor_config, encoding="utf-8") as f:
+                    data = json.load(f)
+                if isinstance(data, dict):
+                    kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
+        return cls(chosen, raw, **kwargs)
+
+    def __call__(
+        self,
+        images: Any = None,
+        *,
+        videos: Any = None,
+        threads: int | None = None,
+    ) -> ProcessorOutput:
+        """Process ``images`` (one image or a list: encoded bytes, paths, uint8 ``HxW[xC]``
+        arrays, PIL images) and/or ``videos`` (Qwen: a list of frames, or a list of videos)."""
+        if images is None and videos is None:
+            raise ValueError("pass images, videos or both")
+        n_threads = threads if threads is not None else (self.threads or 0)
+        if isinstance(n_threads, bool) or n_threads < 0:
+            raise ValueError(f"threads must be a non-negative int, got {n_threads!r}")
+        args = (n_threads, self.apply_exif, self.alpha, self.max_pixels)
+        values: dict[str, npt.NDArray[Any]] = {}
+        if images is not None:
+            items = [
+                _inputs.to_native(item, f"images[{i}]")
+                for i, item in enumerate(_inputs.flatten_images(images))
+            ]
+            values.update(self._run(self._native.images, items, args))
+        if videos is not None:
+            batch = [
+                [_inputs.to_native(f, f"videos[{v}][{i}]") for i, f in enumerate(frames)]
+                for v, frames in enumerate(_inputs.flatten_videos(videos))
+            ]
+            values.update(self._run(self._native.videos, batch, args))
+        return ProcessorOutput(
+            pixel_values=values.get("pixel_values"),
+            image_grid_thw=values.get("image_grid_thw"),
+            image_sizes=values.get("image_sizes"),
+            pixel_values_videos=values.get("pixel_values_videos"),
+            video_grid_thw=values.get("video_grid_thw"),
+            num_image_tokens=self._image_tokens(values),
+            num_video_tokens=self._grid_tokens(values.get("video_grid_thw")),
+        )
+
+    @staticmethod
+    def _run(
+        method: Any, items: Any, args: tuple[int, bool, str, int | None]
+    ) -> dict[str, npt.NDArray[Any]]:
+        try:
+            tensors = method(items, *args)
+        except ValueError as exc:
+            raise _raise_native(exc) from None
+        return {name: np.asarray(tensor) for name, tensor in tensors}
+
+    def _grid_tokens(self, grid: I64Array | None) -> tuple[int, ...] | None:
+        if grid is None:
+            return None
+        merge = int(self._config["merge_size"])
+        return tuple(int(t * h * w) // (merge * merge) for t, h, w in grid.tolist())
+
+    def _image_tokens(self, values: Mapping[str, npt.NDArray[Any]]) -> tuple[int, ...] | None:
+        if self.family in QWEN:
+            return self._grid_tokens(values.get("image_grid_thw"))
+        pixels = values.get("pixel_values")
+        vision = self.vision_tokens
+        if pixels is None or vision is None:
+            return None
+        height, width = int(pixels.shape[-2]), int(pixels.shape[-1])
+        if self.family == "llava_next":
+            sizes = values["image_sizes"].tolist()
+            pinpoints = self._config["image_grid_pinpoints"]
+            return tuple(
+                _tokens.llava_next_tokens(h, w, height, width, pinpoints, vision) for h, w in sizes
+            )
+        return (_tokens.llava_tokens(height, width, vision),) * int(pixels.shape[0])

@@ -1,0 +1,97 @@
+"""How many placeholder tokens each image takes in the prompt, as transformers' processors count.
+
+* Qwen families: ``grid_h * grid_w // merge_size**2`` (``image_grid_thw``, ``video_grid_thw``
+  with ``grid_t`` too) — always known.
+* CLIP/LLaVA-1.5/SigLIP and LLaVA-NeXT: depends on the vision tower, not on the image processor
+  (``LlavaProcessor``/``LlavaNextProcessor``'s ``patch_size``, ``num_additional_image_tokens``
+  and ``vision_feature_select_strategy``, stored in a model's ``processor_config.json``), so it
+  is counted only when :class:`VisionTokens` is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["VisionTokens", "llava_next_tokens", "llava_tokens"]
+
+
+@dataclass(frozen=True)
+class VisionTokens:
+    """The processor settings that turn a processed image into a token count."""
+
+    patch_size: int
+    """The vision tower's patch size (14 for the CLIP ViT-L/14 of LLaVA)."""
+    num_additional_image_tokens: int = 0
+    """Extra embeddings per image (1 for a CLS token)."""
+    vision_feature_select_strategy: str | None = None
+    """``"default"`` drops one token (the CLS); ``"full"`` keeps them all."""
+
+    @classmethod
+    def from_processor_config(cls, config: Mapping[str, Any]) -> VisionTokens | None:
+        """From a ``processor_config.json`` (None when it names no ``patch_size``)."""
+        patch = config.get("patch_size")
+        if not isinstance(patch, int) or isinstance(patch, bool) or patch < 1:
+            return None
+        extra = config.get("num_additional_image_tokens") or 0
+        strategy = config.get("vision_feature_select_strategy")
+        return cls(patch, int(extra), strategy if isinstance(strategy, str) else None)
+
+    def _adjust(self, count: int) -> int:
+        return count - 1 if self.vision_feature_select_strategy == "default" else count
+
+
+def llava_tokens(height: int, width: int, vision: VisionTokens) -> int:
+    """``LlavaProcessor``: tokens of a processed image of ``height x width``."""
+    p = vision.patch_size
+    return vision._adjust((height // p) * (width // p) + vision.num_additional_image_tokens)
+
+
+def llava_next_tokens(
+    orig_height: int,
+    orig_width: int,
+    height: int,
+    width: int,
+    pinpoints: Sequence[Sequence[int]],
+    vision: VisionTokens,
+) -> int:
+    """``LlavaNextProcessor._get_number_of_features`` (then minus one for ``"default"``)."""
+    best_h, best_w = _select_best_resolution(orig_height, orig_width, pinpoints)
+    scale_height, scale_width = best_h // height, best_w // width
+    patches_height = height // vision.patch_size
+    patches_width = width // vision.patch_size
+    current_height = patches_height * scale_height
+    current_width = patches_width * scale_width
+    original_aspect_ratio = orig_width / orig_height
+    current_aspect_ratio = current_width / current_height
+    if original_aspect_ratio > current_aspect_ratio:
+        new_height = int(round(orig_height * (current_width / orig_width), 7))
+        padding = (current_height - new_height) // 2
+        current_height -= padding * 2
+    else:
+        new_width = int(round(orig_width * (current_height / orig_height), 7))
+        padding = (current_width - new_width) // 2
+        current_width -= padding * 2
+    unpadded = current_height * current_width
+    newline = current_height
+    base = patches_height * patches_width + vision.num_additional_image_tokens
+    return vision._adjust(unpadded + newline + base)
+
+
+def _select_best_resolution(
+    height: int, width: int, pinpoints: Sequence[Sequence[int]]
+) -> tuple[int, int]:
+    # transformers.image_processing_utils.select_best_resolution (the native code runs the same
+    # arithmetic for the pixels; the token count only needs the winner).
+    best = (int(pinpoints[0][0]), int(pinpoints[0][1]))
+    max_effective = 0
+    min_wasted = math.inf
+    for ph, pw in pinpoints:
+        scale = min(pw / width, ph / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        wasted = pw * ph - effective
+        if effective > max_effective or (effective == max_effective and wasted < min_wasted):
+            max_effective, min_wasted, best = effective, wasted, (int(ph), int(pw))
+    return best

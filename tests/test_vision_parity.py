@@ -1,0 +1,730 @@
+"""``vision.ImageProcessor`` against transformers' PIL backend, live and bit for bit.
+
+Reference: ``transformers==5.24.0`` (its PIL-backend classes ``Qwen2VLImageProcessorPil``,
+``CLIPImageProcessorPil``, ``LlavaImageProcessorPil``, ``SiglipImageProcessorPil``,
+``LlavaNextImageProcessorPil``, constructed directly with the config as keyword arguments) with
+``pillow==13.0.0`` — both pinned in pyproject's ``test`` dependency group; other versions skip the
+module (Pillow 12 resizes differently, so its bytes are not these). Nothing is frozen from
+elsewhere: every expected tensor is computed here, in this process, by transformers.
+
+Every comparison is exact: same dtype, same shape and the same bytes (``tobytes()``) for
+``pixel_values`` and every side tensor; a failure reports the largest difference and how many
+values differ. Inputs go in every way a user passes them: encoded files (our decoder vs
+transformers' ``load_image``: EXIF transpose + ``convert("RGB")``), decoded RGB arrays, raw
+1- and 4-channel arrays (transformers' ``convert_to_rgb`` for arrays) and PIL images.
+
+Videos have no PIL backend in transformers (``Qwen2VLVideoProcessor`` needs torchvision); their
+reference is the PIL image backend's per-frame ``resize``/``rescale``/``normalize`` followed by
+``Qwen2VLVideoProcessor.patchify``'s view/permute transcribed to numpy.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers", reason="the reference is transformers")
+PIL = pytest.importorskip("PIL", reason="the reference resizer is Pillow")
+
+from PIL import Image, ImageOps  # noqa: E402
+from support import images  # noqa: E402
+from transformers import (  # noqa: E402
+    CLIPImageProcessorPil,
+    LlavaImageProcessorPil,
+    LlavaNextImageProcessorPil,
+    Qwen2VLImageProcessorPil,
+    SiglipImageProcessorPil,
+)
+from transformers.image_transforms import convert_to_rgb  # noqa: E402
+from transformers.image_utils import load_image  # noqa: E402
+from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor  # noqa: E402
+
+from smg_grpc_proto import _native  # noqa: E402
+from smg_grpc_proto.errors import (  # noqa: E402
+    IMAGE_PROCESSING_ERRORS,
+    AspectRatioError,
+    ImageProcessingError,
+    ProcessingLimitError,
+    ProcessorConfigError,
+    SmgProtoError,
+    TruncatedImageError,
+    VideoShapeError,
+)
+from smg_grpc_proto.vision import ImageProcessor, ProcessorOutput, VisionTokens  # noqa: E402
+
+TRANSFORMERS_VERSION = "5.24.0"
+PILLOW_VERSION = "13.0.0"
+
+pytestmark = pytest.mark.skipif(
+    (transformers.__version__, PIL.__version__) != (TRANSFORMERS_VERSION, PILLOW_VERSION),
+    reason=f"the reference is transformers {TRANSFORMERS_VERSION} with Pillow {PILLOW_VERSION}, "
+    f"found {transformers.__version__} with {PIL.__version__}",
+)
+
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+# Published preprocessor_config.json files (values as in the model repositories).
+QWEN2_HUB = {  # Qwen/Qwen2-VL-7B-Instruct (Qwen2.5-VL-7B-Instruct has the same values)
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen2VLProcessor",
+}
+QWEN3_HUB = {  # Qwen/Qwen3-VL-*, Qwen/Qwen3.5-*
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+}
+CLIP_336 = {  # openai/clip-vit-large-patch14-336 (legacy int sizes)
+    "crop_size": 336,
+    "do_center_crop": True,
+    "do_normalize": True,
+    "do_resize": True,
+    "feature_extractor_type": "CLIPFeatureExtractor",
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "resample": 3,
+    "size": 336,
+    "image_processor_type": "CLIPImageProcessor",
+}
+LLAVA_PAD_336 = {  # LLaVA-1.5 with the original "pad" aspect mode
+    "crop_size": {"height": 336, "width": 336},
+    "size": {"shortest_edge": 336},
+    "do_pad": True,
+    "image_processor_type": "LlavaImageProcessor",
+}
+SIGLIP_384 = {  # google/siglip-so400m-patch14-384
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 384, "width": 384},
+    "image_processor_type": "SiglipImageProcessor",
+    "processor_class": "SiglipProcessor",
+}
+LLAVA_NEXT_336 = {  # llava-hf/llava-v1.6-mistral-7b-hf
+    "crop_size": {"height": 336, "width": 336},
+    "do_center_crop": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"shortest_edge": 336},
+    "image_processor_type": "LlavaNextImageProcessor",
+}
+
+HF_CLASSES: dict[str, Any] = {
+    "qwen2_vl": Qwen2VLImageProcessorPil,
+    "qwen2_5_vl": Qwen2VLImageProcessorPil,
+    "qwen3_vl": Qwen2VLImageProcessorPil,
+    "qwen3_5": Qwen2VLImageProcessorPil,
+    "clip": CLIPImageProcessorPil,
+    "llava": LlavaImageProcessorPil,
+    "siglip": SiglipImageProcessorPil,
+    "llava_next": LlavaNextImageProcessorPil,
+}
+_META = ("image_processor_type", "processor_class", "feature_extractor_type")
+
+# name -> (family, config or None for the family's class defaults)
+CONFIGS: dict[str, tuple[str, dict[str, Any] | None]] = {
+    "qwen2-defaults": ("qwen2_vl", None),
+    "qwen2-hub": ("qwen2_vl", QWEN2_HUB),
+    "qwen3-hub": ("qwen2_vl", QWEN3_HUB),
+    "clip-defaults": ("clip", None),
+    "clip-336": ("clip", CLIP_336),
+    "llava-pad-336": ("llava", LLAVA_PAD_336),
+    "siglip-defaults": ("siglip", None),
+    "siglip-384": ("siglip", SIGLIP_384),
+    "llava_next-defaults": ("llava_next", None),
+    "llava_next-336": ("llava_next", LLAVA_NEXT_336),
+}
+QWEN_CONFIGS = ("qwen2-defaults", "qwen2-hub", "qwen3-hub")
+
+
+def hf_processor(name: str) -> Any:
+    family, config = CONFIGS[name]
+    kwargs = {k: v for k, v in (config or {}).items() if k not in _META}
+    return HF_CLASSES[family](**kwargs)
+
+
+def our_processor(name: str, **kwargs: Any) -> ImageProcessor:
+    family, config = CONFIGS[name]
+    if config is None:
+        return ImageProcessor.for_family(family, **kwargs)  # type: ignore[arg-type]
+    return ImageProcessor.from_pretrained(config, **kwargs)
+
+
+# ---- test images -------------------------------------------------------------------------
+
+
+def _pattern(height: int, width: int, seed: int) -> np.ndarray:
+    """Gradients plus noise: every resampling tap matters."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack(
+        [x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x * 7 + y * 3) % 256],
+        axis=-1,
+    )
+    noise = rng.integers(0, 256, (height, width, 3))
+    return ((base * 3 + noise) // 4).astype(np.uint8)
+
+
+def _encode(image: Image.Image, fmt: str, **params: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **params)
+    return buf.getvalue()
+
+
+def _exif(orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+def _synthetic() -> dict[str, bytes]:
+    rgb = Image.fromarray(_pattern(61, 83, 1))
+    alpha = np.fromfunction(lambda y, x: (x * 5 + y * 3) % 256, (61, 83)).astype(np.uint8)
+    rgba = Image.fromarray(np.dstack([_pattern(61, 83, 2), alpha]), "RGBA")
+    palette = rgb.quantize(64)
+    palette_trns = palette.copy()
+    palette_trns.info["transparency"] = 3
+    gray16 = Image.fromarray(_pattern(45, 70, 3)[..., 0].astype(np.uint16) * 257)
+    levels = Image.fromarray((_pattern(40, 52, 17)[..., 0] // 64 * 60).astype(np.uint8))
+    bilevel = levels.point(lambda v: 255 if v >= 120 else 0).convert("1")
+    gray16_levels = Image.fromarray(np.asarray(levels).astype(np.uint16) * 4)
+    photo = Image.open(io.BytesIO(images.grace_hopper()))
+    photo.load()
+    return {
+        "rgb-1x1.png": _encode(Image.fromarray(_pattern(1, 1, 4)), "PNG"),
+        "rgb-10x10.png": _encode(Image.fromarray(_pattern(10, 10, 5)), "PNG"),
+        "odd-37x23.png": _encode(Image.fromarray(_pattern(37, 23, 6)), "PNG"),
+        "odd-259x194.jpg": _encode(Image.fromarray(_pattern(259, 194, 7)), "JPEG", quality=90),
+        "wide-3x600.png": _encode(Image.fromarray(_pattern(3, 600, 8)), "PNG"),  # ratio 200
+        "tall-601x3.png": _encode(Image.fromarray(_pattern(601, 3, 9)), "PNG"),  # 200.33
+        "tall-3000x500.jpg": _encode(Image.fromarray(_pattern(3000, 500, 10)), "JPEG"),
+        "big-1500x2000.jpg": _encode(Image.fromarray(_pattern(1500, 2000, 11)), "JPEG"),
+        "small-50x80.png": _encode(Image.fromarray(_pattern(50, 80, 12)), "PNG"),
+        "gray.jpg": _encode(rgb.convert("L"), "JPEG"),
+        "gray.png": _encode(rgb.convert("L"), "PNG"),
+        "rgba.png": _encode(rgba, "PNG"),
+        "la.png": _encode(rgba.convert("LA"), "PNG"),
+        "palette.png": _encode(palette, "PNG"),
+        "palette-trns.png": _encode(palette_trns, "PNG", transparency=3),
+        "gray16.png": _encode(gray16, "PNG"),
+        # Single transparent colours that convert_to_rgb turns white after load_image: a gray
+        # in use; "1" and "I;16" ints, which Pillow later compares as (t & 255, 0, 0).
+        "l-trns.png": _encode(levels, "PNG", transparency=60),
+        "1-trns0.png": _encode(bilevel, "PNG", transparency=0),
+        "i16-trns256.png": _encode(gray16_levels, "PNG", transparency=256),
+        "progressive.jpg": _encode(photo, "JPEG", progressive=True, quality=85),
+        "444.jpg": _encode(photo, "JPEG", subsampling=0, quality=92),
+        "exif6.jpg": _encode(photo, "JPEG", exif=_exif(6)),
+        "exif8.jpg": _encode(photo.resize((300, 200)), "JPEG", exif=_exif(8)),
+        "exif3.png": _encode(rgb, "PNG", exif=_exif(3)),
+        "cmyk.jpg": _encode(photo.convert("CMYK"), "JPEG"),
+        "palette.gif": _encode(palette, "GIF"),
+        "rgb.bmp": _encode(rgb, "BMP"),
+        "lossy.webp": _encode(photo, "WEBP", quality=80),
+        "alpha.webp": _encode(rgba, "WEBP", lossless=True),
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every test image as a file: three real photographs and the synthetic cases."""
+    folder = tmp_path_factory.mktemp("vision")
+    files = {"grace_hopper.jpg": images.grace_hopper(), **_synthetic()}
+    pillow = images.pillow_test_images()
+    for name in (*PHOTOS[1:], *PILLOW_EDGE_CASES):
+        files[name] = (pillow / name).read_bytes()
+    out = {}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        out[name] = folder / name
+    return out
+
+
+PHOTOS = ["grace_hopper.jpg", "flower.jpg", "flower2.jpg", "hopper_orientation_2.jpg"]
+# From Pillow's own test images: transparency in every mode, 16-bit RGB, RGBA, LA.
+PILLOW_EDGE_CASES = [
+    "1_trns.png",
+    "i_trns.png",
+    "l_trns.png",
+    "p_trns_single.png",
+    "rgb_trns.png",
+    "tRNS_null_1x1.png",
+    "tiff_16bit_RGB_target.png",
+    "pil123rgba.png",
+    "uncompressed_la.png",
+    "transparent.gif",
+]
+SYNTHETIC = [
+    "rgb-1x1.png",
+    "rgb-10x10.png",
+    "odd-37x23.png",
+    "odd-259x194.jpg",
+    "wide-3x600.png",
+    "tall-3000x500.jpg",
+    "big-1500x2000.jpg",
+    "small-50x80.png",
+    "gray.jpg",
+    "gray.png",
+    "rgba.png",
+    "la.png",
+    "palette.png",
+    "palette-trns.png",
+    "gray16.png",
+    "l-trns.png",
+    "1-trns0.png",
+    "i16-trns256.png",
+    "progressive.jpg",
+    "444.jpg",
+    "exif6.jpg",
+    "exif8.jpg",
+    "exif3.png",
+    "cmyk.jpg",
+    "palette.gif",
+    "rgb.bmp",
+    "lossy.webp",
+    "alpha.webp",
+]
+IMAGE_NAMES = [*PHOTOS, *SYNTHETIC, *PILLOW_EDGE_CASES]
+
+# A 3x600 image resized to a shortest edge of 336 is 336x67200 before the center crop: wider
+# than the 65536 pixels per side the resampler accepts.
+BEYOND_LIMITS = {("clip-336", "wide-3x600.png")}
+
+
+# ---- comparison --------------------------------------------------------------------------
+
+
+def assert_same(got: np.ndarray | None, want: Any, what: str) -> None:
+    """Same dtype, shape and bytes; the message says by how much values differ."""
+    assert got is not None, f"{what}: missing"
+    want = np.asarray(want)
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    if got.tobytes() != want.tobytes():
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        raise AssertionError(
+            f"{what}: {int(np.count_nonzero(diff))} of {diff.size} values differ, "
+            f"max |delta| = {diff.max()}"
+        )
+
+
+def assert_matches(ours: ProcessorOutput, ref: Any, what: str) -> None:
+    for key in ref:
+        assert_same(getattr(ours, key), ref[key], f"{what} {key}")
+
+
+def hf_load(path: Path | str) -> Image.Image:
+    """``hf_load(path)``, with the file closed afterwards (``load_image`` of an opened
+    image runs the same ``exif_transpose`` and ``convert("RGB")``)."""
+    with Image.open(path) as im:
+        return load_image(im)
+
+
+def run_hf(hf: Any, inputs: Any, **kwargs: Any) -> Any:
+    return hf(inputs, return_tensors="np", **kwargs)
+
+
+# ---- parity ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("name", IMAGE_NAMES)
+def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
+    """Encoded files: our decoder + processor vs ``load_image`` + the PIL backend."""
+    path = corpus[name]
+    hf = hf_processor(config)
+    loaded = hf_load(path)
+    ref = run_hf(hf, loaded)
+    ours = our_processor(config)
+    if (config, name) in BEYOND_LIMITS:
+        # transformers resizes to a side beyond our resampler's limit (then crops); we refuse.
+        with pytest.raises(ProcessingLimitError, match="65536"):
+            ours(str(path))
+        return
+    assert_matches(ours(str(path)), ref, f"{config} {name} path")
+    # The RGB transformers processed (after its convert_to_rgb) through the array path.
+    decoded = convert_to_rgb(loaded, return_numpy=True)
+    assert_matches(ours(decoded), ref, f"{config} {name} array")
+
+
+@pytest.mark.parametrize("config", ["qwen2-defaults", "clip-336", "llava_next-336"])
+@pytest.mark.parametrize("name", IMAGE_NAMES)
+def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
+    """PIL images (no EXIF, alpha composited on white by ``convert_to_rgb``) and encoded bytes
+    with ``alpha="white"`` (our decoder's compositing) against the same PIL image transposed."""
+    path = corpus[name]
+    if (config, name) in BEYOND_LIMITS:
+        pytest.skip("beyond the resampler's size limit (test_files checks the error)")
+    hf = hf_processor(config)
+    with Image.open(path) as im:
+        im.load()
+        assert_matches(our_processor(config)(im), run_hf(hf, im), f"{config} {name} PIL")
+        transposed = ImageOps.exif_transpose(im)
+    white = our_processor(config, alpha="white")(path.read_bytes())
+    assert_matches(white, run_hf(hf, transposed), f"{config} {name} bytes alpha=white")
+
+
+@pytest.mark.parametrize("config", ["qwen2-hub", "qwen3-hub", "siglip-384", "llava-pad-336"])
+@pytest.mark.parametrize("channels", [1, 2, 4])
+def test_raw_arrays(config: str, channels: int) -> None:
+    """1- and 4-channel arrays: transformers' ``convert_to_rgb`` for numpy (repeat; composite
+    ``round(a * rgb + (1 - a) * 255)``); a 2-D array is an ``HxWx1`` one."""
+    rgb = _pattern(57, 91, 13)
+    alpha = np.fromfunction(lambda y, x: (x * 9 + y * 5) % 256, (57, 91)).astype(np.uint8)
+    array = np.dstack([rgb, alpha]) if channels == 4 else rgb[..., :1]
+    ref = run_hf(hf_processor(config), array, input_data_format="channels_last")
+    ours = our_processor(config)
+    got = ours(array[..., 0] if channels == 2 else array)
+    assert_matches(got, ref, f"{config} {channels}-channel array")
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_batches(corpus: dict[str, Path], config: str) -> None:
+    """Images of mixed sizes and kinds in one call (processed in parallel, in order)."""
+    names = ["grace_hopper.jpg", "odd-37x23.png", "rgba.png", "small-50x80.png", "exif6.jpg"]
+    loaded = [hf_load(corpus[n]) for n in names]
+    ref = run_hf(hf_processor(config), loaded)
+    ours = our_processor(config)
+    paths = [str(corpus[n]) for n in names]
+    assert_matches(ours(paths), ref, f"{config} batch")
+    assert_matches(ours(paths, threads=1), ref, f"{config} batch, one thread")
+    mixed: list[Any] = [corpus[names[0]].read_bytes(), np.asarray(loaded[1]), *paths[2:]]
+    assert_matches(ours(mixed), ref, f"{config} mixed inputs")
+
+
+OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("clip", {"resample": 2}),  # bilinear
+    ("clip", {"resample": 1, "size": {"shortest_edge": 100}, "crop_size": 90}),  # lanczos
+    ("clip", {"resample": 0}),  # nearest
+    ("clip", {"resample": 4, "crop_size": {"height": 300, "width": 250}}),  # box, padded crop
+    ("clip", {"resample": 5, "do_center_crop": False, "do_pad": True}),  # hamming, batch pad
+    ("clip", {"do_center_crop": False, "do_pad": True, "pad_size": {"height": 600, "width": 700}}),
+    ("clip", {"size": {"shortest_edge": 200, "longest_edge": 260}}),
+    ("clip", {"size": {"max_height": 150, "max_width": 190}, "crop_size": 120}),
+    ("clip", {"rescale_factor": 0.5, "do_normalize": False}),
+    ("clip", {"do_rescale": False, "image_mean": [100.0, 110.0, 120.0], "image_std": 50.0}),
+    ("llava", {"do_pad": True, "image_mean": [0.2, 0.9, 0.0]}),
+    ("siglip", {"size": {"height": 123, "width": 45}, "do_resize": True}),
+    ("siglip", {"do_resize": False}),
+    ("llava_next", {"image_grid_pinpoints": [[224, 448], [448, 224], [672, 672]]}),
+    ("llava_next", {"size": {"height": 200, "width": 200}, "do_center_crop": False}),
+    ("qwen2_vl", {"resample": 2, "min_pixels": 20000, "max_pixels": 60000}),
+    ("qwen2_vl", {"patch_size": 8, "merge_size": 3, "temporal_patch_size": 3}),
+    ("qwen2_vl", {"do_normalize": False}),
+    ("qwen2_vl", {"do_rescale": False, "do_normalize": False}),
+]
+
+
+@pytest.mark.parametrize(("family", "options"), OPTIONS, ids=lambda v: str(v))
+def test_options(family: str, options: dict[str, Any]) -> None:
+    """Other filters, sizes, crops, paddings and switches, on a batch of two sizes."""
+    batch = [_pattern(211, 163, 21), _pattern(97, 244, 22)]
+    if options.get("do_resize") is False:
+        batch = [_pattern(196, 168, 23)]  # divisible for every layout that needs it
+    hf = HF_CLASSES[family](**options)
+    ref = run_hf(hf, batch, input_data_format="channels_last")
+    ours = ImageProcessor(family, options)(batch)  # type: ignore[arg-type]
+    for key in ref:
+        want = np.asarray(ref[key])
+        if want.dtype == np.uint8:  # no rescale and no normalize: transformers keeps uint8
+            want = want.astype(np.float32)
+        assert_same(getattr(ours, key), want, f"{family} {options} {key}")
+
+
+@pytest.mark.parametrize("config", QWEN_CONFIGS)
+@pytest.mark.parametrize(("height", "width"), [(1, 201), (201, 1), (2, 401), (3, 601), (1, 1000)])
+def test_aspect_ratio_error(config: str, height: int, width: int) -> None:
+    """Beyond 200:1, the same error (type and message) as transformers."""
+    array = _pattern(height, width, 14)
+    with pytest.raises(ValueError, match="aspect ratio") as hf_error:
+        run_hf(hf_processor(config), array, input_data_format="channels_last")
+    with pytest.raises(AspectRatioError) as ours:
+        our_processor(config)(array)
+    assert str(ours.value) == str(hf_error.value)
+    assert isinstance(ours.value, ValueError)
+    assert isinstance(ours.value, SmgProtoError)
+    assert ours.value.index == 0
+    # A batch names the offending image.
+    with pytest.raises(AspectRatioError):
+        our_processor(config)([_pattern(30, 30, 1), array])
+
+
+@pytest.mark.parametrize(("height", "width"), [(1, 200), (200, 1), (3, 600), (5, 1000)])
+def test_aspect_ratio_at_the_limit(height: int, width: int) -> None:
+    """Exactly 200:1 is accepted by both."""
+    array = _pattern(height, width, 15)
+    for config in QWEN_CONFIGS:
+        ref = run_hf(hf_processor(config), array, input_data_format="channels_last")
+        assert_matches(our_processor(config)(array), ref, f"{config} {height}x{width}")
+
+
+# ---- Qwen details: sizes, tokens, families, videos ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("height", "width"),
+    [(70, 70), (600, 512), (1000, 3000), (4000, 3000), (1080, 1920), (10, 10), (28, 28)],
+)
+def test_qwen_sizes_and_tokens(height: int, width: int) -> None:
+    """Sizes from the reference table (§5.1) and token counts, via cheap constant images."""
+    array = np.full((height, width, 3), 77, np.uint8)
+    for config in QWEN_CONFIGS:
+        hf = hf_processor(config)
+        out = our_processor(config)(array)
+        patches = hf.get_number_of_image_patches(height, width, {})
+        assert out.image_grid_thw is not None
+        assert out.pixel_values is not None
+        _, gh, gw = out.image_grid_thw[0].tolist()
+        assert gh * gw == patches == out.pixel_values.shape[0]
+        assert out.num_image_tokens == (patches // hf.merge_size**2,)
+
+
+def test_qwen_family_defaults() -> None:
+    """``for_family``: Qwen2/2.5 are the class defaults; Qwen3-VL/3.5 (no class of their own)
+    the published configs."""
+    array = _pattern(300, 411, 16)
+    hf = run_hf(Qwen2VLImageProcessorPil(), array, input_data_format="channels_last")
+    for family in ("qwen2_vl", "qwen2_5_vl"):
+        assert_matches(ImageProcessor.for_family(family)(array), hf, family)
+    kwargs = {k: v for k, v in QWEN3_HUB.items() if k not in _META}
+    hf3 = run_hf(Qwen2VLImageProcessorPil(**kwargs), array, input_data_format="channels_last")
+    for family in ("qwen3_vl", "qwen3_5"):
+        assert_matches(ImageProcessor.for_family(family)(array), hf3, family)
+
+
+def _video_reference(hf: Any, frames: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """PIL-backend frame processing + ``Qwen2VLVideoProcessor.patchify`` in numpy."""
+    ps, m, t = hf.patch_size, hf.merge_size, hf.temporal_patch_size
+    processed = []
+    for frame in frames:
+        chw = np.moveaxis(frame, -1, 0)
+        chw = hf.resize(chw, size=hf.size, resample=hf.resample, factor=ps * m)
+        chw = hf.rescale(chw, hf.rescale_factor)
+        processed.append(hf.normalize(chw, hf.image_mean, hf.image_std))
+    video = np.stack(processed)[None]  # (1, F, C, H, W)
+    if pad := -video.shape[1] % t:
+        video = np.concatenate([video, np.repeat(video[:, -1:], pad, axis=1)], axis=1)
+    _, f, c, h, w = video.shape
+    gt, gh, gw = f // t, h // ps, w // ps
+    patches = video.reshape(1, gt, t, c, gh // m, m, ps, gw // m, m, ps)
+    patches = patches.transpose(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
+    return patches.reshape(gt * gh * gw, c * t * ps * ps), np.array([[gt, gh, gw]])
+
+
+@pytest.mark.parametrize("config", QWEN_CONFIGS)
+@pytest.mark.parametrize("count", [1, 3, 4])
+def test_qwen_video(corpus: dict[str, Path], config: str, count: int) -> None:
+    photo = np.asarray(hf_load(corpus["grace_hopper.jpg"]))
+    frames = [
+        np.ascontiguousarray(photo[i * 7 : i * 7 + 500, i * 5 : i * 5 + 450]) for i in range(count)
+    ]
+    hf = hf_processor(config)
+    pixels, grid = _video_reference(hf, frames)
+    ours = our_processor(config)
+    out = ours(videos=frames)
+    assert_same(out.pixel_values_videos, pixels, f"{config} video of {count}")
+    assert_same(out.video_grid_thw, grid, f"{config} video grid")
+    assert out.num_video_tokens == (int(grid.prod()) // hf.merge_size**2,)
+    # Two videos at once, and images with them.
+    small = [_pattern(90, 120, s) for s in range(2)]
+    pixels2, grid2 = _video_reference(hf, small)
+    both = ours(frames[0], videos=[frames, small])
+    assert_same(both.pixel_values_videos, np.concatenate([pixels, pixels2]), f"{config} two videos")
+    assert_same(both.video_grid_thw, np.concatenate([grid, grid2]), f"{config} two grids")
+    assert_matches(both, run_hf(hf, frames[0], input_data_format="channels_last"), "image too")
+    # A still image is a one-frame video padded to T frames: same patches as the image path.
+    assert_same(ours(videos=[frames[:1]]).pixel_values_videos, ours(frames[0]).pixel_values, "")
+
+
+def test_video_errors() -> None:
+    ours = ImageProcessor.for_family("qwen2_vl")
+    with pytest.raises(VideoShapeError, match="frame 1"):
+        ours(videos=[_pattern(60, 60, 1), _pattern(61, 60, 2)])
+    with pytest.raises(ProcessorConfigError, match="videos"):
+        ImageProcessor.for_family("clip")(videos=[_pattern(60, 60, 1)])
+
+
+# ---- configuration ----------------------------------------------------------------------
+
+
+def test_from_pretrained_sources(tmp_path: Path, corpus: dict[str, Path]) -> None:
+    """A dict, a JSON file and a model directory give the same processor; nothing downloads."""
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(LLAVA_NEXT_336))
+    (tmp_path / "processor_config.json").write_text(
+        json.dumps(
+            {
+                "patch_size": 14,
+                "num_additional_image_tokens": 1,
+                "vision_feature_select_strategy": "default",
+                "processor_class": "LlavaNextProcessor",
+            }
+        )
+    )
+    from_dir = ImageProcessor.from_pretrained(tmp_path)
+    from_file = ImageProcessor.from_pretrained(tmp_path / "preprocessor_config.json")
+    from_dict = ImageProcessor.from_pretrained(LLAVA_NEXT_336)
+    assert from_dir.config == from_file.config == from_dict.config
+    assert from_dir.family == "llava_next"
+    assert from_dict.config["size"] == {"shortest_edge": 336}
+    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
+        ImageProcessor.from_pretrained("llava-hf/llava-v1.6-mistral-7b-hf")
+    with pytest.raises(ValueError, match="not supported"):
+        ImageProcessor.from_pretrained({"image_processor_type": "Idefics3ImageProcessor"})
+    # Token counts as LlavaNextProcessor computes them.
+    paths = [str(corpus[n]) for n in ("grace_hopper.jpg", "wide-3x600.png", "small-50x80.png")]
+    out = from_dir(paths)
+    assert out.image_sizes is not None
+    assert out.num_image_tokens is not None
+    fake = SimpleNamespace(
+        image_processor=SimpleNamespace(
+            image_grid_pinpoints=LLAVA_NEXT_336["image_grid_pinpoints"]
+        ),
+        patch_size=14,
+        num_additional_image_tokens=1,
+    )
+    fake._get_unpadded_features = partial(LlavaNextProcessor._get_unpadded_features, fake)
+    for (h, w), tokens in zip(out.image_sizes.tolist(), out.num_image_tokens, strict=True):
+        want = LlavaNextProcessor._get_number_of_features(fake, h, w, 336, 336) - 1
+        assert tokens == want
+    assert from_dict(paths[0]).num_image_tokens is None  # no processor_config: unknown
+    llava = ImageProcessor.from_pretrained(
+        LLAVA_PAD_336, vision_tokens=VisionTokens(14, 1, "default")
+    )
+    assert llava(paths[:2]).num_image_tokens == (576, 576)
+
+
+def test_config_round_trip_and_errors() -> None:
+    for family in _native.processor_families():
+        p = ImageProcessor.for_family(family)  # type: ignore[arg-type]
+        assert ImageProcessor(family, p.config).config == p.config  # type: ignore[arg-type]
+    with pytest.raises(ProcessorConfigError, match="family") as err:
+        ImageProcessor("gemma3", {})  # type: ignore[arg-type]
+    assert err.value.field == "family"
+    with pytest.raises(ProcessorConfigError, match="patch_size"):
+        ImageProcessor("qwen2_vl", {"patch_size": 0})
+    with pytest.raises(ProcessorConfigError, match="size"):
+        ImageProcessor("clip", {"size": {"height": 10}})
+    with pytest.raises(ProcessorConfigError, match="image_mean"):
+        ImageProcessor("siglip", {"image_mean": [0.5, 0.5]})
+    with pytest.raises(ProcessorConfigError, match="resample"):
+        ImageProcessor("clip", {"resample": 7})
+    with pytest.raises(ProcessorConfigError, match="crop_size"):
+        ImageProcessor("siglip", {"do_center_crop": True})
+
+
+def test_error_classes_cover_every_native_kind() -> None:
+    """One Python class per Rust ``ProcessorError`` variant (``decode`` raises the decoding
+    errors), and they pickle."""
+    kinds = _native.processor_error_kinds()
+    missing = sorted(set(kinds) - set(IMAGE_PROCESSING_ERRORS) - {"decode"})
+    assert not missing, f"add to smg_grpc_proto.errors.IMAGE_PROCESSING_ERRORS: {missing}"
+    assert sorted(IMAGE_PROCESSING_ERRORS) == sorted(set(kinds) - {"decode"})
+    with pytest.raises(ImageProcessingError) as caught:
+        ImageProcessor.for_family("qwen2_vl")(_pattern(1, 300, 1))
+    exc = caught.value
+    again = pickle.loads(pickle.dumps(exc))
+    assert type(again) is AspectRatioError
+    assert str(again) == str(exc)
+    assert (again.field, again.expected, again.actual, again.index) == (
+        exc.field,
+        exc.expected,
+        exc.actual,
+        exc.index,
+    )
+
+
+def test_bad_inputs(corpus: dict[str, Path]) -> None:
+    ours = ImageProcessor.for_family("clip")
+    data = corpus["grace_hopper.jpg"].read_bytes()
+    with pytest.raises(TruncatedImageError, match="image 1"):
+        ours([data, data[: len(data) // 3]])
+    with pytest.raises(TypeError, match="uint8"):
+        ours(np.zeros((4, 4, 3), np.float32))
+    with pytest.raises(ValueError, match="channels"):
+        ours(np.zeros((4, 4, 2), np.uint8))
+    with pytest.raises(TypeError, match="PIL image"):
+        ours(3.5)
+    with pytest.raises(ValueError, match="images"):
+        ours()
+    # Non-contiguous arrays are copied, not refused.
+    photo = np.asarray(hf_load(corpus["grace_hopper.jpg"]))
+    flipped = photo[:, ::-1]
+    ref = run_hf(hf_processor("clip-defaults"), np.ascontiguousarray(flipped))
+    assert_matches(ours(flipped), ref, "non-contiguous")
+
+
+# ---- the tests can fail -------------------------------------------------------------------
+
+
+def test_a_wrong_mean_is_caught(corpus: dict[str, Path]) -> None:
+    """One float32 ulp off in one channel's mean: the comparison must see it."""
+    path = str(corpus["grace_hopper.jpg"])
+    ref = run_hf(hf_processor("qwen2-defaults"), hf_load(path))
+    mean = list(CLIP_MEAN)
+    mean[1] = float(np.nextafter(np.float32(mean[1]), np.float32(1)))
+    wrong = ImageProcessor("qwen2_vl", {"image_mean": mean})(path)
+    with pytest.raises(AssertionError, match="values differ"):
+        assert_matches(wrong, ref, "off-by-one mean")
+
+
+def test_pass_order_and_alpha_are_caught(corpus: dict[str, Path]) -> None:
+    """Pillow 12's pass order on a resize Pillow 13 runs vertically first, and compositing
+    alpha where transformers' loader drops it, both differ from the reference."""
+    path = str(corpus["tall-3000x500.jpg"])
+    ref = run_hf(hf_processor("qwen2-defaults"), hf_load(path))
+    assert_matches(ImageProcessor("qwen2_vl")(path), ref, "pillow13")
+    with pytest.raises(AssertionError, match="values differ"):
+        assert_matches(ImageProcessor("qwen2_vl", {"pass_order": "pillow12"})(path), ref, "")
+    rgba = str(corpus["rgba.png"])
+    ref = run_hf(hf_processor("clip-defaults"), hf_load(rgba))
+    with pytest.raises(AssertionError, match="values differ"):
+        assert_matches(ImageProcessor("clip", alpha="white")(rgba), ref, "alpha")
+
+
+def test_tensor_message(corpus: dict[str, Path]) -> None:
+    """The outputs go into a vLLM request through ``tensors.TensorMessage``."""
+    from smg_grpc_proto import tensors, vllm_engine_pb2
+
+    out = ImageProcessor.for_family("qwen2_vl")(str(corpus["grace_hopper.jpg"]))
+    message = tensors.TensorMessage(vllm_engine_pb2.GenerateRequest(request_id="r"))
+    out.attach(message)
+    parsed = tensors.parse(tensors.serialize(message), vllm_engine_pb2.GenerateRequest)
+    assert_same(parsed["mm_inputs.pixel_values"], out.pixel_values, "pixel_values")
+    assert_same(
+        parsed["mm_inputs.model_specific_tensors[image_grid_thw]"], out.image_grid_thw, "grid"
+    )
+    assert set(out.tensors()) == {"pixel_values", "image_grid_thw"}
