@@ -1,6 +1,7 @@
 """The ``smg-proto`` command: argument parsing only; the work is done by the library modules.
 
     smg-proto compat --against smg-grpc-proto==0.4.28 --level wire-json --format github
+    smg-proto preprocess photos/ --family qwen2_vl --out pixels.safetensors
 
 Each subcommand registers itself through a ``add_<name>_parser`` function that sets its
 ``handler``; add new subcommands the same way in :func:`build_parser`.
@@ -22,6 +23,14 @@ from smg_grpc_proto.compat.sources import find_protos, packaged_descriptors, sch
 
 EXIT_OK, EXIT_BREAKING, EXIT_ERROR = 0, 1, 2
 
+# `preprocess` imports smg_grpc_proto.vision (the native module) only when it runs, so that
+# `compat` stays pure Python; these mirror vision._config.FAMILIES and vision._export.FORMATS
+# (tests/test_preprocess_cli.py checks that they agree).
+PREPROCESS_FAMILIES = (
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "clip", "llava", "siglip", "llava_next"
+)  # fmt: skip
+EXPORT_FORMATS = ("safetensors", "npz")
+
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -32,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_compat_parser(commands)
+    add_preprocess_parser(commands)
     return parser
 
 
@@ -95,6 +105,66 @@ def run_compat(args: argparse.Namespace) -> int:
     report = Report(findings, args.level, args.against, prefix)
     sys.stdout.write(render(report, args.format))
     return EXIT_BREAKING if findings else EXIT_OK
+
+
+def add_preprocess_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "preprocess",
+        help="run an image processor over images and write the tensors (safetensors or npz)",
+        description=(
+            "Run smg_grpc_proto.vision.ImageProcessor over the images (a directory expands to "
+            "its image files, sorted) and write pixel_values, the side tensors and "
+            "num_image_tokens to --out. Exit code 0: written, 2: usage or input error."
+        ),
+    )
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or directories")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", metavar="FILE", help="a transformers preprocessor_config.json")
+    source.add_argument(
+        "--model-dir",
+        metavar="DIR",
+        help="a local model directory holding preprocessor_config.json",
+    )
+    source.add_argument(
+        "--family",
+        metavar="NAME",
+        help="a model family's defaults: " + ", ".join(PREPROCESS_FAMILIES),
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help="the output file")
+    p.add_argument(
+        "--format",
+        choices=EXPORT_FORMATS,
+        default=None,
+        help="output format (default: npz for a .npz file, else safetensors)",
+    )
+    p.add_argument("--threads", type=int, metavar="N", help="worker threads (default: every core)")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        default=None,
+        help="draw the progress bar on stderr even when it is not a terminal",
+    )
+    p.set_defaults(handler=run_preprocess)
+
+
+def run_preprocess(args: argparse.Namespace) -> int:
+    from smg_grpc_proto.vision import _cli
+
+    try:
+        _cli.run(
+            args.images,
+            out=args.out,
+            format=args.format,
+            config=args.config,
+            model_dir=args.model_dir,
+            family=args.family,
+            threads=args.threads,
+            progress=args.progress,
+        )
+    except _cli.PreprocessError as exc:
+        print(f"smg-proto preprocess: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
