@@ -22,19 +22,16 @@ fresh process running that one operation once (its ``VmHWM``, reset just before,
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchkit import cpu_model, measure_peak, time_op
 
 MIB = 1 << 20
 
@@ -121,34 +118,9 @@ def ops(mib: int, bf16: bool) -> dict[str, Callable[[], Any]]:
     return out
 
 
-def time_op(fn: Callable[[], Any], repeat: int) -> float:
-    fn()  # warm up (page faults, imports)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-        del result
-    return statistics.median(times)
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
 def child(mib: int, bf16: bool, name: str) -> None:
     """Run one operation once in this fresh process; print its extra peak RSS in MiB."""
-    fns = ops(mib, bf16)
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM)
-    base = _status_kib("VmRSS")
-    result = fns[name]()
-    peak = _status_kib("VmHWM")
-    del result
-    print(json.dumps({"peak_mib": (peak - base) / 1024}))
+    print(json.dumps({"peak_mib": measure_peak(ops(mib, bf16)[name])}))
 
 
 def peak_memory(mib: int, bf16: bool, name: str) -> float:
@@ -162,14 +134,7 @@ def peak_memory(mib: int, bf16: bool, name: str) -> float:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     import google.protobuf
 
     from smg_grpc_proto import tensors

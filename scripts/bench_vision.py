@@ -32,20 +32,18 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+from benchkit import cpu_model, measure_peak, time_op  # noqa: E402
 
 X, NA = "\u00d7", "\u2013"  # the multiplication sign and the en dash of the tables
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,36 +153,6 @@ def make_op(impl: str, inp: str, paths: list[Path]) -> Callable[[], Any]:
     return lambda: ours(blobs)
 
 
-def time_op(fn: Callable[[], Any], repeat: int) -> float:
-    """Median seconds of ``repeat`` calls (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-        del result
-    return statistics.median(times)
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
-def measure_peak(fn: Callable[[], Any]) -> float:
-    """Extra peak resident memory (MiB) of one call of ``fn``, in this (fresh) process."""
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM)
-    base = _status_kib("VmRSS")
-    result = fn()
-    peak = _status_kib("VmHWM")
-    del result
-    return (peak - base) / 1024
-
-
 def run_child(spec: dict[str, Any]) -> None:
     """Child mode: time (and/or measure) the operations of ``spec``, print JSON."""
     out: dict[str, Any] = {}
@@ -238,11 +206,7 @@ def torch_python(venv: Path) -> str | None:
 
 
 def machine(tv_versions: str | None) -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    cpu = cpu_model()
     import PIL
     import transformers
 

@@ -1,0 +1,55 @@
+"""Timing and memory helpers shared by the benchmark scripts (``bench_*.py``)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def time_op(fn: Callable[[], Any], repeat: int) -> float:
+    """Median seconds of ``repeat`` calls of ``fn``, after one warm-up call (page faults)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+        del result
+    return statistics.median(times)
+
+
+def _status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def measure_peak(fn: Callable[[], Any]) -> float:
+    """Extra peak resident memory (MiB) of one call of ``fn``; run it in a fresh process.
+
+    Resets the kernel's high-water mark (``/proc/self/clear_refs`` = 5) just before the call and
+    returns ``VmHWM`` after it minus ``VmRSS`` before it.
+    """
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    base = _status_kib("VmRSS")
+    result = fn()
+    peak = _status_kib("VmHWM")
+    del result
+    return (peak - base) / 1024
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
