@@ -12,7 +12,8 @@
 //!    `pad_size` (or the largest image of the batch).
 
 use super::config::{
-    as_bool, as_hw, as_size, hw_value, size_value, Common, Value, CLIP_MEAN, CLIP_STD,
+    as_bool, as_hw, as_size, check_crop, hw_value, resize_crop_entries, Common, Value, CLIP_MEAN,
+    CLIP_STD,
 };
 use super::normalize::Normalize;
 use super::sizes::{center_crop_origin, SizeSpec};
@@ -102,14 +103,8 @@ impl ClipConfig {
     }
 
     pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
-        let mut out = vec![
-            ("size", size_value(self.size)),
-            ("do_center_crop", Value::Bool(self.do_center_crop)),
-        ];
-        if let Some(crop) = self.crop_size {
-            out.push(("crop_size", hw_value(crop)));
-        }
-        out.push(("do_pad", Value::Bool(self.do_pad)));
+        let mut out =
+            resize_crop_entries(self.size, self.do_center_crop, self.crop_size, self.do_pad);
         if self.pad_mode == PadMode::Batch {
             out.push(("pad_size", self.pad_size.map_or(Value::None, hw_value)));
         }
@@ -117,13 +112,7 @@ impl ClipConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
-        if self.do_center_crop && self.crop_size.is_none() {
-            return Err(ProcessorError::config(
-                "crop_size",
-                "a crop size when do_center_crop is on",
-                "None",
-            ));
-        }
+        check_crop(self.do_center_crop, self.crop_size)?;
         if self.pad_mode == PadMode::Square {
             self.square_background()?;
         }

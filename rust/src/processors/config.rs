@@ -407,6 +407,40 @@ pub(crate) fn hw_value((height, width): (usize, usize)) -> Value {
     size_value(SizeSpec::Exact { height, width })
 }
 
+/// The entries CLIP-like configurations share: `size`, `do_center_crop`, `crop_size` (when set)
+/// and `do_pad`.
+pub(crate) fn resize_crop_entries(
+    size: SizeSpec,
+    do_center_crop: bool,
+    crop_size: Option<(usize, usize)>,
+    do_pad: bool,
+) -> Vec<(&'static str, Value)> {
+    let mut out = vec![
+        ("size", size_value(size)),
+        ("do_center_crop", Value::Bool(do_center_crop)),
+    ];
+    if let Some(crop) = crop_size {
+        out.push(("crop_size", hw_value(crop)));
+    }
+    out.push(("do_pad", Value::Bool(do_pad)));
+    out
+}
+
+/// A center crop needs a crop size.
+pub(crate) fn check_crop(
+    do_center_crop: bool,
+    crop_size: Option<(usize, usize)>,
+) -> Result<(), ProcessorError> {
+    if do_center_crop && crop_size.is_none() {
+        return Err(ProcessorError::config(
+            "crop_size",
+            "a crop size when do_center_crop is on",
+            "None",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@
 
 use super::clip::{resize_and_crop, Prepared};
 use super::config::{
-    as_bool, as_hw, as_size, hw_value, size_value, Common, Value, CLIP_MEAN, CLIP_STD,
+    as_bool, as_hw, as_size, check_crop, resize_crop_entries, Common, Value, CLIP_MEAN, CLIP_STD,
 };
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
@@ -97,14 +97,8 @@ impl LlavaNextConfig {
     }
 
     pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
-        let mut out = vec![
-            ("size", size_value(self.size)),
-            ("do_center_crop", Value::Bool(self.do_center_crop)),
-        ];
-        if let Some(crop) = self.crop_size {
-            out.push(("crop_size", hw_value(crop)));
-        }
-        out.push(("do_pad", Value::Bool(self.do_pad)));
+        let mut out =
+            resize_crop_entries(self.size, self.do_center_crop, self.crop_size, self.do_pad);
         out.push((
             "image_grid_pinpoints",
             Value::Pairs(
@@ -118,14 +112,7 @@ impl LlavaNextConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
-        if self.do_center_crop && self.crop_size.is_none() {
-            return Err(ProcessorError::config(
-                "crop_size",
-                "a crop size when do_center_crop is on",
-                "None",
-            ));
-        }
-        Ok(())
+        check_crop(self.do_center_crop, self.crop_size)
     }
 
     /// The base image's `(height, width)`: `size`'s height and width, or its shortest edge twice.
