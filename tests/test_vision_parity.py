@@ -61,7 +61,12 @@ from smg_grpc_proto.errors import (  # noqa: E402
     TruncatedImageError,
     VideoShapeError,
 )
-from smg_grpc_proto.vision import ImageProcessor, ProcessorOutput, VisionTokens  # noqa: E402
+from smg_grpc_proto.vision import (  # noqa: E402
+    ImageProcessor,
+    ProcessorOutput,
+    VisionTokens,
+    output_cache,
+)
 
 TRANSFORMERS_VERSION = "5.24.0"
 PILLOW_VERSION = "13.0.0"
@@ -424,6 +429,39 @@ def test_batches(corpus: dict[str, Path], config: str) -> None:
     assert_matches(ours(paths, threads=1), ref, f"{config} batch, one thread")
     mixed: list[Any] = [corpus[names[0]].read_bytes(), np.asarray(loaded[1]), *paths[2:]]
     assert_matches(ours(mixed), ref, f"{config} mixed inputs")
+
+
+def test_large_outputs_streamed_and_recycled() -> None:
+    """Outputs above 8 MiB are written with streaming stores into buffers recycled from earlier
+    calls (stale values from another batch in them): every call still equals transformers, and
+    so does a call with recycling off."""
+    arrays = [_pattern(1500, 2000, 1), _pattern(700, 900, 2), _pattern(1200, 1600, 3)]
+    hf = hf_processor("qwen2-defaults")
+    ref = run_hf(hf, [Image.fromarray(a) for a in arrays])
+    ref_reversed = run_hf(hf, [Image.fromarray(a) for a in arrays[::-1]])
+    assert ref["pixel_values"].nbytes > 8 << 20
+    ours = our_processor("qwen2-defaults")
+    previous = output_cache().limit
+    try:
+        output_cache(256 << 20)
+        for round_ in range(3):
+            for threads in (1, None):
+                assert_matches(ours(arrays, threads=threads), ref, f"round {round_}")
+                assert_matches(ours(arrays[::-1], threads=threads), ref_reversed, "reversed")
+        # Dropped outputs (and the batch's resized images) are kept for the next call.
+        out = ours(arrays)
+        held_while_alive = output_cache().held
+        del out
+        assert output_cache().held >= held_while_alive + ref["pixel_values"].nbytes
+        # Recycling off frees everything and changes no value.
+        assert output_cache(0) == (256 << 20, 0)
+        assert_matches(ours(arrays), ref, "recycling off")
+        assert output_cache().held == 0
+    finally:
+        output_cache(previous)
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="limit"):
+            output_cache(bad)  # type: ignore[arg-type]
 
 
 OPTIONS: list[tuple[str, dict[str, Any]]] = [

@@ -22,6 +22,7 @@ __all__ = [
     "decode_image",
     "dtype_itemsize",
     "encode_frames",
+    "output_cache",
     "processor_error_kinds",
     "processor_families",
     "resize",
@@ -190,6 +191,9 @@ class Preprocessor:
         max_pixels: int | None,
     ) -> list[tuple[str, Tensor]]:
         """Process videos (lists of frames); Qwen families only."""
+
+def output_cache(limit: int | None = None) -> tuple[int, int]:
+    """The output-buffer cache: set its limit in bytes (0: off); ``(previous limit, held)``."""
 
 def processor_error_kinds() -> list[str]:
     """The kind of every processing failure, one per Rust ``ProcessorError`` variant."""

@@ -8,7 +8,8 @@
 //! - [`llava_next`]: LLaVA-NeXT (anyres tiles plus the base image, `image_sizes`);
 //! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
 //!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
-//!   to RGB), [`config`] (family defaults and keys), [`parallel`].
+//!   to RGB), [`config`] (family defaults and keys), [`parallel`], [`store`] (streaming
+//!   stores into large outputs), [`recycle`] (large output buffers reused between calls).
 //!
 //! A batch runs in two parallel passes over its images: decode, convert and resize each one
 //! (`u8`, through [`crate::image::resize`], Pillow-exact), then allocate the output tensor once
@@ -23,8 +24,10 @@ pub mod llava_next;
 pub mod normalize;
 pub mod parallel;
 pub mod qwen;
+pub mod recycle;
 pub mod siglip;
 pub mod sizes;
+pub mod store;
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -215,13 +218,32 @@ pub(crate) fn resize_rgb<'a>(
         height: src.height,
         channels: 3,
     };
-    let data = img::resize(&image, out_w, out_h, &options)
+    let len = out_h * out_w * 3;
+    let mut data = match recycle::take_u8(len) {
+        Some(data) => data,
+        None => {
+            let mut data = vec![0u8; len];
+            crate::tensor::memory::advise_huge_pages(&mut data);
+            data
+        }
+    };
+    img::resize_into(&image, &mut data, out_w, out_h, &options)
         .map_err(|error| ProcessorError::Resample { index: 0, error })?;
     Ok(Rgb {
         data: Cow::Owned(data),
         width: out_w,
         height: out_h,
     })
+}
+
+/// Hands the images a batch owns (resized or decoded, not the caller's arrays) to [`recycle`] for
+/// the next batch.
+pub(crate) fn recycle_images<'a>(images: impl IntoIterator<Item = Rgb<'a>>) {
+    for image in images {
+        if let Cow::Owned(data) = image.data {
+            recycle::give_u8(data);
+        }
+    }
 }
 
 /// Largest `u8` image made along the way (the resampler's limit): `height × width × 3` bytes.
@@ -293,12 +315,16 @@ pub(crate) fn checked_len(
 pub(crate) type Out = MaybeUninit<f32>;
 
 /// An output buffer of `len` values, not yet written, or an error instead of an abort when the
-/// memory cannot be had. Not zeroing it saves a pass over tens of MB: every writer writes every
-/// value of its slice, and [`OutBuffer::finish`] is only called once all slices are written.
+/// memory cannot be had; a recycled one ([`recycle`]) when one fits. Not zeroing it saves a pass
+/// over tens of MB: every writer writes every value of its slice, and [`OutBuffer::finish`] is
+/// only called once all slices are written.
 pub(crate) struct OutBuffer(Vec<Out>);
 
 impl OutBuffer {
     pub fn new(what: &'static str, len: usize) -> Result<Self, ProcessorError> {
+        if let Some(values) = recycle::take_f32(len) {
+            return Ok(OutBuffer(values));
+        }
         let mut values: Vec<Out> = Vec::new();
         values
             .try_reserve_exact(len)
@@ -310,6 +336,8 @@ impl OutBuffer {
         // SAFETY: the capacity is at least `len` (reserved above) and `MaybeUninit` values need
         // no initialisation.
         unsafe { values.set_len(len) };
+        // Fresh pages, not yet touched: one fault per 2 MiB instead of per 4 KiB.
+        crate::tensor::memory::advise_huge_pages(&mut values);
         Ok(OutBuffer(values))
     }
 

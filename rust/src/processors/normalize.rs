@@ -12,7 +12,7 @@
 //! formula once for each of the 3 × 256 possible inputs and the image passes become table
 //! lookups: exact by construction, whatever order the pixels are visited in.
 
-use super::{Out, RgbRef};
+use super::{store, Out, RgbRef};
 
 /// The rescale/normalize of one configuration, as a per-channel lookup table.
 #[derive(Clone)]
@@ -73,14 +73,14 @@ impl Normalize {
     /// `r[k]`, `g[k]`, `b[k]` = the values of pixel `k` of `pixels` (interleaved RGB, 3 bytes
     /// per output value of each slice; the slices have equal lengths).
     #[inline]
-    pub fn deinterleave(&self, pixels: &[u8], r: &mut [Out], g: &mut [Out], b: &mut [Out]) {
+    pub fn deinterleave(&self, pixels: &[u8], r: &mut [f32], g: &mut [f32], b: &mut [f32]) {
         let n = r.len();
         let (g, b, pixels) = (&mut g[..n], &mut b[..n], &pixels[..3 * n]);
         let [t0, t1, t2] = &self.lut;
         for (k, px) in pixels.chunks_exact(3).enumerate() {
-            r[k].write(t0[usize::from(px[0])]);
-            g[k].write(t1[usize::from(px[1])]);
-            b[k].write(t2[usize::from(px[2])]);
+            r[k] = t0[usize::from(px[0])];
+            g[k] = t1[usize::from(px[1])];
+            b[k] = t2[usize::from(px[2])];
         }
     }
 
@@ -99,11 +99,16 @@ impl Normalize {
     ) {
         debug_assert_eq!(out.len(), 3 * out_h * out_w);
         let plane = out_h * out_w;
+        let stream = store::should_stream(out.len());
         let (w, h) = (src.width as isize, src.height as isize);
         // The output columns that read inside the source: x in [x0, x1).
         let x0 = (-left).clamp(0, out_w as isize) as usize;
         let x1 = (w - left).clamp(x0 as isize, out_w as isize) as usize;
-        let zeros = [self.lut[0][0], self.lut[1][0], self.lut[2][0]];
+        // One staging row per channel, padding values in place once.
+        let mut staging = vec![0f32; 3 * out_w];
+        for (c, row) in staging.chunks_exact_mut(out_w).enumerate() {
+            row.fill(self.lut[c][0]);
+        }
         let (r_plane, rest) = out.split_at_mut(plane);
         let (g_plane, b_plane) = rest.split_at_mut(plane);
         let rows = r_plane
@@ -112,26 +117,23 @@ impl Normalize {
             .zip(b_plane.chunks_exact_mut(out_w));
         for (y, ((r, g), b)) in rows.enumerate() {
             let sy = y as isize + top;
-            let inside = sy >= 0 && sy < h && x0 < x1;
-            for (row, zero) in [
-                (&mut *r, zeros[0]),
-                (&mut *g, zeros[1]),
-                (&mut *b, zeros[2]),
-            ] {
-                let zero = Out::new(zero);
-                if inside {
-                    row[..x0].fill(zero);
-                    row[x1..].fill(zero);
-                } else {
-                    row.fill(zero);
-                }
-            }
-            if inside {
+            let (sr, rest) = staging.split_at_mut(out_w);
+            let (sg, sb) = rest.split_at_mut(out_w);
+            if sy >= 0 && sy < h && x0 < x1 {
                 let start = (sy as usize * src.width + (x0 as isize + left) as usize) * 3;
                 let pixels = &src.data[start..start + (x1 - x0) * 3];
-                self.deinterleave(pixels, &mut r[x0..x1], &mut g[x0..x1], &mut b[x0..x1]);
+                self.deinterleave(pixels, &mut sr[x0..x1], &mut sg[x0..x1], &mut sb[x0..x1]);
+                store::copy(r, sr, stream);
+                store::copy(g, sg, stream);
+                store::copy(b, sb, stream);
+            } else {
+                // A row outside the source: all padding.
+                for (c, dst) in [r, g, b].into_iter().enumerate() {
+                    dst.fill(Out::new(self.lut[c][0]));
+                }
             }
         }
+        store::fence(stream);
     }
 }
 

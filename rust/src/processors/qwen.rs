@@ -14,8 +14,8 @@
 use super::config::{as_count, Common, Value, CLIP_MEAN, CLIP_STD, HALF};
 use super::normalize::Normalize;
 use super::{
-    checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer, Outputs,
-    ProcessorError, Rgb, RgbRef, Tensor, TensorData,
+    checked_len, parallel, prepare_all, recycle_images, resize_rgb, store, Input, Options, Out,
+    OutBuffer, Outputs, ProcessorError, Rgb, RgbRef, Tensor, TensorData,
 };
 
 /// The configuration of the Qwen families.
@@ -229,11 +229,13 @@ fn prepare<'a>(
 }
 
 /// Writes the patches of merge-window row `window_row` (all `grid_w × merge` patch rows of it)
-/// of `frames` (`temporal_patch_size` frames of the same size) into `out`.
+/// of `frames` (`temporal_patch_size` frames of the same size) into `out`, with streaming stores
+/// when `stream` is set (see [`store`]).
 ///
 /// Row `((bi·(gw/m) + bj)·m + mi)·m + mj` holds grid cell `(bi·m + mi, bj·m + mj)`; its column
 /// `((c·T + t)·ps + y)·ps + x` holds the normalised value of channel `c` of frame `t` at pixel
-/// `(i·ps + y, j·ps + x)`. Consecutive identical frames are copied, not recomputed.
+/// `(i·ps + y, j·ps + x)`. Each row is staged, then stored; consecutive identical frames are
+/// copied, not recomputed.
 pub fn write_window_row(
     frames: &[RgbRef<'_>],
     patch_size: usize,
@@ -241,6 +243,7 @@ pub fn write_window_row(
     window_row: usize,
     normalize: &Normalize,
     out: &mut [Out],
+    stream: bool,
 ) {
     let (ps, m, t_len) = (patch_size, merge_size, frames.len());
     let width = frames[0].width;
@@ -248,14 +251,15 @@ pub fn write_window_row(
     let block = ps * ps;
     let cols = 3 * t_len * block;
     debug_assert_eq!(out.len(), grid_w * m * cols);
+    let mut staging = vec![0f32; cols];
     let mut rows = out.chunks_exact_mut(cols);
     for bj in 0..grid_w / m {
         for mi in 0..m {
             for mj in 0..m {
-                let Some(row) = rows.next() else { return };
+                let Some(row) = rows.next() else { break };
                 let (i, j) = (window_row * m + mi, bj * m + mj);
                 // The three channel blocks of the row: each T frames of ps x ps values.
-                let (r, rest) = row.split_at_mut(t_len * block);
+                let (r, rest) = staging.split_at_mut(t_len * block);
                 let (g, b) = rest.split_at_mut(t_len * block);
                 for t in 0..t_len {
                     let at = t * block;
@@ -278,9 +282,11 @@ pub fn write_window_row(
                         );
                     }
                 }
+                store::copy(row, &staging, stream);
             }
         }
     }
+    store::fence(stream);
 }
 
 fn same_frame(a: RgbRef<'_>, b: RgbRef<'_>) -> bool {
@@ -297,8 +303,18 @@ struct Job<'a, 'o> {
 fn write_jobs(config: &QwenConfig, normalize: &Normalize, jobs: Vec<Job<'_, '_>>, threads: usize) {
     let workers = parallel::workers(threads, jobs.len());
     let (ps, m) = (config.patch_size, config.merge_size);
+    let total: usize = jobs.iter().map(|job| job.out.len()).sum();
+    let stream = store::should_stream(total);
     parallel::map(jobs, workers, |_, job| {
-        write_window_row(&job.frames, ps, m, job.window_row, normalize, job.out)
+        write_window_row(
+            &job.frames,
+            ps,
+            m,
+            job.window_row,
+            normalize,
+            job.out,
+            stream,
+        )
     });
 }
 
@@ -348,6 +364,8 @@ pub fn images(
         .iter()
         .flat_map(|p| [1, p.grid_h as i64, p.grid_w as i64])
         .collect();
+    let images = prepared.len();
+    recycle_images(prepared.into_iter().map(|p| p.image));
     Ok(Outputs {
         tensors: vec![
             (
@@ -357,7 +375,7 @@ pub fn images(
                     data: TensorData::F32(pixel_values),
                 },
             ),
-            ("image_grid_thw", Tensor::i64(vec![prepared.len(), 3], grid)),
+            ("image_grid_thw", Tensor::i64(vec![images, 3], grid)),
         ],
     })
 }
@@ -456,6 +474,8 @@ pub fn videos(
             ]
         })
         .collect();
+    let videos_count = per_video.len();
+    recycle_images(prepared.into_iter().map(|p| p.image));
     Ok(Outputs {
         tensors: vec![
             (
@@ -465,10 +485,7 @@ pub fn videos(
                     data: TensorData::F32(pixel_values),
                 },
             ),
-            (
-                "video_grid_thw",
-                Tensor::i64(vec![per_video.len(), 3], grid),
-            ),
+            ("video_grid_thw", Tensor::i64(vec![videos_count, 3], grid)),
         ],
     })
 }

@@ -1,19 +1,19 @@
 //! Python view of [`crate::image::resample`]: Pillow-exact resizing of numpy `uint8` images.
 //!
-//! The image is read through `__array_interface__` (the buffer protocol is outside the
-//! abi3-py310 API) while a strong reference to the array is held; the result is a new
+//! The image is read through [`super::array`] while a strong reference to the array is held;
+//! the result is a new
 //! `bytearray` (writable, so the numpy view the Python wrapper makes of it is writable too),
 //! filled with the GIL released. Every [`ResampleError`] is raised as `ValueError` with its
 //! message; a non-array argument raises `TypeError`.
 
 use std::mem::MaybeUninit;
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyByteArray, PyInt, PyType};
+use pyo3::types::{PyByteArray, PyInt};
 
+use super::array::ImageArray;
 use crate::image::resample::{self, ImageRef, PassOrder, ResampleError, ResizeOptions};
 use crate::image::Filter;
 
@@ -21,94 +21,13 @@ fn value_error(err: ResampleError) -> PyErr {
     PyValueError::new_err(err.to_string())
 }
 
-/// A C-contiguous `uint8` numpy array of shape `(H, W)` or `(H, W, C)`, kept alive by `_array`.
-struct Pixels<'py> {
-    _array: Bound<'py, PyAny>,
-    addr: usize,
-    len: usize,
-    width: usize,
-    height: usize,
-    channels: usize,
-}
-
-impl<'py> Pixels<'py> {
-    fn of(array: &Bound<'py, PyAny>) -> PyResult<Self> {
-        static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-        let ndarray = NDARRAY.import(array.py(), "numpy", "ndarray")?;
-        if !array.is_instance(ndarray)? {
-            return Err(PyTypeError::new_err(format!(
-                "image: expected a numpy.ndarray, got {}",
-                array.get_type().name()?
-            )));
-        }
-        let dtype: String = array.getattr("dtype")?.getattr("str")?.extract()?;
-        if dtype != "|u1" {
-            return Err(PyValueError::new_err(format!(
-                "image: expected dtype uint8, got {dtype}"
-            )));
-        }
-        let shape: Vec<usize> = array.getattr("shape")?.extract()?;
-        let (height, width, channels) = match shape[..] {
-            [h, w] => (h, w, 1),
-            [h, w, c] => (h, w, c),
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "image: expected shape (H, W) or (H, W, C), got {} dimensions {shape:?}",
-                    shape.len()
-                )))
-            }
-        };
-        if !array
-            .getattr("flags")?
-            .getattr("c_contiguous")?
-            .extract::<bool>()?
-        {
-            return Err(PyValueError::new_err(format!(
-                "image: array {shape:?} is not C-contiguous (use numpy.ascontiguousarray)"
-            )));
-        }
-        let (addr, _readonly): (usize, bool) = array
-            .getattr("__array_interface__")?
-            .get_item("data")?
-            .extract()?;
-        let len: usize = array.getattr("nbytes")?.extract()?;
-        let expected = height
-            .checked_mul(width)
-            .and_then(|n| n.checked_mul(channels));
-        if expected != Some(len) || (len > 0 && addr == 0) || isize::try_from(len).is_err() {
-            return Err(PyValueError::new_err(format!(
-                "image: array reports {len} bytes at address {addr:#x} for shape {shape:?}"
-            )));
-        }
-        Ok(Pixels {
-            _array: array.clone(),
-            addr,
-            len,
-            width,
-            height,
-            channels,
-        })
-    }
-
-    fn image(&self) -> ImageRef<'_> {
-        let data = if self.len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: numpy reported `len` (`nbytes` = H·W·C, checked) bytes of C-contiguous
-            // uint8 data at `addr` (`__array_interface__['data']`), non-null and at most
-            // `isize::MAX`. `self._array` is a strong reference to the array, and the slice
-            // borrows `self`, so the array (which owns or references the memory) outlives it;
-            // numpy refuses to reallocate an array that has other references (`resize`
-            // refcheck). Another Python thread writing into the array during the call only
-            // makes the output unspecified; we never write through this slice.
-            unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
-        };
-        ImageRef {
-            data,
-            width: self.width,
-            height: self.height,
-            channels: self.channels,
-        }
+/// The image of a checked array, as the resampler takes it.
+fn image_ref<'a>(array: &'a ImageArray<'_>) -> ImageRef<'a> {
+    ImageRef {
+        data: array.pixels(),
+        width: array.width,
+        height: array.height,
+        channels: array.channels,
     }
 }
 
@@ -184,8 +103,8 @@ fn resize<'py>(
     let (out_w, out_h) =
         resample::output_size(size_arg(width, "width")?, size_arg(height, "height")?)
             .map_err(value_error)?;
-    let pixels = Pixels::of(image)?;
-    let src = pixels.image();
+    let pixels = ImageArray::of(image, "image")?;
+    let src = image_ref(&pixels);
     let len = resample::check(&src, out_w, out_h).map_err(value_error)?;
     let options = ResizeOptions {
         filter,

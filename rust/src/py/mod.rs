@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod array;
 mod build_info;
 mod decode;
 mod image;

@@ -2,8 +2,7 @@
 //! `uint8` images (`HxW` or `HxWxC`, C in 1, 3, 4) and/or encoded `bytes`, and returns the output
 //! tensors as `Tensor` objects numpy wraps without a copy (`__array_interface__`).
 //!
-//! Arrays are read through `__array_interface__` (the buffer protocol is outside the abi3-py310
-//! API) while strong references to every input are held; all decoding, resizing and
+//! Arrays are read through [`super::array`] while strong references to every input are held; all decoding, resizing and
 //! normalisation runs with the GIL released, on all cores unless `threads` says otherwise.
 //! Every [`ProcessorError`] is raised as `ValueError(kind, message, field, expected, actual,
 //! index, decode_kind, format)`, which the wrapper (`smg_grpc_proto.vision._processor`) re-raises
@@ -11,13 +10,14 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
 
+use super::array::{is_ndarray, ImageArray};
 use crate::image::decode::DecodeError;
 use crate::processors::{
-    Alpha, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData, Value,
+    recycle, Alpha, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData,
+    Value,
 };
 
 fn processor_error(py: Python<'_>, err: &ProcessorError) -> PyErr {
@@ -209,17 +209,10 @@ fn value_to_py(py: Python<'_>, value: &Value) -> PyResult<Py<PyAny>> {
     }
 }
 
-/// One input kept alive for the call: encoded `bytes` or a numpy array's memory.
+/// One input held for the duration of a call: encoded bytes or a checked image array.
 enum Held<'py> {
     Bytes(Bound<'py, PyBytes>),
-    Array {
-        _array: Bound<'py, PyAny>,
-        addr: usize,
-        len: usize,
-        width: usize,
-        height: usize,
-        channels: usize,
-    },
+    Array(ImageArray<'py>),
 }
 
 impl<'py> Held<'py> {
@@ -227,92 +220,24 @@ impl<'py> Held<'py> {
         if let Ok(bytes) = obj.cast::<PyBytes>() {
             return Ok(Held::Bytes(bytes.clone()));
         }
-        static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-        let ndarray = NDARRAY.import(obj.py(), "numpy", "ndarray")?;
-        if !obj.is_instance(ndarray)? {
+        if !is_ndarray(obj)? {
             return Err(PyTypeError::new_err(format!(
                 "{what}: expected bytes or a numpy.ndarray, got {}",
                 obj.get_type().name()?
             )));
         }
-        let dtype: String = obj.getattr("dtype")?.getattr("str")?.extract()?;
-        if dtype != "|u1" {
-            return Err(PyValueError::new_err(format!(
-                "{what}: expected dtype uint8, got {dtype}"
-            )));
-        }
-        let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
-        let (height, width, channels) = match shape[..] {
-            [h, w] => (h, w, 1),
-            [h, w, c] => (h, w, c),
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "{what}: expected shape (H, W) or (H, W, C), got {shape:?}"
-                )))
-            }
-        };
-        if !obj
-            .getattr("flags")?
-            .getattr("c_contiguous")?
-            .extract::<bool>()?
-        {
-            return Err(PyValueError::new_err(format!(
-                "{what}: array {shape:?} is not C-contiguous (use numpy.ascontiguousarray)"
-            )));
-        }
-        let (addr, _readonly): (usize, bool) = obj
-            .getattr("__array_interface__")?
-            .get_item("data")?
-            .extract()?;
-        let len: usize = obj.getattr("nbytes")?.extract()?;
-        let expected = height
-            .checked_mul(width)
-            .and_then(|n| n.checked_mul(channels));
-        if expected != Some(len) || (len > 0 && addr == 0) || isize::try_from(len).is_err() {
-            return Err(PyValueError::new_err(format!(
-                "{what}: array reports {len} bytes at address {addr:#x} for shape {shape:?}"
-            )));
-        }
-        Ok(Held::Array {
-            _array: obj.clone(),
-            addr,
-            len,
-            width,
-            height,
-            channels,
-        })
+        Ok(Held::Array(ImageArray::of(obj, what)?))
     }
 
     fn input(&self) -> Input<'_> {
         match self {
             Held::Bytes(bytes) => Input::Encoded(bytes.as_bytes()),
-            Held::Array {
-                addr,
-                len,
-                width,
-                height,
-                channels,
-                ..
-            } => {
-                let data = if *len == 0 {
-                    &[][..]
-                } else {
-                    // SAFETY: numpy reported `len` (`nbytes` = H·W·C, checked) bytes of
-                    // C-contiguous uint8 data at `addr` (`__array_interface__['data']`), non-null
-                    // and at most `isize::MAX`. `_array` is a strong reference to the array and
-                    // the slice borrows `self`, so the array (which owns or references the memory)
-                    // outlives it; numpy refuses to reallocate an array that has other references.
-                    // Another Python thread writing into the array during the call only makes the
-                    // output unspecified; we never write through this slice.
-                    unsafe { std::slice::from_raw_parts(*addr as *const u8, *len) }
-                };
-                Input::Pixels {
-                    data,
-                    width: *width,
-                    height: *height,
-                    channels: *channels,
-                }
-            }
+            Held::Array(array) => Input::Pixels {
+                data: array.pixels(),
+                width: array.width,
+                height: array.height,
+                channels: array.channels,
+            },
         }
     }
 }
@@ -396,7 +321,8 @@ impl Drop for PyTensor {
         // buffer any more (each holds a reference to this object).
         unsafe {
             if self.float {
-                drop(Vec::from_raw_parts(
+                // Large buffers are kept for the next output (see `processors::recycle`).
+                recycle::give_f32(Vec::from_raw_parts(
                     self.addr as *mut f32,
                     self.len,
                     self.capacity,
@@ -587,9 +513,25 @@ fn processor_families() -> Vec<&'static str> {
     Family::ALL.iter().map(|f| f.name()).collect()
 }
 
+/// output_cache(limit=None) -> tuple[int, int]
+/// --
+///
+/// The output-buffer cache: sets its limit in bytes when `limit` is given (0 turns recycling
+/// off and frees what is kept); returns `(limit, held)` in bytes, the limit before any change.
+#[pyfunction]
+#[pyo3(signature = (limit=None))]
+fn output_cache(limit: Option<usize>) -> (usize, usize) {
+    let previous = match limit {
+        Some(bytes) => recycle::set_limit(bytes),
+        None => recycle::limit(),
+    };
+    (previous, recycle::held())
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPreprocessor>()?;
     m.add_class::<PyTensor>()?;
     m.add_function(wrap_pyfunction!(processor_error_kinds, m)?)?;
-    m.add_function(wrap_pyfunction!(processor_families, m)?)
+    m.add_function(wrap_pyfunction!(processor_families, m)?)?;
+    m.add_function(wrap_pyfunction!(output_cache, m)?)
 }

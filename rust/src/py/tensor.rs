@@ -1,7 +1,6 @@
 //! Python view of [`crate::tensor`]: dtype sizes, conversions and the frame codec.
 //!
-//! numpy arrays are read through `__array_interface__` (the buffer protocol is outside the
-//! abi3-py310 API). Each function holds a strong reference to every array it touches for its
+//! numpy arrays are read through [`super::array`]. Each function holds a strong reference to every array it touches for its
 //! whole duration, releases the GIL around copies, conversions and parsing, and raises every
 //! [`TensorError`] as `ValueError` with its message; wrong Python types raise `TypeError`.
 
@@ -10,9 +9,9 @@ use std::mem::MaybeUninit;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyInt, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyInt, PyTuple};
 
+use super::array::NumpyArray;
 use crate::tensor::convert::{self as core_convert, Conversion};
 use crate::tensor::wire::{self, Plan, Source, MAX_DEPTH};
 use crate::tensor::{TensorError, WireDtype};
@@ -69,103 +68,34 @@ where
     Ok(bytes)
 }
 
-/// The memory of one numpy array, kept alive by the reference held in `_array`.
-struct ArrayMemory<'py> {
-    _array: Bound<'py, PyAny>,
-    addr: usize,
-    len: usize,
-    readonly: bool,
-    contiguous: bool,
-    dtype: String,
+/// A tensor source: a C-contiguous numpy array of a dtype we know (little-endian).
+fn source<'py>(
+    array: &Bound<'py, PyAny>,
+    arg: &'static str,
+) -> PyResult<(NumpyArray<'py>, WireDtype)> {
+    let memory = NumpyArray::of(array, arg)?;
+    let dtype = WireDtype::from_numpy_str(&memory.dtype, arg).map_err(value_error)?;
+    if !memory.contiguous {
+        return Err(value_error(TensorError::NotContiguous { arg }));
+    }
+    Ok((memory, dtype))
 }
 
-impl<'py> ArrayMemory<'py> {
-    /// Reads the address, size, flags and dtype of `array`, which must be a `numpy.ndarray`.
-    fn of(array: &Bound<'py, PyAny>, arg: &str) -> PyResult<Self> {
-        static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-        let py = array.py();
-        let ndarray = NDARRAY.import(py, "numpy", "ndarray")?;
-        if !array.is_instance(ndarray)? {
-            return Err(PyTypeError::new_err(format!(
-                "{arg}: expected a numpy.ndarray, got {}",
-                array.get_type().name()?
-            )));
-        }
-        let (addr, readonly): (usize, bool) = array
-            .getattr("__array_interface__")?
-            .get_item("data")?
-            .extract()?;
-        let len: usize = array.getattr("nbytes")?.extract()?;
-        if len > 0 && (addr == 0 || isize::try_from(len).is_err()) {
-            return Err(PyTypeError::new_err(format!(
-                "{arg}: array reports {len} bytes at address {addr:#x}"
-            )));
-        }
-        Ok(ArrayMemory {
-            _array: array.clone(),
-            addr,
-            len,
-            readonly,
-            contiguous: array.getattr("flags")?.getattr("c_contiguous")?.extract()?,
-            dtype: array.getattr("dtype")?.getattr("str")?.extract()?,
-        })
+/// A destination: a writable, C-contiguous `uint8` numpy array.
+fn destination<'py>(array: &Bound<'py, PyAny>, arg: &'static str) -> PyResult<NumpyArray<'py>> {
+    let memory = NumpyArray::of(array, arg)?;
+    if memory.dtype != "|u1" {
+        return Err(value_error(TensorError::DestinationDtype {
+            numpy: memory.dtype,
+        }));
     }
-
-    /// A tensor source: C-contiguous, little-endian, a dtype we know.
-    fn source(array: &Bound<'py, PyAny>, arg: &'static str) -> PyResult<(Self, WireDtype)> {
-        let memory = Self::of(array, arg)?;
-        let dtype = WireDtype::from_numpy_str(&memory.dtype, arg).map_err(value_error)?;
-        if !memory.contiguous {
-            return Err(value_error(TensorError::NotContiguous { arg }));
-        }
-        Ok((memory, dtype))
+    if !memory.contiguous {
+        return Err(value_error(TensorError::NotContiguous { arg }));
     }
-
-    /// A destination: writable, C-contiguous `uint8`.
-    fn destination(array: &Bound<'py, PyAny>, arg: &'static str) -> PyResult<Self> {
-        let memory = Self::of(array, arg)?;
-        if memory.dtype != "|u1" {
-            return Err(value_error(TensorError::DestinationDtype {
-                numpy: memory.dtype,
-            }));
-        }
-        if !memory.contiguous {
-            return Err(value_error(TensorError::NotContiguous { arg }));
-        }
-        if memory.readonly {
-            return Err(value_error(TensorError::ReadOnly { arg }));
-        }
-        Ok(memory)
+    if memory.readonly {
+        return Err(value_error(TensorError::ReadOnly { arg }));
     }
-
-    fn overlaps(&self, other: &Self) -> bool {
-        self.len > 0
-            && other.len > 0
-            && self.addr < other.addr.saturating_add(other.len)
-            && other.addr < self.addr.saturating_add(self.len)
-    }
-
-    fn bytes(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: numpy reported `len` (`nbytes`) bytes of C-contiguous data starting at `addr`
-        // (`__array_interface__['data']`), checked non-null and at most `isize::MAX` above.
-        // `self._array` holds a strong reference to the array, and the returned slice borrows
-        // `self`, so the array (which owns or references its memory) outlives the slice; numpy
-        // cannot resize an array with outstanding references unless told to skip that check.
-        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: as in `bytes`, plus: the array is writable (checked in `destination`), the
-        // slice borrows `self` mutably so no other slice of this `ArrayMemory` exists, and the
-        // caller has checked that it does not overlap any source memory read at the same time.
-        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
-    }
+    Ok(memory)
 }
 
 /// Converts a plan of nested tuples: `((field, child), ...)` or an int (a `TensorData` whose
@@ -259,11 +189,11 @@ fn convert<'py>(
     src: &Bound<'py, PyAny>,
     wire_dtype: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let (memory, from) = ArrayMemory::source(src, "src")?;
+    let (memory, from) = source(src, "src")?;
     let to = WireDtype::from_name(wire_dtype, "wire_dtype").map_err(value_error)?;
     let conversion = Conversion::new(from, to).map_err(value_error)?;
     let len = conversion
-        .output_len(memory.len, "src")
+        .output_len(memory.len(), "src")
         .map_err(value_error)?;
     let bytes = memory.bytes();
     new_bytes(py, len, |out| {
@@ -283,19 +213,19 @@ fn convert_into(
     dst: &Bound<'_, PyAny>,
     wire_dtype: &str,
 ) -> PyResult<()> {
-    let (source, from) = ArrayMemory::source(src, "src")?;
-    let mut destination = ArrayMemory::destination(dst, "dst")?;
+    let (source, from) = source(src, "src")?;
+    let mut destination = destination(dst, "dst")?;
     let to = WireDtype::from_name(wire_dtype, "wire_dtype").map_err(value_error)?;
     if source.overlaps(&destination) {
         return Err(value_error(TensorError::Overlap {
-            src: source.addr,
-            src_len: source.len,
-            dst: destination.addr,
-            dst_len: destination.len,
+            src: source.addr(),
+            src_len: source.len(),
+            dst: destination.addr(),
+            dst_len: destination.len(),
         }));
     }
     let input = source.bytes();
-    let output = destination.bytes_mut();
+    let output = destination.bytes_mut("dst")?;
     py.detach(|| core_convert::convert_into(input, from, output, to))
         .map_err(value_error)
 }
@@ -362,7 +292,7 @@ fn encode_frames<'py>(
                 ))
             })?;
         let (memory, from) =
-            ArrayMemory::source(&pair.get_item(0)?, "array").map_err(|e| in_source(py, i, e))?;
+            source(&pair.get_item(0)?, "array").map_err(|e| in_source(py, i, e))?;
         let name: String = pair
             .get_item(1)?
             .extract()

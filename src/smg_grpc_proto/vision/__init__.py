@@ -15,8 +15,10 @@ Available today:
   (``from_pretrained(preprocessor_config.json | model dir | dict)`` or ``for_family(name)``);
   a batch of images (bytes, paths, arrays, PIL images) or Qwen videos in, a
   :class:`ProcessorOutput` of numpy tensors and placeholder token counts out.
+* :func:`output_cache`: the limit of the cache of large output buffers recycled between calls.
 """
 
+from smg_grpc_proto.vision._cache import OutputCache, output_cache
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS, ImageSource, decode
 from smg_grpc_proto.vision._processor import ImageProcessor, ProcessorOutput
@@ -28,10 +30,12 @@ __all__ = [
     "Family",
     "ImageProcessor",
     "ImageSource",
+    "OutputCache",
     "PassOrder",
     "ProcessorOutput",
     "Resample",
     "VisionTokens",
     "decode",
+    "output_cache",
     "resize",
 ]

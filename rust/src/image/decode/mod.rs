@@ -231,7 +231,8 @@ pub(crate) fn check_size(
 /// A zero-filled buffer of `len` elements, or `Err(bytes)` if it cannot be allocated.
 ///
 /// Unlike `vec![0; len]`, a failed allocation is an error instead of an abort; like it, large
-/// buffers come from the allocator's zeroed pages (calloc), so untouched memory costs nothing.
+/// buffers come from the allocator's zeroed pages (calloc), so untouched memory costs nothing,
+/// and are backed by huge pages where the kernel allows (one fault per 2 MiB when written).
 pub(crate) fn zeroed<T: Zeroable>(len: usize) -> Result<Vec<T>, u64> {
     let bytes = (len as u128) * (std::mem::size_of::<T>() as u128);
     if len == 0 {
@@ -248,7 +249,9 @@ pub(crate) fn zeroed<T: Zeroable>(len: usize) -> Result<Vec<T>, u64> {
         if ptr.is_null() {
             return Err(bytes as u64);
         }
-        Ok(Vec::from_raw_parts(ptr, len, len))
+        let mut values = Vec::from_raw_parts(ptr, len, len);
+        crate::tensor::memory::advise_huge_pages(&mut values);
+        Ok(values)
     }
 }
 
