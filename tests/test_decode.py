@@ -246,6 +246,25 @@ def test_synthetic_jpeg(name: str, data: bytes) -> None:
     assert_same(data)
 
 
+def test_recycled_buffers_hold_no_stale_pixels() -> None:
+    """Large decoded images go back to the buffer cache when dropped and the JPEG decoder writes
+    the next image into them: each result must still be exactly Pillow's, whatever was there."""
+    files = [
+        encode(photo(900, 700, seed=1), "JPEG", quality=90),
+        encode(photo(900, 700, seed=2), "JPEG", progressive=True, quality=70),
+        encode(photo(900, 700, seed=3).convert("L"), "JPEG"),
+        encode(photo(880, 700, seed=4), "JPEG", subsampling=0),
+    ]
+    previous = vision.buffer_cache(256 << 20).limit
+    try:
+        for _ in range(2):
+            for data in files:
+                assert_same(data)  # decoded, compared, dropped: its buffer is kept
+                assert vision.buffer_cache().held >= 880 * 700 * 3
+    finally:
+        vision.buffer_cache(previous)
+
+
 def _png_cases() -> dict[str, bytes]:
     base = photo(45, 29, "RGBA")
     cases: dict[str, bytes] = {}

@@ -65,7 +65,7 @@ from smg_grpc_proto.vision import (  # noqa: E402
     ImageProcessor,
     ProcessorOutput,
     VisionTokens,
-    output_cache,
+    buffer_cache,
 )
 
 TRANSFORMERS_VERSION = "5.24.0"
@@ -441,27 +441,27 @@ def test_large_outputs_streamed_and_recycled() -> None:
     ref_reversed = run_hf(hf, [Image.fromarray(a) for a in arrays[::-1]])
     assert ref["pixel_values"].nbytes > 8 << 20
     ours = our_processor("qwen2-defaults")
-    previous = output_cache().limit
+    previous = buffer_cache().limit
     try:
-        output_cache(256 << 20)
+        buffer_cache(256 << 20)
         for round_ in range(3):
             for threads in (1, None):
                 assert_matches(ours(arrays, threads=threads), ref, f"round {round_}")
                 assert_matches(ours(arrays[::-1], threads=threads), ref_reversed, "reversed")
         # Dropped outputs (and the batch's resized images) are kept for the next call.
         out = ours(arrays)
-        held_while_alive = output_cache().held
+        held_while_alive = buffer_cache().held
         del out
-        assert output_cache().held >= held_while_alive + ref["pixel_values"].nbytes
+        assert buffer_cache().held >= held_while_alive + ref["pixel_values"].nbytes
         # Recycling off frees everything and changes no value.
-        assert output_cache(0) == (256 << 20, 0)
+        assert buffer_cache(0) == (256 << 20, 0)
         assert_matches(ours(arrays), ref, "recycling off")
-        assert output_cache().held == 0
+        assert buffer_cache().held == 0
     finally:
-        output_cache(previous)
+        buffer_cache(previous)
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="limit"):
-            output_cache(bad)  # type: ignore[arg-type]
+            buffer_cache(bad)  # type: ignore[arg-type]
 
 
 OPTIONS: list[tuple[str, dict[str, Any]]] = [

@@ -5,6 +5,7 @@
 
 pub mod build_info;
 pub mod image;
+pub mod memory;
 pub mod processors;
 pub mod tensor;
 

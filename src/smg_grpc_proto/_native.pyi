@@ -14,6 +14,7 @@ __all__ = [
     "Preprocessor",
     "Tensor",
     "__version__",
+    "buffer_cache",
     "build_info",
     "convert",
     "convert_into",
@@ -22,7 +23,6 @@ __all__ = [
     "decode_image",
     "dtype_itemsize",
     "encode_frames",
-    "output_cache",
     "processor_error_kinds",
     "processor_families",
     "resize",
@@ -192,8 +192,8 @@ class Preprocessor:
     ) -> list[tuple[str, Tensor]]:
         """Process videos (lists of frames); Qwen families only."""
 
-def output_cache(limit: int | None = None) -> tuple[int, int]:
-    """The output-buffer cache: set its limit in bytes (0: off); ``(previous limit, held)``."""
+def buffer_cache(limit: int | None = None) -> tuple[int, int]:
+    """The buffer cache: set its limit in bytes (0: off); ``(previous limit, held)``."""
 
 def processor_error_kinds() -> list[str]:
     """The kind of every processing failure, one per Rust ``ProcessorError`` variant."""

@@ -9,7 +9,7 @@
 //! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
 //!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
 //!   to RGB), [`config`] (family defaults and keys), [`parallel`], [`store`] (streaming
-//!   stores into large outputs), [`recycle`] (large output buffers reused between calls).
+//!   stores into large outputs); buffers come from [`crate::memory`].
 //!
 //! A batch runs in two parallel passes over its images: decode, convert and resize each one
 //! (`u8`, through [`crate::image::resize`], Pillow-exact), then allocate the output tensor once
@@ -24,7 +24,6 @@ pub mod llava_next;
 pub mod normalize;
 pub mod parallel;
 pub mod qwen;
-pub mod recycle;
 pub mod siglip;
 pub mod sizes;
 pub mod store;
@@ -34,6 +33,7 @@ use std::mem::MaybeUninit;
 
 use crate::image::decode::DEFAULT_MAX_PIXELS;
 use crate::image::{self as img, ImageRef, ResizeOptions};
+use crate::memory::recycle;
 
 pub use config::{Common, Family, ProcessorConfig, Value};
 pub use error::ProcessorError;
@@ -223,12 +223,13 @@ pub(crate) fn resize_rgb<'a>(
         Some(data) => data,
         None => {
             let mut data = vec![0u8; len];
-            crate::tensor::memory::advise_huge_pages(&mut data);
+            crate::memory::advise_huge_pages(&mut data);
             data
         }
     };
     img::resize_into(&image, &mut data, out_w, out_h, &options)
         .map_err(|error| ProcessorError::Resample { index: 0, error })?;
+    recycle_images([src]);
     Ok(Rgb {
         data: Cow::Owned(data),
         width: out_w,
@@ -337,7 +338,7 @@ impl OutBuffer {
         // no initialisation.
         unsafe { values.set_len(len) };
         // Fresh pages, not yet touched: one fault per 2 MiB instead of per 4 KiB.
-        crate::tensor::memory::advise_huge_pages(&mut values);
+        crate::memory::advise_huge_pages(&mut values);
         Ok(OutBuffer(values))
     }
 

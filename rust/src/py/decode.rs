@@ -102,7 +102,9 @@ impl Drop for PyDecodedImage {
     fn drop(&mut self) {
         // SAFETY: the raw parts come from a `Vec<u8>` that was leaked in `new` and is rebuilt
         // exactly once, here; no array can view the buffer any more (each holds a reference).
-        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.capacity) });
+        let pixels = unsafe { Vec::from_raw_parts(self.ptr, self.len, self.capacity) };
+        // Large buffers are kept for the next decode (see `memory::recycle`).
+        crate::memory::recycle::give_u8(pixels);
     }
 }
 

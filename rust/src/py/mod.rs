@@ -7,6 +7,7 @@ mod array;
 mod build_info;
 mod decode;
 mod image;
+mod memory;
 mod processors;
 mod tensor;
 
@@ -17,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     build_info::register(m)?;
     decode::register(m)?;
     image::register(m)?;
+    memory::register(m)?;
     processors::register(m)?;
     tensor::register(m)?;
     Ok(())

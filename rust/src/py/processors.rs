@@ -15,9 +15,9 @@ use pyo3::IntoPyObjectExt;
 
 use super::array::{is_ndarray, ImageArray};
 use crate::image::decode::DecodeError;
+use crate::memory::recycle;
 use crate::processors::{
-    recycle, Alpha, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData,
-    Value,
+    Alpha, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData, Value,
 };
 
 fn processor_error(py: Python<'_>, err: &ProcessorError) -> PyErr {
@@ -321,7 +321,7 @@ impl Drop for PyTensor {
         // buffer any more (each holds a reference to this object).
         unsafe {
             if self.float {
-                // Large buffers are kept for the next output (see `processors::recycle`).
+                // Large buffers are kept for the next output (see `memory::recycle`).
                 recycle::give_f32(Vec::from_raw_parts(
                     self.addr as *mut f32,
                     self.len,
@@ -513,25 +513,9 @@ fn processor_families() -> Vec<&'static str> {
     Family::ALL.iter().map(|f| f.name()).collect()
 }
 
-/// output_cache(limit=None) -> tuple[int, int]
-/// --
-///
-/// The output-buffer cache: sets its limit in bytes when `limit` is given (0 turns recycling
-/// off and frees what is kept); returns `(limit, held)` in bytes, the limit before any change.
-#[pyfunction]
-#[pyo3(signature = (limit=None))]
-fn output_cache(limit: Option<usize>) -> (usize, usize) {
-    let previous = match limit {
-        Some(bytes) => recycle::set_limit(bytes),
-        None => recycle::limit(),
-    };
-    (previous, recycle::held())
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPreprocessor>()?;
     m.add_class::<PyTensor>()?;
     m.add_function(wrap_pyfunction!(processor_error_kinds, m)?)?;
-    m.add_function(wrap_pyfunction!(processor_families, m)?)?;
-    m.add_function(wrap_pyfunction!(output_cache, m)?)
+    m.add_function(wrap_pyfunction!(processor_families, m)?)
 }

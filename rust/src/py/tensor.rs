@@ -61,7 +61,7 @@ where
     };
     // On error the object is dropped unseen, so its unwritten bytes are never read.
     py.detach(|| {
-        crate::tensor::memory::advise_huge_pages(buffer);
+        crate::memory::advise_huge_pages(buffer);
         write(buffer).map(|written| written.len())
     })
     .map_err(value_error)?;

@@ -24,7 +24,6 @@
 pub mod convert;
 pub mod dtype;
 pub mod error;
-pub mod memory;
 pub mod wire;
 
 pub use dtype::{byte_len, WireDtype};

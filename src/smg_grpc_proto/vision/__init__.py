@@ -15,10 +15,11 @@ Available today:
   (``from_pretrained(preprocessor_config.json | model dir | dict)`` or ``for_family(name)``);
   a batch of images (bytes, paths, arrays, PIL images) or Qwen videos in, a
   :class:`ProcessorOutput` of numpy tensors and placeholder token counts out.
-* :func:`output_cache`: the limit of the cache of large output buffers recycled between calls.
+* :func:`buffer_cache`: the limit of the cache of large buffers (outputs, decoded images) that
+  calls recycle.
 """
 
-from smg_grpc_proto.vision._cache import OutputCache, output_cache
+from smg_grpc_proto.vision._cache import BufferCache, buffer_cache
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS, ImageSource, decode
 from smg_grpc_proto.vision._processor import ImageProcessor, ProcessorOutput
@@ -27,15 +28,15 @@ from smg_grpc_proto.vision._tokens import VisionTokens
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
+    "BufferCache",
     "Family",
     "ImageProcessor",
     "ImageSource",
-    "OutputCache",
     "PassOrder",
     "ProcessorOutput",
     "Resample",
     "VisionTokens",
+    "buffer_cache",
     "decode",
-    "output_cache",
     "resize",
 ]

@@ -1,11 +1,14 @@
-"""The cache of large output buffers that :class:`ImageProcessor` recycles between calls.
+"""The cache of large buffers that vision calls recycle.
 
-A batch's ``pixel_values`` can be 100 MB or more. Fresh memory costs a page fault and a
-kernel-side clear per page before the first write, which on a VM can take as long as computing
-the values. When every numpy view of an output tensor of 4 MiB or more is gone, its buffer is
-kept (up to the limit, oldest dropped first) and the next output of a similar size reuses it.
-The default limit is 256 MiB; ``SMG_GRPC_PROTO_OUTPUT_CACHE_MIB`` in the environment sets
-another at start-up and :func:`output_cache` at any time. Results never depend on it.
+A batch's ``pixel_values`` can be 100 MB or more, a decoded 12-megapixel photo 36 MB. Fresh
+memory costs a page fault and a kernel-side clear per page before the first write, which on a VM
+can take as long as computing the values. So buffers of 1 MiB or more are kept when they are
+done with — an output tensor or :func:`decode` result once every numpy view of it is gone, a
+batch's resized images at the end of the call — and the next call of a similar size writes into
+them. The cache holds at most ``limit`` bytes (256 MiB by default; the oldest buffers go first);
+``SMG_GRPC_PROTO_BUFFER_CACHE_MIB`` in the environment sets another limit at start-up and
+:func:`buffer_cache` at any time (``0`` turns recycling off and frees what is kept). Results
+never depend on it: every recycled value is overwritten before it is handed out.
 """
 
 from __future__ import annotations
@@ -15,21 +18,21 @@ from typing import NamedTuple
 from smg_grpc_proto import _native
 
 
-class OutputCache(NamedTuple):
+class BufferCache(NamedTuple):
     """The cache's limit and the bytes it holds, both in bytes."""
 
     limit: int
     held: int
 
 
-def output_cache(limit: int | None = None) -> OutputCache:
-    """Return the output-buffer cache's state; with ``limit`` (bytes, 0 = off), set it first.
+def buffer_cache(limit: int | None = None) -> BufferCache:
+    """Return the buffer cache's state; with ``limit`` (bytes, 0 = off), set it first.
 
     The returned ``limit`` is the one in force before the call, so that
-    ``previous = output_cache(0).limit`` ... ``output_cache(previous)`` restores it; ``held`` is
+    ``previous = buffer_cache(0).limit`` ... ``buffer_cache(previous)`` restores it; ``held`` is
     what the cache holds after the call.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"output_cache: limit must be a non-negative int of bytes, got {limit!r}")
-    previous, held = _native.output_cache(limit)
-    return OutputCache(previous, held)
+        raise ValueError(f"buffer_cache: limit must be a non-negative int of bytes, got {limit!r}")
+    previous, held = _native.buffer_cache(limit)
+    return BufferCache(previous, held)

@@ -12,7 +12,7 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use super::convert::{ModeImage, Pixels};
-use super::{check_size, zeroed_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
+use super::{check_size, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
 
 // The static libjpeg-turbo comes with turbojpeg-sys; the shim below calls into it.
 use turbojpeg_sys as _;
@@ -211,7 +211,7 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             ))
         }
     };
-    let mut pixels: Vec<u8> = zeroed_image(FORMAT, width, height, components)?;
+    let mut pixels: Vec<u8> = overwritten_image(FORMAT, width, height, components)?;
     let stride = width as usize * components;
     let mut rows: c_uint = 0;
     // SAFETY: the header was read successfully; `pixels` holds `height` rows of `stride` bytes

@@ -250,7 +250,7 @@ pub(crate) fn zeroed<T: Zeroable>(len: usize) -> Result<Vec<T>, u64> {
             return Err(bytes as u64);
         }
         let mut values = Vec::from_raw_parts(ptr, len, len);
-        crate::tensor::memory::advise_huge_pages(&mut values);
+        crate::memory::advise_huge_pages(&mut values);
         Ok(values)
     }
 }
@@ -277,6 +277,25 @@ pub(crate) fn zeroed_image<T: Zeroable>(
         });
     };
     zeroed(len).map_err(|bytes| DecodeError::OutOfMemory { format, bytes })
+}
+
+/// A buffer for a `width × height × channels` image that the decoder will overwrite entirely: a
+/// recycled one ([`crate::memory::recycle`]) when one fits, else a [`zeroed_image`]. Only for
+/// decoders that write every byte before success (libjpeg writes every output row; on an error
+/// the buffer is dropped unread).
+pub(crate) fn overwritten_image(
+    format: Format,
+    width: u32,
+    height: u32,
+    channels: usize,
+) -> Result<Vec<u8>, DecodeError> {
+    let len = (width as usize)
+        .checked_mul(height as usize)
+        .and_then(|n| n.checked_mul(channels));
+    if let Some(buffer) = len.and_then(crate::memory::recycle::take_u8) {
+        return Ok(buffer);
+    }
+    zeroed_image(format, width, height, channels)
 }
 
 #[cfg(test)]

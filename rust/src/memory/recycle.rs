@@ -1,20 +1,22 @@
-//! Recycling of large output buffers between calls.
+//! Recycling of large buffers between calls.
 //!
-//! A `pixel_values` tensor of a batch is often 100 MB or more of fresh memory. Fresh anonymous
-//! pages cost a page fault and a kernel-side clear each before our first write, which on a VM
-//! can take as long as computing the values. The allocator keeps and reuses freed blocks only up
-//! to 32 MiB (glibc's largest dynamic mmap threshold), so single images are cheap the second time
-//! and batches never are.
+//! A `pixel_values` tensor of a batch is often 100 MB or more of fresh memory, a decoded
+//! 12-megapixel photo 36 MB. Fresh anonymous pages cost a page fault and a kernel-side clear each
+//! before our first write, which on a VM can take as long as computing the values. The allocator
+//! keeps and reuses freed blocks only up to 32 MiB (glibc's largest dynamic mmap threshold), so a
+//! repeated small call is cheap the second time and a batch or a large photo never is.
 //!
-//! When Python drops an output tensor (every numpy view of it is gone), its buffer comes here
-//! instead of going back to the system, and the next output of a similar size reuses it: the
-//! pages are mapped already. The resized images of a batch (all alive until the output is
-//! written, a few MB each) are kept the same way. The cache holds at most a limit of bytes
-//! (default [`DEFAULT_LIMIT`]; `SMG_GRPC_PROTO_OUTPUT_CACHE_MIB` in the environment sets it at
-//! start-up, [`set_limit`] at any time, `0` turns recycling off), dropping the oldest buffers
-//! first; buffers below [`MIN_BYTES`] are left to the allocator, which serves those well. Stale
-//! contents are never read: [`take_f32`] returns uninitialised values that every writer
-//! overwrites, and the resampler writes every byte of a [`take_u8`] buffer.
+//! Buffers come here instead of going back to the system when they are done with: an output
+//! tensor or a decoded image once Python drops it (every numpy view of it is gone), a batch's
+//! decoded and resized images once its output is written. The next buffer of a similar size is
+//! taken from here, its pages mapped already. The cache holds at most a limit of bytes (default
+//! [`DEFAULT_LIMIT`]; `SMG_GRPC_PROTO_BUFFER_CACHE_MIB` in the environment sets it at start-up,
+//! [`set_limit`] at any time, `0` turns recycling off), dropping the oldest buffers first;
+//! buffers below [`MIN_BYTES`] are left to the allocator, which serves those well.
+//!
+//! Stale contents are never read: [`take_f32`] returns uninitialised values that every writer
+//! overwrites, and [`take_u8`] buffers go only to writers that write every byte (the resampler,
+//! the JPEG decoder).
 
 use std::mem::MaybeUninit;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -24,7 +26,7 @@ pub const MIN_BYTES: usize = 1 << 20;
 /// The cache limit when the environment does not set one: 256 MiB.
 pub const DEFAULT_LIMIT: usize = 256 << 20;
 /// The environment variable with the limit in MiB.
-pub const LIMIT_ENV: &str = "SMG_GRPC_PROTO_OUTPUT_CACHE_MIB";
+pub const LIMIT_ENV: &str = "SMG_GRPC_PROTO_BUFFER_CACHE_MIB";
 /// A kept buffer serves a request of `n` bytes only if it has at most this many times as many
 /// (so a small request never pins a huge buffer), plus [`MIN_BYTES`] of slack.
 const MAX_WASTE: usize = 2;
