@@ -10,7 +10,10 @@ Qwen2-VL with transformers' class defaults, on the same images in one run:
 * **torchvision backend** — ``transformers.Qwen2VLImageProcessor`` with torch's intra-op threads
   set to 1, run in a separate virtual environment (torch is large; ``--torch-venv``, created
   with uv when missing: torch 2.15.0 + torchvision + transformers 5.24.0 + Pillow 13.0.0);
-* **ours, 1 thread** and **ours, all cores** — ``ImageProcessor.for_family("qwen2_vl")``.
+* **ours, 1 thread** and **ours, all cores** — ``ImageProcessor.for_family("qwen2_vl")``, with
+  the default buffer recycling (``vision.buffer_cache``: a dropped output's memory is reused by
+  the next call); **ours, 1 thread, no recycling** — the same with recycling off
+  (``SMG_GRPC_PROTO_BUFFER_CACHE_MIB=0``): every call writes into fresh memory.
 
 Two inputs: **decoded** (ours: numpy ``HxWx3`` arrays; transformers: PIL images) and
 **bytes** (JPEG bytes; transformers: ``Image.open`` + ``convert("RGB")`` + the backend — what it
@@ -50,13 +53,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(1280, 960), (1920, 1080), (4032, 3024)]  # (width, height)
 CASES = ["512x600", "1280x960", "1920x1080", "4032x3024", "batch of 8"]
 INPUTS = ["decoded", "bytes"]
-IMPLS = ["pil", "torchvision", "ours-1", "ours-all"]
+IMPLS = ["pil", "torchvision", "ours-1", "ours-1-fresh", "ours-all"]
 LABELS = {
     "pil": "PIL backend",
     "torchvision": "torchvision backend",
     "ours-1": "ours, 1 thread",
+    "ours-1-fresh": "ours, 1 thread, no recycling",
     "ours-all": "ours, all cores",
 }
+# Runs ``ours-1-fresh`` in: buffer recycling off, every call on fresh memory.
+NO_RECYCLING = {"SMG_GRPC_PROTO_BUFFER_CACHE_MIB": "0"}
 TORCH_REQS = ["torch==2.15.0", "torchvision", "transformers==5.24.0", "pillow==13.0.0", "numpy"]
 
 
@@ -146,7 +152,7 @@ def make_op(impl: str, inp: str, paths: list[Path]) -> Callable[[], Any]:
         )
     from smg_grpc_proto.vision import ImageProcessor, decode
 
-    ours = ImageProcessor.for_family("qwen2_vl", threads=1 if impl == "ours-1" else None)
+    ours = ImageProcessor.for_family("qwen2_vl", threads=None if impl == "ours-all" else 1)
     if inp == "decoded":
         arrays = [decode(b) for b in blobs]
         return lambda: ours(arrays)
@@ -166,13 +172,16 @@ def run_child(spec: dict[str, Any]) -> None:
     print(json.dumps(out))
 
 
-def child(python: str, spec: dict[str, Any], timeout: float = 3600) -> dict[str, float]:
+def child(
+    python: str, spec: dict[str, Any], env: dict[str, str] | None = None, timeout: float = 3600
+) -> dict[str, float]:
     result = subprocess.run(
         [python, __file__, "--child", json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
     )
     if result.returncode != 0:
         raise RuntimeError(f"child failed:\n{result.stderr[-3000:]}")
@@ -233,7 +242,7 @@ def table(
 ) -> list[str]:
     impls = [i for i in IMPLS if has_tv or i != "torchvision"]
     head = ["input", "images"] + [f"{LABELS[i]} (ms)" for i in impls]
-    head += ["ours 1T vs PIL", "ours all vs PIL"]
+    head += ["ours 1T vs PIL", "ours 1T no recycling vs PIL", "ours all vs PIL"]
     if has_tv:
         head += ["ours 1T vs torchvision"]
     if mem:
@@ -245,7 +254,9 @@ def table(
             cells = [inp, case]
             cells += [f"{t[i] * 1e3:.2f}" if t[i] is not None else NA for i in impls]
             pil, one, allc = t["pil"], t["ours-1"], t["ours-all"]
+            fresh = t["ours-1-fresh"]
             cells += [f"**{pil / one:.1f}{X}**" if pil and one else NA]
+            cells += [f"{pil / fresh:.1f}{X}" if pil and fresh else NA]
             cells += [f"{pil / allc:.1f}{X}" if pil and allc else NA]
             if has_tv:
                 tv = t["torchvision"]
@@ -268,7 +279,12 @@ def table(
 def svg_chart(times: dict[str, float], has_tv: bool) -> str:
     """A grouped bar chart (hand-written SVG): speed-up over the PIL backend, per case."""
     impls = [i for i in IMPLS if i != "pil" and (has_tv or i != "torchvision")]
-    colours = {"torchvision": "#e8a33d", "ours-1": "#3b7dd8", "ours-all": "#1b4f9c"}
+    colours = {
+        "torchvision": "#e8a33d",
+        "ours-1": "#3b7dd8",
+        "ours-1-fresh": "#8fb6ea",
+        "ours-all": "#1b4f9c",
+    }
     groups = [(inp, case) for inp in INPUTS for case in CASES]
     ratios = {
         (inp, case, i): times[f"pil|{inp}|{case}"] / times[f"{i}|{inp}|{case}"]
@@ -330,7 +346,7 @@ def svg_chart(times: dict[str, float], has_tv: bool) -> str:
             f'<rect x="{lx}" y="{height - 28}" width="12" height="12" fill="{colours[impl]}"/>'
         )
         out.append(f'<text x="{lx + 16}" y="{height - 18}">{LABELS[impl]}</text>')
-        lx += 150
+        lx += 30 + 6 * len(LABELS[impl])
     out.append(
         f'<line x1="{lx}" y1="{height - 22}" x2="{lx + 20}" y2="{height - 22}" stroke="#c33" '
         'stroke-dasharray="4 3"/>'
@@ -387,6 +403,9 @@ def main() -> None:
                         {"mode": "time", "ops": ops, "cases": paths, "repeat": args.repeat},
                     )
                 )
+                key = f"ours-1-fresh|{inp}|{case}"
+                spec = {"mode": "time", "ops": [key], "cases": paths, "repeat": args.repeat}
+                times.update(child(sys.executable, spec, env=NO_RECYCLING))
                 if tv_python:
                     key = f"torchvision|{inp}|{case}"
                     spec = {"mode": "time", "ops": [key], "cases": paths, "repeat": args.repeat}

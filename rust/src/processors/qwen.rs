@@ -234,8 +234,9 @@ fn prepare<'a>(
 ///
 /// Row `((bi·(gw/m) + bj)·m + mi)·m + mj` holds grid cell `(bi·m + mi, bj·m + mj)`; its column
 /// `((c·T + t)·ps + y)·ps + x` holds the normalised value of channel `c` of frame `t` at pixel
-/// `(i·ps + y, j·ps + x)`. Each row is staged, then stored; consecutive identical frames are
-/// copied, not recomputed.
+/// `(i·ps + y, j·ps + x)`. The `ps × ps` blocks of each distinct frame are computed into a small
+/// staging row (a frame equal to the one before it, as a still image repeated over `T` frames,
+/// is computed once), then every block of the output row is written once, from there.
 pub fn write_window_row(
     frames: &[RgbRef<'_>],
     patch_size: usize,
@@ -251,6 +252,16 @@ pub fn write_window_row(
     let block = ps * ps;
     let cols = 3 * t_len * block;
     debug_assert_eq!(out.len(), grid_w * m * cols);
+    // The staged frame each frame's blocks come from.
+    let mut source = vec![0usize; t_len];
+    for t in 1..t_len {
+        source[t] = if same_frame(frames[t], frames[t - 1]) {
+            source[t - 1]
+        } else {
+            t
+        };
+    }
+    // Staged blocks, laid out like an output row: [channel][frame][y][x].
     let mut staging = vec![0f32; cols];
     let mut rows = out.chunks_exact_mut(cols);
     for bj in 0..grid_w / m {
@@ -258,21 +269,16 @@ pub fn write_window_row(
             for mj in 0..m {
                 let Some(row) = rows.next() else { break };
                 let (i, j) = (window_row * m + mi, bj * m + mj);
-                // The three channel blocks of the row: each T frames of ps x ps values.
                 let (r, rest) = staging.split_at_mut(t_len * block);
                 let (g, b) = rest.split_at_mut(t_len * block);
-                for t in 0..t_len {
-                    let at = t * block;
-                    if t > 0 && same_frame(frames[t], frames[t - 1]) {
-                        for channel in [&mut *r, &mut *g, &mut *b] {
-                            channel.copy_within(at - block..at, at);
-                        }
+                for (t, frame) in frames.iter().enumerate() {
+                    if source[t] != t {
                         continue;
                     }
-                    let data = frames[t].data;
+                    let at = t * block;
                     for y in 0..ps {
                         let start = ((i * ps + y) * width + j * ps) * 3;
-                        let src = &data[start..start + 3 * ps];
+                        let src = &frame.data[start..start + 3 * ps];
                         let dst = at + y * ps..at + (y + 1) * ps;
                         normalize.deinterleave(
                             src,
@@ -282,7 +288,11 @@ pub fn write_window_row(
                         );
                     }
                 }
-                store::copy(row, &staging, stream);
+                for (k, dst) in row.chunks_exact_mut(block).enumerate() {
+                    let (c, t) = (k / t_len, k % t_len);
+                    let from = (c * t_len + source[t]) * block;
+                    store::copy(dst, &staging[from..from + block], stream);
+                }
             }
         }
     }

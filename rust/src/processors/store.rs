@@ -26,6 +26,8 @@ pub fn copy(dst: &mut [Out], src: &[f32], stream: bool) {
         stream_copy(dst, src);
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = stream;
     for (d, &s) in dst.iter_mut().zip(src) {
         d.write(s);
     }
