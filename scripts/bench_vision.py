@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Vision preprocessing benchmark: transformers' backends and ours, side by side in one run.
 
-    python scripts/bench_vision.py [--repeat 7] [--markdown] [--svg docs/vision_bench.svg]
+    python scripts/bench_vision.py [--repeat 7] [--rounds 3] [--markdown]
+                                   [--svg docs/vision_bench.svg] [--json FILE]
                                    [--torch-venv DIR | --no-torchvision] [--no-memory]
 
 Qwen2-VL with transformers' class defaults, on the same images in one run:
@@ -20,10 +21,12 @@ Two inputs: **decoded** (ours: numpy ``HxWx3`` arrays; transformers: PIL images)
 does for a file; ours: the bytes straight in, decoded in Rust). Images: grace_hopper.jpg
 (512 x 600, from the matplotlib wheel via ``tests/support/images.py``) and synthetic photos
 (smooth gradients, shapes and noise, JPEG quality 90) of 1280 x 960, 1920 x 1080 and
-4032 x 3024, plus a batch of all eight (two of each). Figures are medians of ``--repeat`` runs;
-peak memory is the extra resident memory of a fresh process doing the operation once
-(``VmHWM`` reset through ``/proc/self/clear_refs``, minus ``VmRSS`` before), as in
-``scripts/bench_tensors.py``. ``OPENBLAS_NUM_THREADS=1`` (and OMP/MKL) are set before numpy loads.
+4032 x 3024, plus a batch of all eight (two of each). Each process times every operation at
+least ``--repeat`` times and for at least 0.25 s (after a warm-up call) and reports the median;
+each figure is the median of those over ``--rounds`` fresh processes. Peak memory is the extra
+resident memory of a fresh process doing the operation once (``VmHWM`` reset through
+``/proc/self/clear_refs``, minus ``VmRSS`` before), as in ``scripts/bench_tensors.py``.
+``OPENBLAS_NUM_THREADS=1`` (and OMP/MKL) are set before numpy loads.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import argparse  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -361,7 +365,8 @@ def svg_chart(times: dict[str, float], has_tv: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=7, help="timed calls per process (at least)")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh processes per figure")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--svg", metavar="FILE", help="write the bar chart (SVG) to FILE")
     parser.add_argument("--json", metavar="FILE", help="write the raw medians to FILE")
@@ -392,25 +397,28 @@ def main() -> None:
                 [tv_python, "-c", probe], capture_output=True, text=True, check=True
             ).stdout.strip()
 
-        times: dict[str, float] = {}
-        # Interleave the implementations per case so machine noise hits all of them alike.
-        for case in CASES:
-            for inp in INPUTS:
-                ops = [f"{i}|{inp}|{case}" for i in ("pil", "ours-1", "ours-all")]
-                times.update(
-                    child(
-                        sys.executable,
-                        {"mode": "time", "ops": ops, "cases": paths, "repeat": args.repeat},
-                    )
-                )
-                key = f"ours-1-fresh|{inp}|{case}"
-                spec = {"mode": "time", "ops": [key], "cases": paths, "repeat": args.repeat}
-                times.update(child(sys.executable, spec, env=NO_RECYCLING))
-                if tv_python:
-                    key = f"torchvision|{inp}|{case}"
+        samples: dict[str, list[float]] = {}
+        # Interleave the implementations per case so machine noise hits all of them alike, and
+        # repeat the whole round in fresh processes (a process's speed varies by tens of percent
+        # on a shared VM): each figure is the median over rounds of per-process medians.
+        for round_ in range(args.rounds):
+            for case in CASES:
+                for inp in INPUTS:
+                    ops = [f"{i}|{inp}|{case}" for i in ("pil", "ours-1", "ours-all")]
+                    spec = {"mode": "time", "ops": ops, "cases": paths, "repeat": args.repeat}
+                    runs = [child(sys.executable, spec)]
+                    key = f"ours-1-fresh|{inp}|{case}"
                     spec = {"mode": "time", "ops": [key], "cases": paths, "repeat": args.repeat}
-                    times.update(child(tv_python, spec))
-                print(f"done: {case}, {inp}", file=sys.stderr)
+                    runs.append(child(sys.executable, spec, env=NO_RECYCLING))
+                    if tv_python:
+                        key = f"torchvision|{inp}|{case}"
+                        spec = {"mode": "time", "ops": [key], "cases": paths, "repeat": args.repeat}
+                        runs.append(child(tv_python, spec))
+                    for run in runs:
+                        for key, value in run.items():
+                            samples.setdefault(key, []).append(value)
+                    print(f"done: round {round_ + 1}, {case}, {inp}", file=sys.stderr)
+        times = {key: statistics.median(values) for key, values in samples.items()}
         mem: dict[str, float] = {}
         if not args.no_memory:
             for case in CASES:
@@ -427,7 +435,9 @@ def main() -> None:
     if args.svg:
         Path(args.svg).write_text(svg_chart(times, bool(tv_python)), encoding="utf-8")
     if args.json:
-        Path(args.json).write_text(json.dumps({"times": times, "memory": mem}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"times": times, "samples": samples, "memory": mem}, indent=1)
+        )
 
 
 if __name__ == "__main__":

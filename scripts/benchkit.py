@@ -10,11 +10,16 @@ from pathlib import Path
 from typing import Any
 
 
-def time_op(fn: Callable[[], Any], repeat: int) -> float:
-    """Median seconds of ``repeat`` calls of ``fn``, after one warm-up call (page faults)."""
+def time_op(
+    fn: Callable[[], Any], repeat: int, min_seconds: float = 0.25, max_calls: int = 2000
+) -> float:
+    """Median seconds of at least ``repeat`` calls of ``fn`` after one warm-up call (page
+    faults); fast operations are called until ``min_seconds`` of timed calls have passed (up to
+    ``max_calls``), so that a millisecond operation's median is not left to a handful of samples
+    on a noisy machine."""
     fn()
-    times = []
-    for _ in range(repeat):
+    times: list[float] = []
+    while len(times) < repeat or (sum(times) < min_seconds and len(times) < max_calls):
         start = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - start)
