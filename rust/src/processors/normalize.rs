@@ -10,14 +10,23 @@
 //!
 //! Every result depends only on the channel and the `u8` input, so [`Normalize`] evaluates that
 //! formula once for each of the 3 × 256 possible inputs and the image passes become table
-//! lookups: exact by construction, whatever order the pixels are visited in.
+//! lookups: exact by construction, whatever order the pixels are visited in. With both steps on
+//! (every family's default) and AVX2, the passes evaluate the formula itself, eight values at a
+//! time, with the very same IEEE operations in the same order (`f64` multiply, round to `f32`,
+//! `f32` subtract, `f32` divide — no fused multiply-add), so each value has the same bits as the
+//! table's (a test checks all 3 × 256 inputs for several configurations): 30 % fewer
+//! instructions for a Qwen2-VL image and ~8 % less time at 512×600 (15 alternating runs).
 
 use super::{store, Out, RgbRef};
 
-/// The rescale/normalize of one configuration, as a per-channel lookup table.
+/// The rescale/normalize of one configuration, as a per-channel lookup table (and, when both
+/// steps are on and the CPU has AVX2, the same formula eight values at a time).
 #[derive(Clone)]
 pub struct Normalize {
     lut: [[f32; 256]; 3],
+    /// Rescale and normalize both on, on an AVX2 CPU.
+    #[cfg(target_arch = "x86_64")]
+    simd: Option<avx2::Formula>,
 }
 
 impl std::fmt::Debug for Normalize {
@@ -55,7 +64,25 @@ impl Normalize {
                 *slot = reference_value(v as u8, rescale, channel);
             }
         }
-        Normalize { lut }
+        Normalize {
+            lut,
+            #[cfg(target_arch = "x86_64")]
+            simd: match (rescale, normalize) {
+                (Some(factor), Some((mean, std))) if avx2::available() => {
+                    Some(avx2::Formula::new(factor, mean, std))
+                }
+                _ => None,
+            },
+        }
+    }
+
+    /// The same values without SIMD (tests compare the two).
+    pub fn without_simd(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.simd = None;
+        }
+        self
     }
 
     /// The output for input `value` in channel `c` (0, 1, 2).
@@ -76,6 +103,15 @@ impl Normalize {
     pub fn deinterleave(&self, pixels: &[u8], r: &mut [f32], g: &mut [f32], b: &mut [f32]) {
         let n = r.len();
         let (g, b, pixels) = (&mut g[..n], &mut b[..n], &pixels[..3 * n]);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(formula) = &self.simd {
+            if n >= avx2::LANES {
+                // SAFETY: `simd` is only set when the CPU has AVX2 (`avx2::available`); the
+                // slices have the lengths `avx2::deinterleave` requires (n values each, 3n bytes).
+                unsafe { avx2::deinterleave(formula, pixels, r, g, b) };
+                return;
+            }
+        }
         let [t0, t1, t2] = &self.lut;
         for (k, px) in pixels.chunks_exact(3).enumerate() {
             r[k] = t0[usize::from(px[0])];
@@ -137,6 +173,125 @@ impl Normalize {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Values per vector.
+    pub const LANES: usize = 8;
+
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+    }
+
+    /// `(f32(f64(v) * factor) - mean[c]) / std[c]`, the constants rounded as the scalar path
+    /// rounds them.
+    #[derive(Clone, Debug)]
+    pub struct Formula {
+        factor: f64,
+        mean: [f32; 3],
+        std: [f32; 3],
+    }
+
+    impl Formula {
+        pub fn new(factor: f64, mean: [f64; 3], std: [f64; 3]) -> Self {
+            Formula {
+                factor,
+                mean: mean.map(|m| m as f32),
+                std: std.map(|s| s as f32),
+            }
+        }
+    }
+
+    /// `vpshufb` controls gathering channel `c` of 8 interleaved RGB pixels (24 bytes) into the
+    /// low 8 bytes: `MASKS[c]` from the first 16 bytes, `MASKS[3 + c]` from the last 8; `-128`
+    /// writes 0.
+    const MASKS: [[i8; 16]; 6] = {
+        let mut masks = [[-128i8; 16]; 6];
+        let mut c = 0;
+        while c < 3 {
+            let mut j = 0;
+            while j < LANES {
+                let at = 3 * j + c;
+                if at < 16 {
+                    masks[c][j] = at as i8;
+                } else {
+                    masks[3 + c][j] = (at - 16) as i8;
+                }
+                j += 1;
+            }
+            c += 1;
+        }
+        masks
+    };
+
+    /// The values of one channel of 8 pixels whose bytes are `lo` (bytes 0–15) and `hi`
+    /// (16–23), the channel picked by the shuffle controls `mask_lo`, `mask_hi`.
+    #[target_feature(enable = "avx2")]
+    fn channel(
+        (lo, hi): (__m128i, __m128i),
+        (mask_lo, mask_hi): (__m128i, __m128i),
+        factor: __m256d,
+        mean: __m256,
+        std: __m256,
+    ) -> __m256 {
+        let bytes = _mm_or_si128(_mm_shuffle_epi8(lo, mask_lo), _mm_shuffle_epi8(hi, mask_hi));
+        let first = _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(bytes));
+        let second = _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<4>(bytes)));
+        let x = _mm256_set_m128(
+            _mm256_cvtpd_ps(_mm256_mul_pd(second, factor)),
+            _mm256_cvtpd_ps(_mm256_mul_pd(first, factor)),
+        );
+        _mm256_div_ps(_mm256_sub_ps(x, mean), std)
+    }
+
+    /// [`super::Normalize::deinterleave`] with the formula: `r`, `g`, `b` of equal length
+    /// `n ≥ LANES`, `pixels` of `3n` bytes. Vectors start at 0, 8, 16, … and a last one at
+    /// `n − 8` (overlapping the one before it, whose values it writes again, unchanged).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn deinterleave(
+        formula: &Formula,
+        pixels: &[u8],
+        r: &mut [f32],
+        g: &mut [f32],
+        b: &mut [f32],
+    ) {
+        let n = r.len();
+        assert!(n >= LANES && g.len() == n && b.len() == n && pixels.len() == 3 * n);
+        // SAFETY: each mask is a 16-byte array, read with an unaligned load.
+        let mask = |k: usize| unsafe { _mm_loadu_si128(MASKS[k].as_ptr().cast()) };
+        let masks = [(mask(0), mask(3)), (mask(1), mask(4)), (mask(2), mask(5))];
+        let factor = _mm256_set1_pd(formula.factor);
+        let [m0, m1, m2] = formula.mean;
+        let [s0, s1, s2] = formula.std;
+        let mean = [_mm256_set1_ps(m0), _mm256_set1_ps(m1), _mm256_set1_ps(m2)];
+        let std = [_mm256_set1_ps(s0), _mm256_set1_ps(s1), _mm256_set1_ps(s2)];
+        let mut start = 0;
+        loop {
+            let at = start.min(n - LANES);
+            // SAFETY: `at + LANES <= n`, so the 24 bytes read (16 at `3·at`, 8 at `3·at + 16`)
+            // lie within `pixels` (3n bytes) and the 8 values written at `at` within each of `r`,
+            // `g`, `b` (n values); all are unaligned loads and stores.
+            unsafe {
+                let p = pixels.as_ptr().add(3 * at);
+                let bytes = (_mm_loadu_si128(p.cast()), _mm_loadl_epi64(p.add(16).cast()));
+                for (c, out) in [&mut *r, &mut *g, &mut *b].into_iter().enumerate() {
+                    let v = channel(bytes, masks[c], factor, mean[c], std[c]);
+                    _mm256_storeu_ps(out.as_mut_ptr().add(at), v);
+                }
+            }
+            if at + LANES >= n {
+                break;
+            }
+            start += LANES;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +316,45 @@ mod tests {
         assert_eq!(off.value(2, 200), 200.0);
         let rescale_only = Normalize::new(Some(0.5), None);
         assert_eq!(rescale_only.value(1, 3), 1.5);
+    }
+
+    #[test]
+    fn simd_equals_the_table_for_every_input() {
+        let configs = [
+            (1.0 / 255.0, CLIP_MEAN, CLIP_STD),
+            (0.00392156862745098, [0.5; 3], [0.5; 3]),
+            (0.5, [100.0, -3.25, 0.1], [7.0, 0.001, 1e6]),
+            (1e-3, [0.0; 3], [1.0; 3]),
+            (3.7, [1.0, 2.0, 3.0], [0.0, -1.0, 1e-30]), // std 0: inf and NaN both ways
+        ];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (factor, mean, std) in configs {
+            let fast = Normalize::new(Some(factor), Some((mean, std)));
+            let table = fast.clone().without_simd();
+            // Run lengths around the vector width, every position of a run.
+            for n in [1, 7, 8, 9, 13, 14, 16, 17, 100, 256] {
+                let pixels: Vec<u8> = (0..3 * n).map(|i| ((i * 37 + n) % 256) as u8).collect();
+                let mut want = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
+                let mut got = [vec![1f32; n], vec![1f32; n], vec![1f32; n]];
+                let [wr, wg, wb] = &mut want;
+                table.deinterleave(&pixels, wr, wg, wb);
+                let [gr, gg, gb] = &mut got;
+                fast.deinterleave(&pixels, gr, gg, gb);
+                for (c, (got, want)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(bits(got), bits(want), "factor {factor}, n {n}, c {c}");
+                }
+            }
+            // Every byte value in every channel.
+            let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
+            let mut got = [vec![0f32; 256], vec![0f32; 256], vec![0f32; 256]];
+            let [r, g, b] = &mut got;
+            fast.deinterleave(&all, r, g, b);
+            for (c, values) in got.iter().enumerate() {
+                for (v, value) in (0..=255u8).zip(values) {
+                    assert_eq!(value.to_bits(), table.value(c, v).to_bits());
+                }
+            }
+        }
     }
 
     #[test]
