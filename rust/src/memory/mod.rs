@@ -2,6 +2,8 @@
 //!
 //! - [`huge_pages`]: advice to back fresh buffers of several MB with transparent huge pages
 //!   (one page fault per 2 MiB instead of per 4 KiB);
+//! - [`zeroed`]: fallible zeroed allocation (calloc, then huge-page advice) and
+//!   [`overwritable_bytes`] (a recycled buffer when one fits, else zeroed);
 //! - [`recycle`]: a bounded cache of large buffers handed back after use (output tensors Python
 //!   dropped, intermediate images), so the next call writes into memory that is already mapped.
 //!
@@ -12,3 +14,44 @@ pub mod huge_pages;
 pub mod recycle;
 
 pub use huge_pages::advise_huge_pages;
+
+/// A zero-filled buffer of `len` elements, or `Err(bytes)` if it cannot be allocated.
+///
+/// Unlike `vec![0; len]`, a failed allocation is an error instead of an abort; like it, large
+/// buffers come from the allocator's zeroed pages (calloc), so untouched memory costs nothing,
+/// and are backed by huge pages where the kernel allows (one fault per 2 MiB when written).
+pub fn zeroed<T: Zeroable>(len: usize) -> Result<Vec<T>, u64> {
+    let bytes = (len as u128) * (std::mem::size_of::<T>() as u128);
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| bytes as u64)?;
+    // SAFETY: `layout` has a non-zero size (len > 0 and T is not zero-sized: u8 or u16). The
+    // pointer, if not null, comes from the global allocator with exactly this layout, holds `len`
+    // zero-initialised elements (all-zero bytes are a valid `T` for every `Zeroable` type), and is
+    // handed to `Vec::from_raw_parts` with capacity `len`, so the Vec frees it with the same
+    // layout.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<T>();
+        if ptr.is_null() {
+            return Err(bytes as u64);
+        }
+        let mut values = Vec::from_raw_parts(ptr, len, len);
+        advise_huge_pages(&mut values);
+        Ok(values)
+    }
+}
+
+/// Element types for which the all-zero bit pattern is a valid value.
+pub trait Zeroable: Copy {}
+impl Zeroable for u8 {}
+impl Zeroable for u16 {}
+
+/// `len` bytes the caller will overwrite entirely: a kept buffer ([`recycle::take_u8`], stale
+/// contents) when one fits, else [`zeroed`] memory; `Err(bytes)` if it cannot be allocated.
+pub fn overwritable_bytes(len: usize) -> Result<Vec<u8>, u64> {
+    match recycle::take_u8(len) {
+        Some(buffer) => Ok(buffer),
+        None => zeroed(len),
+    }
+}

@@ -219,14 +219,12 @@ pub(crate) fn resize_rgb<'a>(
         channels: 3,
     };
     let len = out_h * out_w * 3;
-    let mut data = match recycle::take_u8(len) {
-        Some(data) => data,
-        None => {
-            let mut data = vec![0u8; len];
-            crate::memory::advise_huge_pages(&mut data);
-            data
-        }
-    };
+    let mut data =
+        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::TooLarge {
+            what: "resized image",
+            limit: MAX_IMAGE_BYTES as u64,
+            actual: bytes,
+        })?;
     img::resize_into(&image, &mut data, out_w, out_h, &options)
         .map_err(|error| ProcessorError::Resample { index: 0, error })?;
     recycle_images([src]);

@@ -228,37 +228,19 @@ pub(crate) fn check_size(
     Ok(())
 }
 
-/// A zero-filled buffer of `len` elements, or `Err(bytes)` if it cannot be allocated.
-///
-/// Unlike `vec![0; len]`, a failed allocation is an error instead of an abort; like it, large
-/// buffers come from the allocator's zeroed pages (calloc), so untouched memory costs nothing,
-/// and are backed by huge pages where the kernel allows (one fault per 2 MiB when written).
-pub(crate) fn zeroed<T: Zeroable>(len: usize) -> Result<Vec<T>, u64> {
-    let bytes = (len as u128) * (std::mem::size_of::<T>() as u128);
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| bytes as u64)?;
-    // SAFETY: `layout` has a non-zero size (len > 0 and T is not zero-sized: u8 or u16). The
-    // pointer, if not null, comes from the global allocator with exactly this layout, holds `len`
-    // zero-initialised elements (all-zero bytes are a valid `T` for every `Zeroable` type), and is
-    // handed to `Vec::from_raw_parts` with capacity `len`, so the Vec frees it with the same
-    // layout.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout).cast::<T>();
-        if ptr.is_null() {
-            return Err(bytes as u64);
-        }
-        let mut values = Vec::from_raw_parts(ptr, len, len);
-        crate::memory::advise_huge_pages(&mut values);
-        Ok(values)
-    }
+/// The byte length of a `width × height × channels` image, if it fits in `usize`.
+fn image_len(width: u32, height: u32, channels: usize) -> Option<usize> {
+    (width as usize)
+        .checked_mul(height as usize)
+        .and_then(|n| n.checked_mul(channels))
 }
 
-/// Element types for which the all-zero bit pattern is a valid value.
-pub(crate) trait Zeroable: Copy {}
-impl Zeroable for u8 {}
-impl Zeroable for u16 {}
+fn out_of_memory(format: Format, width: u32, height: u32, channels: usize) -> DecodeError {
+    DecodeError::OutOfMemory {
+        format,
+        bytes: u64::from(width) * u64::from(height) * channels as u64,
+    }
+}
 
 /// `zeroed` for a `width × height × channels` image, with the product checked.
 pub(crate) fn zeroed_image<T: Zeroable>(
@@ -267,36 +249,28 @@ pub(crate) fn zeroed_image<T: Zeroable>(
     height: u32,
     channels: usize,
 ) -> Result<Vec<T>, DecodeError> {
-    let len = (width as usize)
-        .checked_mul(height as usize)
-        .and_then(|n| n.checked_mul(channels));
-    let Some(len) = len else {
-        return Err(DecodeError::OutOfMemory {
-            format,
-            bytes: u64::from(width) * u64::from(height) * channels as u64,
-        });
-    };
+    let len = image_len(width, height, channels)
+        .ok_or_else(|| out_of_memory(format, width, height, channels))?;
     zeroed(len).map_err(|bytes| DecodeError::OutOfMemory { format, bytes })
 }
 
-/// A buffer for a `width × height × channels` image that the decoder will overwrite entirely: a
-/// recycled one ([`crate::memory::recycle`]) when one fits, else a [`zeroed_image`]. Only for
-/// decoders that write every byte before success (libjpeg writes every output row; on an error
-/// the buffer is dropped unread).
+/// A buffer for a `width × height × channels` image that the decoder will overwrite entirely
+/// ([`crate::memory::overwritable_bytes`]: recycled when one fits). Only for decoders that write
+/// every byte before success (libjpeg writes every output row; on an error the buffer is dropped
+/// unread).
 pub(crate) fn overwritten_image(
     format: Format,
     width: u32,
     height: u32,
     channels: usize,
 ) -> Result<Vec<u8>, DecodeError> {
-    let len = (width as usize)
-        .checked_mul(height as usize)
-        .and_then(|n| n.checked_mul(channels));
-    if let Some(buffer) = len.and_then(crate::memory::recycle::take_u8) {
-        return Ok(buffer);
-    }
-    zeroed_image(format, width, height, channels)
+    let len = image_len(width, height, channels)
+        .ok_or_else(|| out_of_memory(format, width, height, channels))?;
+    crate::memory::overwritable_bytes(len)
+        .map_err(|bytes| DecodeError::OutOfMemory { format, bytes })
 }
+
+pub(crate) use crate::memory::{zeroed, Zeroable};
 
 #[cfg(test)]
 mod tests {
