@@ -9,22 +9,30 @@
 //! - rescale off and normalize on: `float32(u8)` is normalized; both off: `float32(u8)`.
 //!
 //! Every result depends only on the channel and the `u8` input, so [`Normalize`] evaluates that
-//! formula once for each of the 3 × 256 possible inputs and the image passes become table
-//! lookups: exact by construction, whatever order the pixels are visited in. With both steps on
-//! (every family's default) and AVX2, the passes evaluate the formula itself, eight values at a
-//! time, with the very same IEEE operations in the same order (`f64` multiply, round to `f32`,
-//! `f32` subtract, `f32` divide — no fused multiply-add), so each value has the same bits as the
-//! table's (a test checks all 3 × 256 inputs for several configurations): 30 % fewer
-//! instructions for a Qwen2-VL image and ~8 % less time at 512×600 (15 alternating runs).
+//! formula once for each of the 3 × 256 possible inputs: a lookup table, exact by construction,
+//! whatever order the pixels are visited in. With both steps on (every family's default) and
+//! AVX2 + FMA, the passes compute eight values at a time instead, by one of two methods:
+//!
+//! - **fused** (`f32` fused multiply-adds, no division — about twice as fast): used only when
+//!   it gives the table's bits for all 3 × 256 inputs, which [`Normalize::new`] checks by
+//!   running it on them; true of every family's defaults;
+//! - **literal** otherwise: transformers' very operations in its order (`f64` multiply, round to
+//!   `f32`, `f32` subtract, `f32` divide), the same bits as the table by IEEE semantics.
+//!
+//! Tests check both against the table on every input for several configurations, and that the
+//! check rejects the fused method where it is off by an ulp.
+//!
+//! Values are stored from the registers straight into the output tensor, once per place they
+//! go: a still image's values fill both frames of Qwen's temporal patch from one computation.
 
-use super::{store, Out, RgbRef};
+use super::{Out, RgbRef};
 
 /// The rescale/normalize of one configuration, as a per-channel lookup table (and, when both
-/// steps are on and the CPU has AVX2, the same formula eight values at a time).
+/// steps are on and the CPU has AVX2 and FMA, the same values eight at a time).
 #[derive(Clone)]
 pub struct Normalize {
     lut: [[f32; 256]; 3],
-    /// Rescale and normalize both on, on an AVX2 CPU.
+    /// Rescale and normalize both on, on an AVX2 + FMA CPU.
     #[cfg(target_arch = "x86_64")]
     simd: Option<avx2::Formula>,
 }
@@ -69,7 +77,7 @@ impl Normalize {
             #[cfg(target_arch = "x86_64")]
             simd: match (rescale, normalize) {
                 (Some(factor), Some((mean, std))) if avx2::available() => {
-                    Some(avx2::Formula::new(factor, mean, std))
+                    Some(avx2::Formula::new(factor, mean, std, &lut))
                 }
                 _ => None,
             },
@@ -97,26 +105,65 @@ impl Normalize {
         &self.lut[c]
     }
 
-    /// `r[k]`, `g[k]`, `b[k]` = the values of pixel `k` of `pixels` (interleaved RGB, 3 bytes
-    /// per output value of each slice; the slices have equal lengths).
-    #[inline]
-    pub fn deinterleave(&self, pixels: &[u8], r: &mut [f32], g: &mut [f32], b: &mut [f32]) {
-        let n = r.len();
-        let (g, b, pixels) = (&mut g[..n], &mut b[..n], &pixels[..3 * n]);
+    /// Writes the values of the pixel runs `runs` of `pixels` (interleaved RGB) into `out`
+    /// channel by channel, once per entry of `copies`: run `y`, channel `c` to
+    /// `out[start[c] + y · runs.out_stride..][..runs.width]` for each `start` of `copies` (a
+    /// still image repeated over Qwen's temporal patch is computed once and stored twice).
+    /// Values go straight from the registers into `out`.
+    ///
+    /// Panics if a run does not lie within `pixels` or `out` (a bug in the caller).
+    pub fn deinterleave_into<T: Slot>(
+        &self,
+        pixels: &[u8],
+        runs: Runs,
+        out: &mut [T],
+        copies: &[[usize; 3]],
+    ) {
+        let Runs {
+            width,
+            rows,
+            stride,
+            out_stride,
+        } = runs;
+        if width == 0 || rows == 0 {
+            return;
+        }
+        let last = |step: usize, len: usize| (rows - 1).checked_mul(step)?.checked_add(len);
+        assert!(
+            last(stride, 3 * width).is_some_and(|end| end <= pixels.len()),
+            "{runs:?} outside {} bytes of pixels",
+            pixels.len()
+        );
+        for &start in copies.iter().flatten() {
+            assert!(
+                last(out_stride, width)
+                    .and_then(|len| len.checked_add(start))
+                    .is_some_and(|end| end <= out.len()),
+                "{runs:?} from {start} outside an output of {}",
+                out.len()
+            );
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(formula) = &self.simd {
-            if n >= avx2::LANES {
-                // SAFETY: `simd` is only set when the CPU has AVX2 (`avx2::available`); the
-                // slices have the lengths `avx2::deinterleave` requires (n values each, 3n bytes).
-                unsafe { avx2::deinterleave(formula, pixels, r, g, b) };
+            if width >= avx2::LANES {
+                // SAFETY: `simd` is only set when the CPU has AVX2 and FMA (`avx2::available`);
+                // `width ≥ LANES`, and every run read lies within `pixels` and every run written
+                // within `out` (both checked above), which is what `spread` requires. A `Slot`
+                // has the layout of `f32` and takes any `f32` written into it.
+                unsafe { formula.spread(pixels, runs, out.as_mut_ptr().cast::<f32>(), copies) };
                 return;
             }
         }
-        let [t0, t1, t2] = &self.lut;
-        for (k, px) in pixels.chunks_exact(3).enumerate() {
-            r[k] = t0[usize::from(px[0])];
-            g[k] = t1[usize::from(px[1])];
-            b[k] = t2[usize::from(px[2])];
+        for y in 0..rows {
+            let row = &pixels[y * stride..y * stride + 3 * width];
+            for (k, px) in row.chunks_exact(3).enumerate() {
+                for (c, &value) in px.iter().enumerate() {
+                    let v = self.lut[c][usize::from(value)];
+                    for start in copies {
+                        out[start[c] + y * out_stride + k].set(v);
+                    }
+                }
+            }
         }
     }
 
@@ -135,41 +182,94 @@ impl Normalize {
     ) {
         debug_assert_eq!(out.len(), 3 * out_h * out_w);
         let plane = out_h * out_w;
-        let stream = store::should_stream(out.len());
         let (w, h) = (src.width as isize, src.height as isize);
         // The output columns that read inside the source: x in [x0, x1).
         let x0 = (-left).clamp(0, out_w as isize) as usize;
         let x1 = (w - left).clamp(x0 as isize, out_w as isize) as usize;
-        // One staging row per channel, padding values in place once.
-        let mut staging = vec![0f32; 3 * out_w];
-        for (c, row) in staging.chunks_exact_mut(out_w).enumerate() {
-            row.fill(self.lut[c][0]);
-        }
-        let (r_plane, rest) = out.split_at_mut(plane);
-        let (g_plane, b_plane) = rest.split_at_mut(plane);
-        let rows = r_plane
-            .chunks_exact_mut(out_w)
-            .zip(g_plane.chunks_exact_mut(out_w))
-            .zip(b_plane.chunks_exact_mut(out_w));
-        for (y, ((r, g), b)) in rows.enumerate() {
-            let sy = y as isize + top;
-            let (sr, rest) = staging.split_at_mut(out_w);
-            let (sg, sb) = rest.split_at_mut(out_w);
-            if sy >= 0 && sy < h && x0 < x1 {
-                let start = (sy as usize * src.width + (x0 as isize + left) as usize) * 3;
-                let pixels = &src.data[start..start + (x1 - x0) * 3];
-                self.deinterleave(pixels, &mut sr[x0..x1], &mut sg[x0..x1], &mut sb[x0..x1]);
-                store::copy(r, sr, stream);
-                store::copy(g, sg, stream);
-                store::copy(b, sb, stream);
-            } else {
-                // A row outside the source: all padding.
-                for (c, dst) in [r, g, b].into_iter().enumerate() {
-                    dst.fill(Out::new(self.lut[c][0]));
+        // The output rows that read inside the source: y in [y0, y1).
+        let y0 = (-top).clamp(0, out_h as isize) as usize;
+        let y1 = (h - top).clamp(y0 as isize, out_h as isize) as usize;
+        let pad = |out: &mut [Out], rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
+            for c in 0..3 {
+                for y in rows.clone() {
+                    let at = c * plane + y * out_w;
+                    out[at + cols.start..at + cols.end].fill(Out::new(self.lut[c][0]));
                 }
             }
+        };
+        if x0 < x1 && y0 < y1 {
+            let first =
+                ((y0 as isize + top) as usize * src.width + (x0 as isize + left) as usize) * 3;
+            let runs = Runs {
+                width: x1 - x0,
+                rows: y1 - y0,
+                stride: src.width * 3,
+                out_stride: out_w,
+            };
+            let at = y0 * out_w + x0;
+            self.deinterleave_into(
+                &src.data[first..],
+                runs,
+                out,
+                &[[at, plane + at, 2 * plane + at]],
+            );
+            pad(out, y0..y1, 0..x0);
+            pad(out, y0..y1, x1..out_w);
+            pad(out, 0..y0, 0..out_w);
+            pad(out, y1..out_h, 0..out_w);
+        } else {
+            pad(out, 0..out_h, 0..out_w);
         }
-        store::fence(stream);
+    }
+}
+
+/// Where [`Normalize::deinterleave_into`] can write: an output value not yet written ([`Out`]) or
+/// a plain `f32` (a staging buffer).
+///
+/// # Safety
+///
+/// Implementors have the size, alignment and validity of `f32` for every `f32` written through
+/// a pointer cast (the SIMD path stores whole vectors that way).
+pub unsafe trait Slot {
+    fn set(&mut self, value: f32);
+}
+
+// SAFETY: `f32` is `f32`.
+unsafe impl Slot for f32 {
+    #[inline]
+    fn set(&mut self, value: f32) {
+        *self = value;
+    }
+}
+
+// SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and writing an `f32` initialises it.
+unsafe impl Slot for Out {
+    #[inline]
+    fn set(&mut self, value: f32) {
+        self.write(value);
+    }
+}
+
+/// Rectangles of pixels for [`Normalize::deinterleave_into`]: `rows` runs of `width` pixels,
+/// run `y` starting at byte `y · stride` of the pixels and written at `y · out_stride` values
+/// past each start in the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Runs {
+    pub width: usize,
+    pub rows: usize,
+    pub stride: usize,
+    pub out_stride: usize,
+}
+
+impl Runs {
+    /// One run of `width` pixels.
+    pub fn one(width: usize) -> Self {
+        Runs {
+            width,
+            rows: 1,
+            stride: 3 * width,
+            out_stride: width,
+        }
     }
 }
 
@@ -180,25 +280,116 @@ mod avx2 {
     /// Values per vector.
     pub const LANES: usize = 8;
 
+    /// Whether the CPU has what [`Formula::spread`] uses (every AVX2 CPU made has FMA too).
     pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// How [`Formula::spread`] evaluates a value.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Method {
+        /// transformers' operations in its order: `f64` multiply, round to `f32`, `f32`
+        /// subtract, `f32` divide.
+        Literal,
+        /// `f32` only, with fused multiply-adds (no division): the rescale as `v·hi + v·lo`
+        /// (`factor` split into two `f32`s, one rounding), the division as a multiplication by
+        /// `1/std` corrected once by its residual (`q + (d − q·std)/std`). Both are within a
+        /// hair of the exact result, not always the same rounding of it, so this method is only
+        /// used when it gives the literal bits for all 3 × 256 inputs (checked when built).
+        Fused,
     }
 
     /// `(f32(f64(v) * factor) - mean[c]) / std[c]`, the constants rounded as the scalar path
     /// rounds them.
     #[derive(Clone, Debug)]
     pub struct Formula {
+        method: Method,
         factor: f64,
+        hi: f32,
+        lo: f32,
         mean: [f32; 3],
         std: [f32; 3],
+        recip: [f32; 3],
     }
 
     impl Formula {
-        pub fn new(factor: f64, mean: [f64; 3], std: [f64; 3]) -> Self {
-            Formula {
+        /// The formula, [`Method::Fused`] if it reproduces `table` (the literal values of every
+        /// input) exactly, else [`Method::Literal`]. Call only when [`available`].
+        pub fn new(factor: f64, mean: [f64; 3], std: [f64; 3], table: &[[f32; 256]; 3]) -> Self {
+            let hi = factor as f32;
+            let std = std.map(|s| s as f32);
+            let mut formula = Formula {
+                method: Method::Fused,
                 factor,
+                hi,
+                lo: (factor - f64::from(hi)) as f32,
                 mean: mean.map(|m| m as f32),
-                std: std.map(|s| s as f32),
+                std,
+                recip: std.map(|s| 1.0 / s),
+            };
+            if !formula.reproduces(table) {
+                formula.method = Method::Literal;
+            }
+            formula
+        }
+
+        /// The same formula evaluated with `method` (tests compare the two).
+        #[cfg(test)]
+        pub fn with_method(mut self, method: Method) -> Self {
+            self.method = method;
+            self
+        }
+
+        #[cfg(test)]
+        pub fn method(&self) -> Method {
+            self.method
+        }
+
+        /// Whether this formula gives `table`'s bits for every input byte of every channel.
+        pub fn reproduces(&self, table: &[[f32; 256]; 3]) -> bool {
+            let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
+            let mut got = vec![0f32; 3 * 256];
+            // SAFETY: `available` was checked by the caller of `new`; 256 ≥ LANES pixels, and
+            // the three runs (0, 256, 512)..+256 lie within `got` (768 values).
+            unsafe {
+                self.spread(
+                    &all,
+                    super::Runs::one(256),
+                    got.as_mut_ptr(),
+                    &[[0, 256, 512]],
+                )
+            };
+            got.chunks_exact(256).zip(table).all(|(got, want)| {
+                got.iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            })
+        }
+
+        /// Stores channel `c` of run `y` of `runs` at `out + start[c] + y · runs.out_stride`,
+        /// for each `start` of `copies`, eight values at a time: vectors at 0, 8, 16, … of a
+        /// run and a last one at `width − 8` (overlapping the one before it, whose values it
+        /// writes again, unchanged).
+        ///
+        /// # Safety
+        ///
+        /// The CPU must support AVX2 and FMA; `runs.width ≥ LANES`; for every run `y`,
+        /// `pixels[y · stride..][..3 · width]` must be in bounds, and for every `start` of
+        /// `copies` and channel `c`, `out + start[c] + y · out_stride ..][..width]` valid for
+        /// writes and not read or written by anyone else during the call.
+        pub unsafe fn spread(
+            &self,
+            pixels: &[u8],
+            runs: super::Runs,
+            out: *mut f32,
+            copies: &[[usize; 3]],
+        ) {
+            // SAFETY: forwarded from this function's contract.
+            unsafe {
+                match self.method {
+                    Method::Literal => spread::<false>(self, pixels, runs, out, copies),
+                    Method::Fused => spread::<true>(self, pixels, runs, out, copies),
+                }
             }
         }
     }
@@ -225,69 +416,99 @@ mod avx2 {
         masks
     };
 
-    /// The values of one channel of 8 pixels whose bytes are `lo` (bytes 0–15) and `hi`
-    /// (16–23), the channel picked by the shuffle controls `mask_lo`, `mask_hi`.
-    #[target_feature(enable = "avx2")]
-    fn channel(
-        (lo, hi): (__m128i, __m128i),
-        (mask_lo, mask_hi): (__m128i, __m128i),
-        factor: __m256d,
+    /// The constants of one channel, broadcast.
+    #[derive(Clone, Copy)]
+    struct Channel {
+        mask: (__m128i, __m128i),
         mean: __m256,
         std: __m256,
-    ) -> __m256 {
-        let bytes = _mm_or_si128(_mm_shuffle_epi8(lo, mask_lo), _mm_shuffle_epi8(hi, mask_hi));
-        let first = _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(bytes));
-        let second = _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<4>(bytes)));
-        let x = _mm256_set_m128(
-            _mm256_cvtpd_ps(_mm256_mul_pd(second, factor)),
-            _mm256_cvtpd_ps(_mm256_mul_pd(first, factor)),
-        );
-        _mm256_div_ps(_mm256_sub_ps(x, mean), std)
+        recip: __m256,
     }
 
-    /// [`super::Normalize::deinterleave`] with the formula: `r`, `g`, `b` of equal length
-    /// `n ≥ LANES`, `pixels` of `3n` bytes. Vectors start at 0, 8, 16, … and a last one at
-    /// `n − 8` (overlapping the one before it, whose values it writes again, unchanged).
+    /// The value of channel `ch` of the 8 pixels whose bytes are `lo` (bytes 0–15) and `hi`
+    /// (16–23).
+    #[target_feature(enable = "avx2,fma")]
+    fn value<const FUSED: bool>(
+        (lo, hi): (__m128i, __m128i),
+        ch: Channel,
+        factor: __m256d,
+        (f_hi, f_lo): (__m256, __m256),
+    ) -> __m256 {
+        let bytes = _mm_or_si128(
+            _mm_shuffle_epi8(lo, ch.mask.0),
+            _mm_shuffle_epi8(hi, ch.mask.1),
+        );
+        if FUSED {
+            let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+            let x = _mm256_fmadd_ps(v, f_hi, _mm256_mul_ps(v, f_lo));
+            let d = _mm256_sub_ps(x, ch.mean);
+            let q = _mm256_mul_ps(d, ch.recip);
+            _mm256_fmadd_ps(_mm256_fnmadd_ps(q, ch.std, d), ch.recip, q)
+        } else {
+            let first = _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(bytes));
+            let second = _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<4>(bytes)));
+            let x = _mm256_set_m128(
+                _mm256_cvtpd_ps(_mm256_mul_pd(second, factor)),
+                _mm256_cvtpd_ps(_mm256_mul_pd(first, factor)),
+            );
+            _mm256_div_ps(_mm256_sub_ps(x, ch.mean), ch.std)
+        }
+    }
+
+    /// [`Formula::spread`] with the method chosen at compile time.
     ///
     /// # Safety
     ///
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn deinterleave(
+    /// As [`Formula::spread`].
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn spread<const FUSED: bool>(
         formula: &Formula,
         pixels: &[u8],
-        r: &mut [f32],
-        g: &mut [f32],
-        b: &mut [f32],
+        runs: super::Runs,
+        out: *mut f32,
+        copies: &[[usize; 3]],
     ) {
-        let n = r.len();
-        assert!(n >= LANES && g.len() == n && b.len() == n && pixels.len() == 3 * n);
-        // SAFETY: each mask is a 16-byte array, read with an unaligned load.
-        let mask = |k: usize| unsafe { _mm_loadu_si128(MASKS[k].as_ptr().cast()) };
-        let masks = [(mask(0), mask(3)), (mask(1), mask(4)), (mask(2), mask(5))];
+        let n = runs.width;
+        debug_assert!(n >= LANES);
+        let channel = |c: usize| Channel {
+            // SAFETY: each mask is a 16-byte array, read with an unaligned load.
+            mask: unsafe {
+                (
+                    _mm_loadu_si128(MASKS[c].as_ptr().cast()),
+                    _mm_loadu_si128(MASKS[3 + c].as_ptr().cast()),
+                )
+            },
+            mean: _mm256_set1_ps(formula.mean[c]),
+            std: _mm256_set1_ps(formula.std[c]),
+            recip: _mm256_set1_ps(formula.recip[c]),
+        };
+        let channels = [channel(0), channel(1), channel(2)];
         let factor = _mm256_set1_pd(formula.factor);
-        let [m0, m1, m2] = formula.mean;
-        let [s0, s1, s2] = formula.std;
-        let mean = [_mm256_set1_ps(m0), _mm256_set1_ps(m1), _mm256_set1_ps(m2)];
-        let std = [_mm256_set1_ps(s0), _mm256_set1_ps(s1), _mm256_set1_ps(s2)];
-        let mut start = 0;
-        loop {
-            let at = start.min(n - LANES);
-            // SAFETY: `at + LANES <= n`, so the 24 bytes read (16 at `3·at`, 8 at `3·at + 16`)
-            // lie within `pixels` (3n bytes) and the 8 values written at `at` within each of `r`,
-            // `g`, `b` (n values); all are unaligned loads and stores.
-            unsafe {
-                let p = pixels.as_ptr().add(3 * at);
-                let bytes = (_mm_loadu_si128(p.cast()), _mm_loadl_epi64(p.add(16).cast()));
-                for (c, out) in [&mut *r, &mut *g, &mut *b].into_iter().enumerate() {
-                    let v = channel(bytes, masks[c], factor, mean[c], std[c]);
-                    _mm256_storeu_ps(out.as_mut_ptr().add(at), v);
+        let split = (_mm256_set1_ps(formula.hi), _mm256_set1_ps(formula.lo));
+        for y in 0..runs.rows {
+            let (row, dst) = (y * runs.stride, y * runs.out_stride);
+            let mut next = 0;
+            loop {
+                let at = next.min(n - LANES);
+                // SAFETY: `at + LANES <= n`, so the 24 bytes read (16 at `row + 3·at`, 8 at
+                // `row + 3·at + 16`) lie within run `y` of `pixels`, and the 8 values stored at
+                // `start[c] + dst + at` within its output run, both in bounds by the contract;
+                // all loads and stores are unaligned ones.
+                unsafe {
+                    let p = pixels.as_ptr().add(row + 3 * at);
+                    let bytes = (_mm_loadu_si128(p.cast()), _mm_loadl_epi64(p.add(16).cast()));
+                    for (c, &ch) in channels.iter().enumerate() {
+                        let v = value::<FUSED>(bytes, ch, factor, split);
+                        for start in copies {
+                            _mm256_storeu_ps(out.add(start[c] + dst + at), v);
+                        }
+                    }
                 }
+                if at + LANES >= n {
+                    break;
+                }
+                next += LANES;
             }
-            if at + LANES >= n {
-                break;
-            }
-            start += LANES;
         }
     }
 }
@@ -318,6 +539,33 @@ mod tests {
         assert_eq!(rescale_only.value(1, 3), 1.5);
     }
 
+    /// The values `n` writes for `pixels`, as bits, per channel (through `deinterleave_into`,
+    /// stored twice into an output prefilled with NaN, both copies checked equal).
+    fn run(n: &Normalize, pixels: &[u8]) -> [Vec<u32>; 3] {
+        let len = pixels.len() / 3;
+        let mut out = vec![Out::new(f32::NAN); 6 * len + 1];
+        let copies = [
+            [1, len + 1, 2 * len + 1],
+            [3 * len + 1, 4 * len + 1, 5 * len + 1],
+        ];
+        n.deinterleave_into(pixels, Runs::one(len), &mut out, &copies);
+        // SAFETY: every value was initialised (to NaN, then maybe overwritten).
+        let out: Vec<u32> = out
+            .iter()
+            .map(|v| unsafe { v.assume_init() }.to_bits())
+            .collect();
+        assert!(
+            f32::from_bits(out[0]).is_nan(),
+            "the value before the runs was written"
+        );
+        assert_eq!(
+            out[1..3 * len + 1],
+            out[3 * len + 1..],
+            "the two copies differ"
+        );
+        std::array::from_fn(|c| out[1 + c * len..1 + (c + 1) * len].to_vec())
+    }
+
     #[test]
     fn simd_equals_the_table_for_every_input() {
         let configs = [
@@ -327,31 +575,88 @@ mod tests {
             (1e-3, [0.0; 3], [1.0; 3]),
             (3.7, [1.0, 2.0, 3.0], [0.0, -1.0, 1e-30]), // std 0: inf and NaN both ways
         ];
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for (factor, mean, std) in configs {
             let fast = Normalize::new(Some(factor), Some((mean, std)));
             let table = fast.clone().without_simd();
+            let mut variants = vec![fast.clone()];
+            #[cfg(target_arch = "x86_64")]
+            if let Some(formula) = &fast.simd {
+                // The literal method always; the fused one when it was chosen.
+                let mut literal = fast.clone();
+                literal.simd = Some(formula.clone().with_method(avx2::Method::Literal));
+                variants.push(literal);
+            }
             // Run lengths around the vector width, every position of a run.
             for n in [1, 7, 8, 9, 13, 14, 16, 17, 100, 256] {
                 let pixels: Vec<u8> = (0..3 * n).map(|i| ((i * 37 + n) % 256) as u8).collect();
-                let mut want = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
-                let mut got = [vec![1f32; n], vec![1f32; n], vec![1f32; n]];
-                let [wr, wg, wb] = &mut want;
-                table.deinterleave(&pixels, wr, wg, wb);
-                let [gr, gg, gb] = &mut got;
-                fast.deinterleave(&pixels, gr, gg, gb);
-                for (c, (got, want)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(bits(got), bits(want), "factor {factor}, n {n}, c {c}");
+                let want = run(&table, &pixels);
+                for variant in &variants {
+                    assert_eq!(run(variant, &pixels), want, "factor {factor}, n {n}");
                 }
             }
             // Every byte value in every channel.
             let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
-            let mut got = [vec![0f32; 256], vec![0f32; 256], vec![0f32; 256]];
-            let [r, g, b] = &mut got;
-            fast.deinterleave(&all, r, g, b);
+            for variant in &variants {
+                let got = run(variant, &all);
+                for (c, values) in got.iter().enumerate() {
+                    for (v, &bits) in (0..=255u8).zip(values) {
+                        assert_eq!(bits, table.value(c, v).to_bits(), "factor {factor}, c {c}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fused_method_only_where_it_is_exact() {
+        if !avx2::available() {
+            return;
+        }
+        let method = |factor: f64, mean: [f64; 3], std: [f64; 3]| {
+            let n = Normalize::new(Some(factor), Some((mean, std)));
+            n.simd.as_ref().map(avx2::Formula::method)
+        };
+        // Every family's defaults: fused.
+        for (mean, std) in [(CLIP_MEAN, CLIP_STD), ([0.5; 3], [0.5; 3])] {
+            assert_eq!(method(1.0 / 255.0, mean, std), Some(avx2::Method::Fused));
+        }
+        // std 0: the fused reciprocal gives NaN where the division gives ±inf -> literal.
+        assert_eq!(
+            method(1.0 / 255.0, [0.5; 3], [0.0, 1.0, 1.0]),
+            Some(avx2::Method::Literal)
+        );
+        // A factor whose fused rescale rounds v = 51 to the neighbouring f32 of the literal
+        // one (0.32973742 instead of 0.3297374; found by searching a million random factors):
+        // rejected, and the literal method gives the table's values.
+        let factor = f64::from_bits(4_574_104_166_287_093_035);
+        assert_eq!(
+            method(factor, [0.0; 3], [1.0; 3]),
+            Some(avx2::Method::Literal)
+        );
+        // Random configurations over 16 decades: whichever method is chosen reproduces the
+        // table.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
+        for config in [(factor, [0.0; 3], [1.0; 3])]
+            .into_iter()
+            .chain((0..300).map(|_| {
+                let mut wide = || 10f64.powf(next() * 16.0 - 8.0);
+                (wide(), [wide(), -wide(), wide()], [wide(), wide(), wide()])
+            }))
+        {
+            let (factor, mean, std) = config;
+            let n = Normalize::new(Some(factor), Some((mean, std)));
+            let got = run(&n, &all);
             for (c, values) in got.iter().enumerate() {
-                for (v, value) in (0..=255u8).zip(values) {
-                    assert_eq!(value.to_bits(), table.value(c, v).to_bits());
+                for (v, &bits) in (0..=255u8).zip(values) {
+                    assert_eq!(bits, n.value(c, v).to_bits(), "{config:?}, c {c}, v {v}");
                 }
             }
         }

@@ -12,7 +12,7 @@
 //! and each group is patched like an image whose frames differ.
 
 use super::config::{as_count, Common, Value, CLIP_MEAN, CLIP_STD, HALF};
-use super::normalize::Normalize;
+use super::normalize::{Normalize, Runs};
 use super::{
     checked_len, parallel, prepare_all, recycle_images, resize_rgb, store, Input, Options, Out,
     OutBuffer, Outputs, ProcessorError, Rgb, RgbRef, Tensor, TensorData,
@@ -229,14 +229,14 @@ fn prepare<'a>(
 }
 
 /// Writes the patches of merge-window row `window_row` (all `grid_w × merge` patch rows of it)
-/// of `frames` (`temporal_patch_size` frames of the same size) into `out`, with streaming stores
-/// when `stream` is set (see [`store`]).
+/// of `frames` (`temporal_patch_size` frames of the same size) into `out`.
 ///
 /// Row `((bi·(gw/m) + bj)·m + mi)·m + mj` holds grid cell `(bi·m + mi, bj·m + mj)`; its column
 /// `((c·T + t)·ps + y)·ps + x` holds the normalised value of channel `c` of frame `t` at pixel
-/// `(i·ps + y, j·ps + x)`. The `ps × ps` blocks of each distinct frame are computed into a small
-/// staging row (a frame equal to the one before it, as a still image repeated over `T` frames,
-/// is computed once), then every block of the output row is written once, from there.
+/// `(i·ps + y, j·ps + x)`. Each patch of a distinct frame is normalised once and stored to every
+/// frame slot showing it (a still image fills all `T` slots from one pass): straight from the
+/// registers, or with `stream` (see [`store`]) through a staging block copied out with
+/// streaming stores.
 pub fn write_window_row(
     frames: &[RgbRef<'_>],
     patch_size: usize,
@@ -252,46 +252,59 @@ pub fn write_window_row(
     let block = ps * ps;
     let cols = 3 * t_len * block;
     debug_assert_eq!(out.len(), grid_w * m * cols);
-    // The staged frame each frame's blocks come from.
-    let mut source = vec![0usize; t_len];
-    for t in 1..t_len {
-        source[t] = if same_frame(frames[t], frames[t - 1]) {
-            source[t - 1]
-        } else {
-            t
-        };
+    // The frame slots each distinct frame fills (a frame equal to the one before it is not
+    // distinct): `slots[t]` is empty unless frame `t` is distinct.
+    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); t_len];
+    let mut source = 0;
+    for t in 0..t_len {
+        if t == 0 || !same_frame(frames[t], frames[t - 1]) {
+            source = t;
+        }
+        slots[source].push(t);
     }
-    // Staged blocks, laid out like an output row: [channel][frame][y][x].
-    let mut staging = vec![0f32; cols];
+    // Where each distinct frame's block goes in an output row, per channel.
+    let copies: Vec<Vec<[usize; 3]>> = slots
+        .iter()
+        .map(|slots| {
+            slots
+                .iter()
+                .map(|&t| [0, 1, 2].map(|c| (c * t_len + t) * block))
+                .collect()
+        })
+        .collect();
+    let runs = Runs {
+        width: ps,
+        rows: ps,
+        stride: width * 3,
+        out_stride: ps,
+    };
+    let mut staging = if stream {
+        vec![0f32; 3 * block]
+    } else {
+        Vec::new()
+    };
     let mut rows = out.chunks_exact_mut(cols);
     for bj in 0..grid_w / m {
         for mi in 0..m {
             for mj in 0..m {
                 let Some(row) = rows.next() else { break };
                 let (i, j) = (window_row * m + mi, bj * m + mj);
-                let (r, rest) = staging.split_at_mut(t_len * block);
-                let (g, b) = rest.split_at_mut(t_len * block);
-                for (t, frame) in frames.iter().enumerate() {
-                    if source[t] != t {
-                        continue;
+                let first = (i * ps * width + j * ps) * 3;
+                for (frame, copies) in frames.iter().zip(&copies) {
+                    if copies.is_empty() {
+                    } else if stream {
+                        // The block of each channel into the staging row, then out.
+                        let pixels = &frame.data[first..];
+                        let staged = [[0, block, 2 * block]];
+                        normalize.deinterleave_into(pixels, runs, &mut staging, &staged);
+                        for copy in copies {
+                            for (&start, from) in copy.iter().zip(staging.chunks_exact(block)) {
+                                store::copy(&mut row[start..start + block], from, true);
+                            }
+                        }
+                    } else {
+                        normalize.deinterleave_into(&frame.data[first..], runs, row, copies);
                     }
-                    let at = t * block;
-                    for y in 0..ps {
-                        let start = ((i * ps + y) * width + j * ps) * 3;
-                        let src = &frame.data[start..start + 3 * ps];
-                        let dst = at + y * ps..at + (y + 1) * ps;
-                        normalize.deinterleave(
-                            src,
-                            &mut r[dst.clone()],
-                            &mut g[dst.clone()],
-                            &mut b[dst],
-                        );
-                    }
-                }
-                for (k, dst) in row.chunks_exact_mut(block).enumerate() {
-                    let (c, t) = (k / t_len, k % t_len);
-                    let from = (c * t_len + source[t]) * block;
-                    store::copy(dst, &staging[from..from + block], stream);
                 }
             }
         }
