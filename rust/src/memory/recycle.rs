@@ -3,8 +3,10 @@
 //! A `pixel_values` tensor of a batch is often 100 MB or more of fresh memory, a decoded
 //! 12-megapixel photo 36 MB. Fresh anonymous pages cost a page fault and a kernel-side clear each
 //! before our first write, which on a VM can take as long as computing the values. The allocator
-//! keeps and reuses freed blocks only up to 32 MiB (glibc's largest dynamic mmap threshold), so a
-//! repeated small call is cheap the second time and a batch or a large photo never is.
+//! does not keep freed blocks of that size around: above 32 MiB (glibc's largest dynamic mmap
+//! threshold) they go back to the system at once, and smaller ones often soon after, when the
+//! top of the heap is trimmed — even a 512×600 photo's decoded and resized images (~0.9 MB
+//! each) were faulted in again on every call.
 //!
 //! Buffers come here instead of going back to the system when they are done with: an output
 //! tensor or a decoded image once Python drops it (every numpy view of it is gone), a batch's
@@ -22,7 +24,7 @@ use std::mem::MaybeUninit;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Buffers smaller than this (in bytes) are not kept.
-pub const MIN_BYTES: usize = 1 << 20;
+pub const MIN_BYTES: usize = 128 << 10;
 /// The cache limit when the environment does not set one: 256 MiB.
 pub const DEFAULT_LIMIT: usize = 256 << 20;
 /// The environment variable with the limit in MiB.
@@ -236,7 +238,7 @@ mod tests {
         let mib = (1 << 20) / 4; // f32 values per MiB
 
         // Small buffers are not kept; large ones are, and serve a request of a similar size.
-        cache.give_f32(vec![1.0; mib / 2]);
+        cache.give_f32(vec![1.0; MIN_BYTES / 4 - 1]);
         assert_eq!(cache.held(), 0);
         let big = vec![2.0f32; 16 * mib];
         let addr = big.as_ptr() as usize;
