@@ -4,6 +4,7 @@
     python scripts/bench_vision.py [--repeat 7] [--rounds 3] [--markdown]
                                    [--svg docs/vision_bench.svg] [--json FILE]
                                    [--torch-venv DIR | --no-torchvision] [--no-memory]
+                                   [--cases 512x600,batch of 8] [--inputs decoded,bytes]
 
 Qwen2-VL with transformers' class defaults, on the same images in one run:
 
@@ -255,6 +256,8 @@ def table(
     for inp in INPUTS:
         for case in CASES:
             t = {i: times.get(f"{i}|{inp}|{case}") for i in impls}
+            if all(v is None for v in t.values()):
+                continue  # not measured (--cases / --inputs)
             cells = [inp, case]
             cells += [f"{t[i] * 1e3:.2f}" if t[i] is not None else NA for i in impls]
             pil, one, allc = t["pil"], t["ours-1"], t["ours-all"]
@@ -379,11 +382,27 @@ def main() -> None:
     parser.add_argument("--no-torchvision", action="store_true")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--images", type=Path, help="where to write the JPEGs (default: temp)")
+    parser.add_argument(
+        "--cases",
+        type=lambda v: v.split(","),
+        default=CASES,
+        help=f"comma-separated subset of: {','.join(CASES)}",
+    )
+    parser.add_argument(
+        "--inputs",
+        type=lambda v: v.split(","),
+        default=INPUTS,
+        help=f"comma-separated subset of: {','.join(INPUTS)}",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         run_child(json.loads(args.child))
         return
+    for what, chosen, known in (("case", args.cases, CASES), ("input", args.inputs, INPUTS)):
+        unknown = sorted(set(chosen) - set(known))
+        if unknown:
+            parser.error(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}")
 
     with tempfile.TemporaryDirectory() as tmp:
         cases = write_images(args.images or Path(tmp))
@@ -402,8 +421,8 @@ def main() -> None:
         # repeat the whole round in fresh processes (a process's speed varies by tens of percent
         # on a shared VM): each figure is the median over rounds of per-process medians.
         for round_ in range(args.rounds):
-            for case in CASES:
-                for inp in INPUTS:
+            for case in args.cases:
+                for inp in args.inputs:
                     ops = [f"{i}|{inp}|{case}" for i in ("pil", "ours-1", "ours-all")]
                     spec = {"mode": "time", "ops": ops, "cases": paths, "repeat": args.repeat}
                     runs = [child(sys.executable, spec)]
@@ -421,8 +440,8 @@ def main() -> None:
         times = {key: statistics.median(values) for key, values in samples.items()}
         mem: dict[str, float] = {}
         if not args.no_memory:
-            for case in CASES:
-                for inp in INPUTS:
+            for case in args.cases:
+                for inp in args.inputs:
                     for impl in ("pil", "ours-1", "ours-all"):
                         key = f"{impl}|{inp}|{case}"
                         spec = {"mode": "memory", "ops": [key], "cases": paths}
