@@ -549,6 +549,63 @@ mod tests {
     }
 
     #[test]
+    fn window_rows_direct_and_streamed_match_the_layout() {
+        // Frames A, A, B (A repeated: one computation stored twice), ps 14 (vectors) and 3
+        // (scalar), merge 2; every value against the documented layout, both store paths, with
+        // and without SIMD.
+        let normalize = Normalize::new(Some(1.0 / 255.0), Some(([0.4, 0.5, 0.6], [0.2, 0.3, 0.4])));
+        for ps in [3, 14] {
+            let (m, t_len) = (2, 3);
+            let (width, height) = (4 * ps, 2 * ps);
+            let frame = |seed: usize| -> Vec<u8> {
+                (0..width * height * 3)
+                    .map(|i| ((i * 31 + seed * 7) % 251) as u8)
+                    .collect()
+            };
+            let (a, b) = (frame(1), frame(2));
+            let rgb = |data| RgbRef {
+                data,
+                width,
+                height,
+            };
+            let frames = [rgb(a.as_slice()), rgb(a.as_slice()), rgb(b.as_slice())];
+            let (grid_w, cols) = (width / ps, 3 * t_len * ps * ps);
+            for window_row in 0..height / ps / m {
+                let expected: Vec<u32> = (0..grid_w * m * cols)
+                    .map(|k| {
+                        let (r, col) = (k / cols, k % cols);
+                        let (bj, mi, mj) = (r / (m * m), r / m % m, r % m);
+                        let (i, j) = (window_row * m + mi, bj * m + mj);
+                        let (c, t, y, x) = (
+                            col / (t_len * ps * ps),
+                            col / (ps * ps) % t_len,
+                            col / ps % ps,
+                            col % ps,
+                        );
+                        let px = ((i * ps + y) * width + j * ps + x) * 3 + c;
+                        normalize.value(c, frames[t].data[px]).to_bits()
+                    })
+                    .collect();
+                for n in [normalize.clone(), normalize.clone().without_simd()] {
+                    for stream in [false, true] {
+                        let mut out = vec![Out::new(f32::NAN); expected.len()];
+                        write_window_row(&frames, ps, m, window_row, &n, &mut out, stream);
+                        // SAFETY: every value was initialised (NaN, then maybe overwritten).
+                        let got: Vec<u32> = out
+                            .iter()
+                            .map(|v| unsafe { v.assume_init() }.to_bits())
+                            .collect();
+                        assert_eq!(
+                            got, expected,
+                            "ps {ps}, window row {window_row}, stream {stream}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn patch_order() {
         // A 4x4 image, patch 1, merge 2, T 2: rows in merge-window order, values repeated over T.
         let data: Vec<u8> = (0..48).collect();
