@@ -416,6 +416,9 @@ mod avx2 {
         masks
     };
 
+    /// How far past the end of a run [`spread`] prefetches, in bytes.
+    const PREFETCH_AHEAD: usize = 128;
+
     /// The constants of one channel, broadcast.
     #[derive(Clone, Copy)]
     struct Channel {
@@ -487,6 +490,16 @@ mod avx2 {
         let split = (_mm256_set1_ps(formula.hi), _mm256_set1_ps(formula.lo));
         for y in 0..runs.rows {
             let (row, dst) = (y * runs.stride, y * runs.out_stride);
+            // The bytes a caller walking patches left to right reads next in this row, asked
+            // for early: rows of a patch are `stride` apart, too many streams for the hardware
+            // prefetcher. The address may lie past `pixels` (`wrapping_add` computes it without
+            // claiming it is in bounds); a prefetch never faults and reads nothing into Rust.
+            _mm_prefetch::<_MM_HINT_T0>(
+                pixels
+                    .as_ptr()
+                    .wrapping_add(row + 3 * n + PREFETCH_AHEAD)
+                    .cast::<i8>(),
+            );
             let mut next = 0;
             loop {
                 let at = next.min(n - LANES);
