@@ -107,6 +107,11 @@ def test_tokenspeed_and_sglang_layouts():
         ("mm_inputs", "names a vllm.grpc.engine.MultimodalInputs, not a TensorData"),
         ("extra_mm_inputs[5].pixel_values", "has 0 elements, no \\[5\\]"),
         ("mm_inputs.model_specific_tensors", "needs \\[key\\]"),
+        ("extra_mm_inputs[x].pixel_values", "indexed by integers, not \\[x\\]"),
+        ("mm_inputs[0].pixel_values", "mm_inputs is a single message, not a list"),
+        ("mm_inputs.pixel_values.shape", "'shape' is not a message field"),
+        ("mm_inputs.flat_keys[a]", "the values of map field 'flat_keys' are not messages"),
+        ("sampling_params.logit_bias[x]", "'logit_bias' has integer keys, not \\[x\\]"),
     ],
 )
 def test_bad_paths(path, match):

@@ -58,29 +58,44 @@ impl Plan {
             })
     }
 
-    /// Checks field numbers, duplicates and depth of the whole plan.
+    /// Checks field numbers, duplicates and depth of the whole plan. Costs no allocation when
+    /// the plan is valid (paths are only spelled out for an error).
     pub fn validate(&self) -> Result<(), TensorError> {
-        self.validate_at("plan", 0)
+        self.validate_at(&mut Vec::new())
     }
 
-    fn validate_at(&self, path: &str, depth: usize) -> Result<(), TensorError> {
-        if depth > MAX_DEPTH {
+    /// `trail` holds the index of each field pair from the root to `self`.
+    fn validate_at(&self, trail: &mut Vec<usize>) -> Result<(), TensorError> {
+        let path = |trail: &[usize], last: &str| {
+            let mut path = "plan".to_owned();
+            for i in trail {
+                path.push_str(&format!("[{i}][1]"));
+            }
+            path + last
+        };
+        if trail.len() > MAX_DEPTH {
             return Err(TensorError::PlanTooDeep { max: MAX_DEPTH });
         }
         match self {
             Plan::Tensor(payload) => {
-                Self::field_number(i64::from(*payload), path)?;
+                if !(1..=MAX_FIELD_NUMBER).contains(payload) {
+                    Self::field_number(i64::from(*payload), &path(trail, ""))?;
+                }
             }
             Plan::Message(fields) => {
                 for (i, (number, child)) in fields.iter().enumerate() {
-                    Self::field_number(i64::from(*number), &format!("{path}[{i}][0]"))?;
+                    if !(1..=MAX_FIELD_NUMBER).contains(number) {
+                        Self::field_number(i64::from(*number), &path(trail, &format!("[{i}][0]")))?;
+                    }
                     if fields[..i].iter().any(|(n, _)| n == number) {
                         return Err(TensorError::PlanDuplicateField {
-                            path: path.to_owned(),
+                            path: path(trail, ""),
                             field: *number,
                         });
                     }
-                    child.validate_at(&format!("{path}[{i}][1]"), depth + 1)?;
+                    trail.push(i);
+                    child.validate_at(trail)?;
+                    trail.pop();
                 }
             }
         }

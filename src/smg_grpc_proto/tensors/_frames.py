@@ -134,44 +134,92 @@ class TensorMessage(Generic[M]):
         return f"TensorMessage({type(self.message).__name__}, {{{shapes}}})"
 
 
-def _resolve(message: Message, path: str, *, create: bool) -> Message:
-    node: Any = message
+_SINGLE_STEP, _INDEX_STEP, _STR_KEY_STEP, _INT_KEY_STEP = range(4)
+# One step of a resolved path: (field name, kind, key or index).
+_PathSteps = tuple[tuple[str, int, Any], ...]
+
+
+@cache
+def _path_steps(descriptor: Descriptor, path: str) -> _PathSteps:
+    """``path`` checked against ``descriptor`` once (errors are raised, not cached)."""
+    steps = []
+    node = descriptor
     for segment in path.split("."):
         m = _SEGMENT.match(segment)
-        field = node.DESCRIPTOR.fields_by_name.get(m.group(1)) if m else None
+        field = node.fields_by_name.get(m.group(1)) if m else None
         if m is None or field is None or field.message_type is None:
             raise TensorError(
-                f"path {path!r}: {segment!r} is not a message field of {node.DESCRIPTOR.full_name}",
+                f"path {path!r}: {segment!r} is not a message field of {node.full_name}",
                 field=path,
                 actual=segment,
             )
         name, key = m.group(1), m.group(2)
-        value = getattr(node, name)
-        is_map = field.message_type.GetOptions().map_entry
-        if is_map:
+        if field.message_type.GetOptions().map_entry:
             if key is None:
                 raise TensorError(f"path {path!r}: map field {name!r} needs [key]", field=path)
-            key_type = field.message_type.fields_by_name["key"].cpp_type
-            typed_key: Any = key if key_type == field.CPPTYPE_STRING else int(key)
-            if not create and typed_key not in value:
-                raise TensorError(f"path {path!r}: no map entry {key!r}", field=path)
-            node = value[typed_key]
+            key_field = field.message_type.fields_by_name["key"]
+            if key_field.cpp_type == key_field.CPPTYPE_STRING:
+                steps.append((name, _STR_KEY_STEP, key))
+            else:
+                try:
+                    steps.append((name, _INT_KEY_STEP, int(key)))
+                except ValueError:
+                    raise TensorError(
+                        f"path {path!r}: map field {name!r} has integer keys, not [{key}]",
+                        field=path,
+                        actual=key,
+                    ) from None
+            value_type = field.message_type.fields_by_name["value"].message_type
+            if value_type is None:
+                raise TensorError(
+                    f"path {path!r}: the values of map field {name!r} are not messages",
+                    field=path,
+                )
+            node = value_type
         elif key is not None:
+            if not _is_repeated(field):
+                raise TensorError(
+                    f"path {path!r}: {name} is a single message, not a list to index by [{key}]",
+                    field=path,
+                    actual=key,
+                )
             try:
-                node = value[int(key)]
-            except (ValueError, IndexError):
+                steps.append((name, _INDEX_STEP, int(key)))
+            except ValueError:
+                raise TensorError(
+                    f"path {path!r}: {name} is a list, indexed by integers, not [{key}]",
+                    field=path,
+                    actual=key,
+                ) from None
+            node = field.message_type
+        else:
+            steps.append((name, _SINGLE_STEP, None))
+            node = field.message_type
+    if node.full_name not in LAYOUTS:
+        raise TensorError(f"path {path!r} names a {node.full_name}, not a TensorData", field=path)
+    return tuple(steps)
+
+
+def _resolve(message: Message, path: str, *, create: bool) -> Message:
+    node: Any = message
+    for name, kind, key in _path_steps(message.DESCRIPTOR, path):
+        value = getattr(node, name)
+        if kind == _SINGLE_STEP:
+            node = value
+        elif kind == _INDEX_STEP:
+            try:
+                node = value[key]
+            except IndexError:
                 raise TensorError(
                     f"path {path!r}: {name} has {len(value)} elements, no [{key}]",
                     field=path,
                     expected=len(value),
-                    actual=key,
+                    actual=str(key),
                 ) from None
         else:
-            node = value
-    if node.DESCRIPTOR.full_name not in LAYOUTS:
-        raise TensorError(
-            f"path {path!r} names a {node.DESCRIPTOR.full_name}, not a TensorData", field=path
-        )
+            if not create and key not in value:
+                raise TensorError(f"path {path!r}: no map entry {key!r}", field=path)
+            node = value[key]
     return node  # type: ignore[no-any-return]
 
 

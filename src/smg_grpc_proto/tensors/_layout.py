@@ -70,12 +70,17 @@ def check_dtype(name: str, *, field: str = "dtype") -> int:
         ) from None
 
 
+#: numpy dtype -> wire dtype, filled as dtypes are seen (``dtype.name`` alone costs microseconds).
+_WIRE_OF_DTYPE: dict[np.dtype[Any], str] = {}
+
+
 def wire_dtype_of(array: np.ndarray[Any, Any]) -> str:
     """The wire dtype an array is sent as by default (``ml_dtypes.bfloat16`` -> ``bfloat16``)."""
     dt = array.dtype
-    if dt.name == "bfloat16":
-        return "bfloat16"
-    name = _FROM_NUMPY.get((dt.kind, dt.itemsize))
+    name = _WIRE_OF_DTYPE.get(dt)
+    if name is not None:
+        return name
+    name = "bfloat16" if dt.name == "bfloat16" else _FROM_NUMPY.get((dt.kind, dt.itemsize))
     if name is None:
         raise TensorError(
             f"array dtype {dt} has no wire dtype; expected one of float32, float16, "
@@ -84,6 +89,8 @@ def wire_dtype_of(array: np.ndarray[Any, Any]) -> str:
             expected=sorted(ITEMSIZE),
             actual=str(dt),
         )
+    if len(_WIRE_OF_DTYPE) < 64:  # a handful in practice (types x byte orders); stay bounded
+        _WIRE_OF_DTYPE[dt] = name
     return name
 
 
