@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tensor transport benchmark: the naive protobuf path, ours, and one plain copy, side by side.
 
-    python scripts/bench_tensors.py [--sizes 1,25,100] [--repeat 7] [--markdown]
+    python scripts/bench_tensors.py [--sizes 1,25,100] [--repeat 7] [--no-memory]
 
 For float32 tensors of each size (MiB), in one run on the same data:
 
