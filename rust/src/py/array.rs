@@ -8,6 +8,7 @@
 //! for as long as a slice of its memory exists.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
@@ -40,11 +41,13 @@ impl<'py> NumpyArray<'py> {
                 obj.get_type().name()?
             )));
         }
+        // Interned names: no new Python string per call for each attribute looked up.
+        let py = obj.py();
         let (addr, readonly): (usize, bool) = obj
-            .getattr("__array_interface__")?
-            .get_item("data")?
+            .getattr(intern!(py, "__array_interface__"))?
+            .get_item(intern!(py, "data"))?
             .extract()?;
-        let len: usize = obj.getattr("nbytes")?.extract()?;
+        let len: usize = obj.getattr(intern!(py, "nbytes"))?.extract()?;
         if len > 0 && (addr == 0 || isize::try_from(len).is_err()) {
             return Err(PyTypeError::new_err(format!(
                 "{what}: array reports {len} bytes at address {addr:#x}"
@@ -55,9 +58,15 @@ impl<'py> NumpyArray<'py> {
             addr,
             len,
             readonly,
-            contiguous: obj.getattr("flags")?.getattr("c_contiguous")?.extract()?,
-            dtype: obj.getattr("dtype")?.getattr("str")?.extract()?,
-            shape: obj.getattr("shape")?.extract()?,
+            contiguous: obj
+                .getattr(intern!(py, "flags"))?
+                .getattr(intern!(py, "c_contiguous"))?
+                .extract()?,
+            dtype: obj
+                .getattr(intern!(py, "dtype"))?
+                .getattr(intern!(py, "str"))?
+                .extract()?,
+            shape: obj.getattr(intern!(py, "shape"))?.extract()?,
         })
     }
 
