@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -139,7 +139,7 @@ _SINGLE_STEP, _INDEX_STEP, _STR_KEY_STEP, _INT_KEY_STEP = range(4)
 _PathSteps = tuple[tuple[str, int, Any], ...]
 
 
-@cache
+@lru_cache(maxsize=4096)  # bounded: paths with indices ("items[17]") can be many
 def _path_steps(descriptor: Descriptor, path: str) -> _PathSteps:
     """``path`` checked against ``descriptor`` once (errors are raised, not cached)."""
     steps = []
