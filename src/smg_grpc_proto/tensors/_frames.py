@@ -275,12 +275,14 @@ def _decode(message_type: type[M], plan: Plan, data: bytes, bf16: Bf16Mode) -> T
     result._data = data
     if not spans:
         return result
+    left = len(spans)  # tokens not yet found (fewer may survive protobuf's merging)
     for path, td in _tensor_data(message, plan, ""):
         layout = layout_of(td)
         payload = getattr(td, layout.payload_field)
         if len(payload) != _TOKEN_LEN or payload[:16] != nonce:
             continue
         offset, length = spans[int.from_bytes(payload[16:], "little")]
+        left -= 1
         name = f"{path} ({layout.full_name})"
         dtype: str = td.dtype
         check_dtype(dtype, field=f"{name}.dtype")
@@ -296,6 +298,8 @@ def _decode(message_type: type[M], plan: Plan, data: bytes, bf16: Bf16Mode) -> T
             )
         result._arrays[path] = view(data, dtype, shape, bf16=bf16, offset=offset)
         result._spans[path] = (offset, length)
+        if left == 0:
+            break  # every token found: the rest of the walk can only find payloads without one
     return result
 
 
