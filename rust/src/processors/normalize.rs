@@ -99,12 +99,6 @@ impl Normalize {
         self.lut[c][usize::from(value)]
     }
 
-    /// The table of channel `c`.
-    #[inline]
-    pub fn table(&self, c: usize) -> &[f32; 256] {
-        &self.lut[c]
-    }
-
     /// Writes the values of the pixel runs `runs` of `pixels` (interleaved RGB) into `out`
     /// channel by channel, once per entry of `copies`: run `y`, channel `c` to
     /// `out[start[c] + y · runs.out_stride..][..runs.width]` for each `start` of `copies` (a

@@ -252,26 +252,17 @@ pub fn write_window_row(
     let block = ps * ps;
     let cols = 3 * t_len * block;
     debug_assert_eq!(out.len(), grid_w * m * cols);
-    // The frame slots each distinct frame fills (a frame equal to the one before it is not
-    // distinct): `slots[t]` is empty unless frame `t` is distinct.
-    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); t_len];
+    // Where each distinct frame's block goes in an output row, per channel: once per frame slot
+    // showing it. `copies[t]` is empty unless frame `t` is distinct (a frame equal to the one
+    // before it is not).
+    let mut copies: Vec<Vec<[usize; 3]>> = vec![Vec::new(); t_len];
     let mut source = 0;
     for t in 0..t_len {
-        if t == 0 || !same_frame(frames[t], frames[t - 1]) {
+        if t > 0 && !same_frame(frames[t], frames[t - 1]) {
             source = t;
         }
-        slots[source].push(t);
+        copies[source].push([0, 1, 2].map(|c| (c * t_len + t) * block));
     }
-    // Where each distinct frame's block goes in an output row, per channel.
-    let copies: Vec<Vec<[usize; 3]>> = slots
-        .iter()
-        .map(|slots| {
-            slots
-                .iter()
-                .map(|&t| [0, 1, 2].map(|c| (c * t_len + t) * block))
-                .collect()
-        })
-        .collect();
     let runs = Runs {
         width: ps,
         rows: ps,
@@ -292,9 +283,11 @@ pub fn write_window_row(
                 let first = (i * ps * width + j * ps) * 3;
                 for (frame, copies) in frames.iter().zip(&copies) {
                     if copies.is_empty() {
-                    } else if stream {
+                        continue;
+                    }
+                    let pixels = &frame.data[first..];
+                    if stream {
                         // The block of each channel into the staging row, then out.
-                        let pixels = &frame.data[first..];
                         let staged = [[0, block, 2 * block]];
                         normalize.deinterleave_into(pixels, runs, &mut staging, &staged);
                         for copy in copies {
@@ -303,7 +296,7 @@ pub fn write_window_row(
                             }
                         }
                     } else {
-                        normalize.deinterleave_into(&frame.data[first..], runs, row, copies);
+                        normalize.deinterleave_into(pixels, runs, row, copies);
                     }
                 }
             }

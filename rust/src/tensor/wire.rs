@@ -79,13 +79,19 @@ impl Plan {
         match self {
             Plan::Tensor(payload) => {
                 if !(1..=MAX_FIELD_NUMBER).contains(payload) {
-                    Self::field_number(i64::from(*payload), &path(trail, ""))?;
+                    return Err(TensorError::PlanFieldNumber {
+                        path: path(trail, ""),
+                        value: payload.to_string(),
+                    });
                 }
             }
             Plan::Message(fields) => {
                 for (i, (number, child)) in fields.iter().enumerate() {
                     if !(1..=MAX_FIELD_NUMBER).contains(number) {
-                        Self::field_number(i64::from(*number), &path(trail, &format!("[{i}][0]")))?;
+                        return Err(TensorError::PlanFieldNumber {
+                            path: path(trail, &format!("[{i}][0]")),
+                            value: number.to_string(),
+                        });
                     }
                     if fields[..i].iter().any(|(n, _)| n == number) {
                         return Err(TensorError::PlanDuplicateField {

@@ -134,9 +134,16 @@ class TensorMessage(Generic[M]):
         return f"TensorMessage({type(self.message).__name__}, {{{shapes}}})"
 
 
-_SINGLE_STEP, _INDEX_STEP, _STR_KEY_STEP, _INT_KEY_STEP = range(4)
-# One step of a resolved path: (field name, kind, key or index).
+# One step of a resolved path: (field name, _SINGLE / _REPEATED / _MAP, index or key).
 _PathSteps = tuple[tuple[str, int, Any], ...]
+
+
+def _integer(key: str, path: str, what: str) -> int:
+    """``key`` of a path segment as an int, or a TensorError ending in ``what``."""
+    try:
+        return int(key)
+    except ValueError:
+        raise TensorError(f"path {path!r}: {what}, not [{key}]", field=path, actual=key) from None
 
 
 @lru_cache(maxsize=4096)  # bounded: paths with indices ("items[17]") can be many
@@ -158,17 +165,9 @@ def _path_steps(descriptor: Descriptor, path: str) -> _PathSteps:
             if key is None:
                 raise TensorError(f"path {path!r}: map field {name!r} needs [key]", field=path)
             key_field = field.message_type.fields_by_name["key"]
-            if key_field.cpp_type == key_field.CPPTYPE_STRING:
-                steps.append((name, _STR_KEY_STEP, key))
-            else:
-                try:
-                    steps.append((name, _INT_KEY_STEP, int(key)))
-                except ValueError:
-                    raise TensorError(
-                        f"path {path!r}: map field {name!r} has integer keys, not [{key}]",
-                        field=path,
-                        actual=key,
-                    ) from None
+            if key_field.cpp_type != key_field.CPPTYPE_STRING:
+                key = _integer(key, path, f"map field {name!r} has integer keys")
+            steps.append((name, _MAP, key))
             value_type = field.message_type.fields_by_name["value"].message_type
             if value_type is None:
                 raise TensorError(
@@ -183,17 +182,12 @@ def _path_steps(descriptor: Descriptor, path: str) -> _PathSteps:
                     field=path,
                     actual=key,
                 )
-            try:
-                steps.append((name, _INDEX_STEP, int(key)))
-            except ValueError:
-                raise TensorError(
-                    f"path {path!r}: {name} is a list, indexed by integers, not [{key}]",
-                    field=path,
-                    actual=key,
-                ) from None
+            steps.append(
+                (name, _REPEATED, _integer(key, path, f"{name} is a list, indexed by integers"))
+            )
             node = field.message_type
         else:
-            steps.append((name, _SINGLE_STEP, None))
+            steps.append((name, _SINGLE, None))
             node = field.message_type
     if node.full_name not in LAYOUTS:
         raise TensorError(f"path {path!r} names a {node.full_name}, not a TensorData", field=path)
@@ -204,9 +198,9 @@ def _resolve(message: Message, path: str, *, create: bool) -> Message:
     node: Any = message
     for name, kind, key in _path_steps(message.DESCRIPTOR, path):
         value = getattr(node, name)
-        if kind == _SINGLE_STEP:
+        if kind == _SINGLE:
             node = value
-        elif kind == _INDEX_STEP:
+        elif kind == _REPEATED:
             try:
                 node = value[key]
             except IndexError:
