@@ -326,3 +326,40 @@ def test_grpc_aio_round_trip_over_loopback():
 
     replies, pixels = asyncio.run(main())
     assert [list(r.message.chunk.token_ids) for r in replies] == [list(pixels.shape)]
+
+
+# -- attach through shared memory ------------------------------------------------------------
+def test_attach_shm_round_trip_and_discard(tmp_path) -> None:
+    import os
+
+    pixels = np.arange(6 * 1176, dtype=np.float32).reshape(6, 1176)
+    grid = np.array([[1, 2, 3]], dtype=np.int64)
+    request = tensors.TensorMessage(vllm_engine_pb2.GenerateRequest(request_id="r"))
+    request.attach("mm_inputs.pixel_values", pixels, transport="shm", shm_dir=tmp_path)
+    request.attach("mm_inputs.model_specific_tensors[g]", grid, transport="auto", shm_dir=tmp_path)
+    (name,) = request.shm_segments  # the small grid stays inline under "auto"
+    assert os.stat(tmp_path / name).st_mode & 0o777 == 0o600
+    td = request.message.mm_inputs.pixel_values
+    assert td.WhichOneof("payload") == "shm"
+    received = tensors.parse(tensors.serialize(request), vllm_engine_pb2.GenerateRequest)
+    grid_back = received["mm_inputs.model_specific_tensors[g]"]
+    assert grid_back.tobytes() == grid.tobytes()
+    back = tensors.unpack(received.message.mm_inputs.pixel_values, shm_dir=tmp_path, unlink=False)
+    assert back.tobytes() == pixels.tobytes()
+    assert request.discard_shm() == 1  # never consumed: the sender removes it
+    assert not (tmp_path / name).exists()
+    assert request.discard_shm() == 0
+    big = tensors.TensorMessage(vllm_engine_pb2.GenerateRequest())
+    big.attach(
+        "mm_inputs.pixel_values", pixels, transport="auto", shm_min_bytes=1, shm_dir=tmp_path
+    )
+    assert len(big.shm_segments) == 1
+    big.discard_shm()
+
+
+def test_attach_shm_refused_where_the_layout_has_no_handle() -> None:
+    request = tensors.TensorMessage(sglang_scheduler_pb2.GenerateRequest())
+    with pytest.raises(TensorError, match="has no shared-memory handle"):
+        request.attach("mm_inputs.pixel_values", np.zeros(4, np.float32), transport="shm")
+    with pytest.raises(TensorError, match="transport must be"):
+        request.attach("mm_inputs.pixel_values", np.zeros(4, np.float32), transport="x")  # type: ignore[arg-type]

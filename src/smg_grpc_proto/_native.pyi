@@ -192,6 +192,15 @@ class Preprocessor:
     ) -> list[tuple[str, Tensor]]:
         """Process videos (lists of frames); Qwen families only."""
 
+def media_digest(
+    parts: list[bytes | npt.NDArray[Any]] | tuple[bytes | npt.NDArray[Any], ...],
+) -> bytes:
+    """The 32-byte BLAKE3 digest of ``parts`` (bytes and C-contiguous arrays, raw memory), each
+    preceded by its length as a little-endian u64. The GIL is released while hashing."""
+
+def blake3(data: bytes) -> bytes:
+    """The plain 32-byte BLAKE3 hash of ``data``; the GIL is released while hashing."""
+
 def buffer_cache(limit: int | None = None) -> tuple[int, int]:
     """The buffer cache: set its limit in bytes (0: off); ``(previous limit, held)``."""
 

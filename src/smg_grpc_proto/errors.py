@@ -22,6 +22,9 @@ __all__ = [
     "ImageProcessingError",
     "ImageShapeError",
     "ImageTooLargeError",
+    "MultimodalError",
+    "MultimodalLayoutError",
+    "PlaceholderError",
     "ProcessingLimitError",
     "ProcessorConfigError",
     "ResizeError",
@@ -75,6 +78,20 @@ class ShmError(TensorError):
 
 class TransportNotImplementedError(SmgProtoError, NotImplementedError):
     """The payload uses a transport this package cannot read (``remote``)."""
+
+
+class MultimodalError(SmgProtoError, ValueError):
+    """A multimodal request is inconsistent: what the engine adapters (``smg_grpc_proto.engines``)
+    refuse to build or to decode. ``field`` is the message path at fault."""
+
+
+class PlaceholderError(MultimodalError):
+    """Placeholder tokens disagree with the media: anchors per item, ranges outside
+    ``input_ids``, overlapping ranges, or a token count other than the model's rule."""
+
+
+class MultimodalLayoutError(MultimodalError):
+    """A tensor's shape disagrees with the batch layout: items on dim 0, flat sizes, grids."""
 
 
 class ImageDecodeError(SmgProtoError, ValueError):

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod array;
 mod build_info;
 mod decode;
+mod hash;
 mod image;
 mod memory;
 mod processors;
@@ -17,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     build_info::register(m)?;
     decode::register(m)?;
+    hash::register(m)?;
     image::register(m)?;
     memory::register(m)?;
     processors::register(m)?;

@@ -104,6 +104,24 @@ def pack(
     when the engine's layout has a shared-memory handle.
     """
     layout = layout_of(message_type)
+    source = inspect(array, dtype)
+    use_shm = choose_shm(layout, source.nbytes, transport, shm_min_bytes, layout.payload_field)
+    src = source.contiguous()
+    message = message_type()
+    message.shape.extend(source.shape)  # type: ignore[attr-defined]
+    message.dtype = source.wire_dtype  # type: ignore[attr-defined]
+    if use_shm:
+        write_shm(message, src, source.wire_dtype, source.nbytes, shm_dir or shm.DEFAULT_DIR)
+    else:
+        setattr(message, layout.payload_field, _backend.convert(src, source.wire_dtype))
+    return message
+
+
+def choose_shm(
+    layout: Layout, nbytes: int, transport: Transport, shm_min_bytes: int, field: str
+) -> bool:
+    """Whether a tensor of ``nbytes`` goes to shared memory under ``transport``; checks the
+    transport name and, for inline payloads, the size limit."""
     if transport not in ("inline", "shm", "auto"):
         raise TensorError(
             f"transport must be 'inline', 'shm' or 'auto', got {transport!r}",
@@ -111,9 +129,8 @@ def pack(
             expected=["inline", "shm", "auto"],
             actual=transport,
         )
-    source = inspect(array, dtype)
     use_shm = transport == "shm" or (
-        transport == "auto" and layout.supports_shm and source.nbytes >= shm_min_bytes
+        transport == "auto" and layout.supports_shm and nbytes >= shm_min_bytes
     )
     if use_shm and not layout.supports_shm:
         raise TensorError(
@@ -123,19 +140,12 @@ def pack(
             actual=transport,
         )
     if not use_shm:
-        check_inline(source.nbytes, layout.payload_field)
-    src = source.contiguous()
-    message = message_type()
-    message.shape.extend(source.shape)  # type: ignore[attr-defined]
-    message.dtype = source.wire_dtype  # type: ignore[attr-defined]
-    if use_shm:
-        _write_shm(message, src, source.wire_dtype, source.nbytes, shm_dir or shm.DEFAULT_DIR)
-    else:
-        setattr(message, layout.payload_field, _backend.convert(src, source.wire_dtype))
-    return message
+        check_inline(nbytes, field)
+    return use_shm
 
 
-def _write_shm(message: Any, src: np.ndarray[Any, Any], target: str, nbytes: int, d: Path) -> None:
+def write_shm(message: Any, src: np.ndarray[Any, Any], target: str, nbytes: int, d: Path) -> None:
+    """Write ``src`` (converted to ``target``) to a new segment and point ``message.shm`` at it."""
     segment = shm.create(nbytes, directory=d)
     try:
         if nbytes:

@@ -33,15 +33,26 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from functools import cache, lru_cache
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
+from smg_grpc_proto import shm
 from smg_grpc_proto.errors import TensorError, TensorTypeError
 from smg_grpc_proto.tensors import _backend
-from smg_grpc_proto.tensors._codec import Bf16Mode, check_inline, inspect, unpack, view
+from smg_grpc_proto.tensors._codec import (
+    SHM_MIN_BYTES,
+    Bf16Mode,
+    Transport,
+    choose_shm,
+    inspect,
+    unpack,
+    view,
+    write_shm,
+)
 from smg_grpc_proto.tensors._layout import (
     LAYOUTS,
     Plan,
@@ -77,25 +88,57 @@ class TensorMessage(Generic[M]):
         self._arrays: dict[str, np.ndarray[Any, Any]] = {}
         self._data: bytes | None = None
         self._spans: dict[str, tuple[int, int]] = {}
+        self._shm: list[tuple[str, Path]] = []
 
     # -- sending ---------------------------------------------------------------------------
-    def attach(self, path: str, array: Any, *, dtype: str | None = None) -> None:
+    def attach(
+        self,
+        path: str,
+        array: Any,
+        *,
+        dtype: str | None = None,
+        transport: Transport = "inline",
+        shm_min_bytes: int = SHM_MIN_BYTES,
+        shm_dir: Path | None = None,
+    ) -> None:
         """Make ``array`` the payload of the ``TensorData`` at ``path`` (sets shape and dtype).
 
-        The bytes are written once, by :func:`serialize`; only a non-contiguous or big-endian
-        input is copied now, to bring it into wire order.
+        Inline, the bytes are written once, by :func:`serialize`; only a non-contiguous or
+        big-endian input is copied now, to bring it into wire order. ``transport="shm"`` (or
+        ``"auto"`` from ``shm_min_bytes`` on, where the layout has a handle) writes them to a new
+        shared-memory segment now, as :func:`pack` does; :meth:`discard_shm` unlinks such
+        segments if the message is never delivered.
         """
         source = inspect(array, dtype)
-        check_inline(source.nbytes, path)
         td: Any = _resolve(self.message, path, create=True)
         layout = layout_of(td)
+        use_shm = choose_shm(layout, source.nbytes, transport, shm_min_bytes, path)
         td.Clear()
         td.shape.extend(source.shape)
         td.dtype = source.wire_dtype
+        if use_shm:
+            directory = shm_dir or shm.DEFAULT_DIR
+            write_shm(td, source.contiguous(), source.wire_dtype, source.nbytes, directory)
+            self._shm.append((td.shm.name, directory))
+            self._arrays[path] = np.asarray(array)
+            return
         index = len(self._sources)
         setattr(td, layout.payload_field, self._nonce + index.to_bytes(4, "little"))
         self._sources.append((source.contiguous(), source.wire_dtype))
         self._arrays[path] = np.asarray(array)
+
+    @property
+    def shm_segments(self) -> list[str]:
+        """Names of the shared-memory segments written by :meth:`attach` (the reader unlinks
+        them after reading)."""
+        return [name for name, _ in self._shm]
+
+    def discard_shm(self) -> int:
+        """Unlink the segments written by :meth:`attach` that still exist — for a message that
+        was never delivered (failed send, cancelled call). Returns how many were removed."""
+        removed = sum(shm.unlink(name, directory=d) for name, d in self._shm)
+        self._shm.clear()
+        return removed
 
     # -- receiving -------------------------------------------------------------------------
     def __getitem__(self, path: str) -> np.ndarray[Any, Any]:

@@ -1,0 +1,419 @@
+"""Gateway side, engine-independent: media in, tensors + token counts + content hashes out.
+
+:class:`VisionModel` pairs an :class:`~smg_grpc_proto.vision.ImageProcessor` with the model's
+placeholder token ids (from ``config.json``); :meth:`VisionModel.prepare` runs the processor and
+returns :class:`PreparedMedia`: the tensors, the per-item placeholder counts (the model's rule),
+the per-item blake3 content hashes and the per-item layout every engine builder needs.
+:func:`expand_placeholders` turns a prompt with one anchor token per item into the expanded
+``input_ids`` and the placeholder ranges.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from smg_grpc_proto import _native
+from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError, PlaceholderError
+from smg_grpc_proto.vision import ImageProcessor, ProcessorOutput
+from smg_grpc_proto.vision._config import Family
+from smg_grpc_proto.vision._inputs import flatten_images, flatten_videos, to_native
+from smg_grpc_proto.vision._tokens import VisionTokens
+
+__all__ = [
+    "Modality",
+    "PreparedMedia",
+    "VisionModel",
+    "expand_placeholders",
+]
+
+Modality = Literal["image", "video"]
+Layout = Literal["batched", "flat", "shared"]
+
+_HASH_DOMAIN = b"smg-grpc-proto/media/v1\x00"
+
+# Placeholder token ids of the published checkpoints, used when no config.json is given.
+_DEFAULT_TOKENS: dict[str, tuple[int, int | None]] = {
+    "qwen2_vl": (151655, 151656),
+    "qwen2_5_vl": (151655, 151656),
+    "qwen3_vl": (151655, 151656),
+    "llava": (32000, None),
+    "llava_next": (32000, None),
+}
+
+# The vision tower of the published LLaVA-1.5 / LLaVA-NeXT checkpoints (processor_config.json):
+# CLIP ViT-L/14 with a CLS token that the "default" strategy drops (576 tokens at 336 px).
+_DEFAULT_VISION_TOKENS: dict[str, VisionTokens] = {
+    "llava": VisionTokens(14, 1, "default"),
+    "llava_next": VisionTokens(14, 1, "default"),
+}
+
+
+def _config_int(config: Mapping[str, Any], *names: str) -> int | None:
+    for source in (config, config.get("text_config") or {}):
+        for name in names:
+            value = source.get(name) if isinstance(source, Mapping) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+    return None
+
+
+@dataclass(frozen=True)
+class VisionModel:
+    """A vision-language model as the gateway sees it: its image processor and the token ids
+    that stand for its media in the prompt.
+
+    ``image_token_id`` is the anchor the chat template writes once per image (Qwen
+    ``<|image_pad|>`` 151655, LLaVA ``<image>`` 32000) and the token the expanded run is made
+    of; ``video_token_id`` the same for videos (Qwen ``<|video_pad|>`` 151656).
+    """
+
+    processor: ImageProcessor
+    image_token_id: int
+    video_token_id: int | None = None
+    model_type: str = ""
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | os.PathLike[str], **kwargs: Any) -> VisionModel:
+        """From a local model directory: ``preprocessor_config.json`` (and
+        ``processor_config.json``) for the processor, ``config.json`` for the token ids.
+        ``kwargs`` go to :class:`~smg_grpc_proto.vision.ImageProcessor`."""
+        directory = Path(model_dir)
+        processor = ImageProcessor.from_pretrained(directory, **kwargs)
+        if processor.vision_tokens is None and processor.family in _DEFAULT_VISION_TOKENS:
+            kwargs["vision_tokens"] = _DEFAULT_VISION_TOKENS[processor.family]
+            processor = ImageProcessor.from_pretrained(directory, **kwargs)
+        config: dict[str, Any] = {}
+        if (directory / "config.json").is_file():
+            with open(directory / "config.json", encoding="utf-8") as f:
+                loaded = json.load(f)
+            if isinstance(loaded, dict):
+                config = loaded
+        defaults = _DEFAULT_TOKENS.get(processor.family, (None, None))
+        image = _config_int(config, "image_token_id", "image_token_index")
+        image = image if image is not None else defaults[0]
+        if image is None:
+            raise MultimodalError(
+                f"{directory / 'config.json'}: no image_token_id or image_token_index, and "
+                f"family {processor.family!r} has no default; pass image_token_id",
+                field="image_token_id",
+            )
+        video = _config_int(config, "video_token_id", "video_token_index")
+        return cls(
+            processor,
+            image,
+            video if video is not None else defaults[1],
+            str(config.get("model_type", "")),
+        )
+
+    @classmethod
+    def for_family(
+        cls,
+        family: Family,
+        *,
+        config: Mapping[str, Any] | None = None,
+        image_token_id: int | None = None,
+        video_token_id: int | None = None,
+        **kwargs: Any,
+    ) -> VisionModel:
+        """The family's class defaults and, unless given, its published checkpoints' token ids
+        (Qwen2/2.5/3-VL 151655/151656, LLaVA and LLaVA-NeXT 32000) and, for LLaVA and
+        LLaVA-NeXT, their vision tower's token rule (patch 14, one CLS token dropped). CLIP and
+        SigLIP towers need ``image_token_id`` and ``vision_tokens``. ``config`` overrides
+        transformers config keys; ``kwargs`` go to
+        :class:`~smg_grpc_proto.vision.ImageProcessor`."""
+        if family in _DEFAULT_VISION_TOKENS:
+            kwargs.setdefault("vision_tokens", _DEFAULT_VISION_TOKENS[family])
+        defaults = _DEFAULT_TOKENS.get(family, (None, None))
+        image = image_token_id if image_token_id is not None else defaults[0]
+        if image is None:
+            raise MultimodalError(
+                f"family {family!r} has no default image token id; pass image_token_id",
+                field="image_token_id",
+            )
+        video = video_token_id if video_token_id is not None else defaults[1]
+        return cls(ImageProcessor(family, config, **kwargs), image, video, family)
+
+    @property
+    def family(self) -> Family:
+        return self.processor.family
+
+    def prepare(
+        self,
+        images: Any = None,
+        *,
+        videos: Any = None,
+        threads: int | None = None,
+    ) -> PreparedMedia:
+        """Process ``images`` (one or a list: encoded bytes, paths, ``uint8`` arrays, PIL
+        images) or ``videos`` (Qwen: lists of frames) — one modality per call."""
+        if (images is None) == (videos is None):
+            raise MultimodalError(
+                "prepare() takes images or videos (one modality per call)", field="images"
+            )
+        if images is not None:
+            items: list[Any] = [
+                to_native(x, f"images[{i}]") for i, x in enumerate(flatten_images(images))
+            ]
+            output = self.processor(items, threads=threads)
+            counts = output.num_image_tokens
+            modality: Modality = "image"
+            token = self.image_token_id
+            digests = tuple(self._digest("image", [x]) for x in items)
+            raw = tuple(x if isinstance(x, bytes) else None for x in items)
+        else:
+            if self.video_token_id is None:
+                raise MultimodalError(
+                    f"{self.family}: no video token id; this model takes no videos",
+                    field="video_token_id",
+                )
+            clips = [
+                [to_native(f, f"videos[{v}][{i}]") for i, f in enumerate(frames)]
+                for v, frames in enumerate(flatten_videos(videos))
+            ]
+            output = self.processor(videos=clips, threads=threads)
+            counts = output.num_video_tokens
+            modality = "video"
+            token = self.video_token_id
+            digests = tuple(self._digest("video", clip) for clip in clips)
+            raw = tuple(None for _ in clips)
+        if counts is None:
+            raise MultimodalError(
+                f"{self.family}: the placeholder count per image depends on the vision tower; "
+                "give the processor VisionTokens (processor_config.json)",
+                field="vision_tokens",
+            )
+        return PreparedMedia(
+            output=output,
+            modality=modality,
+            token_id=token,
+            token_counts=tuple(counts),
+            hashes=digests,
+            family=self.family,
+            encoded=raw,
+        )
+
+    def _digest(self, kind: str, parts: Sequence[Any]) -> bytes:
+        """BLAKE3 over the preprocessing parameters and the item's raw content, so a changed
+        configuration never reuses a cached encoder output."""
+        params = {
+            "family": self.family,
+            "config": self.processor.config,
+            "apply_exif": self.processor.apply_exif,
+            "alpha": self.processor.alpha,
+            "kind": kind,
+        }
+        framed: list[bytes | npt.NDArray[Any]] = [
+            _HASH_DOMAIN,
+            json.dumps(params, sort_keys=True, separators=(",", ":"), default=str).encode(),
+        ]
+        for part in parts:
+            if isinstance(part, bytes):
+                framed += [b"bytes", part]
+            else:
+                array = np.ascontiguousarray(part)
+                framed += [f"array:{array.dtype.str}:{list(array.shape)}".encode(), array]
+        return _native.media_digest(framed)
+
+
+@dataclass(frozen=True)
+class PreparedMedia:
+    """The media of one modality, processed and ready for any engine's request builder."""
+
+    output: ProcessorOutput
+    modality: Modality
+    token_id: int
+    """The placeholder token: the prompt's anchor per item and the token of its expanded run."""
+    token_counts: tuple[int, ...]
+    """Placeholder tokens per item (the model's rule)."""
+    hashes: tuple[bytes, ...]
+    """32-byte blake3 digest per item (content and preprocessing parameters)."""
+    family: str
+    encoded: tuple[bytes | None, ...] = ()
+    """The encoded file per item when the input was one (TensorRT-LLM, SGLang's image_data)."""
+
+    @classmethod
+    def from_output(
+        cls,
+        output: ProcessorOutput,
+        *,
+        token_id: int,
+        family: str,
+        modality: Modality = "image",
+        token_counts: Sequence[int] | None = None,
+    ) -> PreparedMedia:
+        """Wrap a :class:`ProcessorOutput` made elsewhere; items are hashed from their tensors
+        (which already reflect every preprocessing parameter)."""
+        counts = token_counts or (
+            output.num_video_tokens if modality == "video" else output.num_image_tokens
+        )
+        if counts is None:
+            raise MultimodalError(
+                "token_counts: the output carries no placeholder counts; pass them",
+                field="token_counts",
+            )
+        media = cls(output, modality, token_id, tuple(int(c) for c in counts), (), family)
+        digests = []
+        for i in range(media.count):
+            framed: list[bytes | npt.NDArray[Any]] = [_HASH_DOMAIN, b"tensors", family.encode()]
+            for name, array in sorted(media.item_tensors(i).items()):
+                contiguous = np.ascontiguousarray(array)
+                framed += [f"{name}:{contiguous.dtype.str}:{list(contiguous.shape)}".encode()]
+                framed += [contiguous]
+            digests.append(_native.media_digest(framed))
+        object.__setattr__(media, "hashes", tuple(digests))
+        return media
+
+    def __post_init__(self) -> None:
+        primary = self.primary
+        if primary is None:
+            raise MultimodalError(
+                f"the processor output has no {self.modality} tensors", field="output"
+            )
+        n = len(self.token_counts)
+        layout = self.layout()
+        for name, array in self.tensors().items():
+            if layout[name] == "batched" and array.shape[0] != n:
+                raise MultimodalLayoutError(
+                    f"{name}: dim 0 is {array.shape[0]}, expected one entry per item ({n})",
+                    field=name,
+                    expected=n,
+                    actual=int(array.shape[0]),
+                )
+        if layout[self.primary_name] == "flat":
+            sizes = self.flat_sizes()
+            if sum(sizes) != primary.shape[0]:
+                raise MultimodalLayoutError(
+                    f"{self.primary_name}: {primary.shape[0]} rows, but the grids give "
+                    f"{sum(sizes)}",
+                    field=self.primary_name,
+                    expected=sum(sizes),
+                    actual=int(primary.shape[0]),
+                )
+
+    # -- the tensors, by transformers' names --------------------------------------------------
+    @property
+    def count(self) -> int:
+        return len(self.token_counts)
+
+    @property
+    def hex_hashes(self) -> tuple[str, ...]:
+        return tuple(h.hex() for h in self.hashes)
+
+    @property
+    def primary_name(self) -> str:
+        return "pixel_values_videos" if self.modality == "video" else "pixel_values"
+
+    @property
+    def grid_name(self) -> str | None:
+        name = "video_grid_thw" if self.modality == "video" else "image_grid_thw"
+        return name if getattr(self.output, name) is not None else None
+
+    @property
+    def primary(self) -> npt.NDArray[Any] | None:
+        value: npt.NDArray[Any] | None = getattr(self.output, self.primary_name)
+        return value
+
+    def tensors(self) -> dict[str, npt.NDArray[Any]]:
+        """The primary tensor and its side tensors for this modality."""
+        keep = (
+            ("pixel_values_videos", "video_grid_thw")
+            if self.modality == "video"
+            else ("pixel_values", "image_grid_thw", "image_sizes")
+        )
+        return {k: v for k, v in self.output.tensors().items() if k in keep}
+
+    def layout(self) -> dict[str, Layout]:
+        """How each tensor splits into items: Qwen's patches are flat (rows per item from the
+        grid), everything else has one entry per item on dim 0."""
+        grid = self.grid_name
+        return {
+            name: ("flat" if grid is not None and name == self.primary_name else "batched")
+            for name in self.tensors()
+        }
+
+    def flat_sizes(self) -> tuple[int, ...]:
+        """Rows of the primary tensor per item (Qwen: ``t * h * w`` of each grid row)."""
+        grid = self.grid_name
+        if grid is None:
+            return tuple(1 for _ in range(self.count))
+        rows = getattr(self.output, grid)
+        return tuple(int(t) * int(h) * int(w) for t, h, w in rows.tolist())
+
+    def item_tensors(self, index: int) -> dict[str, npt.NDArray[Any]]:
+        """Item ``index``'s slice of every tensor (views, no copy); batched tensors keep a
+        leading dimension of 1."""
+        if not 0 <= index < self.count:
+            raise IndexError(f"item {index} of {self.count}")
+        layout = self.layout()
+        out: dict[str, npt.NDArray[Any]] = {}
+        starts = np.concatenate([[0], np.cumsum(self.flat_sizes())]) if self.grid_name else None
+        for name, array in self.tensors().items():
+            if layout[name] == "flat" and starts is not None:
+                out[name] = array[int(starts[index]) : int(starts[index + 1])]
+            else:
+                out[name] = array[index : index + 1]
+        return out
+
+
+def expand_placeholders(
+    input_ids: Sequence[int] | npt.NDArray[Any],
+    media: Sequence[PreparedMedia],
+) -> tuple[npt.NDArray[np.uint32], list[list[tuple[int, int]]]]:
+    """Replace each item's anchor token by its run of placeholder tokens.
+
+    The prompt must hold exactly one ``media.token_id`` per item of each media, in item order.
+    Returns the expanded ids and, per media, one ``(offset, length)`` range per item covering
+    exactly the run (Qwen's ``<|vision_start|>``/``<|vision_end|>`` stay outside it).
+    """
+    ids = np.asarray(input_ids)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise PlaceholderError(
+            f"input_ids must be a 1-D sequence of integers, got shape {list(ids.shape)} "
+            f"of {ids.dtype}",
+            field="input_ids",
+        )
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > 0xFFFFFFFF):
+        raise PlaceholderError(
+            "input_ids: token ids must fit in uint32",
+            field="input_ids",
+            actual=[int(ids.min()), int(ids.max())],
+        )
+    repeats = np.ones(ids.shape[0], dtype=np.int64)
+    positions: list[npt.NDArray[np.intp]] = []
+    seen: dict[int, int] = {}
+    for m, item in enumerate(media):
+        if item.token_id in seen:
+            raise PlaceholderError(
+                f"media[{m}] and media[{seen[item.token_id]}] share the placeholder token "
+                f"{item.token_id}; pass the items of one modality as one PreparedMedia",
+                field=f"media[{m}].token_id",
+                actual=item.token_id,
+            )
+        seen[item.token_id] = m
+        where = np.flatnonzero(ids == item.token_id)
+        if where.shape[0] != item.count:
+            raise PlaceholderError(
+                f"input_ids hold {where.shape[0]} {item.modality} anchor token(s) "
+                f"({item.token_id}) but media[{m}] has {item.count} item(s); the prompt needs "
+                "exactly one anchor per item",
+                field="input_ids",
+                expected=item.count,
+                actual=int(where.shape[0]),
+            )
+        repeats[where] = np.asarray(item.token_counts, dtype=np.int64)
+        positions.append(where)
+    if np.any(repeats < 1):
+        raise PlaceholderError("a token count below 1", field="token_counts")
+    expanded = np.repeat(ids, repeats).astype(np.uint32)
+    starts = np.concatenate([[0], np.cumsum(repeats)[:-1]]) if ids.size else repeats
+    ranges = [[(int(starts[p]), int(repeats[p])) for p in where.tolist()] for where in positions]
+    return expanded, ranges

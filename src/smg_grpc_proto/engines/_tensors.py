@@ -1,0 +1,76 @@
+"""The adapters' thin use of :mod:`smg_grpc_proto.tensors`: attach on send, read on receive."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias, TypeVar
+
+import numpy.typing as npt
+from google.protobuf.message import Message
+
+from smg_grpc_proto.engines._media import PreparedMedia
+from smg_grpc_proto.errors import MultimodalError, SmgProtoError, TensorError
+from smg_grpc_proto.tensors import TensorMessage, unpack
+from smg_grpc_proto.tensors._codec import Transport
+
+M = TypeVar("M", bound=Message)
+TensorSource: TypeAlias = "TensorMessage[M] | M"
+"""A request as received: a :class:`TensorMessage` (zero-copy frames) or a plain message."""
+
+
+def as_media_list(media: PreparedMedia | Sequence[PreparedMedia]) -> list[PreparedMedia]:
+    items = [media] if isinstance(media, PreparedMedia) else list(media)
+    for i, item in enumerate(items):
+        if not isinstance(item, PreparedMedia):
+            raise MultimodalError(
+                f"media[{i}] is a {type(item).__name__}, not PreparedMedia (use "
+                "VisionModel.prepare or PreparedMedia.from_output)",
+                field=f"media[{i}]",
+                actual=type(item).__name__,
+            )
+    modalities = [m.modality for m in items]
+    if len(set(modalities)) != len(modalities):
+        raise MultimodalError(
+            f"one PreparedMedia per modality, got {modalities}", field="media", actual=modalities
+        )
+    return items
+
+
+def attach(
+    message: TensorMessage[Any],
+    path: str,
+    array: Any,
+    dtype: str | None,
+    transport: Transport,
+    shm_min_bytes: int,
+) -> None:
+    """Attach ``array`` at ``path``; a refusal names the path."""
+    try:
+        message.attach(path, array, dtype=dtype, transport=transport, shm_min_bytes=shm_min_bytes)
+    except TensorError as exc:
+        if exc.field.startswith(path):
+            raise
+        raise type(exc)(
+            f"{path}: {exc}", field=path, expected=exc.expected, actual=exc.actual
+        ) from None
+
+
+def read_tensor(
+    request: TensorSource[Any], path: str, td: Any, unlink: bool | None
+) -> npt.NDArray[Any]:
+    """The tensor at ``path``: the received frame's view, else the payload unpacked; errors
+    re-raised with the request path in front."""
+    try:
+        if isinstance(request, TensorMessage) and path in request:
+            return request[path]
+        return unpack(td, unlink=unlink)
+    except SmgProtoError as exc:
+        if isinstance(exc, TensorError) or not exc.field.startswith(path):
+            cls = type(exc)
+            raise cls(
+                f"{path}: {exc}",
+                field=f"{path}.{exc.field.rsplit('.', 1)[-1]}" if exc.field else path,
+                expected=exc.expected,
+                actual=exc.actual,
+            ) from None
+        raise

@@ -1,0 +1,259 @@
+"""TokenSpeed (``tokenspeed.grpc.scheduler``): one ``MultimodalItem`` per image or video.
+
+Gateway side, :func:`generate_request` expands the prompt and splits every batch into items, in
+prompt order: ``modality``, ``content_hash`` (32 bytes: BLAKE3 of the item's hex digest, the
+gateway's derivation, over our digest of content and preprocessing parameters),
+``encoder_input`` — the item's slice of the pixels in the engine's dtype, ``bfloat16`` unless
+told otherwise — the item's side tensors (Qwen ``image_grid_thw`` ``[1, 3]``), one placeholder
+range and ``placeholder_token_id``. Tensors travel inline, through shared memory, or through
+shared memory from ``shm_min_bytes`` on (``"auto"``).
+
+Engine side, :func:`decode_mm_inputs` validates every item as TokenSpeed's servicer does
+(modality set; IMAGE without ``video_grid_thw``; VIDEO with ``video_grid_thw`` and without
+``image_grid_thw``; AUDIO with neither; placeholders present, non-empty, inside ``input_ids`` and
+disjoint; one ``placeholder_token_id`` per modality; 32-byte hashes; grids matching the rows)
+and returns one :class:`DecodedBatch` per item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from smg_grpc_proto import _native
+from smg_grpc_proto.engines import _decoded
+from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Modality
+from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders
+from smg_grpc_proto.engines._tensors import TensorSource, as_media_list, attach, read_tensor
+from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as pb
+from smg_grpc_proto.tensors import SHM_MIN_BYTES, TensorMessage
+from smg_grpc_proto.tensors._codec import Transport
+
+__all__ = ["DEFAULT_DTYPE", "content_hash", "decode_mm_inputs", "generate_request"]
+
+#: The encoder-input dtype TokenSpeed's gateway uses when nothing else is configured.
+DEFAULT_DTYPE = "bfloat16"
+
+_MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
+_NAMES: dict[int, tuple[Modality, str]] = {
+    common_pb2.IMAGE: ("image", "pixel_values"),
+    common_pb2.VIDEO: ("video", "pixel_values_videos"),
+    common_pb2.AUDIO: ("audio", "input_features"),
+}
+
+
+def content_hash(hex_digest: str) -> bytes:
+    """TokenSpeed's ``content_hash``: the 32-byte BLAKE3 of an item's hex digest (the SMG
+    gateway's derivation)."""
+    return _native.blake3(hex_digest.encode())
+
+
+def generate_request(
+    request_id: str,
+    input_ids: Sequence[int] | npt.NDArray[Any],
+    media: PreparedMedia | Sequence[PreparedMedia] = (),
+    *,
+    sampling_params: pb.SamplingParams | None = None,
+    stream: bool = False,
+    transport: Transport = "inline",
+    dtype: str | None = DEFAULT_DTYPE,
+    shm_min_bytes: int = SHM_MIN_BYTES,
+) -> TensorMessage[pb.GenerateRequest]:
+    """A ``GenerateRequest`` for ``input_ids`` holding one anchor token per item; ``media`` is
+    one :class:`PreparedMedia` per modality. ``dtype=None`` keeps the processor's float32.
+    Side tensors go inline unless ``transport="shm"``. Shared-memory segments written before a
+    failure are unlinked."""
+    batches = as_media_list(media)
+    ids, ranges = expand_placeholders(input_ids, batches)
+    request = pb.GenerateRequest(request_id=request_id, stream=stream)
+    request.tokenized.input_ids.extend(ids.tolist())
+    if sampling_params is not None:
+        request.sampling_params.CopyFrom(sampling_params)
+    message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)
+    order = sorted(
+        (item_ranges[i][0], b, i)
+        for b, item_ranges in enumerate(ranges)
+        for i in range(len(item_ranges))
+    )
+    side: Transport = "shm" if transport == "shm" else "inline"
+    try:
+        for slot, (offset, b, i) in enumerate(order):
+            batch = batches[b]
+            at = f"mm_inputs.items[{slot}]"
+            item = request.mm_inputs.items.add(
+                modality=_MODALITY[batch.modality],
+                content_hash=content_hash(batch.hex_hashes[i]),
+                placeholder_token_id=batch.token_id,
+            )
+            item.placeholders.add(offset=offset, length=ranges[b][i][1])
+            tensors = batch.item_tensors(i)
+            attach(
+                message,
+                f"{at}.encoder_input",
+                tensors.pop(batch.primary_name),
+                dtype,
+                transport,
+                shm_min_bytes,
+            )
+            for name, array in tensors.items():
+                path = f"{at}.model_specific_tensors[{name}]"
+                attach(message, path, array, None, side, shm_min_bytes)
+    except BaseException:
+        message.discard_shm()
+        raise
+    return message
+
+
+def decode_mm_inputs(
+    request: TensorSource[pb.GenerateRequest],
+    *,
+    merge_size: int | None = None,
+    unlink: bool | None = None,
+) -> tuple[DecodedBatch, ...]:
+    """Every item of ``mm_inputs``, validated, as a one-item :class:`DecodedBatch` each (items
+    of an EPD prefill request named in ``encode_bootstrap_info`` may lack ``encoder_input``).
+    Shared-memory payloads are read and unlinked unless ``unlink=False``."""
+    message: pb.GenerateRequest = request.message if isinstance(request, TensorMessage) else request
+    if not message.HasField("mm_inputs"):
+        return ()
+    items = message.mm_inputs.items
+    if not items:
+        raise MultimodalError(
+            "mm_inputs.items is empty: a present mm_inputs needs at least one item",
+            field="mm_inputs.items",
+        )
+    ids = np.asarray(message.tokenized.input_ids, dtype=np.int64)
+    remote = {b.item_index for b in message.encode_bootstrap_info.items}
+    taken: list[tuple[int, int, str]] = []
+    tokens: dict[Modality, tuple[int, str]] = {}
+    out = []
+    for i, item in enumerate(items):
+        out.append(
+            _decode_item(request, i, item, ids, taken, tokens, i in remote, merge_size, unlink)
+        )
+    return tuple(out)
+
+
+def _decode_item(
+    request: TensorSource[Any],
+    i: int,
+    item: pb.MultimodalItem,
+    ids: npt.NDArray[np.int64],
+    taken: list[tuple[int, int, str]],
+    tokens: dict[Modality, tuple[int, str]],
+    encoded_elsewhere: bool,
+    merge_size: int | None,
+    unlink: bool | None,
+) -> DecodedBatch:
+    at = f"mm_inputs.items[{i}]"
+    if item.modality not in _NAMES:
+        raise MultimodalError(
+            f"{at}.modality = {item.modality}: must be IMAGE (1), AUDIO (2) or VIDEO (3)",
+            field=f"{at}.modality",
+            expected=sorted(_NAMES),
+            actual=item.modality,
+        )
+    modality, primary = _NAMES[item.modality]
+    side = set(item.model_specific_tensors)
+    if modality == "image" and "video_grid_thw" in side:
+        raise MultimodalLayoutError(
+            f"{at}: an IMAGE item must not carry video_grid_thw",
+            field=f"{at}.model_specific_tensors[video_grid_thw]",
+        )
+    if modality == "video" and ("video_grid_thw" not in side or "image_grid_thw" in side):
+        raise MultimodalLayoutError(
+            f"{at}: a VIDEO item must carry video_grid_thw and not image_grid_thw "
+            f"(has {sorted(side)})",
+            field=f"{at}.model_specific_tensors",
+            actual=sorted(side),
+        )
+    if modality == "audio" and side & {"image_grid_thw", "video_grid_thw"}:
+        raise MultimodalLayoutError(
+            f"{at}: an AUDIO item carries no grid (has {sorted(side)})",
+            field=f"{at}.model_specific_tensors",
+            actual=sorted(side),
+        )
+    ranges = [(p.offset, p.length) for p in item.placeholders]
+    if not ranges:
+        raise MultimodalError(
+            f"{at}.placeholders is empty: every item needs at least one range",
+            field=f"{at}.placeholders",
+        )
+    _decoded.check_placeholders(ranges, ids.shape[0], f"{at}.placeholders", taken)
+    token: int | None = None
+    if item.HasField("placeholder_token_id"):
+        token = item.placeholder_token_id
+        first = tokens.setdefault(modality, (token, at))
+        if first[0] != token:
+            raise MultimodalError(
+                f"{at}.placeholder_token_id = {token}, but {first[1]} of the same modality "
+                f"uses {first[0]}",
+                field=f"{at}.placeholder_token_id",
+                expected=first[0],
+                actual=token,
+            )
+    masks = _decoded.embed_masks(ids, ranges, token, f"{at}.placeholders")
+    mask = None
+    if any(m is not None for m in masks):
+        mask = np.concatenate(
+            [
+                m if m is not None else np.ones(r[1], dtype=bool)
+                for m, r in zip(masks, ranges, strict=True)
+            ]
+        )
+    digest: str | None = None
+    if item.content_hash:
+        if len(item.content_hash) != 32:
+            raise MultimodalError(
+                f"{at}.content_hash has {len(item.content_hash)} bytes; expected 32 (BLAKE3)",
+                field=f"{at}.content_hash",
+                expected=32,
+                actual=len(item.content_hash),
+            )
+        digest = item.content_hash.hex()
+
+    tensors: dict[str, npt.NDArray[Any]] = {}
+    if item.HasField("encoder_input"):
+        path = f"{at}.encoder_input"
+        tensors[primary] = read_tensor(request, path, item.encoder_input, unlink)
+    elif not encoded_elsewhere:
+        raise MultimodalError(
+            f"{at}.encoder_input is not set, and encode_bootstrap_info names no encode worker "
+            "for this item",
+            field=f"{at}.encoder_input",
+        )
+    for key in sorted(side):
+        if key == primary:
+            raise MultimodalError(
+                f"{at}.model_specific_tensors[{key}] repeats the encoder input",
+                field=f"{at}.model_specific_tensors[{key}]",
+            )
+        path = f"{at}.model_specific_tensors[{key}]"
+        tensors[key] = read_tensor(request, path, item.model_specific_tensors[key], unlink)
+    layout, sizes = _decoded.infer_layout(tensors, primary, 1, at)
+    grid_key = "video_grid_thw" if modality == "video" else "image_grid_thw"
+    if grid_key in tensors:
+        embeds = [int(mask.sum()) if mask is not None else sum(r[1] for r in ranges)]
+        _decoded.check_grid(
+            tensors[grid_key],
+            1,
+            f"{at}.model_specific_tensors[{grid_key}]",
+            sizes.get(primary),
+            embeds,
+            merge_size,
+        )
+    decoded = DecodedItem(0, modality, dict(tensors), tuple(ranges), mask, digest)
+    return DecodedBatch(
+        modality=modality,
+        tensors=tensors,
+        layout=layout,
+        sizes=sizes,
+        items=(decoded,),
+        im_token_id=token,
+        keep_on_cpu=frozenset(),
+    )

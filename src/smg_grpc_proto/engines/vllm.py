@@ -1,0 +1,300 @@
+"""vLLM (``vllm.grpc.engine``): preprocessed media in ``MultimodalInputs``, both directions.
+
+Gateway side, :func:`generate_request` fills a ``GenerateRequest``: expanded ``input_ids``,
+``mm_inputs`` (and ``extra_mm_inputs`` for a second modality) with ``pixel_values``, the side
+tensors in ``model_specific_tensors``, ``mm_placeholders`` covering only each placeholder run,
+``mm_hashes`` (blake3 hex), ``batched_keys``, ``flat_keys`` (Qwen: ``pixel_values`` ->
+``patches_per_image``), ``keep_on_cpu_keys``, ``modality`` and ``im_token_id``.
+
+Engine side, :func:`decode_mm_inputs` reads every batch back into :class:`DecodedBatch` objects
+following the servicer's rules (batched / flat / shared per key; VIDEO renames ``pixel_values``
+to ``pixel_values_videos``), zero-copy for inline payloads of a received
+:class:`~smg_grpc_proto.tensors.TensorMessage`, and validates shapes, sizes, grids, placeholder
+ranges and hashes — a bad request raises a :class:`~smg_grpc_proto.errors.MultimodalError` (or
+:class:`~smg_grpc_proto.errors.TensorError`) naming the field and the numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from smg_grpc_proto.engines import _decoded
+from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Layout
+from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders
+from smg_grpc_proto.engines._tensors import TensorSource, as_media_list, attach, read_tensor
+from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+from smg_grpc_proto.tensors import SHM_MIN_BYTES, TensorMessage
+from smg_grpc_proto.tensors._codec import Transport
+
+__all__ = ["decode_mm_inputs", "fill_mm_inputs", "generate_request"]
+
+_MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
+
+
+def generate_request(
+    request_id: str,
+    input_ids: Sequence[int] | npt.NDArray[Any],
+    media: PreparedMedia | Sequence[PreparedMedia] = (),
+    *,
+    sampling_params: pb.SamplingParams | None = None,
+    stream: bool = False,
+    transport: Transport = "inline",
+    dtype: str | None = None,
+    shm_min_bytes: int = SHM_MIN_BYTES,
+) -> TensorMessage[pb.GenerateRequest]:
+    """A ``GenerateRequest`` for ``input_ids`` holding one anchor token per media item.
+
+    ``media`` is one :class:`PreparedMedia` per modality (the first goes to ``mm_inputs``, any
+    further to ``extra_mm_inputs``). ``dtype`` converts ``pixel_values`` (e.g.
+    ``"bfloat16"``); ``transport`` sends it ``"inline"``, through shared memory (``"shm"``) or
+    through shared memory from ``shm_min_bytes`` on (``"auto"``). Send the result with
+    :func:`smg_grpc_proto.tensors.serialize` as the request serializer (or ``.to_message()``).
+    """
+    batches = as_media_list(media)
+    ids, ranges = expand_placeholders(input_ids, batches)
+    request = pb.GenerateRequest(request_id=request_id, stream=stream)
+    request.tokenized.input_ids.extend(ids.tolist())
+    if sampling_params is not None:
+        request.sampling_params.CopyFrom(sampling_params)
+    message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)
+    try:
+        for i, (item, item_ranges) in enumerate(zip(batches, ranges, strict=True)):
+            at = "mm_inputs" if i == 0 else f"extra_mm_inputs[{i - 1}]"
+            if i > 0:
+                request.extra_mm_inputs.add()
+            fill_mm_inputs(
+                message,
+                at,
+                item,
+                item_ranges,
+                transport=transport,
+                dtype=dtype,
+                shm_min_bytes=shm_min_bytes,
+            )
+    except BaseException:
+        message.discard_shm()
+        raise
+    return message
+
+
+def fill_mm_inputs(
+    message: TensorMessage[Any],
+    at: str,
+    media: PreparedMedia,
+    ranges: Sequence[tuple[int, int]],
+    *,
+    transport: Transport = "inline",
+    dtype: str | None = None,
+    shm_min_bytes: int = SHM_MIN_BYTES,
+) -> None:
+    """Fill the ``MultimodalInputs`` at path ``at`` of ``message`` with one batch."""
+    mm: Any = message.message
+    for step in at.replace("]", "").split("."):
+        name, _, index = step.partition("[")
+        mm = getattr(mm, name)[int(index)] if index else getattr(mm, name)
+    layout = media.layout()
+    primary = media.primary_name
+    tensors = media.tensors()
+    attach(message, f"{at}.pixel_values", tensors.pop(primary), dtype, transport, shm_min_bytes)
+    side: Transport = "inline" if transport == "inline" else "auto"
+    for name, array in tensors.items():
+        attach(message, f"{at}.model_specific_tensors[{name}]", array, None, side, shm_min_bytes)
+    wire = {primary: "pixel_values"}  # the primary travels as pixel_values whatever its name
+    if layout[primary] == "flat":
+        sizes_key = "patches_per_video" if media.modality == "video" else "patches_per_image"
+        sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
+        attach(message, f"{at}.model_specific_tensors[{sizes_key}]", sizes, None, "inline", 0)
+        mm.flat_keys["pixel_values"] = sizes_key
+    mm.batched_keys.extend(wire.get(k, k) for k, kind in layout.items() if kind == "batched")
+    if media.grid_name is not None:
+        mm.keep_on_cpu_keys.append(media.grid_name)
+    mm.im_token_id = media.token_id
+    for offset, length in ranges:
+        mm.mm_placeholders.add(offset=offset, length=length)
+    mm.mm_hashes.extend(media.hex_hashes)
+    mm.modality = _MODALITY[media.modality]
+
+
+def decode_mm_inputs(
+    request: TensorSource[pb.GenerateRequest],
+    *,
+    merge_size: int | None = None,
+    unlink: bool | None = None,
+) -> tuple[DecodedBatch, ...]:
+    """Every preprocessed batch of a ``GenerateRequest`` (``mm_inputs`` then
+    ``extra_mm_inputs``), validated, as the engine's model consumes it.
+
+    ``merge_size`` (Qwen's ``spatial_merge_size``) also checks each item's placeholder count
+    against its grid. Shared-memory payloads are mapped read-only and unlinked after reading
+    unless ``unlink=False``.
+    """
+    message: pb.GenerateRequest = request.message if isinstance(request, TensorMessage) else request
+    batches: list[tuple[str, pb.MultimodalInputs]] = []
+    if message.HasField("mm_inputs"):
+        batches.append(("mm_inputs", message.mm_inputs))
+    batches.extend((f"extra_mm_inputs[{i}]", b) for i, b in enumerate(message.extra_mm_inputs))
+    if not batches:
+        return ()
+    if message.HasField("media_refs"):
+        raise MultimodalError("media_refs and mm_inputs are mutually exclusive", field="media_refs")
+    if message.WhichOneof("input") != "tokenized":
+        raise MultimodalError(
+            "multimodal input needs tokenized input_ids (got "
+            f"{message.WhichOneof('input') or 'no input'})",
+            field="tokenized",
+        )
+    ids = np.asarray(message.tokenized.input_ids, dtype=np.int64)
+    taken: list[tuple[int, int, str]] = []
+    keys_seen: dict[str, str] = {}
+    out = []
+    for at, mm in batches:
+        out.append(_decode_batch(request, at, mm, ids, taken, keys_seen, merge_size, unlink))
+    return tuple(out)
+
+
+def _decode_batch(
+    request: TensorSource[Any],
+    at: str,
+    mm: pb.MultimodalInputs,
+    ids: npt.NDArray[np.int64],
+    taken: list[tuple[int, int, str]],
+    keys_seen: dict[str, str],
+    merge_size: int | None,
+    unlink: bool | None,
+) -> DecodedBatch:
+    if mm.modality in (common_pb2.MODALITY_UNSPECIFIED, common_pb2.IMAGE):
+        modality: _decoded.Modality = "image"
+    elif mm.modality == common_pb2.VIDEO:
+        modality = "video"
+    else:
+        raise MultimodalError(
+            f"{at}.modality = {mm.modality}: vLLM batches carry IMAGE or VIDEO",
+            field=f"{at}.modality",
+            expected=[common_pb2.IMAGE, common_pb2.VIDEO],
+            actual=mm.modality,
+        )
+    ranges = [(p.offset, p.length) for p in mm.mm_placeholders]
+    n = len(ranges)
+    if n == 0:
+        raise MultimodalError(
+            f"{at}.mm_placeholders is empty: a batch needs one range per item",
+            field=f"{at}.mm_placeholders",
+        )
+    _decoded.check_placeholders(ranges, ids.shape[0], f"{at}.mm_placeholders", taken)
+    token = mm.im_token_id if mm.HasField("im_token_id") else None
+    masks = _decoded.embed_masks(ids, ranges, token, f"{at}.mm_placeholders")
+    hashes = _decoded.check_hashes(list(mm.mm_hashes), n, f"{at}.mm_hashes")
+
+    primary = mm.encoder_input_key if mm.HasField("encoder_input_key") else "pixel_values"
+    if not primary:
+        raise MultimodalError(f"{at}.encoder_input_key is empty", field=f"{at}.encoder_input_key")
+    if not mm.HasField("pixel_values"):
+        raise MultimodalError(
+            f"{at}.pixel_values is not set: a batch needs its encoder input",
+            field=f"{at}.pixel_values",
+        )
+    wire: dict[str, npt.NDArray[Any]] = {
+        primary: read_tensor(request, f"{at}.pixel_values", mm.pixel_values, unlink)
+    }
+    for key in sorted(mm.model_specific_tensors):
+        if key == primary:
+            raise MultimodalError(
+                f"{at}.model_specific_tensors[{key}] repeats the encoder input key",
+                field=f"{at}.model_specific_tensors[{key}]",
+            )
+        path = f"{at}.model_specific_tensors[{key}]"
+        wire[key] = read_tensor(request, path, mm.model_specific_tensors[key], unlink)
+    for key in wire:
+        name = "pixel_values_videos" if modality == "video" and key == "pixel_values" else key
+        if name in keys_seen:
+            raise MultimodalError(
+                f"{at}: tensor {name!r} also appears in {keys_seen[name]}; a key may appear in "
+                "only one batch",
+                field=f"{at}.{key}",
+            )
+        keys_seen[name] = at
+
+    batched = list(mm.batched_keys)
+    flat = dict(mm.flat_keys)
+    for kind, keys in (
+        ("batched_keys", batched),
+        ("flat_keys", list(flat)),
+        ("keep_on_cpu_keys", list(mm.keep_on_cpu_keys)),
+    ):
+        for key in keys:
+            if key not in wire:
+                raise MultimodalLayoutError(
+                    f"{at}.{kind} names {key!r}, which is not a tensor of the batch "
+                    f"(tensors: {sorted(wire)})",
+                    field=f"{at}.{kind}",
+                    actual=key,
+                )
+    layout: dict[str, Layout] = {}
+    sizes: dict[str, tuple[int, ...]] = {}
+    for key, array in wire.items():
+        if key in batched:
+            if key in flat:
+                raise MultimodalLayoutError(
+                    f"{at}: {key!r} is in both batched_keys and flat_keys",
+                    field=f"{at}.flat_keys[{key}]",
+                )
+            rows = _decoded.first_dim(array, key, f"{at}.{key}")
+            if rows != n:
+                raise MultimodalLayoutError(
+                    f"{at}: batched tensor {key!r} has {rows} entries on dim 0 for {n} items",
+                    field=f"{at}.{key}",
+                    expected=n,
+                    actual=rows,
+                )
+            layout[key] = "batched"
+        elif key in flat:
+            sizes_key = flat[key]
+            if sizes_key not in wire:
+                raise MultimodalLayoutError(
+                    f"{at}.flat_keys[{key}] = {sizes_key!r}, which is not a tensor of the batch",
+                    field=f"{at}.flat_keys[{key}]",
+                    actual=sizes_key,
+                )
+            rows = _decoded.first_dim(array, key, f"{at}.{key}")
+            sizes[key] = _decoded.sizes_of(
+                wire[sizes_key], n, rows, f"{at}.model_specific_tensors[{sizes_key}]", key
+            )
+            layout[key] = "flat"
+        else:
+            layout[key] = "shared"
+
+    embeds = [int(m.sum()) if m is not None else r[1] for m, r in zip(masks, ranges, strict=True)]
+    for grid_key in _decoded.GRID_KEYS:
+        if grid_key in wire:
+            _decoded.check_grid(
+                wire[grid_key],
+                n,
+                f"{at}.model_specific_tensors[{grid_key}]",
+                sizes.get(primary),
+                embeds,
+                merge_size,
+            )
+
+    rename = {"pixel_values": "pixel_values_videos"} if modality == "video" else {}
+    tensors = {rename.get(k, k): v for k, v in wire.items()}
+    named_layout = {rename.get(k, k): v for k, v in layout.items()}
+    named_sizes = {rename.get(k, k): v for k, v in sizes.items()}
+    per_item = _decoded.split(tensors, named_layout, named_sizes, n)
+    items = tuple(
+        DecodedItem(i, modality, per_item[i], (ranges[i],), masks[i], hashes[i]) for i in range(n)
+    )
+    return DecodedBatch(
+        modality=modality,
+        tensors=tensors,
+        layout=named_layout,
+        sizes=named_sizes,
+        items=items,
+        im_token_id=token,
+        keep_on_cpu=frozenset(rename.get(k, k) for k in mm.keep_on_cpu_keys),
+    )

@@ -1,0 +1,201 @@
+"""Reference vLLM servicer (``vllm.grpc.engine.VllmEngine``) over the toy model.
+
+What it shows an engine maintainer:
+
+* ``Generate`` receives a :class:`~smg_grpc_proto.tensors.TensorMessage` (register with
+  :func:`add_to_server`), decodes ``mm_inputs``/``extra_mm_inputs`` with
+  :func:`smg_grpc_proto.engines.vllm.decode_mm_inputs` in a worker thread — inline tensors are
+  zero-copy views of the received bytes, shared-memory ones are mapped and unlinked — and turns
+  every decoding error into ``INVALID_ARGUMENT`` with the decoder's message.
+* Responses follow vLLM's servicer: no request id; with ``stream=true`` one chunk per token
+  whose ``completion_tokens`` is that chunk's count (a delta), then a ``complete`` repeating
+  only the last chunk's tokens; with ``stream=false`` a single ``complete`` with every token.
+* ``Abort`` ends the stream promptly with ``finish_reason="abort"`` (the contract lists it).
+* ``GetServerInfo`` reports ``shm_namespace_id`` so a gateway in ``auto`` mode can use shm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc.aio
+
+from smg_grpc_proto import shm
+from smg_grpc_proto.engines import vllm as adapter
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
+from smg_grpc_proto.tensors import TensorMessage
+from smg_grpc_proto.testing._base import Context, RejectedRequest, ToyEngineCore, add_service
+from smg_grpc_proto.testing._toy import mm_digest
+
+__all__ = ["SERVICE", "VllmToyServicer", "add_to_server"]
+
+SERVICE = pb.DESCRIPTOR.services_by_name["VllmEngine"]
+
+
+class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
+    """The toy model behind the vLLM contract."""
+
+    async def Generate(
+        self,
+        request: pb.GenerateRequest | TensorMessage[pb.GenerateRequest] | RejectedRequest,
+        context: Context,
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        received = await self.unwrap(context, request, pb.GenerateRequest)
+        message: pb.GenerateRequest = (
+            received.message if isinstance(received, TensorMessage) else received
+        )
+        if message.WhichOneof("input") != "tokenized":
+            await self.invalid(
+                context,
+                "tokenized is not set: the toy engine has no tokenizer, send token ids "
+                f"(got {message.WhichOneof('input') or 'no input'})",
+            )
+        prompt = await self.check_prompt(
+            context, message.tokenized.input_ids, "tokenized.input_ids"
+        )
+        params = message.sampling_params
+        max_tokens = params.max_tokens if params.HasField("max_tokens") else None
+        await self.check_sampling(
+            context,
+            n=params.n,
+            n_field="sampling_params.n",
+            max_tokens=max_tokens,
+            max_field="sampling_params.max_tokens",
+        )
+        if params.ignore_eos and max_tokens is None:
+            await self.invalid(context, "sampling_params.ignore_eos needs max_tokens")
+        merge_size = self.model.merge_size
+        digest = await self.decode(
+            context, lambda: mm_digest(adapter.decode_mm_inputs(received, merge_size=merge_size))
+        )
+        output = self.model.generate(
+            prompt, digest, max_tokens=max_tokens, ignore_eos=params.ignore_eos
+        )
+        run = await self.begin(context, message.request_id, len(prompt))
+        try:
+            emitted: list[int] = []
+            async for token in self.produce(run, output):
+                emitted.append(token)
+                if message.stream:
+                    yield pb.GenerateResponse(
+                        chunk=pb.GenerateStreamChunk(
+                            token_ids=[token], prompt_tokens=len(prompt), completion_tokens=1
+                        )
+                    )
+            if run.aborted.is_set():
+                finish, ids = "abort", ([] if message.stream else emitted)
+            else:
+                finish, ids = output.finish_reason, (emitted[-1:] if message.stream else emitted)
+            yield pb.GenerateResponse(
+                complete=pb.GenerateComplete(
+                    output_ids=ids,
+                    finish_reason=finish,
+                    prompt_tokens=len(prompt),
+                    completion_tokens=len(ids),
+                )
+            )
+        finally:
+            self.end(run)
+
+    async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
+        if not request.HasField("tokenized"):
+            await self.invalid(context, "tokenized is required for Embed")
+        ids = await self.check_prompt(context, request.tokenized.input_ids, "tokenized.input_ids")
+        vector = self.model.embed(ids)
+        return pb.EmbedResponse(embedding=vector, prompt_tokens=len(ids), embedding_dim=len(vector))
+
+    async def HealthCheck(
+        self, request: pb.HealthCheckRequest, context: Context
+    ) -> pb.HealthCheckResponse:
+        return pb.HealthCheckResponse(healthy=True, message="ok")
+
+    async def FlushCache(
+        self, request: common_pb2.FlushCacheRequest, context: Context
+    ) -> common_pb2.FlushCacheResponse:
+        return self.flush_cache(request)
+
+    async def StartProfile(
+        self, request: common_pb2.StartProfileRequest, context: Context
+    ) -> common_pb2.ProfileResponse:
+        return self.start_profile(request)
+
+    async def StopProfile(
+        self, request: common_pb2.StopProfileRequest, context: Context
+    ) -> common_pb2.ProfileResponse:
+        return self.stop_profile(request)
+
+    async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortResponse:
+        self.abort_ids(list(request.request_ids))
+        return pb.AbortResponse()
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: Context
+    ) -> pb.GetModelInfoResponse:
+        m = self.model
+        return pb.GetModelInfoResponse(
+            model_path=m.model_path,
+            is_generation=True,
+            max_context_length=m.max_context_length,
+            vocab_size=m.vocab_size,
+            supports_vision=m.supports_vision,
+            served_model_name=m.served_model_name,
+            tokenizer_path=str(m.model_dir) if m.model_dir is not None else "",
+            model_type=m.model_type,
+            architectures=m.architectures,
+            eos_token_ids=m.eos_token_ids,
+            pad_token_id=m.pad_token_id,
+            bos_token_id=m.bos_token_id,
+            max_req_input_len=m.max_context_length - 1,
+        )
+
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: Context
+    ) -> pb.GetServerInfoResponse:
+        return pb.GetServerInfoResponse(
+            active_requests=self.active_requests,
+            last_receive_timestamp=self.last_receive,
+            uptime_seconds=self.uptime(),
+            server_type="vllm-grpc",
+            data_parallel_size=1,
+            shm_namespace_id=shm.namespace_id(),
+            max_num_seqs=256,
+            model_dtype="torch.float32",
+            multimodal_encoder_dtype="float32",
+        )
+
+    async def GetLoads(self, request: pb.GetLoadsRequest, context: Context) -> pb.GetLoadsResponse:
+        loads = []
+        if not request.HasField("dp_rank") or request.dp_rank == 0:
+            active = self.active_requests
+            loads.append(
+                pb.SchedulerLoad(
+                    dp_rank=0,
+                    num_running_reqs=active,
+                    num_total_reqs=active,
+                    max_running_requests=256,
+                )
+            )
+        return pb.GetLoadsResponse(
+            timestamp=self.timestamp(), version="toy", dp_rank_count=len(loads), loads=loads
+        )
+
+    async def GetTokenizer(
+        self, request: common_pb2.GetTokenizerRequest, context: Context
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        async for chunk in self.tokenizer_chunks(context):
+            yield chunk
+
+    async def SubscribeKvEvents(
+        self, request: common_pb2.SubscribeKvEventsRequest, context: Context
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        async for batch in self.kv_events(request):
+            yield batch
+
+
+def add_to_server(servicer: VllmToyServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` like ``add_VllmEngineServicer_to_server``, except that
+    ``Generate`` receives a :class:`~smg_grpc_proto.tensors.TensorMessage` (zero-copy tensors)
+    or, for bytes the tensor codec refuses, a :class:`RejectedRequest`."""
+    add_service(server, servicer, SERVICE, tensor_methods=("Generate",))
