@@ -33,8 +33,8 @@ install: deps wheel ## build the wheel and install it (with the [dataclasses] ex
 	$(PIP) install --quiet --disable-pip-version-check --force-reinstall \
 		"$$(ls $(WHEEL_DIR)/smg_grpc_proto-*.whl)[dataclasses]"
 
-demo: install ## the main job: toy engines for every contract over real gRPC on loopback
-	$(PYTHON) examples/demo.py
+demo: install ## the main job: a photo -> Qwen2-VL -> vLLM request over loopback gRPC, timed
+	$(PYTHON) -m smg_grpc_proto.cli demo
 
 gen: ## regenerate stubs, shipped protos and dataclasses from protos/
 	$(PYTHON) scripts/gen_stubs.py

@@ -2,6 +2,7 @@
 
     smg-proto compat --against smg-grpc-proto==0.4.28 --level wire-json --format github
     smg-proto preprocess photos/ --family qwen2_vl --out pixels.safetensors
+    smg-proto demo [IMAGE ...]
 
 Each subcommand registers itself through a ``add_<name>_parser`` function that sets its
 ``handler``; add new subcommands the same way in :func:`build_parser`.
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_compat_parser(commands)
     add_preprocess_parser(commands)
+    add_demo_parser(commands)
     return parser
 
 
@@ -165,6 +167,36 @@ def run_preprocess(args: argparse.Namespace) -> int:
         print(f"smg-proto preprocess: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
+
+
+def add_demo_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "demo",
+        help="a photo through the Qwen2-VL vLLM contract over loopback gRPC, timed",
+        description=(
+            "Start the reference vLLM servicer on 127.0.0.1, preprocess the bundled photo (or "
+            "IMAGE files) for Qwen2-VL in Rust, send the request inline and through shared "
+            "memory, and print what the engine decoded with each stage's time next to "
+            "transformers' processor + naive protobuf. Exit 1 if any check fails."
+        ),
+    )
+    p.add_argument("images", nargs="*", type=Path, metavar="IMAGE", help="encoded image files")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs per stage (median)")
+    p.set_defaults(handler=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from smg_grpc_proto import demo
+    from smg_grpc_proto.errors import SmgProtoError
+
+    if args.repeat < 1:
+        print("smg-proto demo: error: --repeat must be at least 1", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        return demo.main(args.images, repeat=args.repeat)
+    except (OSError, SmgProtoError) as exc:
+        print(f"smg-proto demo: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,7 @@ from google.protobuf.message import Message
 
 from smg_grpc_proto.engines._media import PreparedMedia
 from smg_grpc_proto.errors import MultimodalError, SmgProtoError, TensorError
-from smg_grpc_proto.tensors import TensorMessage, unpack
-from smg_grpc_proto.tensors._codec import Transport
+from smg_grpc_proto.tensors import TensorMessage, Transport, unpack
 
 M = TypeVar("M", bound=Message)
 TensorSource: TypeAlias = "TensorMessage[M] | M"

@@ -29,8 +29,7 @@ from smg_grpc_proto.engines._tensors import TensorSource, as_media_list, attach,
 from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
-from smg_grpc_proto.tensors import SHM_MIN_BYTES, TensorMessage
-from smg_grpc_proto.tensors._codec import Transport
+from smg_grpc_proto.tensors import SHM_MIN_BYTES, TensorMessage, Transport
 
 __all__ = ["decode_mm_inputs", "fill_mm_inputs", "generate_request"]
 

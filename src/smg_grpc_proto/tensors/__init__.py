@@ -18,7 +18,7 @@ and the numbers; a ``remote`` payload raises
 """
 
 from smg_grpc_proto.tensors._backend import backend
-from smg_grpc_proto.tensors._codec import SHM_MIN_BYTES, pack, unpack, unpack_torch
+from smg_grpc_proto.tensors._codec import SHM_MIN_BYTES, Transport, pack, unpack, unpack_torch
 from smg_grpc_proto.tensors._frames import TensorMessage, deserializer, parse, serialize
 from smg_grpc_proto.tensors._layout import ITEMSIZE, LAYOUTS, plan_for
 
@@ -27,6 +27,7 @@ __all__ = [
     "LAYOUTS",
     "SHM_MIN_BYTES",
     "TensorMessage",
+    "Transport",
     "backend",
     "deserializer",
     "pack",

@@ -31,6 +31,7 @@ from smg_grpc_proto.testing._toy import TOKENIZER_FILES, ToyModel, ToyOutput
 
 __all__ = [
     "Context",
+    "DecodedObserver",
     "RejectedRequest",
     "ToyEngineCore",
     "add_service",
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 Context = grpc.aio.ServicerContext[Any, Any]
+DecodedObserver = Callable[[str, Any, float], None]
+"""Called as ``(request_id, decoded, seconds)`` after a servicer decoded a request's multimodal
+input (``decoded`` is what the engine's ``decode_mm_inputs`` returned), in the worker thread."""
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
 
@@ -152,9 +156,16 @@ class ToyEngineCore:
     #: Seconds between KV-event heartbeats after the first batch.
     kv_interval_s: float = 1.0
 
-    def __init__(self, model: ToyModel | None = None, *, kv_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        model: ToyModel | None = None,
+        *,
+        kv_interval_s: float = 1.0,
+        on_decoded: DecodedObserver | None = None,
+    ) -> None:
         self.model = model if model is not None else ToyModel()
         self.kv_interval_s = kv_interval_s
+        self.on_decoded = on_decoded
         self.started = time.time()
         self.last_receive = 0.0
         self._runs: dict[str, list[_Run]] = {}
@@ -256,12 +267,28 @@ class ToyEngineCore:
         if max_tokens is not None and max_tokens < 1:
             await self.invalid(context, f"{max_field} = {max_tokens}: must be at least 1")
 
-    async def decode(self, context: Context, decode: Callable[[], T]) -> T:
-        """Run a multimodal decoder (and whatever hashing the caller folds into it) in a worker
-        thread; any :class:`~smg_grpc_proto.errors.SmgProtoError` becomes
-        ``INVALID_ARGUMENT`` with the decoder's message, which names the field and numbers."""
+    async def decode(
+        self,
+        context: Context,
+        request_id: str,
+        decode: Callable[[], Any],
+        digest: Callable[[Any], bytes],
+    ) -> bytes:
+        """Run a multimodal decoder and fold its result into the toy model's digest, in a
+        worker thread (both touch every byte); report it to ``on_decoded``. Any
+        :class:`~smg_grpc_proto.errors.SmgProtoError` becomes ``INVALID_ARGUMENT`` with the
+        decoder's message, which names the field and numbers."""
+
+        def work() -> bytes:
+            start = time.perf_counter()
+            decoded = decode()
+            elapsed = time.perf_counter() - start
+            if self.on_decoded is not None:
+                self.on_decoded(request_id, decoded, elapsed)
+            return digest(decoded)
+
         try:
-            return await asyncio.to_thread(decode)
+            return await asyncio.to_thread(work)
         except SmgProtoError as exc:
             await self.invalid(context, str(exc))
 

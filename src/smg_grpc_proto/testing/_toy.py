@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from smg_grpc_proto import _native
+
 if TYPE_CHECKING:
     from smg_grpc_proto.engines import DecodedBatch
 
@@ -267,29 +269,20 @@ def expected_output(
     return ToyOutput(tokens, "stop" if stop else "length")
 
 
-def _update_array(h: Any, name: str, array: npt.NDArray[Any]) -> None:
-    contiguous = np.ascontiguousarray(array)
-    header = f"{name}\x00{contiguous.dtype.name}\x00{list(contiguous.shape)}\x00"
-    h.update(header.encode())
-    h.update(struct.pack("<Q", contiguous.nbytes))
-    h.update(contiguous.tobytes())
-
-
 def mm_digest(batches: Iterable[DecodedBatch]) -> bytes:
     """Digest of decoded multimodal batches: per batch its modality, per item its placeholder
-    range, content hash and the bytes, dtype and shape of every tensor of the item. Empty
-    (``b""``, the text-only digest) when there are no batches."""
-    h = hashlib.sha256(_DOMAIN + b"mm\x00")
-    empty = True
+    ranges, content hash and the bytes, dtype and shape of every tensor of the item (BLAKE3,
+    native, no copies). Empty (``b""``, the text-only digest) when there are no batches."""
+    parts: list[bytes | npt.NDArray[Any]] = [_DOMAIN + b"mm"]
     for b, batch in enumerate(batches):
-        empty = False
-        h.update(f"batch {b} {batch.modality} {len(batch.items)}\x00".encode())
+        parts.append(f"batch {b} {batch.modality} {len(batch.items)}".encode())
         for item in batch.items:
             ranges = " ".join(f"{offset}+{length}" for offset, length in item.placeholders)
-            h.update(f"item {item.index} {ranges} {item.content_hash or ''}\x00".encode())
+            parts.append(f"item {item.index} {ranges} {item.content_hash or ''}".encode())
             for name in sorted(item.tensors):
-                _update_array(h, name, item.tensors[name])
-    return b"" if empty else h.digest()
+                array = np.ascontiguousarray(item.tensors[name])
+                parts += [f"{name} {array.dtype.name} {list(array.shape)}".encode(), array]
+    return b"" if len(parts) == 1 else _native.media_digest(parts)
 
 
 def images_digest(images: Iterable[bytes]) -> bytes:

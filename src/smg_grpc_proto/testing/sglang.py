@@ -16,6 +16,7 @@ Contract points it demonstrates:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc.aio
 from google.protobuf import struct_pb2, timestamp_pb2
@@ -35,8 +36,8 @@ SERVICE = pb.DESCRIPTOR.services_by_name["SglangScheduler"]
 class SglangToyServicer(ToyEngineCore, pb_grpc.SglangSchedulerServicer):
     """The toy model behind the SGLang contract."""
 
-    def __init__(self, model: ToyModel | None = None, *, kv_interval_s: float = 1.0) -> None:
-        super().__init__(model, kv_interval_s=kv_interval_s)
+    def __init__(self, model: ToyModel | None = None, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
         self._adapters: dict[str, pb.LoadedLoRAAdapter] = {}
 
     async def Generate(
@@ -66,7 +67,7 @@ class SglangToyServicer(ToyEngineCore, pb_grpc.SglangSchedulerServicer):
         if message.HasField("mm_inputs"):
             adapter = await self.adapter(context, "sglang")
             digest = await self.decode(
-                context, lambda: mm_digest(adapter.decode_mm_inputs(received))
+                context, message.request_id, lambda: adapter.decode_mm_inputs(received), mm_digest
             )
         output = self.model.generate(
             prompt, digest, max_tokens=max_tokens, ignore_eos=params.ignore_eos

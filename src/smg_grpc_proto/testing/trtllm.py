@@ -62,7 +62,7 @@ class TrtllmToyServicer(ToyEngineCore, pb_grpc.TrtllmServiceServicer):
         if message.HasField("multimodal_input"):
             adapter = await self.adapter(context, "trtllm")
             digest = await self.decode(
-                context, lambda: images_digest(adapter.decode_mm_inputs(received))
+                context, rid, lambda: adapter.decode_mm_inputs(received), images_digest
             )
         output = self.model.generate(
             prompt, digest, max_tokens=message.max_tokens, ignore_eos=message.ignore_eos

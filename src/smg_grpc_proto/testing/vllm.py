@@ -68,7 +68,10 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
             await self.invalid(context, "sampling_params.ignore_eos needs max_tokens")
         merge_size = self.model.merge_size
         digest = await self.decode(
-            context, lambda: mm_digest(adapter.decode_mm_inputs(received, merge_size=merge_size))
+            context,
+            message.request_id,
+            lambda: adapter.decode_mm_inputs(received, merge_size=merge_size),
+            mm_digest,
         )
         output = self.model.generate(
             prompt, digest, max_tokens=max_tokens, ignore_eos=params.ignore_eos

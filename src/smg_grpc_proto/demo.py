@@ -1,0 +1,362 @@
+"""The demo (``smg-proto demo``, ``make demo``): a photo through the whole contract, timed.
+
+1. Starts the reference vLLM servicer (:mod:`smg_grpc_proto.testing`) on 127.0.0.1.
+2. Preprocesses the bundled photo for Qwen2-VL in Rust (:class:`~smg_grpc_proto.engines.
+   VisionModel`), builds the vLLM ``GenerateRequest`` (:mod:`smg_grpc_proto.engines.vllm`) and
+   sends it over real gRPC, inline and through shared memory.
+3. Prints what the engine decoded — shapes, dtypes, checksums, placeholder ranges, hashes — and
+   the toy model's answer, checked against what the request must produce.
+4. Times every stage next to the plain-Python path: transformers' Qwen2-VL processor (PIL
+   backend) and a naive protobuf encode/decode (``inline = array.tobytes()``, then a copy out
+   of ``FromString``), and checks that both paths give the same bytes.
+5. Calls every other engine's reference servicer once (health, model info, a short answer).
+
+The plain-Python path needs transformers and Pillow (``make demo`` installs them); without them
+it is skipped. :func:`plain_preprocess`, :func:`plain_encode` and :func:`plain_decode` are also
+the reference of ``scripts/bench_engines.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+import smg_grpc_proto
+from smg_grpc_proto import channel, tensors
+from smg_grpc_proto.engines import DecodedBatch, PreparedMedia, VisionModel
+from smg_grpc_proto.engines import vllm as vllm_adapter
+from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+from smg_grpc_proto.tensors import Transport
+from smg_grpc_proto.testing import ReferenceServer, ToyModel, mm_digest
+
+__all__ = ["bundled_photo", "main", "plain_decode", "plain_encode", "plain_preprocess"]
+
+GENERATE = "/vllm.grpc.engine.VllmEngine/Generate"
+#: ``<|vision_start|> <|image_pad|> <|vision_end|>`` around one anchor per image, as Qwen2-VL's
+#: chat template writes them, inside a short prompt.
+VISION_START, IMAGE_PAD, VISION_END = 151652, 151655, 151653
+
+
+def bundled_photo() -> bytes:
+    """The JPEG shipped with the package (``smg_grpc_proto/data/grace_hopper.jpg``)."""
+    return resources.files("smg_grpc_proto").joinpath("data/grace_hopper.jpg").read_bytes()
+
+
+def prompt_for(n_images: int) -> list[int]:
+    ids = [151644, 872, 198]  # <|im_start|>user\n
+    for _ in range(n_images):
+        ids += [VISION_START, IMAGE_PAD, VISION_END]
+    return [*ids, 3838, 374, 304, 279, 2168, 30, 151645, 198, 151644, 77091, 198]
+
+
+# -- the plain-Python path ------------------------------------------------------------------
+def plain_preprocess(files: Sequence[bytes]) -> dict[str, npt.NDArray[Any]]:
+    """transformers' Qwen2-VL processor (PIL backend) on the decoded files, as a server would
+    run it: ``Image.open`` + ``convert("RGB")`` + ``Qwen2VLImageProcessorPil``."""
+    from PIL import Image
+    from transformers import Qwen2VLImageProcessorPil
+
+    processor = _plain_processor(Qwen2VLImageProcessorPil)
+    images = [Image.open(io.BytesIO(data)).convert("RGB") for data in files]
+    out = processor(images=images, return_tensors="np")
+    return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+
+_PROCESSORS: dict[type, Any] = {}
+
+
+def _plain_processor(cls: type) -> Any:
+    if cls not in _PROCESSORS:
+        _PROCESSORS[cls] = cls()
+    return _PROCESSORS[cls]
+
+
+def plain_encode(
+    request_id: str,
+    ids: Sequence[int],
+    arrays: dict[str, Any],
+    metadata: pb.MultimodalInputs | None = None,
+) -> bytes:
+    """The naive protobuf encode: ``inline = array.tobytes()`` per tensor, then
+    ``SerializeToString()`` (two copies of every tensor). ``metadata`` supplies the non-tensor
+    fields (placeholders, layout keys, hashes, token id)."""
+    request = pb.GenerateRequest(request_id=request_id)
+    request.tokenized.input_ids.extend(ids)
+    mm = request.mm_inputs
+    if metadata is not None:
+        mm.CopyFrom(metadata)
+        mm.ClearField("pixel_values")
+        mm.model_specific_tensors.clear()
+    for name, array in arrays.items():
+        td = mm.pixel_values if name == "pixel_values" else mm.model_specific_tensors[name]
+        td.shape.extend(array.shape)
+        td.dtype = str(array.dtype)
+        td.inline = np.ascontiguousarray(array).tobytes()
+    return request.SerializeToString()
+
+
+def plain_decode(data: bytes) -> dict[str, npt.NDArray[Any]]:
+    """The naive decode: ``FromString`` and a writable copy of each payload (what the 0.14.1
+    servicer does with ``bytearray`` + ``torch.frombuffer``)."""
+    request = pb.GenerateRequest.FromString(data)
+    mm = request.mm_inputs
+    items = [("pixel_values", mm.pixel_values), *mm.model_specific_tensors.items()]
+    return {
+        name: np.frombuffer(bytearray(td.inline), dtype=td.dtype).reshape(tuple(td.shape))
+        for name, td in items
+    }
+
+
+# -- timing ---------------------------------------------------------------------------------
+def median_ms(fn: Callable[[], Any], repeat: int) -> float:
+    fn()  # warm-up: page faults, lazy imports, caches
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _checksum(array: npt.NDArray[Any]) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+
+
+class _Recorder:
+    """The servicer's ``on_decoded`` observer: what the engine decoded, per request id."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: dict[str, tuple[tuple[DecodedBatch, ...], float]] = {}
+
+    def __call__(self, request_id: str, decoded: Any, seconds: float) -> None:
+        with self.lock:
+            self.seen[request_id] = (decoded, seconds)
+
+
+def _generate(ch: grpc.Channel, request: Any, serializer: Callable[[Any], bytes]) -> list[Any]:
+    call = ch.unary_stream(
+        GENERATE,
+        request_serializer=serializer,
+        response_deserializer=pb.GenerateResponse.FromString,
+    )
+    return list(call(request, timeout=60))
+
+
+def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] = print) -> int:
+    """The demo on ``files`` (encoded images); returns the exit code."""
+    info = smg_grpc_proto.build_info()
+    out(
+        f"smg-grpc-proto {smg_grpc_proto.__version__}, native core {info['version']} "
+        f"({info['profile']}, cpu: {', '.join(info['cpu_features']) or '-'})"
+    )
+    model = VisionModel.for_family("qwen2_vl")
+    prompt = prompt_for(len(files))
+    toy = ToyModel(max_length=12)
+    recorder = _Recorder()
+    timings: list[tuple[str, float, float | None]] = []
+    ok = True
+    with ReferenceServer("vllm", model=toy, servicer_kwargs={"on_decoded": recorder}) as server:
+        out(f"\nreference vLLM servicer listening on {server.target} (grpc.aio, toy model)")
+        with channel.insecure_channel(server.target) as ch:
+            t_pre = median_ms(lambda: model.prepare(list(files), threads=1), repeat)
+            media = model.prepare(list(files), threads=1)
+            t_build = median_ms(lambda: vllm_adapter.generate_request("b", prompt, media), repeat)
+            probe = vllm_adapter.generate_request("probe", prompt, media)
+            t_encode = median_ms(lambda: tensors.serialize(probe), repeat)
+            data = tensors.serialize(probe)
+            t_decode = median_ms(
+                lambda: vllm_adapter.decode_mm_inputs(
+                    tensors.parse(data, pb.GenerateRequest), merge_size=2
+                ),
+                repeat,
+            )
+            twin = vllm_adapter.decode_mm_inputs(tensors.parse(data, pb.GenerateRequest))
+            expected = toy.generate(list(probe.message.tokenized.input_ids), mm_digest(twin))
+            out(
+                f"\n{len(files)} photo(s), {sum(map(len, files)) / 1024:.0f} KiB of JPEG -> "
+                f"Qwen2-VL request of {len(data) / 2**20:.2f} MiB inline"
+            )
+            rounds: dict[str, float] = {}
+            transports: tuple[Transport, ...] = ("inline", "shm")
+            for transport in transports:
+                rid = f"demo-{transport}"
+                request = vllm_adapter.generate_request(rid, prompt, media, transport=transport)
+                segments = request.shm_segments
+                (response,) = _generate(ch, request, tensors.serialize)
+                decoded, seconds = recorder.seen[rid]
+                ok &= _report(out, transport, request, media, decoded, seconds, segments)
+                answer = list(response.complete.output_ids)
+                match = answer == list(expected.token_ids)
+                ok &= match
+                out(
+                    f"  engine answered {len(answer)} tokens {answer[:4]}... "
+                    f"finish={response.complete.finish_reason!r}: "
+                    f"{'as the request must produce' if match else 'WRONG'}"
+                )
+
+                def call(transport: Transport = transport) -> None:
+                    # a new request each time: the engine consumes shared-memory segments
+                    again = vllm_adapter.generate_request("t", prompt, media, transport=transport)
+                    _generate(ch, again, tensors.serialize)
+
+                rounds[transport] = median_ms(call, repeat)
+            plain = _plain_path(files, prompt, probe, media, ch, repeat, out)
+    timings += [
+        ("preprocess (JPEG -> pixel_values)", t_pre, plain.get("preprocess")),
+        ("build + encode the request", t_build + t_encode, plain.get("encode")),
+        ("engine: wire bytes -> tensors", t_decode, plain.get("decode")),
+        ("build + gRPC Generate, inline *", rounds["inline"], plain.get("round")),
+        ("build + gRPC Generate, shm *", rounds["shm"], None),
+    ]
+    ours_total = t_pre + t_build + t_encode + t_decode
+    plain_total = sum(plain[k] for k in ("preprocess", "encode", "decode")) if plain else None
+    timings.append(("image bytes -> engine tensors", ours_total, plain_total))
+    out(f"\nstage (one thread, median of {repeat})        ours    plain Python   speed-up")
+    for label, ours, ref in timings:
+        ref_text = f"{ref:10.2f} ms" if ref is not None else "            -"
+        ratio = f"{ref / ours:8.1f}x" if ref is not None and ours > 0 else ""
+        out(f"  {label:<36}{ours:8.2f} ms {ref_text}{ratio}")
+    out("  * round trips include the toy engine's SHA-256 of every decoded byte (its 'model')")
+    ok &= _other_engines(out)
+    out("\ndemo " + ("passed" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+def _report(
+    out: Callable[[str], None],
+    transport: str,
+    request: tensors.TensorMessage[pb.GenerateRequest],
+    media: PreparedMedia,
+    decoded: tuple[DecodedBatch, ...],
+    seconds: float,
+    segments: list[str],
+) -> bool:
+    (batch,) = decoded
+    mm = request.message.mm_inputs
+    out(f"\n[{transport}] the engine decoded in {seconds * 1e3:.2f} ms:")
+    ok = True
+    for name, array in batch.tensors.items():
+        original = media.tensors().get(name)
+        if original is None:
+            original = np.asarray(media.flat_sizes(), dtype=np.int64)
+        same = np.ascontiguousarray(array).tobytes() == np.ascontiguousarray(original).tobytes()
+        ok &= same
+        out(
+            f"  {name:<18} {array.dtype!s:<8} {list(array.shape)!s:<14} {batch.layout[name]:<8}"
+            f" sha256 {_checksum(array)} {'= sent' if same else '!= sent'}"
+        )
+    out(f"  placeholders (offset, length) {list(batch.placeholders)} of token {batch.im_token_id}")
+    out(f"  mm_hashes {[h[:16] + '...' for h in mm.mm_hashes]}")
+    if transport == "shm":
+        left = [s for s in segments if Path(f"/dev/shm/{s}").exists()]
+        out(f"  shared memory: {len(segments)} segment(s) written, {len(left)} left after read")
+        ok &= not left
+    return ok
+
+
+def _plain_path(
+    files: Sequence[bytes],
+    prompt: list[int],
+    probe: tensors.TensorMessage[pb.GenerateRequest],
+    media: PreparedMedia,
+    ch: grpc.Channel,
+    repeat: int,
+    out: Callable[[str], None],
+) -> dict[str, float]:
+    try:
+        import transformers
+    except ImportError:
+        out("\nplain-Python path skipped: pip install transformers pillow")
+        return {}
+    ids = list(probe.message.tokenized.input_ids)
+    t_pre = median_ms(lambda: plain_preprocess(files), repeat)
+    arrays = plain_preprocess(files)
+    arrays["patches_per_image"] = np.asarray(media.flat_sizes(), dtype=np.int64)
+    meta = probe.message.mm_inputs
+    t_encode = median_ms(lambda: plain_encode("p", ids, arrays, meta), repeat)
+    data = plain_encode("p", ids, arrays, meta)
+    t_decode = median_ms(lambda: plain_decode(data), repeat)
+    same = all(
+        np.ascontiguousarray(arrays[k]).tobytes() == np.ascontiguousarray(v).tobytes()
+        for k, v in media.tensors().items()
+    )
+    out(
+        f"\ntransformers {transformers.__version__} (PIL backend) gives "
+        f"{'the same bytes' if same else 'DIFFERENT bytes'} as ours for every tensor"
+    )
+    t_round = median_ms(lambda: _generate(ch, data, lambda b: b), repeat)
+    return {"preprocess": t_pre, "encode": t_encode, "decode": t_decode, "round": t_round}
+
+
+def _other_engines(out: Callable[[str], None]) -> bool:
+    from smg_grpc_proto.engines import mlx, sglang, tokenspeed, trtllm
+    from smg_grpc_proto.generated import (
+        mlx_engine_pb2,
+        sglang_scheduler_pb2,
+        tokenspeed_scheduler_pb2,
+        trtllm_service_pb2,
+    )
+
+    out("\nthe other engines' reference servicers, a short answer each:")
+    cases: list[tuple[str, str, Any, Any]] = [
+        (
+            "sglang",
+            "SglangScheduler",
+            sglang.generate_request("s", [1, 2, 3]),
+            sglang_scheduler_pb2,
+        ),
+        (
+            "tokenspeed",
+            "TokenSpeedScheduler",
+            tokenspeed.generate_request("t", [1, 2, 3]),
+            tokenspeed_scheduler_pb2,
+        ),
+        (
+            "trtllm",
+            "TrtllmService",
+            trtllm.generate_request("r", [1, 2, 3], max_tokens=6),
+            trtllm_service_pb2,
+        ),
+        ("mlx", "MlxEngine", mlx.generate_request("m", [1, 2, 3]), mlx_engine_pb2),
+    ]
+    ok = True
+    for engine, service, request, module in cases:
+        with ReferenceServer(engine) as server, channel.insecure_channel(server.target) as ch:
+            health = ch.unary_unary(
+                f"/{module.DESCRIPTOR.package}.{service}/HealthCheck",
+                request_serializer=module.HealthCheckRequest.SerializeToString,
+                response_deserializer=module.HealthCheckResponse.FromString,
+            )(module.HealthCheckRequest(), timeout=10)
+            call = ch.unary_stream(
+                f"/{module.DESCRIPTOR.package}.{service}/Generate",
+                request_serializer=tensors.serialize,
+                response_deserializer=module.GenerateResponse.FromString,
+            )
+            responses = list(call(request, timeout=30))
+            final = responses[-1].complete
+            tokens = list(getattr(final, "output_ids", None) or final.output_token_ids)
+            # TensorRT-LLM answers a status string, the others a healthy flag
+            healthy = health.status == "OK" if engine == "trtllm" else health.healthy
+            ok &= healthy and bool(tokens)
+            out(
+                f"  {engine:<11} {server.target:<16} healthy={healthy} "
+                f"answer={tokens[:4]}... finish={final.finish_reason!r}"
+            )
+    return ok
+
+
+def main(images: Sequence[str | Path] = (), *, repeat: int = 5) -> int:
+    files = [Path(p).read_bytes() for p in images] or [bundled_photo()]
+    return run(files, repeat=repeat)

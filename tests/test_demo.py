@@ -1,0 +1,58 @@
+"""The demo (`smg-proto demo`, what `make demo` runs): real servicer, real gRPC, every check it
+prints must pass, and bad arguments exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.images import grace_hopper
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "smg_grpc_proto.cli", "demo", "--repeat", "2", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+
+
+def test_demo_passes_every_check() -> None:
+    run = _demo()
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "demo passed" in out
+    assert "gives the same bytes as ours for every tensor" in out
+    assert out.count("as the request must produce") == 2  # inline and shm
+    assert "1 segment(s) written, 0 left after read" in out
+    assert out.count("= sent") == 6
+    assert "!= sent" not in out
+    for engine in ("sglang", "tokenspeed", "trtllm", "mlx"):
+        assert f"  {engine}" in out
+    # the anchor sits at index 4 of the prompt; 512 x 600 -> a 36 x 42 patch grid -> 378 tokens
+    assert "placeholders (offset, length) [(4, 378)] of token 151655" in out
+    assert "image bytes -> engine tensors" in out
+
+
+def test_demo_takes_image_files(tmp_path: Path) -> None:
+    photo = tmp_path / "a.jpg"
+    photo.write_bytes(grace_hopper())
+    run = _demo(str(photo), str(photo))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 photo(s)" in run.stdout
+
+
+def test_demo_bad_arguments_exit_2(tmp_path: Path) -> None:
+    run = _demo(str(tmp_path / "missing.jpg"))
+    assert run.returncode == 2
+    assert "missing.jpg" in run.stderr
+    junk = tmp_path / "junk.jpg"
+    junk.write_bytes(b"not an image at all")
+    run = _demo(str(junk))
+    assert run.returncode == 2
+    assert "image 0: cannot identify the image format" in run.stderr, run.stderr
+    command = [sys.executable, "-m", "smg_grpc_proto.cli", "demo", "--repeat", "0"]
+    bad = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2
+    assert "--repeat must be at least 1" in bad.stderr
