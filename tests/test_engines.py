@@ -147,7 +147,7 @@ def test_vllm_round_trip_exact(family: str, transport: str) -> None:
     assert all(len(h) == 64 for h in mm.mm_hashes)
     if family in QWEN:
         assert dict(mm.flat_keys) == {"pixel_values": "patches_per_image"}
-        assert list(mm.batched_keys) == ["image_grid_thw"]
+        assert list(mm.batched_keys) == ["image_grid_thw", "patches_per_image"]
         assert list(mm.keep_on_cpu_keys) == ["image_grid_thw"]
     else:
         assert dict(mm.flat_keys) == {}
@@ -354,7 +354,13 @@ def _vllm_case(mutate: Any) -> vllm_pb.GenerateRequest:
     return message
 
 
+def _drop_sizes(mm: Any) -> None:
+    mm.batched_keys.remove("patches_per_image")
+    del mm.model_specific_tensors["patches_per_image"]
+
+
 VLLM_BAD = [
+    (_drop_sizes, MultimodalLayoutError, "flat_keys[pixel_values] = 'patches_per_image', which is"),
     (lambda mm: mm.mm_hashes.append("ab" * 32), MultimodalError, "3 hashes for 2 items"),
     (lambda mm: mm.mm_hashes.__setitem__(0, "XYZ"), MultimodalError, "64 lower-case hex"),
     (lambda mm: setattr(mm, "modality", common_pb2.AUDIO), MultimodalError, "IMAGE or VIDEO"),

@@ -659,7 +659,7 @@ def _mutate_grid(request: Any) -> Any:
             "mm_inputs.pixel_values",
             "225692 bytes, but shape [48, 1176] of float32 needs 225792",
         ),
-        (_mutate_missing_sizes, "mm_inputs.flat_keys[pixel_values]", "patches_per_image"),
+        (_mutate_missing_sizes, "mm_inputs.batched_keys", "names 'patches_per_image'"),
         (
             _mutate_grid,
             "mm_inputs.model_specific_tensors[image_grid_thw][0]",

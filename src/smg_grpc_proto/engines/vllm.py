@@ -111,6 +111,10 @@ def fill_mm_inputs(
         attach(message, f"{at}.model_specific_tensors[{sizes_key}]", sizes, None, "inline", 0)
         mm.flat_keys["pixel_values"] = sizes_key
     mm.batched_keys.extend(wire.get(k, k) for k, kind in layout.items() if kind == "batched")
+    if layout[primary] == "flat":
+        # one size per item: batched, as the SMG gateway marks it (vLLM then slices it per item
+        # like the grid instead of handing every item the whole tensor)
+        mm.batched_keys.append(sizes_key)
     if media.grid_name is not None:
         mm.keep_on_cpu_keys.append(media.grid_name)
     mm.im_token_id = media.token_id
