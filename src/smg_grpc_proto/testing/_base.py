@@ -231,18 +231,19 @@ class ToyEngineCore:
     async def invalid(context: Context, message: str) -> NoReturn:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    async def unwrap(self, context: Context, request: Any, message_type: type[M]) -> Any:
-        """The request as received by a tensor method: a :class:`TensorMessage` (returned as
-        is, decoders read its frames), a plain message, or a refused one (aborted)."""
+    async def unwrap(
+        self, context: Context, request: Any, message_type: type[M]
+    ) -> tuple[tensors.TensorMessage[M] | M, M]:
+        """The request as received by a tensor method and its plain message: a
+        :class:`TensorMessage` (decoders read its zero-copy frames) or a plain message; a
+        refused one is aborted with ``INVALID_ARGUMENT``."""
         if isinstance(request, RejectedRequest):
             await self.invalid(context, str(request.error))
-        if isinstance(request, tensors.TensorMessage):
-            if not isinstance(request.message, message_type):
-                await self.invalid(context, f"expected a {message_type.DESCRIPTOR.full_name}")
-            return request
-        if not isinstance(request, message_type):
+        received = request
+        message = request.message if isinstance(request, tensors.TensorMessage) else request
+        if not isinstance(message, message_type):
             await self.invalid(context, f"expected a {message_type.DESCRIPTOR.full_name}")
-        return request
+        return received, message
 
     async def check_prompt(self, context: Context, ids: Sequence[int], field: str) -> list[int]:
         prompt = list(ids)
@@ -266,6 +267,26 @@ class ToyEngineCore:
             )
         if max_tokens is not None and max_tokens < 1:
             await self.invalid(context, f"{max_field} = {max_tokens}: must be at least 1")
+
+    async def check_generate(
+        self, context: Context, ids: Sequence[int], params: Any, max_field: str, *, n: int | None
+    ) -> tuple[list[int], int | None]:
+        """The checks every ``Generate`` runs: a prompt that leaves room for output, one output
+        (``n``; ``None`` reads ``params.n``), a token budget of at least 1 from the optional
+        ``params.<max_field>``, and ``ignore_eos`` only with a budget. Returns the prompt and
+        the budget (``None`` = unset)."""
+        prompt = await self.check_prompt(context, ids, "tokenized.input_ids")
+        max_tokens = getattr(params, max_field) if params.HasField(max_field) else None
+        await self.check_sampling(
+            context,
+            n=params.n if n is None else n,
+            n_field="sampling_params.n",
+            max_tokens=max_tokens,
+            max_field=f"sampling_params.{max_field}",
+        )
+        if params.ignore_eos and max_tokens is None:
+            await self.invalid(context, f"sampling_params.ignore_eos needs {max_field}")
+        return prompt, max_tokens
 
     async def decode(
         self,
@@ -395,3 +416,32 @@ class ToyEngineCore:
 
     def uptime(self) -> float:
         return time.time() - self.started
+
+    # -- the RPCs every contract declares with the shared smg.grpc.common messages ----------
+    # (registered only where the engine's service has them: add_service follows the descriptor)
+    async def FlushCache(
+        self, request: common_pb2.FlushCacheRequest, context: Context
+    ) -> common_pb2.FlushCacheResponse:
+        return self.flush_cache(request)
+
+    async def StartProfile(
+        self, request: common_pb2.StartProfileRequest, context: Context
+    ) -> common_pb2.ProfileResponse:
+        return self.start_profile(request)
+
+    async def StopProfile(
+        self, request: common_pb2.StopProfileRequest, context: Context
+    ) -> common_pb2.ProfileResponse:
+        return self.stop_profile(request)
+
+    async def GetTokenizer(
+        self, request: common_pb2.GetTokenizerRequest, context: Context
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        async for chunk in self.tokenizer_chunks(context):
+            yield chunk
+
+    async def SubscribeKvEvents(
+        self, request: common_pb2.SubscribeKvEventsRequest, context: Context
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        async for batch in self.kv_events(request):
+            yield batch

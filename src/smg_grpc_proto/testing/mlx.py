@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 
 import grpc.aio
 
-from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import mlx_engine_pb2 as pb
 from smg_grpc_proto.generated import mlx_engine_pb2_grpc as pb_grpc
 from smg_grpc_proto.testing._base import Context, ToyEngineCore, add_service
@@ -35,16 +34,10 @@ class MlxToyServicer(ToyEngineCore, pb_grpc.MlxEngineServicer):
                 "tokenized is not set: the MLX servicer only accepts token ids "
                 f"(got {request.WhichOneof('input') or 'no input'})",
             )
-        prompt = await self.check_prompt(
-            context, request.tokenized.input_ids, "tokenized.input_ids"
-        )
         params = request.sampling_params
-        max_tokens = params.max_tokens if params.HasField("max_tokens") else None
-        await self.check_sampling(
-            context, n=1, n_field="n", max_tokens=max_tokens, max_field="sampling_params.max_tokens"
+        prompt, max_tokens = await self.check_generate(
+            context, request.tokenized.input_ids, params, "max_tokens", n=1
         )
-        if params.ignore_eos and max_tokens is None:
-            await self.invalid(context, "sampling_params.ignore_eos needs max_tokens")
         output = self.model.generate(prompt, max_tokens=max_tokens, ignore_eos=params.ignore_eos)
         run = await self.begin(context, request.request_id, len(prompt))
         try:
@@ -108,12 +101,6 @@ class MlxToyServicer(ToyEngineCore, pb_grpc.MlxEngineServicer):
             active_requests=self.active_requests,
             uptime_seconds=self.uptime(),
         )
-
-    async def GetTokenizer(
-        self, request: common_pb2.GetTokenizerRequest, context: Context
-    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        async for chunk in self.tokenizer_chunks(context):
-            yield chunk
 
 
 def add_to_server(servicer: MlxToyServicer, server: grpc.aio.Server) -> None:

@@ -45,24 +45,11 @@ class TokenSpeedToyServicer(ToyEngineCore, pb_grpc.TokenSpeedSchedulerServicer):
         request: pb.GenerateRequest | TensorMessage[pb.GenerateRequest] | RejectedRequest,
         context: Context,
     ) -> AsyncIterator[pb.GenerateResponse]:
-        received = await self.unwrap(context, request, pb.GenerateRequest)
-        message: pb.GenerateRequest = (
-            received.message if isinstance(received, TensorMessage) else received
-        )
-        prompt = await self.check_prompt(
-            context, message.tokenized.input_ids, "tokenized.input_ids"
-        )
+        received, message = await self.unwrap(context, request, pb.GenerateRequest)
         params = message.sampling_params
-        max_tokens = params.max_new_tokens if params.HasField("max_new_tokens") else None
-        await self.check_sampling(
-            context,
-            n=params.n,
-            n_field="sampling_params.n",
-            max_tokens=max_tokens,
-            max_field="sampling_params.max_new_tokens",
+        prompt, max_tokens = await self.check_generate(
+            context, message.tokenized.input_ids, params, "max_new_tokens", n=None
         )
-        if params.ignore_eos and max_tokens is None:
-            await self.invalid(context, "sampling_params.ignore_eos needs max_new_tokens")
         digest = b""
         if message.HasField("mm_inputs"):
             adapter = await self.adapter(context, "tokenspeed")
@@ -180,33 +167,6 @@ class TokenSpeedToyServicer(ToyEngineCore, pb_grpc.TokenSpeedSchedulerServicer):
                 total_running_reqs=active if loads else 0, total_reqs=active if loads else 0
             ),
         )
-
-    async def FlushCache(
-        self, request: common_pb2.FlushCacheRequest, context: Context
-    ) -> common_pb2.FlushCacheResponse:
-        return self.flush_cache(request)
-
-    async def StartProfile(
-        self, request: common_pb2.StartProfileRequest, context: Context
-    ) -> common_pb2.ProfileResponse:
-        return self.start_profile(request)
-
-    async def StopProfile(
-        self, request: common_pb2.StopProfileRequest, context: Context
-    ) -> common_pb2.ProfileResponse:
-        return self.stop_profile(request)
-
-    async def GetTokenizer(
-        self, request: common_pb2.GetTokenizerRequest, context: Context
-    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        async for chunk in self.tokenizer_chunks(context):
-            yield chunk
-
-    async def SubscribeKvEvents(
-        self, request: common_pb2.SubscribeKvEventsRequest, context: Context
-    ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        async for batch in self.kv_events(request):
-            yield batch
 
 
 def add_to_server(servicer: TokenSpeedToyServicer, server: grpc.aio.Server) -> None:

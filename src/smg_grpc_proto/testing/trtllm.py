@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 
-from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import trtllm_service_pb2 as pb
 from smg_grpc_proto.generated import trtllm_service_pb2_grpc as pb_grpc
 from smg_grpc_proto.tensors import TensorMessage
@@ -39,10 +38,7 @@ class TrtllmToyServicer(ToyEngineCore, pb_grpc.TrtllmServiceServicer):
         request: pb.GenerateRequest | TensorMessage[pb.GenerateRequest] | RejectedRequest,
         context: Context,
     ) -> AsyncIterator[pb.GenerateResponse]:
-        received = await self.unwrap(context, request, pb.GenerateRequest)
-        message: pb.GenerateRequest = (
-            received.message if isinstance(received, TensorMessage) else received
-        )
+        received, message = await self.unwrap(context, request, pb.GenerateRequest)
         rid = message.request_id
         if not rid:
             await self.invalid(context, "request_id is empty; TensorRT-LLM requires one")
@@ -145,18 +141,6 @@ class TrtllmToyServicer(ToyEngineCore, pb_grpc.TrtllmServiceServicer):
             context_parallel_size=1,
             world_size=1,
         )
-
-    async def GetTokenizer(
-        self, request: common_pb2.GetTokenizerRequest, context: Context
-    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        async for chunk in self.tokenizer_chunks(context):
-            yield chunk
-
-    async def SubscribeKvEvents(
-        self, request: common_pb2.SubscribeKvEventsRequest, context: Context
-    ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        async for batch in self.kv_events(request):
-            yield batch
 
 
 def add_to_server(servicer: TrtllmToyServicer, server: grpc.aio.Server) -> None:

@@ -22,7 +22,6 @@ import grpc.aio
 
 from smg_grpc_proto import shm
 from smg_grpc_proto.engines import vllm as adapter
-from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 from smg_grpc_proto.tensors import TensorMessage
@@ -42,30 +41,17 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
         request: pb.GenerateRequest | TensorMessage[pb.GenerateRequest] | RejectedRequest,
         context: Context,
     ) -> AsyncIterator[pb.GenerateResponse]:
-        received = await self.unwrap(context, request, pb.GenerateRequest)
-        message: pb.GenerateRequest = (
-            received.message if isinstance(received, TensorMessage) else received
-        )
+        received, message = await self.unwrap(context, request, pb.GenerateRequest)
         if message.WhichOneof("input") != "tokenized":
             await self.invalid(
                 context,
                 "tokenized is not set: the toy engine has no tokenizer, send token ids "
                 f"(got {message.WhichOneof('input') or 'no input'})",
             )
-        prompt = await self.check_prompt(
-            context, message.tokenized.input_ids, "tokenized.input_ids"
-        )
         params = message.sampling_params
-        max_tokens = params.max_tokens if params.HasField("max_tokens") else None
-        await self.check_sampling(
-            context,
-            n=params.n,
-            n_field="sampling_params.n",
-            max_tokens=max_tokens,
-            max_field="sampling_params.max_tokens",
+        prompt, max_tokens = await self.check_generate(
+            context, message.tokenized.input_ids, params, "max_tokens", n=None
         )
-        if params.ignore_eos and max_tokens is None:
-            await self.invalid(context, "sampling_params.ignore_eos needs max_tokens")
         merge_size = self.model.merge_size
         digest = await self.decode(
             context,
@@ -113,21 +99,6 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
         self, request: pb.HealthCheckRequest, context: Context
     ) -> pb.HealthCheckResponse:
         return pb.HealthCheckResponse(healthy=True, message="ok")
-
-    async def FlushCache(
-        self, request: common_pb2.FlushCacheRequest, context: Context
-    ) -> common_pb2.FlushCacheResponse:
-        return self.flush_cache(request)
-
-    async def StartProfile(
-        self, request: common_pb2.StartProfileRequest, context: Context
-    ) -> common_pb2.ProfileResponse:
-        return self.start_profile(request)
-
-    async def StopProfile(
-        self, request: common_pb2.StopProfileRequest, context: Context
-    ) -> common_pb2.ProfileResponse:
-        return self.stop_profile(request)
 
     async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortResponse:
         self.abort_ids(list(request.request_ids))
@@ -183,18 +154,6 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
         return pb.GetLoadsResponse(
             timestamp=self.timestamp(), version="toy", dp_rank_count=len(loads), loads=loads
         )
-
-    async def GetTokenizer(
-        self, request: common_pb2.GetTokenizerRequest, context: Context
-    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        async for chunk in self.tokenizer_chunks(context):
-            yield chunk
-
-    async def SubscribeKvEvents(
-        self, request: common_pb2.SubscribeKvEventsRequest, context: Context
-    ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        async for batch in self.kv_events(request):
-            yield batch
 
 
 def add_to_server(servicer: VllmToyServicer, server: grpc.aio.Server) -> None:
