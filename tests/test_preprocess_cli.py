@@ -377,3 +377,28 @@ def test_compat_does_not_load_vision():
     code = "import sys, smg_grpc_proto.cli; print('smg_grpc_proto.vision' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_safetensors_package_missing_is_a_usage_error(image_dir: Path, tmp_path: Path):
+    """Without the optional safetensors package: exit 2 with the install hint, before any image
+    is processed; npz still works."""
+    code = (
+        "import sys; sys.modules['safetensors'] = None; sys.modules['safetensors.numpy'] = None\n"
+        "from smg_grpc_proto import cli\n"
+        f"sys.exit(cli.main(['preprocess', {str(image_dir)!r}, '--family', 'qwen2_vl', "
+        "'--out', sys.argv[1]]))"
+    )
+    out = tmp_path / "x.safetensors"
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2, run.stderr
+    assert "pip install 'smg-grpc-proto[safetensors]'" in run.stderr
+    assert "--format npz" in run.stderr
+    assert not out.exists()
+    npz = tmp_path / "x.npz"
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(npz)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert npz.exists()

@@ -20,7 +20,12 @@ import numpy.typing as npt
 
 from smg_grpc_proto.errors import ImageDecodeError, ImageProcessingError, SmgProtoError
 from smg_grpc_proto.vision._config import FAMILIES
-from smg_grpc_proto.vision._export import ExportFormat, write_tensors
+from smg_grpc_proto.vision._export import (
+    SAFETENSORS_HINT,
+    ExportFormat,
+    safetensors_available,
+    write_tensors,
+)
 from smg_grpc_proto.vision._processor import ImageProcessor
 
 __all__ = [
@@ -228,6 +233,11 @@ def run(
     if target.is_dir():
         raise PreprocessError(f"--out {target}: is a directory")
     chosen: ExportFormat = format or ("npz" if target.suffix.lower() == ".npz" else "safetensors")
+    if chosen == "safetensors" and not safetensors_available():
+        raise PreprocessError(
+            f"--out {target}: writing safetensors needs the safetensors package "
+            f"({SAFETENSORS_HINT}), or use --format npz"
+        )
     show = progress if progress is not None else _isatty(err)
     bar = ProgressBar(len(paths), err) if show and len(paths) > PROGRESS_MIN_IMAGES else None
     try:
