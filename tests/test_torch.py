@@ -54,6 +54,35 @@ SCRIPT = textwrap.dedent(
         t = tensors.unpack_torch(td, shm_dir=Path(d))
         assert t.dtype == torch.int64 and t.tolist() == ids.tolist()
         assert list(Path(d).iterdir()) == []
+
+    # the engine adapters' DecodedBatch.torch(): TokenSpeed's bfloat16 encoder input arrives as
+    # torch.bfloat16 equal to torch's own rounding of the processor's float32 (no ml_dtypes
+    # here), and vLLM's float32 pixels are shared with the received bytes, not copied
+    from smg_grpc_proto.engines import VisionModel
+    from smg_grpc_proto.engines import tokenspeed, vllm
+
+    rng = np.random.default_rng(0)
+    media = VisionModel.for_family("qwen2_vl").prepare(
+        [rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)]
+    )
+    request = tokenspeed.generate_request("r", [1, 151655, 2], media)
+    wire = tensors.serialize(request)
+    (batch,) = tokenspeed.decode_mm_inputs(
+        tensors.parse(wire, tokenspeed_scheduler_pb2.GenerateRequest)
+    )
+    got = batch.torch()
+    want = torch.from_numpy(media.output.pixel_values).to(torch.bfloat16)
+    assert got["pixel_values"].dtype == torch.bfloat16
+    assert torch.equal(got["pixel_values"].view(torch.int16), want.view(torch.int16))
+    assert got["image_grid_thw"].dtype == torch.int64
+    request = vllm.generate_request("r", [1, 151655, 2], media)
+    (batch,) = vllm.decode_mm_inputs(
+        tensors.parse(tensors.serialize(request), vllm_engine_pb2.GenerateRequest)
+    )
+    pixels = batch.torch()["pixel_values"]
+    assert pixels.dtype == torch.float32
+    assert pixels.data_ptr() == batch.tensors["pixel_values"].__array_interface__["data"][0]
+    assert torch.equal(pixels, torch.from_numpy(media.output.pixel_values))
     print("ok")
     """
 )

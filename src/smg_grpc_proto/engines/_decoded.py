@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -61,6 +61,9 @@ class DecodedBatch:
     items: tuple[DecodedItem, ...]
     im_token_id: int | None
     keep_on_cpu: frozenset[str]
+    wire_dtypes: Mapping[str, str] = field(default_factory=dict)
+    """Each tensor's dtype on the wire (``bfloat16`` arrays are float32 here when ml_dtypes is
+    not installed; :meth:`torch` turns them back into ``torch.bfloat16``)."""
 
     @property
     def placeholders(self) -> tuple[tuple[int, int], ...]:
@@ -72,22 +75,32 @@ class DecodedBatch:
         return tuple(item.content_hash for item in self.items)
 
     def torch(self) -> dict[str, Any]:
-        """The whole tensors as torch tensors sharing memory (bfloat16 stays bfloat16)."""
-        return {name: to_torch(array) for name, array in self.tensors.items()}
+        """The whole tensors as torch tensors sharing their memory; wire ``bfloat16`` comes
+        back as ``torch.bfloat16`` (exactly, and without a copy when ml_dtypes is installed)."""
+        return {
+            name: to_torch(array, bfloat16=self.wire_dtypes.get(name) == "bfloat16")
+            for name, array in self.tensors.items()
+        }
 
 
-def to_torch(array: npt.NDArray[Any]) -> Any:
-    """A torch tensor over ``array``'s memory (read-only arrays are shared, not copied)."""
+def to_torch(array: npt.NDArray[Any], *, bfloat16: bool = False) -> Any:
+    """A torch tensor over ``array``'s memory (read-only arrays are shared, not copied).
+    ``bfloat16``: the values are bfloat16 on the wire; a float32 widening (no ml_dtypes) is
+    narrowed back, which is exact."""
     import warnings
 
     import torch
 
-    bf16 = array.dtype.name == "bfloat16"
-    source = array.view(np.uint16) if bf16 else array
+    native_bf16 = array.dtype.name == "bfloat16"
+    source = array.view(np.uint16) if native_bf16 else array
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch warns on read-only memory
         tensor = torch.from_numpy(source)
-    return tensor.view(torch.bfloat16) if bf16 else tensor
+    if native_bf16:
+        return tensor.view(torch.bfloat16)
+    if bfloat16 and tensor.dtype == torch.float32:
+        return tensor.to(torch.bfloat16)
+    return tensor
 
 
 def check_placeholders(

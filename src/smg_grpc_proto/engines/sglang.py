@@ -195,5 +195,11 @@ def decode_mm_inputs(
             items=items,
             im_token_id=token,
             keep_on_cpu=frozenset(),
+            wire_dtypes={
+                k: mm.pixel_values.dtype
+                if k == "pixel_values"
+                else mm.model_specific_tensors[k].dtype
+                for k in tensors
+            },
         ),
     )

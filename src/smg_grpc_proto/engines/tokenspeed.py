@@ -255,4 +255,8 @@ def _decode_item(
         items=(decoded,),
         im_token_id=token,
         keep_on_cpu=frozenset(),
+        wire_dtypes={
+            k: item.encoder_input.dtype if k == primary else item.model_specific_tensors[k].dtype
+            for k in tensors
+        },
     )

@@ -300,4 +300,10 @@ def _decode_batch(
         items=items,
         im_token_id=token,
         keep_on_cpu=frozenset(rename.get(k, k) for k in mm.keep_on_cpu_keys),
+        wire_dtypes={
+            rename.get(k, k): (
+                mm.pixel_values.dtype if k == primary else mm.model_specific_tensors[k].dtype
+            )
+            for k in wire
+        },
     )
