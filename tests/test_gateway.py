@@ -82,9 +82,14 @@ class RecordingServicer(VllmToyServicer):
         self.decoded: dict[str, Any] = {}
         super().__init__(model, on_decoded=self._on_decoded)
         self.requests: dict[str, dict[str, Any]] = {}
+        self.aborted: list[str] = []
 
     def _on_decoded(self, request_id: str, decoded: Any, seconds: float) -> None:
         self.decoded[request_id] = decoded
+
+    async def Abort(self, request: Any, context: Any) -> Any:
+        self.aborted.extend(request.request_ids)
+        return await super().Abort(request, context)
 
     async def Generate(self, request: Any, context: Any) -> Any:  # type: ignore[override]
         message = request.message if isinstance(request, TensorMessage) else request
@@ -343,3 +348,45 @@ def photo_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def test_client_disconnect_aborts_the_engine_request(
+    gateways: dict[str, Gateway], engine: tuple[ReferenceServer, RecordingServicer]
+) -> None:
+    """A client that hangs up mid-stream: the gateway sends Abort, the engine stops at once."""
+    servicer = engine[1]
+    fast = servicer.model
+    with _lock:
+        servicer.model = fast.with_options(token_delay_s=0.2)
+        try:
+            before = set(servicer.requests)
+            gateway = gateways["inline"]
+            conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Count to a hundred."}],
+                "stream": True,
+                "max_tokens": 200,
+                "ignore_eos": True,
+            }
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                json.dumps(body),
+                {"Content-Type": "application/json"},
+            )
+            response = conn.getresponse()
+            assert response.status == 200
+            first = response.readline()  # the first SSE line: the stream is running
+            assert first.startswith(b"data: ")
+            request_id = _only_new(servicer, before)
+            conn.close()  # hang up after ~1 of 200 tokens
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and request_id not in servicer.aborted:
+                time.sleep(0.05)
+            assert request_id in servicer.aborted, gateway.tail()
+            while time.monotonic() < deadline and servicer.active_requests:
+                time.sleep(0.05)
+            assert servicer.active_requests == 0
+        finally:
+            servicer.model = fast
