@@ -815,15 +815,14 @@ def test_multimodal_trtllm(channels: dict[str, grpc.Channel], model: ToyModel) -
 
 
 # -- the command line -----------------------------------------------------------------------
-def test_cli_serves_until_interrupted(model_dir: Path) -> None:
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+def test_cli_serves_until_interrupted(model_dir: Path, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "smg_grpc_proto.testing", "--engine", "mlx", "--port", "0"]
     command += ["--model-dir", str(model_dir)]
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    ) as process:
+    errors = open(tmp_path / "stderr", "w")  # noqa: SIM115 - closed below
+    with (
+        errors,
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True) as process,
+    ):
         try:
             stdout = process.stdout
             assert stdout is not None
@@ -832,7 +831,7 @@ def test_cli_serves_until_interrupted(model_dir: Path) -> None:
             reader.start()
             reader.join(30)
             assert line, "no output within 30 s"
-            assert line[0].startswith("listening on 127.0.0.1:"), line
+            assert line[0].startswith("listening on 127.0.0.1:"), (tmp_path / "stderr").read_text()
             port = int(line[0].strip().rsplit(":", 1)[1])
             with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
                 stub = mlx_grpc.MlxEngineStub(ch)
