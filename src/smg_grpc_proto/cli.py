@@ -28,7 +28,8 @@ EXIT_OK, EXIT_BREAKING, EXIT_ERROR = 0, 1, 2
 # `compat` stays pure Python; these mirror vision._config.FAMILIES and vision._export.FORMATS
 # (tests/test_preprocess_cli.py checks that they agree).
 PREPROCESS_FAMILIES = (
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "clip", "llava", "siglip", "llava_next"
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "clip", "llava", "siglip", "llava_next",
+    "pixtral",
 )  # fmt: skip
 EXPORT_FORMATS = ("safetensors", "npz")
 

@@ -241,7 +241,12 @@ fn batch_size(
 }
 
 /// Writes one prepared image into its `3 × h × w` output, padded bottom/right with `0.0`.
-fn write_padded(p: &Prepared<'_>, normalize: &Normalize, (h, w): (usize, usize), out: &mut [Out]) {
+pub(crate) fn write_padded(
+    p: &Prepared<'_>,
+    normalize: &Normalize,
+    (h, w): (usize, usize),
+    out: &mut [Out],
+) {
     if p.out == (h, w) {
         p.write(normalize, out);
         return;

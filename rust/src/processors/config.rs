@@ -10,6 +10,7 @@ use crate::image::{Filter, PassOrder};
 use super::clip::ClipConfig;
 use super::llava_next::LlavaNextConfig;
 use super::normalize::Normalize;
+use super::pixtral::PixtralConfig;
 use super::qwen::QwenConfig;
 use super::sizes::SizeSpec;
 use super::ProcessorError;
@@ -34,10 +35,11 @@ pub enum Family {
     Llava,
     Siglip,
     LlavaNext,
+    Pixtral,
 }
 
 impl Family {
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Qwen2Vl,
         Family::Qwen25Vl,
         Family::Qwen3Vl,
@@ -46,6 +48,7 @@ impl Family {
         Family::Llava,
         Family::Siglip,
         Family::LlavaNext,
+        Family::Pixtral,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +61,7 @@ impl Family {
             Family::Llava => "llava",
             Family::Siglip => "siglip",
             Family::LlavaNext => "llava_next",
+            Family::Pixtral => "pixtral",
         }
     }
 
@@ -197,6 +201,7 @@ pub enum ProcessorConfig {
     /// CLIP, LLaVA-1.5 and SigLIP: resize, center crop, normalize.
     Clip(ClipConfig),
     LlavaNext(LlavaNextConfig),
+    Pixtral(PixtralConfig),
 }
 
 impl ProcessorConfig {
@@ -211,6 +216,7 @@ impl ProcessorConfig {
             Family::Llava => ProcessorConfig::Clip(ClipConfig::llava()),
             Family::Siglip => ProcessorConfig::Clip(ClipConfig::siglip()),
             Family::LlavaNext => ProcessorConfig::LlavaNext(LlavaNextConfig::llava_next()),
+            Family::Pixtral => ProcessorConfig::Pixtral(PixtralConfig::pixtral()),
         }
     }
 
@@ -229,6 +235,7 @@ impl ProcessorConfig {
             ProcessorConfig::Qwen(c) => &c.common,
             ProcessorConfig::Clip(c) => &c.common,
             ProcessorConfig::LlavaNext(c) => &c.common,
+            ProcessorConfig::Pixtral(c) => &c.common,
         }
     }
 
@@ -237,6 +244,7 @@ impl ProcessorConfig {
             ProcessorConfig::Qwen(c) => &mut c.common,
             ProcessorConfig::Clip(c) => &mut c.common,
             ProcessorConfig::LlavaNext(c) => &mut c.common,
+            ProcessorConfig::Pixtral(c) => &mut c.common,
         }
     }
 
@@ -249,6 +257,7 @@ impl ProcessorConfig {
             ProcessorConfig::Qwen(c) => c.set(key, value)?,
             ProcessorConfig::Clip(c) => c.set(key, value)?,
             ProcessorConfig::LlavaNext(c) => c.set(key, value)?,
+            ProcessorConfig::Pixtral(c) => c.set(key, value)?,
         };
         if known {
             Ok(())
@@ -268,6 +277,7 @@ impl ProcessorConfig {
             ProcessorConfig::Qwen(c) => c.entries(),
             ProcessorConfig::Clip(c) => c.entries(),
             ProcessorConfig::LlavaNext(c) => c.entries(),
+            ProcessorConfig::Pixtral(c) => c.entries(),
         });
         out
     }
@@ -278,6 +288,7 @@ impl ProcessorConfig {
             ProcessorConfig::Qwen(c) => c.validate(),
             ProcessorConfig::Clip(c) => c.validate(),
             ProcessorConfig::LlavaNext(c) => c.validate(),
+            ProcessorConfig::Pixtral(c) => c.validate(),
         }
     }
 }

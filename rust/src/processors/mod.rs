@@ -6,6 +6,8 @@
 //! - [`clip`]: CLIP and LLaVA-1.5 (shortest-edge resize, center crop, LLaVA's pad to square);
 //! - [`siglip`]: SigLIP (resize to a fixed size);
 //! - [`llava_next`]: LLaVA-NeXT (anyres tiles plus the base image, `image_sizes`);
+//! - [`pixtral`]: Pixtral (aspect kept, sides rounded up to the patch, batch padded to its
+//!   largest image, `image_sizes`);
 //! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
 //!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
 //!   to RGB), [`config`] (family defaults and keys), [`parallel`], [`store`] (streaming
@@ -23,6 +25,7 @@ pub mod input;
 pub mod llava_next;
 pub mod normalize;
 pub mod parallel;
+pub mod pixtral;
 pub mod qwen;
 pub mod siglip;
 pub mod sizes;
@@ -172,6 +175,7 @@ impl Preprocessor {
             ProcessorConfig::LlavaNext(c) => {
                 llava_next::images(c, &self.normalize, inputs, options)
             }
+            ProcessorConfig::Pixtral(c) => pixtral::images(c, &self.normalize, inputs, options),
         }
     }
 

@@ -4,8 +4,11 @@ The native ``Preprocessor`` starts from a family's transformers class defaults (
 Rust, ``rust/src/processors/``) and applies normalised keys. This module finds the family and
 normalises the keys exactly as transformers' ``__init__``/``_standardize_kwargs`` would:
 
-* ``size``: an int becomes ``{"shortest_edge": n}`` (every supported class has
-  ``default_to_square = False``), a list ``{"height": h, "width": w}``;
+* ``size``: an int becomes ``{"shortest_edge": n}`` (``default_to_square = False`` in every
+  supported class but Pixtral's, where it becomes ``{"height": n, "width": n}``), a list
+  ``{"height": h, "width": w}``;
+* Pixtral: an int ``patch_size`` becomes ``{"height": p, "width": p}``; ``spatial_merge_size``
+  (a ``PixtralProcessor`` setting, not an image processor key) is passed through;
 * ``crop_size``/``pad_size``: an int becomes ``{"height": n, "width": n}``;
 * Qwen: top-level ``min_pixels``/``max_pixels`` override ``size["shortest_edge"]``/
   ``size["longest_edge"]`` (as ``Qwen2VLImageProcessorPil.__init__`` does);
@@ -28,7 +31,15 @@ from typing import Any, Literal, cast, get_args
 __all__ = ["FAMILIES", "Family", "family_of", "from_hf", "load_json", "normalise"]
 
 Family = Literal[
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "clip", "llava", "siglip", "llava_next"
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_5",
+    "clip",
+    "llava",
+    "siglip",
+    "llava_next",
+    "pixtral",
 ]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
@@ -42,6 +53,7 @@ _CLASSES: dict[str, Family] = {
     "LlavaImageProcessor": "llava",
     "SiglipImageProcessor": "siglip",
     "LlavaNextImageProcessor": "llava_next",
+    "PixtralImageProcessor": "pixtral",
 }
 
 _COMMON = (
@@ -58,6 +70,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "qwen": ("patch_size", "merge_size", "temporal_patch_size"),
     "clip": ("do_center_crop", "do_pad"),
     "llava_next": ("do_center_crop", "do_pad", "image_grid_pinpoints"),
+    "pixtral": ("do_center_crop", "do_pad", "spatial_merge_size"),
 }
 
 CONFIG_NAME = "preprocessor_config.json"
@@ -66,7 +79,7 @@ CONFIG_NAME = "preprocessor_config.json"
 def _kind(family: Family) -> str:
     if family in QWEN:
         return "qwen"
-    return "llava_next" if family == "llava_next" else "clip"
+    return family if family in ("llava_next", "pixtral") else "clip"
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
@@ -110,7 +123,15 @@ def normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
     if config.get("size") is not None:
-        out["size"] = _size_dict(config["size"], square=False)
+        out["size"] = _size_dict(config["size"], square=family == "pixtral")
+    if family == "pixtral" and config.get("patch_size") is not None:
+        # get_size_dict(patch_size, default_to_square=True); anything else is for the native
+        # processor to reject with a precise error.
+        patch = config["patch_size"]
+        is_int = isinstance(patch, int) and not isinstance(patch, bool)
+        out["patch_size"] = (
+            _size_dict(patch, square=True) if is_int or isinstance(patch, Mapping) else patch
+        )
     if kind == "qwen":
         size = dict(out.get("size", {}))
         for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):

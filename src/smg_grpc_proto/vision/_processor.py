@@ -6,8 +6,8 @@ starts from a family's transformers class defaults. Calling the processor runs d
 resizing, rescaling, normalisation and patching natively, with the GIL released and the images
 of a batch spread over the cores; the outputs equal, byte for byte, those of the PIL backend
 class (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``, ``LlavaImageProcessorPil``,
-``SiglipImageProcessorPil``, ``LlavaNextImageProcessorPil``) of transformers 5.24.0 with Pillow
-13.0.0.
+``SiglipImageProcessorPil``, ``LlavaNextImageProcessorPil``, ``PixtralImageProcessorPil``) of
+transformers 5.24.0 with Pillow 13.0.0.
 """
 
 from __future__ import annotations
@@ -46,11 +46,14 @@ class ProcessorOutput:
 
     pixel_values: F32Array | None = None
     """Qwen: ``(sum of patches, 3 * T * ps * ps)``; CLIP/LLaVA/SigLIP: ``(B, 3, H, W)``;
-    LLaVA-NeXT: ``(B, tiles, 3, H, W)``. ``None`` when the call had only videos."""
+    LLaVA-NeXT: ``(B, tiles, 3, H, W)``; Pixtral: ``(B, 3, H, W)``, each image padded at the
+    bottom and right with ``0.0`` to the batch's largest height and width. ``None`` when the call
+    had only videos."""
     image_grid_thw: I64Array | None = None
     """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
     image_sizes: I64Array | None = None
-    """LLaVA-NeXT: ``(B, 2)`` = each image's original ``(height, width)``."""
+    """LLaVA-NeXT: ``(B, 2)`` = each image's original ``(height, width)``; Pixtral: each image's
+    processed ``(height, width)`` (before the batch padding)."""
     pixel_values_videos: F32Array | None = None
     """Qwen videos: ``(sum of patches, 3 * T * ps * ps)``."""
     video_grid_thw: I64Array | None = None
@@ -110,8 +113,8 @@ class ImageProcessor:
     """A transformers image processor (PIL backend) of one family and configuration.
 
     ``family`` is one of ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_5``, ``clip``,
-    ``llava``, ``siglip``, ``llava_next``; ``config`` holds transformers config keys overriding
-    the family's class defaults. Encoded inputs (bytes, paths) become what transformers'
+    ``llava``, ``siglip``, ``llava_next``, ``pixtral``; ``config`` holds transformers config keys
+    overriding the family's class defaults. Encoded inputs (bytes, paths) become what transformers'
     processors make of a path (``alpha="load_image"``): ``load_image`` applies the EXIF
     orientation (``apply_exif``) and ``convert("RGB")`` (alpha dropped; a single transparent
     colour is kept and ``convert_to_rgb`` turns its pixels white). ``alpha="white"`` composites
@@ -174,16 +177,25 @@ class ImageProcessor:
     ) -> ImageProcessor:
         """From a transformers ``preprocessor_config.json``: its path, a local model directory
         holding it, or its contents as a dict. The family comes from ``image_processor_type``
-        unless given; a directory's ``processor_config.json`` supplies ``vision_tokens``."""
+        unless given; a directory's ``processor_config.json`` supplies ``vision_tokens`` and, for
+        Pixtral, the ``patch_size`` and ``spatial_merge_size`` that ``PixtralProcessor`` passes
+        to its image processor (its defaults 16 and 1 when the file lacks them)."""
         chosen, raw = _config.from_hf(source, family)
-        if "vision_tokens" not in kwargs and not isinstance(source, Mapping):
+        data: Any = None
+        wanted = chosen == "pixtral" or "vision_tokens" not in kwargs
+        if wanted and not isinstance(source, Mapping):
             directory = Path(source) if Path(source).is_dir() else Path(source).parent
             processor_config = directory / "processor_config.json"
             if processor_config.is_file():
                 with open(processor_config, encoding="utf-8") as f:
                     data = json.load(f)
-                if isinstance(data, dict):
-                    kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
+        if isinstance(data, dict):
+            if chosen == "pixtral":
+                # PixtralProcessor._process_images: patch_size = patch_size * spatial_merge_size.
+                raw["patch_size"] = data.get("patch_size", 16)
+                raw["spatial_merge_size"] = data.get("spatial_merge_size", 1)
+            elif "vision_tokens" not in kwargs:
+                kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
         return cls(chosen, raw, **kwargs)
 
     def __call__(
@@ -243,6 +255,14 @@ class ImageProcessor:
     def _image_tokens(self, values: Mapping[str, npt.NDArray[Any]]) -> tuple[int, ...] | None:
         if self.family in QWEN:
             return self._grid_tokens(values.get("image_grid_thw"))
+        if self.family == "pixtral":
+            sizes = values.get("image_sizes")
+            if sizes is None:
+                return None
+            merge = int(self._config["spatial_merge_size"])
+            patch = self._config["patch_size"]
+            ph, pw = int(patch["height"]) * merge, int(patch["width"]) * merge
+            return tuple(_tokens.pixtral_tokens(h, w, ph, pw) for h, w in sizes.tolist())
         pixels = values.get("pixel_values")
         vision = self.vision_tokens
         if pixels is None or vision is None:

@@ -6,6 +6,11 @@
   (``LlavaProcessor``/``LlavaNextProcessor``'s ``patch_size``, ``num_additional_image_tokens``
   and ``vision_feature_select_strategy``, stored in a model's ``processor_config.json``), so it
   is counted only when :class:`VisionTokens` is given.
+* Pixtral: ``PixtralProcessor`` expands ``[IMG]`` into one ``[IMG]`` per patch of a row and an
+  ``[IMG_BREAK]`` after each row, the last break becoming ``[IMG_END]``: ``rows * (cols + 1)``
+  with ``rows = height // P`` and ``cols = width // P`` of the processed ``image_sizes`` and
+  ``P = patch_size * spatial_merge_size`` — always known, since ``spatial_merge_size`` is a key
+  of the Pixtral configuration (1 for Pixtral-12B, 2 for Mistral-Small-3.1).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["VisionTokens", "llava_next_tokens", "llava_tokens"]
+__all__ = ["VisionTokens", "llava_next_tokens", "llava_tokens", "pixtral_tokens"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,13 @@ def llava_tokens(height: int, width: int, vision: VisionTokens) -> int:
     """``LlavaProcessor``: tokens of a processed image of ``height x width``."""
     p = vision.patch_size
     return vision._adjust((height // p) * (width // p) + vision.num_additional_image_tokens)
+
+
+def pixtral_tokens(height: int, width: int, patch_height: int, patch_width: int) -> int:
+    """``PixtralProcessor.replace_image_token``: placeholders of a processed image of
+    ``height x width`` with the (merged) patch ``patch_height x patch_width``."""
+    rows, cols = height // patch_height, width // patch_width
+    return rows * (cols + 1)
 
 
 def llava_next_tokens(
