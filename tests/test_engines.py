@@ -514,3 +514,28 @@ def test_mutated_requests_raise_only_documented_errors(engine: str) -> None:
         except (SmgProtoError, DecodeError):
             outcomes["refused"] += 1
     assert outcomes["refused"] > 100, outcomes
+
+
+@pytest.mark.parametrize(
+    ("engine", "stubs"),
+    [
+        ("vllm", ["vllm_engine_pb2"]),
+        ("sglang", ["sglang_scheduler_pb2"]),
+        ("tokenspeed", ["tokenspeed_scheduler_pb2"]),
+        ("trtllm", ["trtllm_service_pb2"]),
+        ("mlx", ["mlx_engine_pb2"]),
+    ],
+)
+def test_an_adapter_loads_only_its_engines_stubs(engine: str, stubs: list[str]) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys, smg_grpc_proto.engines.{engine}\n"
+        "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules\n"
+        "             if m.startswith('smg_grpc_proto.generated.') and m.endswith('_pb2')))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(run.stdout.replace("'", '"')) == sorted(["common_pb2", *stubs])
