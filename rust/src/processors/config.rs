@@ -8,6 +8,7 @@
 use crate::image::{Filter, PassOrder};
 
 use super::clip::ClipConfig;
+use super::gemma3::Gemma3Config;
 use super::llava_next::LlavaNextConfig;
 use super::normalize::Normalize;
 use super::pixtral::PixtralConfig;
@@ -36,10 +37,11 @@ pub enum Family {
     Siglip,
     LlavaNext,
     Pixtral,
+    Gemma3,
 }
 
 impl Family {
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 10] = [
         Family::Qwen2Vl,
         Family::Qwen25Vl,
         Family::Qwen3Vl,
@@ -49,6 +51,7 @@ impl Family {
         Family::Siglip,
         Family::LlavaNext,
         Family::Pixtral,
+        Family::Gemma3,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +65,7 @@ impl Family {
             Family::Siglip => "siglip",
             Family::LlavaNext => "llava_next",
             Family::Pixtral => "pixtral",
+            Family::Gemma3 => "gemma3",
         }
     }
 
@@ -202,6 +206,7 @@ pub enum ProcessorConfig {
     Clip(ClipConfig),
     LlavaNext(LlavaNextConfig),
     Pixtral(PixtralConfig),
+    Gemma3(Gemma3Config),
 }
 
 impl ProcessorConfig {
@@ -217,6 +222,7 @@ impl ProcessorConfig {
             Family::Siglip => ProcessorConfig::Clip(ClipConfig::siglip()),
             Family::LlavaNext => ProcessorConfig::LlavaNext(LlavaNextConfig::llava_next()),
             Family::Pixtral => ProcessorConfig::Pixtral(PixtralConfig::pixtral()),
+            Family::Gemma3 => ProcessorConfig::Gemma3(Gemma3Config::gemma3()),
         }
     }
 
@@ -236,6 +242,7 @@ impl ProcessorConfig {
             ProcessorConfig::Clip(c) => &c.common,
             ProcessorConfig::LlavaNext(c) => &c.common,
             ProcessorConfig::Pixtral(c) => &c.common,
+            ProcessorConfig::Gemma3(c) => &c.common,
         }
     }
 
@@ -245,6 +252,7 @@ impl ProcessorConfig {
             ProcessorConfig::Clip(c) => &mut c.common,
             ProcessorConfig::LlavaNext(c) => &mut c.common,
             ProcessorConfig::Pixtral(c) => &mut c.common,
+            ProcessorConfig::Gemma3(c) => &mut c.common,
         }
     }
 
@@ -258,6 +266,7 @@ impl ProcessorConfig {
             ProcessorConfig::Clip(c) => c.set(key, value)?,
             ProcessorConfig::LlavaNext(c) => c.set(key, value)?,
             ProcessorConfig::Pixtral(c) => c.set(key, value)?,
+            ProcessorConfig::Gemma3(c) => c.set(key, value)?,
         };
         if known {
             Ok(())
@@ -278,6 +287,7 @@ impl ProcessorConfig {
             ProcessorConfig::Clip(c) => c.entries(),
             ProcessorConfig::LlavaNext(c) => c.entries(),
             ProcessorConfig::Pixtral(c) => c.entries(),
+            ProcessorConfig::Gemma3(c) => c.entries(),
         });
         out
     }
@@ -289,6 +299,7 @@ impl ProcessorConfig {
             ProcessorConfig::Clip(c) => c.validate(),
             ProcessorConfig::LlavaNext(c) => c.validate(),
             ProcessorConfig::Pixtral(c) => c.validate(),
+            ProcessorConfig::Gemma3(c) => c.validate(),
         }
     }
 }

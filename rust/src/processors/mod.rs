@@ -8,6 +8,8 @@
 //! - [`llava_next`]: LLaVA-NeXT (anyres tiles plus the base image, `image_sizes`);
 //! - [`pixtral`]: Pixtral (aspect kept, sides rounded up to the patch, batch padded to its
 //!   largest image, `image_sizes`);
+//! - [`gemma3`]: Gemma 3 (resize to a fixed size, pan-and-scan crops after their image,
+//!   `num_crops`);
 //! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
 //!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
 //!   to RGB), [`config`] (family defaults and keys), [`parallel`], [`store`] (streaming
@@ -21,6 +23,7 @@
 pub mod clip;
 pub mod config;
 mod error;
+pub mod gemma3;
 pub mod input;
 pub mod llava_next;
 pub mod normalize;
@@ -176,6 +179,7 @@ impl Preprocessor {
                 llava_next::images(c, &self.normalize, inputs, options)
             }
             ProcessorConfig::Pixtral(c) => pixtral::images(c, &self.normalize, inputs, options),
+            ProcessorConfig::Gemma3(c) => gemma3::images(c, &self.normalize, inputs, options),
         }
     }
 

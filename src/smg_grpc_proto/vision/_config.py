@@ -7,6 +7,10 @@ normalises the keys exactly as transformers' ``__init__``/``_standardize_kwargs`
 * ``size``: an int becomes ``{"shortest_edge": n}`` (``default_to_square = False`` in every
   supported class but Pixtral's, where it becomes ``{"height": n, "width": n}``), a list
   ``{"height": h, "width": w}``;
+* Gemma 3: an int ``size`` is ``{"height": n, "width": n}`` too (``default_to_square = True``);
+  the pan-and-scan keys and ``image_seq_length`` (a ``Gemma3Processor`` setting) are passed
+  through, and ``crop_size``/``do_center_crop``/``do_pad``, which its ``_preprocess`` ignores,
+  are ignored;
 * Pixtral: an int ``patch_size`` becomes ``{"height": p, "width": p}``; ``spatial_merge_size``
   (a ``PixtralProcessor`` setting, not an image processor key) is passed through;
 * ``crop_size``/``pad_size``: an int becomes ``{"height": n, "width": n}``;
@@ -40,6 +44,7 @@ Family = Literal[
     "siglip",
     "llava_next",
     "pixtral",
+    "gemma3",
 ]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
@@ -54,6 +59,7 @@ _CLASSES: dict[str, Family] = {
     "SiglipImageProcessor": "siglip",
     "LlavaNextImageProcessor": "llava_next",
     "PixtralImageProcessor": "pixtral",
+    "Gemma3ImageProcessor": "gemma3",
 }
 
 _COMMON = (
@@ -71,7 +77,17 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "clip": ("do_center_crop", "do_pad"),
     "llava_next": ("do_center_crop", "do_pad", "image_grid_pinpoints"),
     "pixtral": ("do_center_crop", "do_pad", "spatial_merge_size"),
+    "gemma3": (
+        "do_pan_and_scan",
+        "pan_and_scan_min_crop_size",
+        "pan_and_scan_max_num_crops",
+        "pan_and_scan_min_ratio_to_activate",
+        "image_seq_length",
+    ),
 }
+
+# Families whose class has default_to_square = True: an int size is a square.
+_SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3"})
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -79,7 +95,7 @@ CONFIG_NAME = "preprocessor_config.json"
 def _kind(family: Family) -> str:
     if family in QWEN:
         return "qwen"
-    return family if family in ("llava_next", "pixtral") else "clip"
+    return family if family in ("llava_next", "pixtral", "gemma3") else "clip"
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
@@ -123,7 +139,7 @@ def normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
     if config.get("size") is not None:
-        out["size"] = _size_dict(config["size"], square=family == "pixtral")
+        out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:
         # get_size_dict(patch_size, default_to_square=True); anything else is for the native
         # processor to reject with a precise error.
@@ -143,7 +159,7 @@ def normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
                 # Complete a partial override from the class default the processor would keep.
                 size = {**_qwen_default_size(family), **size}
             out["size"] = size
-    else:
+    elif kind != "gemma3":
         if config.get("crop_size") is not None:
             out["crop_size"] = _size_dict(config["crop_size"], square=True)
         if family == "clip" and config.get("use_square_size"):

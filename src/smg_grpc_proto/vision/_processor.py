@@ -6,8 +6,8 @@ starts from a family's transformers class defaults. Calling the processor runs d
 resizing, rescaling, normalisation and patching natively, with the GIL released and the images
 of a batch spread over the cores; the outputs equal, byte for byte, those of the PIL backend
 class (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``, ``LlavaImageProcessorPil``,
-``SiglipImageProcessorPil``, ``LlavaNextImageProcessorPil``, ``PixtralImageProcessorPil``) of
-transformers 5.24.0 with Pillow 13.0.0.
+``SiglipImageProcessorPil``, ``LlavaNextImageProcessorPil``, ``PixtralImageProcessorPil``,
+``Gemma3ImageProcessorPil``) of transformers 5.24.0 with Pillow 13.0.0.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ class ProcessorOutput:
     pixel_values: F32Array | None = None
     """Qwen: ``(sum of patches, 3 * T * ps * ps)``; CLIP/LLaVA/SigLIP: ``(B, 3, H, W)``;
     LLaVA-NeXT: ``(B, tiles, 3, H, W)``; Pixtral: ``(B, 3, H, W)``, each image padded at the
-    bottom and right with ``0.0`` to the batch's largest height and width. ``None`` when the call
-    had only videos."""
+    bottom and right with ``0.0`` to the batch's largest height and width; Gemma 3:
+    ``(B + sum(num_crops), 3, H, W)``, each image followed by its pan-and-scan crops. ``None``
+    when the call had only videos."""
     image_grid_thw: I64Array | None = None
     """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
     image_sizes: I64Array | None = None
@@ -62,6 +63,9 @@ class ProcessorOutput:
     """Placeholder tokens per image (``None`` when the family needs :class:`VisionTokens`)."""
     num_video_tokens: tuple[int, ...] | None = None
     """Placeholder tokens per video (Qwen)."""
+    num_crops: I64Array | None = None
+    """Gemma 3: ``(B,)`` = pan-and-scan crops per image (all 0 with ``do_pan_and_scan`` off);
+    last, so that positional construction keeps its meaning."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
@@ -69,6 +73,7 @@ class ProcessorOutput:
             "pixel_values",
             "image_grid_thw",
             "image_sizes",
+            "num_crops",
             "pixel_values_videos",
             "video_grid_thw",
         )
@@ -92,7 +97,11 @@ class ProcessorOutput:
         if primary not in tensors:
             raise ValueError(f"this output has no {modality} tensors ({primary})")
         message.attach(f"{at}.pixel_values", tensors.pop(primary), dtype=dtype)
-        keep = ("video_grid_thw",) if modality == "video" else ("image_grid_thw", "image_sizes")
+        keep = (
+            ("video_grid_thw",)
+            if modality == "video"
+            else ("image_grid_thw", "image_sizes", "num_crops")
+        )
         for name in keep:
             if name in tensors:
                 message.attach(f"{at}.model_specific_tensors[{name}]", tensors[name])
@@ -113,10 +122,10 @@ class ImageProcessor:
     """A transformers image processor (PIL backend) of one family and configuration.
 
     ``family`` is one of ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_5``, ``clip``,
-    ``llava``, ``siglip``, ``llava_next``, ``pixtral``; ``config`` holds transformers config keys
-    overriding the family's class defaults. Encoded inputs (bytes, paths) become what transformers'
-    processors make of a path (``alpha="load_image"``): ``load_image`` applies the EXIF
-    orientation (``apply_exif``) and ``convert("RGB")`` (alpha dropped; a single transparent
+    ``llava``, ``siglip``, ``llava_next``, ``pixtral``, ``gemma3``; ``config`` holds transformers
+    config keys overriding the family's class defaults. Encoded inputs (bytes, paths) become what
+    transformers' processors make of a path (``alpha="load_image"``): ``load_image`` applies the
+    EXIF orientation (``apply_exif``) and ``convert("RGB")`` (alpha dropped; a single transparent
     colour is kept and ``convert_to_rgb`` turns its pixels white). ``alpha="white"`` composites
     alpha onto white instead, as ``convert_to_rgb`` does for an ``Image.open``-ed image;
     ``alpha="drop"`` is plain ``convert("RGB")``. ``max_pixels`` rejects larger encoded images
@@ -164,7 +173,8 @@ class ImageProcessor:
     def for_family(cls, family: Family, **kwargs: Any) -> ImageProcessor:
         """The family's transformers class defaults (Qwen3-VL/3.5, which reuse Qwen2-VL's
         class, get the values of their published configs: patch 16, mean/std 0.5,
-        65 536 to 16 777 216 pixels); ``kwargs`` go to the constructor."""
+        65 536 to 16 777 216 pixels; Gemma 3 gets its published 896 x 896 and
+        ``Gemma3Processor``'s pan-and-scan defaults); ``kwargs`` go to the constructor."""
         return cls(family, None, **kwargs)
 
     @classmethod
@@ -179,10 +189,11 @@ class ImageProcessor:
         holding it, or its contents as a dict. The family comes from ``image_processor_type``
         unless given; a directory's ``processor_config.json`` supplies ``vision_tokens`` and, for
         Pixtral, the ``patch_size`` and ``spatial_merge_size`` that ``PixtralProcessor`` passes
-        to its image processor (its defaults 16 and 1 when the file lacks them)."""
+        to its image processor (its defaults 16 and 1 when the file lacks them), for Gemma 3
+        ``Gemma3Processor``'s ``image_seq_length`` (over the preprocessor config's)."""
         chosen, raw = _config.from_hf(source, family)
         data: Any = None
-        wanted = chosen == "pixtral" or "vision_tokens" not in kwargs
+        wanted = chosen in ("pixtral", "gemma3") or "vision_tokens" not in kwargs
         if wanted and not isinstance(source, Mapping):
             directory = Path(source) if Path(source).is_dir() else Path(source).parent
             processor_config = directory / "processor_config.json"
@@ -194,6 +205,9 @@ class ImageProcessor:
                 # PixtralProcessor._process_images: patch_size = patch_size * spatial_merge_size.
                 raw["patch_size"] = data.get("patch_size", 16)
                 raw["spatial_merge_size"] = data.get("spatial_merge_size", 1)
+            elif chosen == "gemma3":
+                if data.get("image_seq_length") is not None:
+                    raw["image_seq_length"] = data["image_seq_length"]
             elif "vision_tokens" not in kwargs:
                 kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
         return cls(chosen, raw, **kwargs)
@@ -230,6 +244,7 @@ class ImageProcessor:
             pixel_values=values.get("pixel_values"),
             image_grid_thw=values.get("image_grid_thw"),
             image_sizes=values.get("image_sizes"),
+            num_crops=values.get("num_crops"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
             num_image_tokens=self._image_tokens(values),
@@ -263,6 +278,12 @@ class ImageProcessor:
             patch = self._config["patch_size"]
             ph, pw = int(patch["height"]) * merge, int(patch["width"]) * merge
             return tuple(_tokens.pixtral_tokens(h, w, ph, pw) for h, w in sizes.tolist())
+        if self.family == "gemma3":
+            crops = values.get("num_crops")
+            if crops is None:
+                return None
+            seq = int(self._config["image_seq_length"])
+            return tuple(_tokens.gemma3_tokens(c, seq) for c in crops.tolist())
         pixels = values.get("pixel_values")
         vision = self.vision_tokens
         if pixels is None or vision is None:

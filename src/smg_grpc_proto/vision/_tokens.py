@@ -11,6 +11,12 @@
   with ``rows = height // P`` and ``cols = width // P`` of the processed ``image_sizes`` and
   ``P = patch_size * spatial_merge_size`` — always known, since ``spatial_merge_size`` is a key
   of the Pixtral configuration (1 for Pixtral-12B, 2 for Mistral-Small-3.1).
+* Gemma 3: ``Gemma3Processor.replace_image_token`` writes one full image sequence
+  (``<start_of_image>``, ``image_seq_length`` image tokens, ``<end_of_image>``) for the image
+  and one more per pan-and-scan crop: ``(1 + num_crops) * image_seq_length`` image tokens (the
+  ``<image_soft_token>`` the model fills; the begin/end markers and the text around the crops
+  are not counted). ``image_seq_length`` (256 for the published checkpoints, the model config's
+  ``mm_tokens_per_image``) is a key of the Gemma 3 configuration, so the count is always known.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["VisionTokens", "llava_next_tokens", "llava_tokens", "pixtral_tokens"]
+__all__ = ["VisionTokens", "gemma3_tokens", "llava_next_tokens", "llava_tokens", "pixtral_tokens"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,12 @@ def pixtral_tokens(height: int, width: int, patch_height: int, patch_width: int)
     ``height x width`` with the (merged) patch ``patch_height x patch_width``."""
     rows, cols = height // patch_height, width // patch_width
     return rows * (cols + 1)
+
+
+def gemma3_tokens(num_crops: int, image_seq_length: int) -> int:
+    """``Gemma3Processor.replace_image_token``: image tokens of an image with ``num_crops``
+    pan-and-scan crops."""
+    return (1 + num_crops) * image_seq_length
 
 
 def llava_next_tokens(
