@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Vision families benchmark: every non-Qwen family against its transformers PIL backend class,
+side by side in one run (Qwen has its own, fuller benchmark: ``bench_vision.py``).
+
+For each family, one child process pinned to one core times, on the same JPEG files, the
+transformers class (``*ImageProcessorPil``, transformers 5.24.0, Pillow 13) and ours
+(``ImageProcessor.for_family(family, threads=1)``) on decoded input (PIL images / numpy arrays)
+and from bytes (``Image.open`` + ``convert("RGB")`` for transformers); figures are medians over
+``--rounds`` fresh processes. Both sides use the same configuration (the class defaults, except
+Gemma 3 at its published 896 x 896); the outputs are checked to be byte-identical first.
+
+    python scripts/bench_families.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_vision import write_images  # noqa: E402
+from benchkit import cpu_model, time_op  # noqa: E402
+
+# family -> (transformers class, its kwargs)
+REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
+    "clip": ("CLIPImageProcessorPil", {}),
+    "llava": ("LlavaImageProcessorPil", {}),
+    "siglip": ("SiglipImageProcessorPil", {}),
+    "llava_next": ("LlavaNextImageProcessorPil", {}),
+    "pixtral": ("PixtralImageProcessorPil", {}),
+    "gemma3": ("Gemma3ImageProcessorPil", {"size": {"height": 896, "width": 896}}),
+}
+CASES = ("512x600", "1280x960", "batch of 8")
+
+
+def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
+    import transformers
+    from PIL import Image
+
+    from smg_grpc_proto.vision import ImageProcessor, decode
+
+    name, kwargs = REFERENCES[family]
+    reference = getattr(transformers, name)(**kwargs)
+    ours = ImageProcessor.for_family(family, threads=1)  # type: ignore[arg-type]
+    blobs = [p.read_bytes() for p in paths]
+    pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
+    arrays = [decode(b) for b in blobs]
+    theirs = reference(images=pil, return_tensors="np")["pixel_values"]
+    mine = ours(arrays).pixel_values
+    if mine is None or theirs.shape != mine.shape or theirs.tobytes() != mine.tobytes():
+        raise SystemExit(f"{family}: ours and {name} differ")
+    return {
+        "theirs|decoded": lambda: reference(images=pil, return_tensors="np"),
+        "ours|decoded": lambda: ours(arrays),
+        "theirs|bytes": lambda: reference(
+            images=[Image.open(io.BytesIO(b)).convert("RGB") for b in blobs], return_tensors="np"
+        ),
+        "ours|bytes": lambda: ours(blobs),
+    }
+
+
+def child(spec: dict[str, Any]) -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    result = {}
+    for case, paths in spec["cases"].items():
+        for key, fn in ops(spec["family"], [Path(p) for p in paths]).items():
+            result[f"{case}|{key}"] = time_op(fn, spec["repeat"])
+    print(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--families", nargs="*", default=list(REFERENCES), choices=REFERENCES)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    cases = write_images(Path(tempfile.mkdtemp(prefix="bench-families-")))
+    chosen = {c: [str(p) for p in cases[c]] for c in CASES}
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores; one pinned core per process")
+    print(f"rounds: {args.rounds} fresh processes, median of >= {args.repeat} calls\n")
+    print("| family | case | input | transformers PIL (ms) | ours (ms) | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for family in args.families:
+        spec = {"family": family, "cases": chosen, "repeat": args.repeat}
+        rounds = []
+        for _ in range(args.rounds):
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                check=False,
+                env=dict(os.environ, OMP_NUM_THREADS="1"),
+            )
+            if out.returncode != 0:
+                raise SystemExit(f"{family}: child failed:\n{out.stderr[-2000:]}")
+            rounds.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for case in CASES:
+            for inp in ("decoded", "bytes"):
+                theirs = statistics.median(r[f"{case}|theirs|{inp}"] for r in rounds) * 1e3
+                ours = statistics.median(r[f"{case}|ours|{inp}"] for r in rounds) * 1e3
+                print(
+                    f"| {family} | {case} | {inp} | {theirs:.2f} | {ours:.2f} | "
+                    f"**{theirs / ours:.1f}x** |"
+                )
+
+
+if __name__ == "__main__":
+    main()
