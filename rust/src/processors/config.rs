@@ -9,6 +9,7 @@ use crate::image::{Filter, PassOrder};
 
 use super::clip::ClipConfig;
 use super::gemma3::Gemma3Config;
+use super::internvl::InternVlConfig;
 use super::llava_next::LlavaNextConfig;
 use super::normalize::Normalize;
 use super::pixtral::PixtralConfig;
@@ -38,10 +39,11 @@ pub enum Family {
     LlavaNext,
     Pixtral,
     Gemma3,
+    InternVl,
 }
 
 impl Family {
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::Qwen2Vl,
         Family::Qwen25Vl,
         Family::Qwen3Vl,
@@ -52,6 +54,7 @@ impl Family {
         Family::LlavaNext,
         Family::Pixtral,
         Family::Gemma3,
+        Family::InternVl,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +69,7 @@ impl Family {
             Family::LlavaNext => "llava_next",
             Family::Pixtral => "pixtral",
             Family::Gemma3 => "gemma3",
+            Family::InternVl => "internvl",
         }
     }
 
@@ -207,6 +211,7 @@ pub enum ProcessorConfig {
     LlavaNext(LlavaNextConfig),
     Pixtral(PixtralConfig),
     Gemma3(Gemma3Config),
+    InternVl(InternVlConfig),
 }
 
 impl ProcessorConfig {
@@ -223,6 +228,7 @@ impl ProcessorConfig {
             Family::LlavaNext => ProcessorConfig::LlavaNext(LlavaNextConfig::llava_next()),
             Family::Pixtral => ProcessorConfig::Pixtral(PixtralConfig::pixtral()),
             Family::Gemma3 => ProcessorConfig::Gemma3(Gemma3Config::gemma3()),
+            Family::InternVl => ProcessorConfig::InternVl(InternVlConfig::internvl()),
         }
     }
 
@@ -243,6 +249,7 @@ impl ProcessorConfig {
             ProcessorConfig::LlavaNext(c) => &c.common,
             ProcessorConfig::Pixtral(c) => &c.common,
             ProcessorConfig::Gemma3(c) => &c.common,
+            ProcessorConfig::InternVl(c) => &c.common,
         }
     }
 
@@ -253,6 +260,7 @@ impl ProcessorConfig {
             ProcessorConfig::LlavaNext(c) => &mut c.common,
             ProcessorConfig::Pixtral(c) => &mut c.common,
             ProcessorConfig::Gemma3(c) => &mut c.common,
+            ProcessorConfig::InternVl(c) => &mut c.common,
         }
     }
 
@@ -267,6 +275,7 @@ impl ProcessorConfig {
             ProcessorConfig::LlavaNext(c) => c.set(key, value)?,
             ProcessorConfig::Pixtral(c) => c.set(key, value)?,
             ProcessorConfig::Gemma3(c) => c.set(key, value)?,
+            ProcessorConfig::InternVl(c) => c.set(key, value)?,
         };
         if known {
             Ok(())
@@ -288,6 +297,7 @@ impl ProcessorConfig {
             ProcessorConfig::LlavaNext(c) => c.entries(),
             ProcessorConfig::Pixtral(c) => c.entries(),
             ProcessorConfig::Gemma3(c) => c.entries(),
+            ProcessorConfig::InternVl(c) => c.entries(),
         });
         out
     }
@@ -300,6 +310,7 @@ impl ProcessorConfig {
             ProcessorConfig::LlavaNext(c) => c.validate(),
             ProcessorConfig::Pixtral(c) => c.validate(),
             ProcessorConfig::Gemma3(c) => c.validate(),
+            ProcessorConfig::InternVl(c) => c.validate(),
         }
     }
 }

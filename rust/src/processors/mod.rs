@@ -10,6 +10,8 @@
 //!   largest image, `image_sizes`);
 //! - [`gemma3`]: Gemma 3 (resize to a fixed size, pan-and-scan crops after their image,
 //!   `num_crops`);
+//! - [`internvl`]: InternVL (`GotOcr2ImageProcessorPil`: the closest aspect-ratio grid of
+//!   tiles, then a thumbnail, `num_patches`);
 //! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
 //!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
 //!   to RGB), [`config`] (family defaults and keys), [`parallel`], [`store`] (streaming
@@ -25,6 +27,7 @@ pub mod config;
 mod error;
 pub mod gemma3;
 pub mod input;
+pub mod internvl;
 pub mod llava_next;
 pub mod normalize;
 pub mod parallel;
@@ -180,6 +183,7 @@ impl Preprocessor {
             }
             ProcessorConfig::Pixtral(c) => pixtral::images(c, &self.normalize, inputs, options),
             ProcessorConfig::Gemma3(c) => gemma3::images(c, &self.normalize, inputs, options),
+            ProcessorConfig::InternVl(c) => internvl::images(c, &self.normalize, inputs, options),
         }
     }
 

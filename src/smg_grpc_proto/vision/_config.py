@@ -11,6 +11,10 @@ normalises the keys exactly as transformers' ``__init__``/``_standardize_kwargs`
   the pan-and-scan keys and ``image_seq_length`` (a ``Gemma3Processor`` setting) are passed
   through, and ``crop_size``/``do_center_crop``/``do_pad``, which its ``_preprocess`` ignores,
   are ignored;
+* InternVL (``GotOcr2ImageProcessor``): an int ``size`` is a square as well; ``crop_to_patches``,
+  ``min_patches``, ``max_patches`` and ``image_seq_length`` (an ``InternVLProcessor`` setting)
+  are passed through, and ``crop_size``/``do_center_crop``/``do_pad``, which its
+  ``_preprocess`` ignores, are ignored;
 * Pixtral: an int ``patch_size`` becomes ``{"height": p, "width": p}``; ``spatial_merge_size``
   (a ``PixtralProcessor`` setting, not an image processor key) is passed through;
 * ``crop_size``/``pad_size``: an int becomes ``{"height": n, "width": n}``;
@@ -45,6 +49,7 @@ Family = Literal[
     "llava_next",
     "pixtral",
     "gemma3",
+    "internvl",
 ]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
@@ -60,6 +65,7 @@ _CLASSES: dict[str, Family] = {
     "LlavaNextImageProcessor": "llava_next",
     "PixtralImageProcessor": "pixtral",
     "Gemma3ImageProcessor": "gemma3",
+    "GotOcr2ImageProcessor": "internvl",
 }
 
 _COMMON = (
@@ -84,10 +90,11 @@ _KEYS: dict[str, tuple[str, ...]] = {
         "pan_and_scan_min_ratio_to_activate",
         "image_seq_length",
     ),
+    "internvl": ("crop_to_patches", "min_patches", "max_patches", "image_seq_length"),
 }
 
 # Families whose class has default_to_square = True: an int size is a square.
-_SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3"})
+_SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3", "internvl"})
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -95,7 +102,7 @@ CONFIG_NAME = "preprocessor_config.json"
 def _kind(family: Family) -> str:
     if family in QWEN:
         return "qwen"
-    return family if family in ("llava_next", "pixtral", "gemma3") else "clip"
+    return family if family in ("llava_next", "pixtral", "gemma3", "internvl") else "clip"
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
@@ -159,7 +166,7 @@ def normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
                 # Complete a partial override from the class default the processor would keep.
                 size = {**_qwen_default_size(family), **size}
             out["size"] = size
-    elif kind != "gemma3":
+    elif kind not in ("gemma3", "internvl"):
         if config.get("crop_size") is not None:
             out["crop_size"] = _size_dict(config["crop_size"], square=True)
         if family == "clip" and config.get("use_square_size"):

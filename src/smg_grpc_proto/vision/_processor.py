@@ -7,7 +7,8 @@ resizing, rescaling, normalisation and patching natively, with the GIL released 
 of a batch spread over the cores; the outputs equal, byte for byte, those of the PIL backend
 class (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``, ``LlavaImageProcessorPil``,
 ``SiglipImageProcessorPil``, ``LlavaNextImageProcessorPil``, ``PixtralImageProcessorPil``,
-``Gemma3ImageProcessorPil``) of transformers 5.24.0 with Pillow 13.0.0.
+``Gemma3ImageProcessorPil``, ``GotOcr2ImageProcessorPil`` for InternVL) of transformers 5.24.0
+with Pillow 13.0.0.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ class ProcessorOutput:
     """Qwen: ``(sum of patches, 3 * T * ps * ps)``; CLIP/LLaVA/SigLIP: ``(B, 3, H, W)``;
     LLaVA-NeXT: ``(B, tiles, 3, H, W)``; Pixtral: ``(B, 3, H, W)``, each image padded at the
     bottom and right with ``0.0`` to the batch's largest height and width; Gemma 3:
-    ``(B + sum(num_crops), 3, H, W)``, each image followed by its pan-and-scan crops. ``None``
-    when the call had only videos."""
+    ``(B + sum(num_crops), 3, H, W)``, each image followed by its pan-and-scan crops; InternVL:
+    ``(sum(num_patches), 3, H, W)``, each image's tiles in row-major order, then its thumbnail
+    when it has more than one tile. ``None`` when the call had only videos."""
     image_grid_thw: I64Array | None = None
     """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
     image_sizes: I64Array | None = None
@@ -66,6 +68,8 @@ class ProcessorOutput:
     num_crops: I64Array | None = None
     """Gemma 3: ``(B,)`` = pan-and-scan crops per image (all 0 with ``do_pan_and_scan`` off);
     last, so that positional construction keeps its meaning."""
+    num_patches: I64Array | None = None
+    """InternVL: ``(B,)`` = tiles per image, the thumbnail included (1 without tiling)."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
@@ -74,6 +78,7 @@ class ProcessorOutput:
             "image_grid_thw",
             "image_sizes",
             "num_crops",
+            "num_patches",
             "pixel_values_videos",
             "video_grid_thw",
         )
@@ -100,7 +105,7 @@ class ProcessorOutput:
         keep = (
             ("video_grid_thw",)
             if modality == "video"
-            else ("image_grid_thw", "image_sizes", "num_crops")
+            else ("image_grid_thw", "image_sizes", "num_crops", "num_patches")
         )
         for name in keep:
             if name in tensors:
@@ -122,14 +127,15 @@ class ImageProcessor:
     """A transformers image processor (PIL backend) of one family and configuration.
 
     ``family`` is one of ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_5``, ``clip``,
-    ``llava``, ``siglip``, ``llava_next``, ``pixtral``, ``gemma3``; ``config`` holds transformers
-    config keys overriding the family's class defaults. Encoded inputs (bytes, paths) become what
-    transformers' processors make of a path (``alpha="load_image"``): ``load_image`` applies the
-    EXIF orientation (``apply_exif``) and ``convert("RGB")`` (alpha dropped; a single transparent
-    colour is kept and ``convert_to_rgb`` turns its pixels white). ``alpha="white"`` composites
-    alpha onto white instead, as ``convert_to_rgb`` does for an ``Image.open``-ed image;
-    ``alpha="drop"`` is plain ``convert("RGB")``. ``max_pixels`` rejects larger encoded images
-    before decoding (``None``: no limit). ``threads``: ``None`` uses every core.
+    ``llava``, ``siglip``, ``llava_next``, ``pixtral``, ``gemma3``, ``internvl``; ``config`` holds
+    transformers config keys overriding the family's class defaults. Encoded inputs (bytes,
+    paths) become what transformers' processors make of a path (``alpha="load_image"``):
+    ``load_image`` applies the EXIF orientation (``apply_exif``) and ``convert("RGB")`` (alpha
+    dropped; a single transparent colour is kept and ``convert_to_rgb`` turns its pixels white).
+    ``alpha="white"`` composites alpha onto white instead, as ``convert_to_rgb`` does for an
+    ``Image.open``-ed image; ``alpha="drop"`` is plain ``convert("RGB")``. ``max_pixels`` rejects
+    larger encoded images before decoding (``None``: no limit). ``threads``: ``None`` uses every
+    core.
     ``vision_tokens`` lets CLIP/LLaVA/SigLIP/LLaVA-NeXT count placeholder tokens.
     """
 
@@ -174,7 +180,9 @@ class ImageProcessor:
         """The family's transformers class defaults (Qwen3-VL/3.5, which reuse Qwen2-VL's
         class, get the values of their published configs: patch 16, mean/std 0.5,
         65 536 to 16 777 216 pixels; Gemma 3 gets its published 896 x 896 and
-        ``Gemma3Processor``'s pan-and-scan defaults); ``kwargs`` go to the constructor."""
+        ``Gemma3Processor``'s pan-and-scan defaults; InternVL its published 448 x 448, ImageNet
+        mean/std and ``InternVLProcessor``'s ``crop_to_patches``); ``kwargs`` go to the
+        constructor."""
         return cls(family, None, **kwargs)
 
     @classmethod
@@ -190,10 +198,13 @@ class ImageProcessor:
         unless given; a directory's ``processor_config.json`` supplies ``vision_tokens`` and, for
         Pixtral, the ``patch_size`` and ``spatial_merge_size`` that ``PixtralProcessor`` passes
         to its image processor (its defaults 16 and 1 when the file lacks them), for Gemma 3
-        ``Gemma3Processor``'s ``image_seq_length`` (over the preprocessor config's)."""
+        and InternVL their processor's ``image_seq_length`` (over the preprocessor config's). An
+        InternVL config whose ``processor_class`` (or the directory's) is ``InternVLProcessor``
+        gets ``crop_to_patches = True``: that processor passes it on every call, over the
+        file's value (the published files say ``false``)."""
         chosen, raw = _config.from_hf(source, family)
         data: Any = None
-        wanted = chosen in ("pixtral", "gemma3") or "vision_tokens" not in kwargs
+        wanted = chosen in ("pixtral", "gemma3", "internvl") or "vision_tokens" not in kwargs
         if wanted and not isinstance(source, Mapping):
             directory = Path(source) if Path(source).is_dir() else Path(source).parent
             processor_config = directory / "processor_config.json"
@@ -205,11 +216,20 @@ class ImageProcessor:
                 # PixtralProcessor._process_images: patch_size = patch_size * spatial_merge_size.
                 raw["patch_size"] = data.get("patch_size", 16)
                 raw["spatial_merge_size"] = data.get("spatial_merge_size", 1)
-            elif chosen == "gemma3":
+            elif chosen in ("gemma3", "internvl"):
                 if data.get("image_seq_length") is not None:
                     raw["image_seq_length"] = data["image_seq_length"]
             elif "vision_tokens" not in kwargs:
                 kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
+        if chosen == "internvl":
+            owners = (
+                raw.get("processor_class"),
+                data.get("processor_class") if isinstance(data, dict) else None,
+            )
+            if "InternVLProcessor" in owners:
+                # InternVLProcessor.images_kwargs = {"crop_to_patches": True}: passed to the image
+                # processor on every call, so it wins over the preprocessor config's value.
+                raw["crop_to_patches"] = True
         return cls(chosen, raw, **kwargs)
 
     def __call__(
@@ -245,6 +265,7 @@ class ImageProcessor:
             image_grid_thw=values.get("image_grid_thw"),
             image_sizes=values.get("image_sizes"),
             num_crops=values.get("num_crops"),
+            num_patches=values.get("num_patches"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
             num_image_tokens=self._image_tokens(values),
@@ -284,6 +305,12 @@ class ImageProcessor:
                 return None
             seq = int(self._config["image_seq_length"])
             return tuple(_tokens.gemma3_tokens(c, seq) for c in crops.tolist())
+        if self.family == "internvl":
+            patches = values.get("num_patches")
+            if patches is None:
+                return None
+            seq = int(self._config["image_seq_length"])
+            return tuple(_tokens.internvl_tokens(n, seq) for n in patches.tolist())
         pixels = values.get("pixel_values")
         vision = self.vision_tokens
         if pixels is None or vision is None:

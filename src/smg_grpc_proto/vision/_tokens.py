@@ -17,6 +17,11 @@
   ``<image_soft_token>`` the model fills; the begin/end markers and the text around the crops
   are not counted). ``image_seq_length`` (256 for the published checkpoints, the model config's
   ``mm_tokens_per_image``) is a key of the Gemma 3 configuration, so the count is always known.
+* InternVL: ``InternVLProcessor.replace_image_token`` writes ``<img>``, ``image_seq_length *
+  num_patches`` ``<IMG_CONTEXT>`` tokens and ``</img>``: ``num_patches * image_seq_length``
+  image tokens (the markers not counted; ``_get_num_multimodal_tokens`` adds 2 for them).
+  ``image_seq_length`` (``InternVLProcessor``'s default and the published checkpoints' 256) is
+  a key of the InternVL configuration.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["VisionTokens", "gemma3_tokens", "llava_next_tokens", "llava_tokens", "pixtral_tokens"]
+__all__ = [
+    "VisionTokens",
+    "gemma3_tokens",
+    "internvl_tokens",
+    "llava_next_tokens",
+    "llava_tokens",
+    "pixtral_tokens",
+]
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,12 @@ def gemma3_tokens(num_crops: int, image_seq_length: int) -> int:
     """``Gemma3Processor.replace_image_token``: image tokens of an image with ``num_crops``
     pan-and-scan crops."""
     return (1 + num_crops) * image_seq_length
+
+
+def internvl_tokens(num_patches: int, image_seq_length: int) -> int:
+    """``InternVLProcessor.replace_image_token``: ``<IMG_CONTEXT>`` tokens of an image with
+    ``num_patches`` tiles (its thumbnail included)."""
+    return num_patches * image_seq_length
 
 
 def llava_next_tokens(
