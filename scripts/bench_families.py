@@ -7,7 +7,7 @@ transformers class (``*ImageProcessorPil``, transformers 5.24.0, Pillow 13) and 
 (``ImageProcessor.for_family(family, threads=1)``) on decoded input (PIL images / numpy arrays)
 and from bytes (``Image.open`` + ``convert("RGB")`` for transformers); figures are medians over
 ``--rounds`` fresh processes. Both sides use the same configuration (the class defaults, except
-Gemma 3 at its published 896 x 896); the outputs are checked to be byte-identical first.
+Gemma 3 at its published 896 x 896 and InternVL's published tiling configuration); the outputs are checked to be byte-identical first.
 
     python scripts/bench_families.py --rounds 3
 """
@@ -40,6 +40,19 @@ REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
     "llava_next": ("LlavaNextImageProcessorPil", {}),
     "pixtral": ("PixtralImageProcessorPil", {}),
     "gemma3": ("Gemma3ImageProcessorPil", {"size": {"height": 896, "width": 896}}),
+    # InternVL's published configuration of GOT-OCR 2's processor (tiling on, as the processor
+    # passes it), as ImageProcessor.for_family("internvl") uses it
+    "internvl": (
+        "GotOcr2ImageProcessorPil",
+        {
+            "size": {"height": 448, "width": 448},
+            "crop_to_patches": True,
+            "min_patches": 1,
+            "max_patches": 12,
+            "image_mean": [0.485, 0.456, 0.406],
+            "image_std": [0.229, 0.224, 0.225],
+        },
+    ),
 }
 CASES = ("512x600", "1280x960", "batch of 8")
 
