@@ -7,7 +7,8 @@ transformers class (``*ImageProcessorPil``, transformers 5.24.0, Pillow 13) and 
 (``ImageProcessor.for_family(family, threads=1)``) on decoded input (PIL images / numpy arrays)
 and from bytes (``Image.open`` + ``convert("RGB")`` for transformers); figures are medians over
 ``--rounds`` fresh processes. Both sides use the same configuration (the class defaults, except
-Gemma 3 at its published 896 x 896 and InternVL's published tiling configuration); the outputs are checked to be byte-identical first.
+Gemma 3 at its published 896 x 896 and InternVL's published tiling configuration); the outputs
+are checked to be byte-identical first.
 
     python scripts/bench_families.py --rounds 3
 """
