@@ -3,7 +3,8 @@
 Reference: ``transformers==5.24.0`` (its PIL-backend classes ``Qwen2VLImageProcessorPil``,
 ``CLIPImageProcessorPil``, ``LlavaImageProcessorPil``, ``SiglipImageProcessorPil``,
 ``LlavaNextImageProcessorPil``, ``PixtralImageProcessorPil``, ``Gemma3ImageProcessorPil``,
-``GotOcr2ImageProcessorPil`` for InternVL, constructed directly with the config as keyword
+``GotOcr2ImageProcessorPil`` for InternVL, ``Idefics3ImageProcessorPil``,
+``SmolVLMImageProcessorPil``, constructed directly with the config as keyword
 arguments) with ``pillow==13.0.0`` — both pinned in pyproject's ``test`` dependency group;
 other versions skip the module (Pillow 12 resizes differently, so its bytes are not these).
 Nothing is frozen from elsewhere: every expected tensor is computed here, in this process, by
@@ -48,11 +49,13 @@ from transformers import (  # noqa: E402
     CLIPImageProcessorPil,
     Gemma3ImageProcessorPil,
     GotOcr2ImageProcessorPil,
+    Idefics3ImageProcessorPil,
     LlavaImageProcessorPil,
     LlavaNextImageProcessorPil,
     PixtralImageProcessorPil,
     Qwen2VLImageProcessorPil,
     SiglipImageProcessorPil,
+    SmolVLMImageProcessorPil,
 )
 from transformers.image_transforms import convert_to_rgb  # noqa: E402
 from transformers.image_utils import (  # noqa: E402
@@ -61,8 +64,12 @@ from transformers.image_utils import (  # noqa: E402
     load_image,
 )
 from transformers.models.gemma3.processing_gemma3 import Gemma3Processor  # noqa: E402
+from transformers.models.idefics3.processing_idefics3 import Idefics3Processor  # noqa: E402
 from transformers.models.internvl.processing_internvl import InternVLProcessor  # noqa: E402
 from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor  # noqa: E402
+from transformers.models.smolvlm.processing_smolvlm import (  # noqa: E402
+    get_image_prompt_string,
+)
 
 from smg_grpc_proto import _native  # noqa: E402
 from smg_grpc_proto.errors import (  # noqa: E402
@@ -256,6 +263,45 @@ def internvl_hf(**kwargs: Any) -> Any:
     return GotOcr2ImageProcessorPil(**{**base, **INTERNVL_PROCESSOR_DEFAULTS, **given})
 
 
+def _with_rows_cols(cls: Any) -> Any:
+    """The class, called with ``return_row_col_info=True`` (what ``Idefics3Processor`` and
+    ``SmolVLMProcessor`` ask for), so that ``rows``/``cols`` are compared too."""
+
+    def make(**kwargs: Any) -> Any:
+        hf = cls(**kwargs)
+        return lambda *args, **call: hf(*args, return_row_col_info=True, **call)
+
+    return make
+
+
+# Shaped as the published Idefics3 and SmolVLM preprocessor_config.json files (the
+# sizes of HuggingFaceM4/Idefics3-8B-Llama3 and of the SmolVLM2 checkpoints).
+IDEFICS3_HUB = {
+    "do_convert_rgb": True,
+    "do_image_splitting": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Idefics3ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "max_image_size": {"longest_edge": 364},
+    "processor_class": "Idefics3Processor",
+    "resample": 1,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 1456},
+}
+SMOLVLM_HUB = {
+    **IDEFICS3_HUB,
+    "image_processor_type": "SmolVLMImageProcessor",
+    "processor_class": "SmolVLMProcessor",
+    "max_image_size": {"longest_edge": 512},
+    "size": {"longest_edge": 2048},
+}
+_IDEFICS3_FILE_ONLY = ("do_convert_rgb",)
+
+
 HF_CLASSES: dict[str, Any] = {
     "qwen2_vl": Qwen2VLImageProcessorPil,
     "qwen2_5_vl": Qwen2VLImageProcessorPil,
@@ -268,6 +314,8 @@ HF_CLASSES: dict[str, Any] = {
     "pixtral": PixtralImageProcessorPil,
     "gemma3": gemma3_hf,
     "internvl": internvl_hf,
+    "idefics3": _with_rows_cols(Idefics3ImageProcessorPil),
+    "smolvlm": _with_rows_cols(SmolVLMImageProcessorPil),
 }
 _META = ("image_processor_type", "processor_class", "feature_extractor_type")
 
@@ -294,6 +342,9 @@ CONFIGS: dict[str, tuple[str, dict[str, Any] | None]] = {
         "internvl",
         {k: v for k, v in INTERNVL_HUB.items() if k != "processor_class"},
     ),
+    "idefics3-defaults": ("idefics3", None),
+    "idefics3-nosplit": ("idefics3", {**IDEFICS3_HUB, "do_image_splitting": False}),
+    "smolvlm-hub": ("smolvlm", SMOLVLM_HUB),
 }
 QWEN_CONFIGS = ("qwen2-defaults", "qwen2-hub", "qwen3-hub")
 
@@ -517,6 +568,7 @@ def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
         "pixtral-defaults",
         "gemma3-pas",
         "internvl-defaults",
+        "idefics3-defaults",
     ],
 )
 @pytest.mark.parametrize("name", IMAGE_NAMES)
@@ -545,6 +597,7 @@ def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
         "pixtral-1540",
         "gemma3-hub",
         "internvl-defaults",
+        "smolvlm-hub",
     ],
 )
 @pytest.mark.parametrize("channels", [1, 2, 4])
@@ -741,6 +794,29 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("internvl", {"max_patches": 6, "size": 50}),
     ("internvl", {"max_patches": 40, "size": 32}),
     ("internvl", {"min_patches": 2, "max_patches": 24, "size": [30, 60]}),
+    ("idefics3", {"size": {"longest_edge": 500}, "max_image_size": {"longest_edge": 100}}),
+    ("idefics3", {"size": {"longest_edge": 333}, "max_image_size": {"longest_edge": 111}}),
+    ("idefics3", {"size": {"longest_edge": 99}, "max_image_size": {"longest_edge": 100}}),
+    ("idefics3", {"size": {"longest_edge": 4500}, "max_image_size": {"longest_edge": 1000}}),
+    ("idefics3", {"do_image_splitting": False}),
+    ("idefics3", {"do_image_splitting": False, "max_image_size": {"longest_edge": 97}}),
+    ("idefics3", {"do_pad": False, "size": {"longest_edge": 300}}),
+    ("idefics3", {"do_resize": False, "max_image_size": {"longest_edge": 64}}),
+    ("idefics3", {"resample": 3, "size": {"longest_edge": 400}}),  # bicubic
+    ("idefics3", {"resample": 2, "do_image_splitting": False}),  # bilinear
+    ("idefics3", {"resample": 0, "size": {"longest_edge": 301}}),  # nearest, odd
+    ("idefics3", {"do_normalize": False, "size": {"longest_edge": 200}}),
+    ("idefics3", {"do_rescale": False, "do_normalize": False, "do_image_splitting": False}),
+    (
+        "idefics3",
+        {"rescale_factor": 0.5, "image_mean": [0.1, 0.2, 0.3], "image_std": [2.0, 0.4, 0.9]},
+    ),
+    ("smolvlm", {}),
+    ("smolvlm", {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}}),
+    ("smolvlm", {"size": {"longest_edge": 1536}, "max_image_size": {"longest_edge": 384}}),
+    ("smolvlm", {"do_image_splitting": False, "max_image_size": {"longest_edge": 384}}),
+    ("smolvlm", {"resample": 4, "size": {"longest_edge": 256}}),  # box
+    ("smolvlm", {"resample": 5, "size": {"longest_edge": 257}}),  # hamming
 ]
 
 
@@ -898,7 +974,7 @@ def test_from_pretrained_sources(tmp_path: Path, corpus: dict[str, Path]) -> Non
     with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
         ImageProcessor.from_pretrained("llava-hf/llava-v1.6-mistral-7b-hf")
     with pytest.raises(ValueError, match="not supported"):
-        ImageProcessor.from_pretrained({"image_processor_type": "Idefics3ImageProcessor"})
+        ImageProcessor.from_pretrained({"image_processor_type": "MllamaImageProcessor"})
     # Token counts as LlavaNextProcessor computes them.
     paths = [str(corpus[n]) for n in ("grace_hopper.jpg", "wide-3x600.png", "small-50x80.png")]
     out = from_dir(paths)
@@ -927,11 +1003,11 @@ def test_config_round_trip_and_errors() -> None:
         p = ImageProcessor.for_family(family)  # type: ignore[arg-type]
         assert ImageProcessor(family, p.config).config == p.config  # type: ignore[arg-type]
     with pytest.raises(ProcessorConfigError, match="family") as err:
-        ImageProcessor("idefics3", {})  # type: ignore[arg-type]
+        ImageProcessor("florence2", {})  # type: ignore[arg-type]
     assert err.value.field == "family"
     with pytest.raises(ProcessorConfigError, match="patch_size"):
         ImageProcessor("qwen2_vl", {"patch_size": 0})
-    assert "internvl" in _native.processor_families()
+    assert {"internvl", "idefics3", "smolvlm"} <= set(_native.processor_families())
     with pytest.raises(ProcessorConfigError, match="size"):
         ImageProcessor("clip", {"size": {"height": 10}})
     with pytest.raises(ProcessorConfigError, match="image_mean"):
@@ -1701,4 +1777,174 @@ def test_internvl_cli(corpus: dict[str, Path], tmp_path: Path) -> None:
     ref = run_hf(hf_processor("internvl-defaults"), [hf_load(p) for p in paths])
     with np.load(out) as written:
         for key in ("pixel_values", "num_patches"):
+            assert_same(written[key], ref[key], f"cli {key}")
+
+
+# ---- Idefics3 / SmolVLM details: two resizes, tiles, global image, rows/cols, tokens -------
+
+IDEFICS3_CONFIGS = ("idefics3-defaults", "idefics3-nosplit", "smolvlm-hub")
+# (height, width): tiny, thin (a side int()-ed to 0 becomes 1), exact tile multiples, one
+# tile exactly, odd sizes whose other side is rounded up to even, beyond MAX_IMAGE_SIZE.
+IDEFICS3_SIZES = [
+    (1, 1),
+    (1, 3),
+    (1, 3000),
+    (3000, 1),
+    (2, 2000),
+    (364, 364),
+    (364, 728),
+    (728, 364),
+    (1456, 1456),
+    (1092, 1456),
+    (512, 2048),
+    (363, 365),
+    (999, 1001),
+    (10, 20),
+    (37, 23),
+    (500, 1500),
+    (1080, 1920),
+    (5000, 300),
+]
+
+
+def _idefics3_token_count(ref: Any, index: int, image_seq_len: int) -> int:
+    """``Idefics3Processor.replace_image_token`` run on transformers' own ``rows``/``cols``, on
+    a processor given just the attributes it reads (its ``__init__`` needs a tokenizer)."""
+    processor = Idefics3Processor.__new__(Idefics3Processor)
+    processor.image_seq_len = image_seq_len
+    processor.fake_image_token = "<fake_token_around_image>"
+    processor.image_token = "<image>"
+    processor.global_image_tag = "<global-img>"
+    text = processor.replace_image_token({"rows": ref["rows"], "cols": ref["cols"]}, index)
+    # SmolVLMProcessor writes the same string.
+    rows, cols = ref["rows"][0][index], ref["cols"][0][index]
+    smol = get_image_prompt_string(
+        rows, cols, image_seq_len, "<fake_token_around_image>", "<image>", "<global-img>"
+    )
+    assert smol == text
+    assert text.count("<global-img>") == 1
+    return int(text.count("<image>"))
+
+
+@pytest.mark.parametrize(("height", "width"), IDEFICS3_SIZES)
+def test_idefics3_sizes(height: int, width: int) -> None:
+    """Odd sizes, as arrays and as PNG bytes, split and not, with transformers' rows/cols and
+    the processors' ``<image>`` count."""
+    array = _pattern(height, width, 61)
+    png = _encode(Image.fromarray(array), "PNG")
+    for config in IDEFICS3_CONFIGS:
+        ref = run_hf(hf_processor(config), array, input_data_format="channels_last")
+        ours = our_processor(config)
+        out = ours(array)
+        assert_matches(out, ref, f"{config} {height}x{width} array")
+        assert_matches(ours(png), ref, f"{config} {height}x{width} bytes")
+        assert set(out.tensors()) == set(ref)
+        assert out.num_image_tokens == (_idefics3_token_count(ref, 0, 169),)
+
+
+@pytest.mark.parametrize("config", IDEFICS3_CONFIGS)
+def test_idefics3_batches_and_tokens(corpus: dict[str, Path], config: str) -> None:
+    """A flat batch of mixed sizes and kinds is one sample: every image's tiles and global
+    image in order, the (no-op) padding's all-ones mask, rows/cols per image."""
+    names = [
+        "grace_hopper.jpg",
+        "wide-3x600.png",
+        "rgba.png",
+        "tall-3000x500.jpg",
+        "big-1500x2000.jpg",
+    ]
+    loaded = [hf_load(corpus[n]) for n in names]
+    ref = run_hf(hf_processor(config), loaded)
+    ours = our_processor(config)
+    paths = [str(corpus[n]) for n in names]
+    out = ours(paths)
+    assert_matches(out, ref, f"{config} batch")
+    mixed: list[Any] = [corpus[names[0]].read_bytes(), np.asarray(loaded[1]), loaded[2], *paths[3:]]
+    assert_matches(ours(mixed, threads=1), ref, f"{config} mixed inputs")
+    assert out.pixel_attention_mask is not None
+    assert out.pixel_attention_mask.dtype == np.int64
+    assert bool((out.pixel_attention_mask == 1).all())
+    want = tuple(_idefics3_token_count(ref, i, 169) for i in range(len(names)))
+    assert out.num_image_tokens == want
+    assert out.rows is not None
+    assert out.cols is not None
+    tiles = sum(r * c + (r > 0) or 1 for r, c in zip(out.rows[0], out.cols[0], strict=True))
+    assert out.pixel_values is not None
+    assert out.pixel_values.shape[1] == tiles
+
+
+def test_idefics3_family_defaults_and_smolvlm() -> None:
+    """The two classes have the same defaults and the same pixels; ours too."""
+    a, b = Idefics3ImageProcessorPil(), SmolVLMImageProcessorPil()
+    for key in ("size", "max_image_size", "image_mean", "image_std", "do_image_splitting"):
+        assert getattr(a, key) == getattr(b, key), key
+    assert int(a.resample) == int(b.resample) == 1
+    assert a.size["longest_edge"] == 1456
+    assert a.max_image_size["longest_edge"] == 364
+    ours_a, ours_b = ImageProcessor.for_family("idefics3"), ImageProcessor.for_family("smolvlm")
+    assert ours_a.config == ours_b.config
+    assert ours_a.config["size"] == {"longest_edge": 1456}
+    assert ours_a.config["max_image_size"] == {"longest_edge": 364}
+    assert ours_a.config["image_seq_len"] == 169
+
+
+def test_idefics3_from_pretrained(tmp_path: Path) -> None:
+    """The family from every backend's class name; a model directory's processor_config.json
+    supplies image_seq_len."""
+    classes = (("Idefics3ImageProcessor", "idefics3"), ("SmolVLMImageProcessor", "smolvlm"))
+    for base, family in classes:
+        for suffix in ("", "Fast", "Pil"):
+            ours = ImageProcessor.from_pretrained({"image_processor_type": f"{base}{suffix}"})
+            assert ours.family == family
+    hub = ImageProcessor.from_pretrained(IDEFICS3_HUB)
+    assert hub.config == ImageProcessor.for_family("idefics3").config
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(SMOLVLM_HUB))
+    (tmp_path / "processor_config.json").write_text(
+        json.dumps({"image_seq_len": 64, "processor_class": "SmolVLMProcessor"})
+    )
+    ours = ImageProcessor.from_pretrained(tmp_path)
+    assert ours.family == "smolvlm"
+    assert ours.config["image_seq_len"] == 64
+    array = _pattern(400, 1300, 62)
+    ref = run_hf(hf_processor("smolvlm-hub"), array, input_data_format="channels_last")
+    out = ours(array)
+    assert_matches(out, ref, "model directory")
+    assert out.num_image_tokens == (_idefics3_token_count(ref, 0, 64),)
+
+
+IDEFICS3_BAD: list[tuple[dict[str, Any], str]] = [
+    ({"size": {"height": 100, "width": 100}}, "size"),  # transformers accepts; we refuse
+    ({"size": {"longest_edge": 0}}, "size"),
+    ({"size": {"shortest_edge": 10}}, "size"),
+    ({"max_image_size": {"longest_edge": 0}}, "max_image_size"),
+    ({"max_image_size": {"longest_edge": 5000}}, "max_image_size"),
+    ({"max_image_size": {"height": 10, "width": 10}}, "max_image_size"),
+    ({"max_image_size": 364}, "max_image_size"),
+    ({"do_image_splitting": 1}, "do_image_splitting"),
+    ({"do_pad": "yes"}, "do_pad"),
+    ({"image_seq_len": 0}, "image_seq_len"),
+    ({"resample": 9}, "resample"),
+]
+
+
+@pytest.mark.parametrize(("config", "field"), IDEFICS3_BAD, ids=str)
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_idefics3_config_errors(family: str, config: dict[str, Any], field: str) -> None:
+    with pytest.raises(ProcessorConfigError, match=field) as err:
+        ImageProcessor(family, config)  # type: ignore[arg-type]
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_idefics3_cli(corpus: dict[str, Path], tmp_path: Path, family: str) -> None:
+    """``smg-proto preprocess --family idefics3|smolvlm`` writes transformers' tensors."""
+    from smg_grpc_proto import cli
+
+    names = ["grace_hopper.jpg", "odd-37x23.png"]
+    out = tmp_path / f"{family}.npz"
+    paths = [str(corpus[n]) for n in names]
+    assert cli.main(["preprocess", *paths, "--family", family, "--out", str(out)]) == 0
+    ref = run_hf(HF_CLASSES[family](), [hf_load(p) for p in paths])
+    with np.load(out) as written:
+        for key in ("pixel_values", "pixel_attention_mask", "rows", "cols"):
             assert_same(written[key], ref[key], f"cli {key}")

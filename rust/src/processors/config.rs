@@ -9,6 +9,7 @@ use crate::image::{Filter, PassOrder};
 
 use super::clip::ClipConfig;
 use super::gemma3::Gemma3Config;
+use super::idefics3::Idefics3Config;
 use super::internvl::InternVlConfig;
 use super::llava_next::LlavaNextConfig;
 use super::normalize::Normalize;
@@ -40,10 +41,12 @@ pub enum Family {
     Pixtral,
     Gemma3,
     InternVl,
+    Idefics3,
+    SmolVlm,
 }
 
 impl Family {
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 13] = [
         Family::Qwen2Vl,
         Family::Qwen25Vl,
         Family::Qwen3Vl,
@@ -55,6 +58,8 @@ impl Family {
         Family::Pixtral,
         Family::Gemma3,
         Family::InternVl,
+        Family::Idefics3,
+        Family::SmolVlm,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +75,8 @@ impl Family {
             Family::Pixtral => "pixtral",
             Family::Gemma3 => "gemma3",
             Family::InternVl => "internvl",
+            Family::Idefics3 => "idefics3",
+            Family::SmolVlm => "smolvlm",
         }
     }
 
@@ -212,6 +219,7 @@ pub enum ProcessorConfig {
     Pixtral(PixtralConfig),
     Gemma3(Gemma3Config),
     InternVl(InternVlConfig),
+    Idefics3(Idefics3Config),
 }
 
 impl ProcessorConfig {
@@ -229,6 +237,8 @@ impl ProcessorConfig {
             Family::Pixtral => ProcessorConfig::Pixtral(PixtralConfig::pixtral()),
             Family::Gemma3 => ProcessorConfig::Gemma3(Gemma3Config::gemma3()),
             Family::InternVl => ProcessorConfig::InternVl(InternVlConfig::internvl()),
+            Family::Idefics3 => ProcessorConfig::Idefics3(Idefics3Config::idefics3()),
+            Family::SmolVlm => ProcessorConfig::Idefics3(Idefics3Config::smolvlm()),
         }
     }
 
@@ -250,6 +260,7 @@ impl ProcessorConfig {
             ProcessorConfig::Pixtral(c) => &c.common,
             ProcessorConfig::Gemma3(c) => &c.common,
             ProcessorConfig::InternVl(c) => &c.common,
+            ProcessorConfig::Idefics3(c) => &c.common,
         }
     }
 
@@ -261,6 +272,7 @@ impl ProcessorConfig {
             ProcessorConfig::Pixtral(c) => &mut c.common,
             ProcessorConfig::Gemma3(c) => &mut c.common,
             ProcessorConfig::InternVl(c) => &mut c.common,
+            ProcessorConfig::Idefics3(c) => &mut c.common,
         }
     }
 
@@ -276,6 +288,7 @@ impl ProcessorConfig {
             ProcessorConfig::Pixtral(c) => c.set(key, value)?,
             ProcessorConfig::Gemma3(c) => c.set(key, value)?,
             ProcessorConfig::InternVl(c) => c.set(key, value)?,
+            ProcessorConfig::Idefics3(c) => c.set(key, value)?,
         };
         if known {
             Ok(())
@@ -298,6 +311,7 @@ impl ProcessorConfig {
             ProcessorConfig::Pixtral(c) => c.entries(),
             ProcessorConfig::Gemma3(c) => c.entries(),
             ProcessorConfig::InternVl(c) => c.entries(),
+            ProcessorConfig::Idefics3(c) => c.entries(),
         });
         out
     }
@@ -311,6 +325,7 @@ impl ProcessorConfig {
             ProcessorConfig::Pixtral(c) => c.validate(),
             ProcessorConfig::Gemma3(c) => c.validate(),
             ProcessorConfig::InternVl(c) => c.validate(),
+            ProcessorConfig::Idefics3(c) => c.validate(),
         }
     }
 }

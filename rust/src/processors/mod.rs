@@ -12,6 +12,8 @@
 //!   `num_crops`);
 //! - [`internvl`]: InternVL (`GotOcr2ImageProcessorPil`: the closest aspect-ratio grid of
 //!   tiles, then a thumbnail, `num_patches`);
+//! - [`idefics3`]: Idefics3 and SmolVLM (longest edge, then multiples of the tile side, tiles
+//!   and the global image, `pixel_attention_mask`, `rows`/`cols`);
 //! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
 //!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
 //!   to RGB), [`config`] (family defaults and keys), [`parallel`], [`store`] (streaming
@@ -26,6 +28,7 @@ pub mod clip;
 pub mod config;
 mod error;
 pub mod gemma3;
+pub mod idefics3;
 pub mod input;
 pub mod internvl;
 pub mod llava_next;
@@ -184,6 +187,7 @@ impl Preprocessor {
             ProcessorConfig::Pixtral(c) => pixtral::images(c, &self.normalize, inputs, options),
             ProcessorConfig::Gemma3(c) => gemma3::images(c, &self.normalize, inputs, options),
             ProcessorConfig::InternVl(c) => internvl::images(c, &self.normalize, inputs, options),
+            ProcessorConfig::Idefics3(c) => idefics3::images(c, &self.normalize, inputs, options),
         }
     }
 

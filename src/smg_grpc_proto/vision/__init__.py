@@ -11,9 +11,9 @@ Available today:
   order of Pillow <= 12.2 on request), with the GIL released and SIMD/threads that never change
   a byte.
 * :class:`ImageProcessor`: the image processors of Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5,
-  CLIP, LLaVA-1.5, SigLIP, LLaVA-NeXT, Pixtral, Gemma 3 and InternVL, bit-exact with
-  transformers' PIL backend (``from_pretrained(preprocessor_config.json | model dir | dict)``
-  or ``for_family(name)``);
+  CLIP, LLaVA-1.5, SigLIP, LLaVA-NeXT, Pixtral, Gemma 3, InternVL, Idefics3 and SmolVLM,
+  bit-exact with transformers' PIL backend
+  (``from_pretrained(preprocessor_config.json | model dir | dict)`` or ``for_family(name)``);
   a batch of images (bytes, paths, arrays, PIL images) or Qwen videos in, a
   :class:`ProcessorOutput` of numpy tensors and placeholder token counts out.
 * :func:`buffer_cache`: the limit of the cache of large buffers (outputs, decoded images) that

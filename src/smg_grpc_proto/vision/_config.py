@@ -15,6 +15,9 @@ normalises the keys exactly as transformers' ``__init__``/``_standardize_kwargs`
   ``min_patches``, ``max_patches`` and ``image_seq_length`` (an ``InternVLProcessor`` setting)
   are passed through, and ``crop_size``/``do_center_crop``/``do_pad``, which its
   ``_preprocess`` ignores, are ignored;
+* Idefics3 and SmolVLM: ``size`` and ``max_image_size`` must be ``{"longest_edge": n}``;
+  ``do_image_splitting``, ``do_pad`` and ``image_seq_len`` (an ``Idefics3Processor``/
+  ``SmolVLMProcessor`` setting) are passed through;
 * Pixtral: an int ``patch_size`` becomes ``{"height": p, "width": p}``; ``spatial_merge_size``
   (a ``PixtralProcessor`` setting, not an image processor key) is passed through;
 * ``crop_size``/``pad_size``: an int becomes ``{"height": n, "width": n}``;
@@ -50,6 +53,8 @@ Family = Literal[
     "pixtral",
     "gemma3",
     "internvl",
+    "idefics3",
+    "smolvlm",
 ]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
@@ -66,6 +71,8 @@ _CLASSES: dict[str, Family] = {
     "PixtralImageProcessor": "pixtral",
     "Gemma3ImageProcessor": "gemma3",
     "GotOcr2ImageProcessor": "internvl",
+    "Idefics3ImageProcessor": "idefics3",
+    "SmolVLMImageProcessor": "smolvlm",
 }
 
 _COMMON = (
@@ -91,6 +98,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
         "image_seq_length",
     ),
     "internvl": ("crop_to_patches", "min_patches", "max_patches", "image_seq_length"),
+    "idefics3": ("max_image_size", "do_image_splitting", "do_pad", "image_seq_len"),
 }
 
 # Families whose class has default_to_square = True: an int size is a square.
@@ -102,6 +110,8 @@ CONFIG_NAME = "preprocessor_config.json"
 def _kind(family: Family) -> str:
     if family in QWEN:
         return "qwen"
+    if family in ("idefics3", "smolvlm"):
+        return "idefics3"
     return family if family in ("llava_next", "pixtral", "gemma3", "internvl") else "clip"
 
 
@@ -166,7 +176,7 @@ def normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
                 # Complete a partial override from the class default the processor would keep.
                 size = {**_qwen_default_size(family), **size}
             out["size"] = size
-    elif kind not in ("gemma3", "internvl"):
+    elif kind not in ("gemma3", "internvl", "idefics3"):
         if config.get("crop_size") is not None:
             out["crop_size"] = _size_dict(config["crop_size"], square=True)
         if family == "clip" and config.get("use_square_size"):

@@ -7,8 +7,9 @@ resizing, rescaling, normalisation and patching natively, with the GIL released 
 of a batch spread over the cores; the outputs equal, byte for byte, those of the PIL backend
 class (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``, ``LlavaImageProcessorPil``,
 ``SiglipImageProcessorPil``, ``LlavaNextImageProcessorPil``, ``PixtralImageProcessorPil``,
-``Gemma3ImageProcessorPil``, ``GotOcr2ImageProcessorPil`` for InternVL) of transformers 5.24.0
-with Pillow 13.0.0.
+``Gemma3ImageProcessorPil``, ``GotOcr2ImageProcessorPil`` for InternVL,
+``Idefics3ImageProcessorPil``, ``SmolVLMImageProcessorPil``) of transformers 5.24.0 with
+Pillow 13.0.0.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ class ProcessorOutput:
     bottom and right with ``0.0`` to the batch's largest height and width; Gemma 3:
     ``(B + sum(num_crops), 3, H, W)``, each image followed by its pan-and-scan crops; InternVL:
     ``(sum(num_patches), 3, H, W)``, each image's tiles in row-major order, then its thumbnail
-    when it has more than one tile. ``None`` when the call had only videos."""
+    when it has more than one tile; Idefics3/SmolVLM: ``(1, sum of tiles, 3, m, m)`` (the images
+    are one sample, as a flat list is for transformers), each image's ``rows x cols`` tiles in
+    row-major order, then its global image when it is split. ``None`` when the call had only
+    videos."""
     image_grid_thw: I64Array | None = None
     """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
     image_sizes: I64Array | None = None
@@ -70,6 +74,13 @@ class ProcessorOutput:
     last, so that positional construction keeps its meaning."""
     num_patches: I64Array | None = None
     """InternVL: ``(B,)`` = tiles per image, the thumbnail included (1 without tiling)."""
+    pixel_attention_mask: I64Array | None = None
+    """Idefics3/SmolVLM with ``do_pad``: ``(1, sum of tiles, m, m)`` int64, 1 for a pixel, 0 for
+    padding (all 1 for one sample)."""
+    rows: I64Array | None = None
+    """Idefics3/SmolVLM: ``(1, B)`` = tile rows per image (0 when not split)."""
+    cols: I64Array | None = None
+    """Idefics3/SmolVLM: ``(1, B)`` = tile columns per image (0 when not split)."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
@@ -79,6 +90,9 @@ class ProcessorOutput:
             "image_sizes",
             "num_crops",
             "num_patches",
+            "pixel_attention_mask",
+            "rows",
+            "cols",
             "pixel_values_videos",
             "video_grid_thw",
         )
@@ -105,7 +119,15 @@ class ProcessorOutput:
         keep = (
             ("video_grid_thw",)
             if modality == "video"
-            else ("image_grid_thw", "image_sizes", "num_crops", "num_patches")
+            else (
+                "image_grid_thw",
+                "image_sizes",
+                "num_crops",
+                "num_patches",
+                "pixel_attention_mask",
+                "rows",
+                "cols",
+            )
         )
         for name in keep:
             if name in tensors:
@@ -127,15 +149,15 @@ class ImageProcessor:
     """A transformers image processor (PIL backend) of one family and configuration.
 
     ``family`` is one of ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_5``, ``clip``,
-    ``llava``, ``siglip``, ``llava_next``, ``pixtral``, ``gemma3``, ``internvl``; ``config`` holds
-    transformers config keys overriding the family's class defaults. Encoded inputs (bytes,
-    paths) become what transformers' processors make of a path (``alpha="load_image"``):
-    ``load_image`` applies the EXIF orientation (``apply_exif``) and ``convert("RGB")`` (alpha
-    dropped; a single transparent colour is kept and ``convert_to_rgb`` turns its pixels white).
-    ``alpha="white"`` composites alpha onto white instead, as ``convert_to_rgb`` does for an
-    ``Image.open``-ed image; ``alpha="drop"`` is plain ``convert("RGB")``. ``max_pixels`` rejects
-    larger encoded images before decoding (``None``: no limit). ``threads``: ``None`` uses every
-    core.
+    ``llava``, ``siglip``, ``llava_next``, ``pixtral``, ``gemma3``, ``internvl``, ``idefics3``,
+    ``smolvlm``; ``config`` holds transformers config keys overriding the family's class
+    defaults. Encoded inputs (bytes, paths) become what transformers' processors make of a
+    path (``alpha="load_image"``): ``load_image`` applies the EXIF orientation
+    (``apply_exif``) and ``convert("RGB")`` (alpha dropped; a single transparent colour is kept
+    and ``convert_to_rgb`` turns its pixels white). ``alpha="white"`` composites alpha onto
+    white instead, as ``convert_to_rgb`` does for an ``Image.open``-ed image; ``alpha="drop"``
+    is plain ``convert("RGB")``. ``max_pixels`` rejects larger encoded images before decoding
+    (``None``: no limit). ``threads``: ``None`` uses every core.
     ``vision_tokens`` lets CLIP/LLaVA/SigLIP/LLaVA-NeXT count placeholder tokens.
     """
 
@@ -181,8 +203,9 @@ class ImageProcessor:
         class, get the values of their published configs: patch 16, mean/std 0.5,
         65 536 to 16 777 216 pixels; Gemma 3 gets its published 896 x 896 and
         ``Gemma3Processor``'s pan-and-scan defaults; InternVL its published 448 x 448, ImageNet
-        mean/std and ``InternVLProcessor``'s ``crop_to_patches``); ``kwargs`` go to the
-        constructor."""
+        mean/std and ``InternVLProcessor``'s ``crop_to_patches``; Idefics3 and SmolVLM, whose
+        classes share their defaults, 1456 and tiles of 364, ``image_seq_len`` 169); ``kwargs``
+        go to the constructor."""
         return cls(family, None, **kwargs)
 
     @classmethod
@@ -198,13 +221,17 @@ class ImageProcessor:
         unless given; a directory's ``processor_config.json`` supplies ``vision_tokens`` and, for
         Pixtral, the ``patch_size`` and ``spatial_merge_size`` that ``PixtralProcessor`` passes
         to its image processor (its defaults 16 and 1 when the file lacks them), for Gemma 3
-        and InternVL their processor's ``image_seq_length`` (over the preprocessor config's). An
+        and InternVL their processor's ``image_seq_length`` (over the preprocessor config's), for
+        Idefics3/SmolVLM their processor's ``image_seq_len``. An
         InternVL config whose ``processor_class`` (or the directory's) is ``InternVLProcessor``
         gets ``crop_to_patches = True``: that processor passes it on every call, over the
         file's value (the published files say ``false``)."""
         chosen, raw = _config.from_hf(source, family)
         data: Any = None
-        wanted = chosen in ("pixtral", "gemma3", "internvl") or "vision_tokens" not in kwargs
+        wanted = (
+            chosen in ("pixtral", "gemma3", "internvl", "idefics3", "smolvlm")
+            or "vision_tokens" not in kwargs
+        )
         if wanted and not isinstance(source, Mapping):
             directory = Path(source) if Path(source).is_dir() else Path(source).parent
             processor_config = directory / "processor_config.json"
@@ -219,6 +246,9 @@ class ImageProcessor:
             elif chosen in ("gemma3", "internvl"):
                 if data.get("image_seq_length") is not None:
                     raw["image_seq_length"] = data["image_seq_length"]
+            elif chosen in ("idefics3", "smolvlm"):
+                if data.get("image_seq_len") is not None:
+                    raw["image_seq_len"] = data["image_seq_len"]
             elif "vision_tokens" not in kwargs:
                 kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
         if chosen == "internvl":
@@ -266,6 +296,9 @@ class ImageProcessor:
             image_sizes=values.get("image_sizes"),
             num_crops=values.get("num_crops"),
             num_patches=values.get("num_patches"),
+            pixel_attention_mask=values.get("pixel_attention_mask"),
+            rows=values.get("rows"),
+            cols=values.get("cols"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
             num_image_tokens=self._image_tokens(values),
@@ -311,6 +344,15 @@ class ImageProcessor:
                 return None
             seq = int(self._config["image_seq_length"])
             return tuple(_tokens.internvl_tokens(n, seq) for n in patches.tolist())
+        if self.family in ("idefics3", "smolvlm"):
+            rows, cols = values.get("rows"), values.get("cols")
+            if rows is None or cols is None:
+                return None
+            seq = int(self._config["image_seq_len"])
+            return tuple(
+                _tokens.idefics3_tokens(r, c, seq)
+                for r, c in zip(rows.reshape(-1).tolist(), cols.reshape(-1).tolist(), strict=True)
+            )
         pixels = values.get("pixel_values")
         vision = self.vision_tokens
         if pixels is None or vision is None:

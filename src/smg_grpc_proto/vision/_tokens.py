@@ -22,6 +22,13 @@
   image tokens (the markers not counted; ``_get_num_multimodal_tokens`` adds 2 for them).
   ``image_seq_length`` (``InternVLProcessor``'s default and the published checkpoints' 256) is
   a key of the InternVL configuration.
+* Idefics3 and SmolVLM: ``get_image_prompt_string`` writes ``image_seq_len`` ``<image>``
+  tokens per tile and as many for the global image: ``(rows * cols + 1) * image_seq_len``
+  for a split image, ``image_seq_len`` for an unsplit one (``rows == cols == 0``). Only the
+  ``<image>`` tokens are counted, not ``<fake_token_around_image>``, ``<row_r_col_c>``,
+  ``<global-img>`` or the newlines around them. ``image_seq_len`` (169 by default, from the
+  directory's ``processor_config.json`` with ``from_pretrained``) is a key of the
+  configuration.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Any
 __all__ = [
     "VisionTokens",
     "gemma3_tokens",
+    "idefics3_tokens",
     "internvl_tokens",
     "llava_next_tokens",
     "llava_tokens",
@@ -83,6 +91,12 @@ def gemma3_tokens(num_crops: int, image_seq_length: int) -> int:
     """``Gemma3Processor.replace_image_token``: image tokens of an image with ``num_crops``
     pan-and-scan crops."""
     return (1 + num_crops) * image_seq_length
+
+
+def idefics3_tokens(rows: int, cols: int, image_seq_len: int) -> int:
+    """``get_image_prompt_string`` of Idefics3/SmolVLM: ``<image>`` tokens of an image split
+    into ``rows x cols`` tiles (0 x 0: not split), the global image included."""
+    return (rows * cols + 1) * image_seq_len
 
 
 def internvl_tokens(num_patches: int, image_seq_length: int) -> int:
