@@ -18,6 +18,7 @@ the reference of ``scripts/bench_engines.py``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import statistics
@@ -73,13 +74,9 @@ def plain_preprocess(files: Sequence[bytes]) -> dict[str, npt.NDArray[Any]]:
     return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
 
-_PROCESSORS: dict[type, Any] = {}
-
-
+@functools.cache
 def _plain_processor(cls: type) -> Any:
-    if cls not in _PROCESSORS:
-        _PROCESSORS[cls] = cls()
-    return _PROCESSORS[cls]
+    return cls()
 
 
 def plain_encode(

@@ -10,6 +10,7 @@ the per-item blake3 content hashes and the per-item layout every engine builder 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -200,20 +201,21 @@ class VisionModel:
             encoded=raw,
         )
 
-    def _digest(self, kind: str, parts: Sequence[Any]) -> bytes:
-        """BLAKE3 over the preprocessing parameters and the item's raw content, so a changed
-        configuration never reuses a cached encoder output."""
+    @functools.cached_property
+    def _parameters(self) -> bytes:
+        """The preprocessing parameters every item digest covers (fixed per model)."""
         params = {
             "family": self.family,
             "config": self.processor.config,
             "apply_exif": self.processor.apply_exif,
             "alpha": self.processor.alpha,
-            "kind": kind,
         }
-        framed: list[bytes | npt.NDArray[Any]] = [
-            _HASH_DOMAIN,
-            json.dumps(params, sort_keys=True, separators=(",", ":"), default=str).encode(),
-        ]
+        return json.dumps(params, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+    def _digest(self, kind: str, parts: Sequence[Any]) -> bytes:
+        """BLAKE3 over the preprocessing parameters and the item's raw content, so a changed
+        configuration never reuses a cached encoder output."""
+        framed: list[bytes | npt.NDArray[Any]] = [_HASH_DOMAIN, self._parameters, kind.encode()]
         for part in parts:
             if isinstance(part, bytes):
                 framed += [b"bytes", part]
