@@ -76,9 +76,25 @@ pub fn float_coeffs(
     out_size: usize,
     filter: Filter,
 ) -> FloatCoeffs {
+    float_coeffs_with(in_size, in0, in1, out_size, filter.support(), |x| {
+        filter.eval(x)
+    })
+}
+
+/// [`float_coeffs`] with any kernel: `support` its half-width at scale 1, `kernel` its value.
+/// torch's antialiased `uint8` resize computes its weights with this very arithmetic
+/// (`_compute_indices_min_size_weights_aa`), with kernels of its own ([`crate::image::torch`]).
+pub fn float_coeffs_with(
+    in_size: usize,
+    in0: f32,
+    in1: f32,
+    out_size: usize,
+    support: f64,
+    kernel: impl Fn(f64) -> f64,
+) -> FloatCoeffs {
     let scale = f64::from(in1 - in0) / out_size as f64;
     let filterscale = if scale < 1.0 { 1.0 } else { scale };
-    let support = filter.support() * filterscale;
+    let support = support * filterscale;
     let ksize = support.ceil() as usize * 2 + 1;
     let inv_filterscale = 1.0 / filterscale;
     let in0 = f64::from(in0);
@@ -95,7 +111,7 @@ pub fn float_coeffs(
         let lo = (lo as usize).min(in_size);
         let mut sum = 0.0;
         for (x, w) in k[..count].iter_mut().enumerate() {
-            *w = filter.eval(((x + lo) as f64 - center + 0.5) * inv_filterscale);
+            *w = kernel(((x + lo) as f64 - center + 0.5) * inv_filterscale);
             sum += *w;
         }
         if sum != 0.0 {

@@ -8,6 +8,9 @@
 //!   gets them from Pillow 13.0.0 (libjpeg-turbo and libwebp linked statically).
 //! - [`filters`]: the filter kernels and Pillow's filter ids.
 //! - [`coeffs`]: the per-axis coefficients (`precompute_coeffs`, 22-bit fixed point).
+//! - [`torch`]: torch's CPU resampling (antialiased `uint8` bilinear/bicubic, float bicubic
+//!   without antialiasing) and `bfloat16` rounding, bit for bit, for the torchvision-only
+//!   processors.
 //!
 //! Images are interleaved `u8`, `height` rows of `width × channels` bytes, channels 1, 3 or 4.
 
@@ -16,6 +19,7 @@ pub mod decode;
 pub mod filters;
 mod kernels;
 pub mod resample;
+pub mod torch;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

@@ -321,26 +321,63 @@ pub fn resize_into(
         return Ok(());
     }
 
-    let isa = if options.simd {
-        Isa::detect()
-    } else {
-        Isa::Scalar
-    };
-    let c = src.channels;
     // ImagingResampleInner, literally (`box[2] != xsize` compares with the output size; when
     // it matters, out_w == w).
     let need_h = out_w != w || l != 0.0 || r != out_w as f32;
     let need_v = out_h != h || t != 0.0 || b != out_h as f32;
+    run_passes(
+        src,
+        dst,
+        Passes {
+            horizontal: need_h.then(|| axis_coeffs(w, l, r, out_w, options.filter)),
+            vertical: need_v.then(|| axis_coeffs(h, t, b, out_h, options.filter)),
+            out_w,
+            out_h,
+            horizontal_first: options.pass_order.horizontal_first(w, h, out_w, out_h),
+        },
+        options.threads,
+        options.simd,
+    );
+    Ok(())
+}
+
+/// The separable passes of one resize: 22-bit fixed-point coefficients per axis (`None`: the
+/// axis keeps its size), and their order.
+pub(crate) struct Passes {
+    pub horizontal: Option<AxisCoeffs>,
+    pub vertical: Option<AxisCoeffs>,
+    pub out_w: usize,
+    pub out_h: usize,
+    pub horizontal_first: bool,
+}
+
+/// Runs `passes` over `src` into `dst` (`out_w × out_h × channels` bytes, checked by the
+/// caller), on `threads` threads (0: as many as pay), SIMD when `simd` and available. Each
+/// output byte is `clamp((2²¹ + Σ wᵢ·xᵢ) >> 22, 0, 255)` per pass, whatever the kernel.
+pub(crate) fn run_passes(
+    src: &ImageRef<'_>,
+    dst: &mut [u8],
+    passes: Passes,
+    threads: usize,
+    simd: bool,
+) {
+    let isa = if simd { Isa::detect() } else { Isa::Scalar };
+    let c = src.channels;
+    let (out_w, out_h) = (passes.out_w, passes.out_h);
+    debug_assert_eq!(dst.len(), out_w * out_h * c);
+    if passes.horizontal.is_none() && passes.vertical.is_none() {
+        dst.copy_from_slice(src.data);
+        return;
+    }
     let plan = Plan {
         src: *src,
         out_w,
-        horizontal: need_h
-            .then(|| Horizontal::new(axis_coeffs(w, l, r, out_w, options.filter), c, isa)),
-        vertical: need_v.then(|| axis_coeffs(h, t, b, out_h, options.filter)),
-        horizontal_first: options.pass_order.horizontal_first(w, h, out_w, out_h),
+        horizontal: passes.horizontal.map(|h| Horizontal::new(h, c, isa)),
+        vertical: passes.vertical,
+        horizontal_first: passes.horizontal_first,
         isa,
     };
-    let threads = plan.threads(options.threads);
+    let threads = plan.threads(threads);
     let row_len = out_w * c;
     let rows_per_band = out_h.div_ceil(threads);
     std::thread::scope(|scope| {
@@ -354,7 +391,6 @@ pub fn resize_into(
             plan.band(0, band);
         }
     });
-    Ok(())
 }
 
 fn crop(src: &ImageRef<'_>, dst: &mut [u8], x0: usize, y0: usize, out_w: usize, out_h: usize) {

@@ -13,8 +13,9 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyInt};
 
-use super::array::ImageArray;
+use super::array::{ImageArray, NumpyArray};
 use crate::image::resample::{self, ImageRef, PassOrder, ResampleError, ResizeOptions};
+use crate::image::torch::{self, TorchFilter};
 use crate::image::Filter;
 
 fn value_error(err: ResampleError) -> PyErr {
@@ -119,6 +120,118 @@ fn resize<'py>(
     })
 }
 
+/// resize_torch(image, width, height, filter, threads) -> bytearray
+/// --
+///
+/// torch 2.14.1's antialiased uint8 resize on CPU, as `torchvision.transforms.v2.functional.resize(
+/// t, [height, width], BILINEAR | BICUBIC, antialias=True)` computes it for the CHW tensor `t` of a
+/// C-contiguous uint8 array `(H, W)` or `(H, W, C)`, C in 1, 3, 4; the result is
+/// `height × width × C` bytes, interleaved like the input. `filter`: bilinear or bicubic.
+#[pyfunction]
+#[pyo3(signature = (image, width, height, filter, threads))]
+fn resize_torch<'py>(
+    py: Python<'py>,
+    image: &Bound<'py, PyAny>,
+    width: &Bound<'py, PyInt>,
+    height: &Bound<'py, PyInt>,
+    filter: &str,
+    threads: usize,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let filter = TorchFilter::from_name(filter).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "unknown filter {filter:?} for torch's antialiased uint8 resize: expected bilinear or \
+             bicubic"
+        ))
+    })?;
+    let (out_w, out_h) =
+        resample::output_size(size_arg(width, "width")?, size_arg(height, "height")?)
+            .map_err(value_error)?;
+    let pixels = ImageArray::of(image, "image")?;
+    let src = image_ref(&pixels);
+    let len = resample::check(&src, out_w, out_h).map_err(value_error)?;
+    new_bytearray(py, len, |out| {
+        torch::resize_u8(&src, out, out_w, out_h, filter, threads)
+    })
+}
+
+/// interpolate_bicubic(planes, height, width) -> bytearray
+/// --
+///
+/// `torch.nn.functional.interpolate(x[None], (height, width), mode="bicubic",
+/// align_corners=False)[0]` on CPU for a C-contiguous float32 array `x` of shape `(C, H, W)`,
+/// bit for bit; the result is the `C × height × width` float32 values' bytes.
+#[pyfunction]
+#[pyo3(signature = (planes, height, width))]
+fn interpolate_bicubic<'py>(
+    py: Python<'py>,
+    planes: &Bound<'py, PyAny>,
+    height: &Bound<'py, PyInt>,
+    width: &Bound<'py, PyInt>,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let (out_w, out_h) =
+        resample::output_size(size_arg(width, "width")?, size_arg(height, "height")?)
+            .map_err(value_error)?;
+    let array = NumpyArray::of(planes, "planes")?;
+    let [c, h, w] = array.shape[..] else {
+        return Err(PyValueError::new_err(format!(
+            "planes: expected shape (C, H, W), got {} dimensions {:?}",
+            array.shape.len(),
+            array.shape
+        )));
+    };
+    if array.dtype != "<f4" || !array.contiguous {
+        return Err(PyValueError::new_err(format!(
+            "planes: expected a C-contiguous float32 array, got dtype {} (C-contiguous: {})",
+            array.dtype, array.contiguous
+        )));
+    }
+    for (what, side) in [
+        ("input height", h),
+        ("input width", w),
+        ("height", out_h),
+        ("width", out_w),
+    ] {
+        if side > resample::MAX_SIDE {
+            return Err(PyValueError::new_err(format!(
+                "planes: {what} {side} is beyond {} per side",
+                resample::MAX_SIDE
+            )));
+        }
+    }
+    let len = c
+        .checked_mul(out_h)
+        .and_then(|n| n.checked_mul(out_w))
+        .and_then(|n| n.checked_mul(4))
+        .filter(|&n| n <= resample::MAX_BYTES)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "planes: an output of {c}x{out_h}x{out_w} float32 values is beyond {} bytes",
+                resample::MAX_BYTES
+            ))
+        })?;
+    if len == 0 || h == 0 || w == 0 {
+        return Err(PyValueError::new_err(format!(
+            "planes: expected a non-empty (C, H, W) array, got {:?}",
+            array.shape
+        )));
+    }
+    // numpy does not promise 4-byte alignment, so the values are read byte-wise (one copy, far
+    // cheaper than the interpolation).
+    let values: Vec<f32> = array
+        .bytes()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    new_bytearray(py, len, |out| {
+        let mut result = vec![0.0f32; c * out_h * out_w];
+        torch::bicubic_f32(&values, c, h, w, &mut result, out_h, out_w)?;
+        for (dst, v) in out.chunks_exact_mut(4).zip(&result) {
+            dst.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    })
+}
+
 /// A size argument as `i64`; ints beyond it are refused here, naming the value.
 fn size_arg(v: &Bound<'_, PyInt>, name: &str) -> PyResult<i64> {
     v.extract::<i64>().map_err(|_| {
@@ -130,5 +243,7 @@ fn size_arg(v: &Bound<'_, PyInt>, name: &str) -> PyResult<i64> {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(resize, m)?)
+    m.add_function(wrap_pyfunction!(resize, m)?)?;
+    m.add_function(wrap_pyfunction!(resize_torch, m)?)?;
+    m.add_function(wrap_pyfunction!(interpolate_bicubic, m)?)
 }

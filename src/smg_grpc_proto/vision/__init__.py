@@ -10,6 +10,8 @@ Available today:
   (nearest, box, bilinear, hamming, bicubic, lanczos; Pillow 13's pass order by default, the
   order of Pillow <= 12.2 on request), with the GIL released and SIMD/threads that never change
   a byte.
+* :func:`resize_torch` and :func:`interpolate_bicubic`: torch 2.14.1's CPU antialiased ``uint8``
+  resize (bilinear, bicubic) and float bicubic interpolation, bit for bit.
 * :class:`ImageProcessor`: the image processors of Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5,
   CLIP, LLaVA-1.5, SigLIP, LLaVA-NeXT, Pixtral, Gemma 3, InternVL, Idefics3 and SmolVLM,
   bit-exact with transformers' PIL backend
@@ -24,7 +26,14 @@ from smg_grpc_proto.vision._cache import BufferCache, buffer_cache
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS, ImageSource, decode
 from smg_grpc_proto.vision._processor import ImageProcessor, ProcessorOutput
-from smg_grpc_proto.vision._resample import PassOrder, Resample, resize
+from smg_grpc_proto.vision._resample import (
+    PassOrder,
+    Resample,
+    TorchResample,
+    interpolate_bicubic,
+    resize,
+    resize_torch,
+)
 from smg_grpc_proto.vision._tokens import VisionTokens
 
 __all__ = [
@@ -36,8 +45,11 @@ __all__ = [
     "PassOrder",
     "ProcessorOutput",
     "Resample",
+    "TorchResample",
     "VisionTokens",
     "buffer_cache",
     "decode",
+    "interpolate_bicubic",
     "resize",
+    "resize_torch",
 ]

@@ -1,4 +1,4 @@
-"""Pillow-exact resizing of numpy ``uint8`` images (the native ``resize`` kernel).
+"""Pillow-exact and torch-exact resizing of numpy images (the native resampling kernels).
 
 ``resize(image, (width, height), resample=...)`` returns exactly the bytes of::
 
@@ -8,6 +8,11 @@ for Pillow 13.0.0 and modes ``L`` (``HxW``), ``RGB`` (``HxWx3``) and ``RGBX`` (`
 Four-channel input is resampled channel by channel, like Pillow's ``RGBX``; Pillow resamples
 ``RGBA`` premultiplied by alpha, so an ``RGBA`` image differs from this function wherever alpha
 is not 255 (transformers converts images to RGB before resizing, so it never resizes RGBA).
+
+:func:`resize_torch` and :func:`interpolate_bicubic` are the two torch 2.14.1 CPU kernels the
+torchvision-only processors (Llama 4, Phi-4-multimodal) and Phi-3-vision are built on, bit for
+bit: the antialiased ``uint8`` resize (int16 weights of at most 15 bits) and the float bicubic
+interpolation without antialiasing (``A = -0.75``).
 """
 
 from __future__ import annotations
@@ -20,10 +25,19 @@ import numpy.typing as npt
 
 from smg_grpc_proto import _native
 
-__all__ = ["PassOrder", "Resample", "resize"]
+__all__ = [
+    "PassOrder",
+    "Resample",
+    "TorchResample",
+    "interpolate_bicubic",
+    "resize",
+    "resize_torch",
+]
 
 #: Filter names, as :func:`resize` accepts them (also as Pillow's integer ids).
 Resample: TypeAlias = Literal["nearest", "box", "bilinear", "hamming", "bicubic", "lanczos"]
+#: torch's antialiased ``uint8`` modes (``InterpolationMode.BILINEAR`` / ``BICUBIC``).
+TorchResample: TypeAlias = Literal["bilinear", "bicubic"]
 #: ``"pillow13"``: Pillow 13's order (vertical pass first iff the height shrinks by more than
 #: twice as many pixels as the width); ``"pillow12"``: Pillow <= 12.2's (always horizontal
 #: first). The order changes output bytes (the intermediate image is rounded to uint8).
@@ -84,8 +98,7 @@ def resize(
     width, height = (operator.index(v) for v in size)
     if pass_order not in ("pillow13", "pillow12"):
         raise ValueError(f"unknown pass_order {pass_order!r}: expected 'pillow13' or 'pillow12'")
-    if threads is not None and operator.index(threads) < 1:
-        raise ValueError(f"threads must be at least 1 (or None for automatic), got {threads}")
+    n_threads = _threads(threads)
     region: tuple[float, float, float, float] | None = None
     if box is not None:
         if len(box) != 4:
@@ -98,7 +111,63 @@ def resize(
         _filter_name(resample),
         pass_order,
         region,
-        0 if threads is None else operator.index(threads),
+        n_threads,
     )
     shape = (height, width) if image.ndim == 2 else (height, width, image.shape[2])
     return np.frombuffer(out, dtype=np.uint8).reshape(shape)
+
+
+def _threads(threads: int | None) -> int:
+    if threads is None:
+        return 0
+    if operator.index(threads) < 1:
+        raise ValueError(f"threads must be at least 1 (or None for automatic), got {threads}")
+    return operator.index(threads)
+
+
+def resize_torch(
+    image: npt.NDArray[np.uint8],
+    size: tuple[int, int],
+    *,
+    resample: TorchResample = "bilinear",
+    threads: int | None = None,
+) -> npt.NDArray[np.uint8]:
+    """Resize ``image`` to ``size = (width, height)`` exactly as torch 2.14.1 does on CPU::
+
+        tvF.resize(torch.from_numpy(image).permute(2, 0, 1), [height, width],
+                   interpolation=resample, antialias=True).permute(1, 2, 0)
+
+    (torchvision 0.29's native ``uint8`` path, which transformers' torchvision backend takes).
+    ``image`` is a C-contiguous ``uint8`` array ``HxW`` or ``HxWxC`` with C in 1, 3, 4; each
+    channel is resampled on its own; the result is a new array of the same rank. An unchanged
+    size returns a copy, as torchvision returns its input. The GIL is released while resizing.
+
+    Raises ``ValueError`` like :func:`resize`, and for a filter other than ``bilinear`` and
+    ``bicubic``; ``TypeError`` if ``image`` is not a numpy array.
+    """
+    width, height = (operator.index(v) for v in size)
+    if resample not in ("bilinear", "bicubic"):
+        raise ValueError(
+            f"unknown resample filter {resample!r} for torch's uint8 resize: expected "
+            "'bilinear' or 'bicubic'"
+        )
+    out = _native.resize_torch(image, width, height, resample, _threads(threads))
+    shape = (height, width) if image.ndim == 2 else (height, width, image.shape[2])
+    return np.frombuffer(out, dtype=np.uint8).reshape(shape)
+
+
+def interpolate_bicubic(
+    planes: npt.NDArray[np.float32], size: tuple[int, int]
+) -> npt.NDArray[np.float32]:
+    """``torch.nn.functional.interpolate(x[None], size=(height, width), mode="bicubic",
+    align_corners=False)[0]`` on CPU, bit for bit (torch 2.14.1; Keys' cubic with ``A = -0.75``,
+    edge pixels repeated, no antialiasing), for a C-contiguous float32 array ``(C, H, W)``.
+    ``size`` is ``(height, width)``, as torch orders it. Returns a new ``(C, height, width)``
+    float32 array.
+
+    Raises ``ValueError`` for another dtype, rank or layout, an empty input, or a non-positive
+    or too large size; ``TypeError`` if ``planes`` is not a numpy array.
+    """
+    height, width = (operator.index(v) for v in size)
+    out = _native.interpolate_bicubic(planes, height, width)
+    return np.frombuffer(out, dtype=np.float32).reshape(planes.shape[0], height, width)
