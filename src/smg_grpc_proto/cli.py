@@ -29,7 +29,7 @@ EXIT_OK, EXIT_BREAKING, EXIT_ERROR = 0, 1, 2
 # (tests/test_preprocess_cli.py checks that they agree).
 PREPROCESS_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "clip", "llava", "siglip", "llava_next",
-    "pixtral", "gemma3", "internvl", "idefics3", "smolvlm",
+    "pixtral", "gemma3", "internvl", "idefics3", "smolvlm", "llama4", "phi4_multimodal", "phi3_v",
 )  # fmt: skip
 EXPORT_FORMATS = ("safetensors", "npz")
 

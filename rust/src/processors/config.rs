@@ -11,8 +11,11 @@ use super::clip::ClipConfig;
 use super::gemma3::Gemma3Config;
 use super::idefics3::Idefics3Config;
 use super::internvl::InternVlConfig;
+use super::llama4::Llama4Config;
 use super::llava_next::LlavaNextConfig;
 use super::normalize::Normalize;
+use super::phi3v::Phi3VConfig;
+use super::phi4::Phi4Config;
 use super::pixtral::PixtralConfig;
 use super::qwen::QwenConfig;
 use super::sizes::SizeSpec;
@@ -43,10 +46,13 @@ pub enum Family {
     InternVl,
     Idefics3,
     SmolVlm,
+    Llama4,
+    Phi4Multimodal,
+    Phi3V,
 }
 
 impl Family {
-    pub const ALL: [Family; 13] = [
+    pub const ALL: [Family; 16] = [
         Family::Qwen2Vl,
         Family::Qwen25Vl,
         Family::Qwen3Vl,
@@ -60,6 +66,9 @@ impl Family {
         Family::InternVl,
         Family::Idefics3,
         Family::SmolVlm,
+        Family::Llama4,
+        Family::Phi4Multimodal,
+        Family::Phi3V,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,6 +86,9 @@ impl Family {
             Family::InternVl => "internvl",
             Family::Idefics3 => "idefics3",
             Family::SmolVlm => "smolvlm",
+            Family::Llama4 => "llama4",
+            Family::Phi4Multimodal => "phi4_multimodal",
+            Family::Phi3V => "phi3_v",
         }
     }
 
@@ -220,6 +232,9 @@ pub enum ProcessorConfig {
     Gemma3(Gemma3Config),
     InternVl(InternVlConfig),
     Idefics3(Idefics3Config),
+    Llama4(Llama4Config),
+    Phi4(Phi4Config),
+    Phi3V(Phi3VConfig),
 }
 
 impl ProcessorConfig {
@@ -239,6 +254,9 @@ impl ProcessorConfig {
             Family::InternVl => ProcessorConfig::InternVl(InternVlConfig::internvl()),
             Family::Idefics3 => ProcessorConfig::Idefics3(Idefics3Config::idefics3()),
             Family::SmolVlm => ProcessorConfig::Idefics3(Idefics3Config::smolvlm()),
+            Family::Llama4 => ProcessorConfig::Llama4(Llama4Config::llama4()),
+            Family::Phi4Multimodal => ProcessorConfig::Phi4(Phi4Config::phi4_multimodal()),
+            Family::Phi3V => ProcessorConfig::Phi3V(Phi3VConfig::phi3_v()),
         }
     }
 
@@ -261,6 +279,9 @@ impl ProcessorConfig {
             ProcessorConfig::Gemma3(c) => &c.common,
             ProcessorConfig::InternVl(c) => &c.common,
             ProcessorConfig::Idefics3(c) => &c.common,
+            ProcessorConfig::Llama4(c) => &c.common,
+            ProcessorConfig::Phi4(c) => &c.common,
+            ProcessorConfig::Phi3V(c) => &c.common,
         }
     }
 
@@ -273,6 +294,9 @@ impl ProcessorConfig {
             ProcessorConfig::Gemma3(c) => &mut c.common,
             ProcessorConfig::InternVl(c) => &mut c.common,
             ProcessorConfig::Idefics3(c) => &mut c.common,
+            ProcessorConfig::Llama4(c) => &mut c.common,
+            ProcessorConfig::Phi4(c) => &mut c.common,
+            ProcessorConfig::Phi3V(c) => &mut c.common,
         }
     }
 
@@ -289,6 +313,9 @@ impl ProcessorConfig {
             ProcessorConfig::Gemma3(c) => c.set(key, value)?,
             ProcessorConfig::InternVl(c) => c.set(key, value)?,
             ProcessorConfig::Idefics3(c) => c.set(key, value)?,
+            ProcessorConfig::Llama4(c) => c.set(key, value)?,
+            ProcessorConfig::Phi4(c) => c.set(key, value)?,
+            ProcessorConfig::Phi3V(c) => c.set(key, value)?,
         };
         if known {
             Ok(())
@@ -312,6 +339,9 @@ impl ProcessorConfig {
             ProcessorConfig::Gemma3(c) => c.entries(),
             ProcessorConfig::InternVl(c) => c.entries(),
             ProcessorConfig::Idefics3(c) => c.entries(),
+            ProcessorConfig::Llama4(c) => c.entries(),
+            ProcessorConfig::Phi4(c) => c.entries(),
+            ProcessorConfig::Phi3V(c) => c.entries(),
         });
         out
     }
@@ -326,6 +356,9 @@ impl ProcessorConfig {
             ProcessorConfig::Gemma3(c) => c.validate(),
             ProcessorConfig::InternVl(c) => c.validate(),
             ProcessorConfig::Idefics3(c) => c.validate(),
+            ProcessorConfig::Llama4(c) => c.validate(),
+            ProcessorConfig::Phi4(c) => c.validate(),
+            ProcessorConfig::Phi3V(c) => c.validate(),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Model image processors, bit-exact with transformers' PIL backend (transformers 5.24.0 with
-//! Pillow 13.0.0).
+//! Pillow 13.0.0) or, for the torch-only references, with torch 2.14.1 / torchvision 0.29.1.
 //!
 //! - [`qwen`]: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 (`smart_resize`, patches in merge-window
 //!   order, `image_grid_thw`; videos with temporal patches, `video_grid_thw`);
@@ -14,6 +14,11 @@
 //!   tiles, then a thumbnail, `num_patches`);
 //! - [`idefics3`]: Idefics3 and SmolVLM (longest edge, then multiples of the tile side, tiles
 //!   and the global image, `pixel_attention_mask`, `rows`/`cols`);
+//! - [`llama4`]: Llama 4 (best-fit canvas of 336 tiles, a global tile, `aspect_ratios`,
+//!   `bfloat16` pixels), [`phi4`]: Phi-4-multimodal (dynamic HD crops, attention masks), and
+//!   [`phi3v`]: Phi-3-vision (HD transform with `num_crops`): the references are torch-only
+//!   (transformers' torchvision backend, the hub's code), bit-exact with torch 2.14.1 on CPU
+//!   through [`crate::image::torch`] and [`torch_backend`];
 //! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
 //!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
 //!   to RGB), [`config`] (family defaults and keys), [`parallel`], [`store`] (streaming
@@ -31,14 +36,18 @@ pub mod gemma3;
 pub mod idefics3;
 pub mod input;
 pub mod internvl;
+pub mod llama4;
 pub mod llava_next;
 pub mod normalize;
 pub mod parallel;
+pub mod phi3v;
+pub mod phi4;
 pub mod pixtral;
 pub mod qwen;
 pub mod siglip;
 pub mod sizes;
 pub mod store;
+pub mod torch_backend;
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -73,6 +82,8 @@ pub struct RgbRef<'a> {
 pub enum TensorData {
     F32(Vec<f32>),
     I64(Vec<i64>),
+    /// `bfloat16` values as their bits.
+    Bf16(Vec<u16>),
 }
 
 /// One output tensor: row-major, `shape` dimensions.
@@ -188,6 +199,9 @@ impl Preprocessor {
             ProcessorConfig::Gemma3(c) => gemma3::images(c, &self.normalize, inputs, options),
             ProcessorConfig::InternVl(c) => internvl::images(c, &self.normalize, inputs, options),
             ProcessorConfig::Idefics3(c) => idefics3::images(c, &self.normalize, inputs, options),
+            ProcessorConfig::Llama4(c) => llama4::images(c, inputs, options),
+            ProcessorConfig::Phi4(c) => phi4::images(c, inputs, options),
+            ProcessorConfig::Phi3V(c) => phi3v::images(c, inputs, options),
         }
     }
 

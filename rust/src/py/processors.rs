@@ -279,7 +279,7 @@ fn options(
 /// An output tensor owned by the extension, exposed to numpy through `__array_interface__`
 /// (zero copy, writable).
 ///
-/// The buffer is a leaked `Vec<f32>` or `Vec<i64>` owned by this object: Rust keeps only its raw
+/// The buffer is a leaked `Vec<f32>`, `Vec<i64>` or `Vec<u16>` (bfloat16 bits) owned by this object: Rust keeps only its raw
 /// parts and never reads or references the memory again (numpy may write to it), and frees it
 /// when the object is collected, which numpy delays for as long as any array viewing it is alive
 /// (the array's `base` holds a reference to this object).
@@ -288,27 +288,34 @@ struct PyTensor {
     addr: usize,
     len: usize,
     capacity: usize,
-    float: bool,
+    kind: Kind,
     shape: Vec<usize>,
+}
+
+/// The element type of a [`PyTensor`]'s buffer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    F32,
+    I64,
+    Bf16,
 }
 
 impl PyTensor {
     fn new(shape: Vec<usize>, data: TensorData) -> Self {
-        let (addr, len, capacity, float) = match data {
-            TensorData::F32(v) => {
-                let mut v = std::mem::ManuallyDrop::new(v);
-                (v.as_mut_ptr() as usize, v.len(), v.capacity(), true)
-            }
-            TensorData::I64(v) => {
-                let mut v = std::mem::ManuallyDrop::new(v);
-                (v.as_mut_ptr() as usize, v.len(), v.capacity(), false)
-            }
+        fn leak<T>(v: Vec<T>) -> (usize, usize, usize) {
+            let mut v = std::mem::ManuallyDrop::new(v);
+            (v.as_mut_ptr() as usize, v.len(), v.capacity())
+        }
+        let ((addr, len, capacity), kind) = match data {
+            TensorData::F32(v) => (leak(v), Kind::F32),
+            TensorData::I64(v) => (leak(v), Kind::I64),
+            TensorData::Bf16(v) => (leak(v), Kind::Bf16),
         };
         PyTensor {
             addr,
             len,
             capacity,
-            float,
+            kind,
             shape,
         }
     }
@@ -316,23 +323,27 @@ impl PyTensor {
 
 impl Drop for PyTensor {
     fn drop(&mut self) {
-        // SAFETY: the raw parts come from a `Vec<f32>` (`float`) or `Vec<i64>` leaked in `new`
-        // and are rebuilt exactly once, here, with the same element type; no array can view the
-        // buffer any more (each holds a reference to this object).
+        // SAFETY: the raw parts come from a `Vec<f32>`, `Vec<i64>` or `Vec<u16>` (as `kind`
+        // says) leaked in `new` and are rebuilt exactly once, here, with the same element type;
+        // no array can view the buffer any more (each holds a reference to this object).
         unsafe {
-            if self.float {
+            match self.kind {
                 // Large buffers are kept for the next output (see `memory::recycle`).
-                recycle::give_f32(Vec::from_raw_parts(
+                Kind::F32 => recycle::give_f32(Vec::from_raw_parts(
                     self.addr as *mut f32,
                     self.len,
                     self.capacity,
-                ));
-            } else {
-                drop(Vec::from_raw_parts(
+                )),
+                Kind::I64 => drop(Vec::from_raw_parts(
                     self.addr as *mut i64,
                     self.len,
                     self.capacity,
-                ));
+                )),
+                Kind::Bf16 => drop(Vec::from_raw_parts(
+                    self.addr as *mut u16,
+                    self.len,
+                    self.capacity,
+                )),
             }
         }
     }
@@ -345,13 +356,13 @@ impl PyTensor {
         self.shape.clone()
     }
 
-    /// `"float32"` or `"int64"`.
+    /// `"float32"`, `"int64"` or `"bfloat16"` (whose bits numpy sees as `uint16`).
     #[getter]
     fn dtype(&self) -> &'static str {
-        if self.float {
-            "float32"
-        } else {
-            "int64"
+        match self.kind {
+            Kind::F32 => "float32",
+            Kind::I64 => "int64",
+            Kind::Bf16 => "bfloat16",
         }
     }
 
@@ -361,7 +372,12 @@ impl PyTensor {
         let out = PyDict::new(py);
         out.set_item("version", 3)?;
         out.set_item("shape", PyTuple::new(py, &self.shape)?)?;
-        out.set_item("typestr", if self.float { "<f4" } else { "<i8" })?;
+        let typestr = match self.kind {
+            Kind::F32 => "<f4",
+            Kind::I64 => "<i8",
+            Kind::Bf16 => "<u2",
+        };
+        out.set_item("typestr", typestr)?;
         // An empty Vec's pointer is dangling but non-null and aligned, which numpy accepts.
         out.set_item("data", (self.addr, false))?;
         Ok(out)

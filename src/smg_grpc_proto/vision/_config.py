@@ -18,6 +18,12 @@ normalises the keys exactly as transformers' ``__init__``/``_standardize_kwargs`
 * Idefics3 and SmolVLM: ``size`` and ``max_image_size`` must be ``{"longest_edge": n}``;
   ``do_image_splitting``, ``do_pad`` and ``image_seq_len`` (an ``Idefics3Processor``/
   ``SmolVLMProcessor`` setting) are passed through;
+* Llama 4 and Phi-4-multimodal (torchvision classes): an int ``size`` is a square;
+  ``max_patches``/``resize_to_max_canvas`` (Llama 4) and ``patch_size``/``dynamic_hd`` (Phi-4)
+  are passed through, and ``Llama4Processor``'s ``patch_size``/``pixel_shuffle_ratio`` too (they
+  count tokens);
+* Phi-3-vision (the hub's ``Phi3VImageProcessor``): only ``num_crops``, ``image_mean`` and
+  ``image_std`` exist;
 * Pixtral: an int ``patch_size`` becomes ``{"height": p, "width": p}``; ``spatial_merge_size``
   (a ``PixtralProcessor`` setting, not an image processor key) is passed through;
 * ``crop_size``/``pad_size``: an int becomes ``{"height": n, "width": n}``;
@@ -55,6 +61,9 @@ Family = Literal[
     "internvl",
     "idefics3",
     "smolvlm",
+    "llama4",
+    "phi4_multimodal",
+    "phi3_v",
 ]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
@@ -73,6 +82,9 @@ _CLASSES: dict[str, Family] = {
     "GotOcr2ImageProcessor": "internvl",
     "Idefics3ImageProcessor": "idefics3",
     "SmolVLMImageProcessor": "smolvlm",
+    "Llama4ImageProcessor": "llama4",
+    "Phi4MultimodalImageProcessor": "phi4_multimodal",
+    "Phi3VImageProcessor": "phi3_v",
 }
 
 _COMMON = (
@@ -99,10 +111,19 @@ _KEYS: dict[str, tuple[str, ...]] = {
     ),
     "internvl": ("crop_to_patches", "min_patches", "max_patches", "image_seq_length"),
     "idefics3": ("max_image_size", "do_image_splitting", "do_pad", "image_seq_len"),
+    "llama4": ("max_patches", "resize_to_max_canvas", "patch_size", "pixel_shuffle_ratio"),
+    "phi4_multimodal": ("patch_size", "dynamic_hd"),
+    "phi3_v": ("num_crops",),
 }
+# The hub's Phi3VImageProcessor takes only these keys.
+_PHI3_V = ("image_mean", "image_std", "num_crops")
 
 # Families whose class has default_to_square = True: an int size is a square.
-_SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3", "internvl"})
+_SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal"})
+# Families whose size, crop and pad keys need none of the CLIP-like handling below.
+_OWN_SIZES: frozenset[str] = frozenset(
+    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v"}
+)
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -112,7 +133,8 @@ def _kind(family: Family) -> str:
         return "qwen"
     if family in ("idefics3", "smolvlm"):
         return "idefics3"
-    return family if family in ("llava_next", "pixtral", "gemma3", "internvl") else "clip"
+    own = ("llava_next", "pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "phi3_v")
+    return family if family in own else "clip"
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
@@ -148,14 +170,15 @@ def normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of ``config`` that ``family`` uses, in the native processor's form."""
     kind = _kind(family)
     out: dict[str, Any] = {}
-    for key in (*_COMMON, *_KEYS[kind]):
+    keys = _PHI3_V if kind == "phi3_v" else (*_COMMON, *_KEYS[kind])
+    for key in keys:
         value = config.get(key)
         if value is not None:
             out[key] = list(value) if isinstance(value, tuple) else value
     for key in ("image_mean", "image_std"):
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
-    if config.get("size") is not None:
+    if config.get("size") is not None and kind != "phi3_v":
         out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:
         # get_size_dict(patch_size, default_to_square=True); anything else is for the native
@@ -176,7 +199,7 @@ def normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
                 # Complete a partial override from the class default the processor would keep.
                 size = {**_qwen_default_size(family), **size}
             out["size"] = size
-    elif kind not in ("gemma3", "internvl", "idefics3"):
+    elif kind not in _OWN_SIZES:
         if config.get("crop_size") is not None:
             out["crop_size"] = _size_dict(config["crop_size"], square=True)
         if family == "clip" and config.get("use_square_size"):

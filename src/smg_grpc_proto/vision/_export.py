@@ -36,6 +36,7 @@ _DTYPES: dict[str, str] = {
     "float64": "F64",
     "float32": "F32",
     "float16": "F16",
+    "bfloat16": "BF16",  # ml_dtypes.bfloat16 (Llama 4's pixel_values)
     "int64": "I64",
     "int32": "I32",
     "int16": "I16",
@@ -121,11 +122,12 @@ def write_tensors(
     metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Write ``tensors`` as ``format``: ``safetensors`` (with ``metadata``) or ``npz``
-    (``numpy.savez``, uncompressed; to exactly ``path``, no suffix added)."""
+    (``numpy.savez``, uncompressed; to exactly ``path``, no suffix added). npz has no bfloat16:
+    such a tensor is stored widened to float32 (exact)."""
     if format == "safetensors":
         write_safetensors(path, tensors, metadata)
     elif format == "npz":
-        arrays = {name: np.asarray(t) for name, t in tensors.items()}
+        arrays = {name: _npz_array(np.asarray(t)) for name, t in tensors.items()}
 
         def savez(tmp: str) -> None:
             with open(tmp, "wb") as f:
@@ -134,6 +136,11 @@ def write_tensors(
         _atomic(path, savez)
     else:
         raise ValueError(f"unknown format {format!r}: expected one of {', '.join(FORMATS)}")
+
+
+def _npz_array(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``array``, or its exact float32 widening when it is bfloat16 (npz would store raw void)."""
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
 
 def _atomic(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:

@@ -9,7 +9,10 @@ class (``Qwen2VLImageProcessorPil``, ``CLIPImageProcessorPil``, ``LlavaImageProc
 ``SiglipImageProcessorPil``, ``LlavaNextImageProcessorPil``, ``PixtralImageProcessorPil``,
 ``Gemma3ImageProcessorPil``, ``GotOcr2ImageProcessorPil`` for InternVL,
 ``Idefics3ImageProcessorPil``, ``SmolVLMImageProcessorPil``) of transformers 5.24.0 with
-Pillow 13.0.0.
+Pillow 13.0.0. Three references exist only on torch, and are matched bit for bit with torch
+2.14.1 / torchvision 0.29.1 on CPU (tested against committed goldens): Llama 4 and
+Phi-4-multimodal (transformers' torchvision classes ``Llama4ImageProcessor`` and
+``Phi4MultimodalImageProcessor``) and Phi-3-vision (the hub's ``Phi3VImageProcessor``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS
 __all__ = ["ImageProcessor", "ProcessorOutput"]
 
 F32Array = npt.NDArray[np.float32]
+#: float32, or bfloat16 (``ml_dtypes.bfloat16`` when installed; else widened to float32, exactly)
+#: for Llama 4.
+PixelArray = npt.NDArray[Any]
 I64Array = npt.NDArray[np.int64]
 
 
@@ -46,7 +52,7 @@ I64Array = npt.NDArray[np.int64]
 class ProcessorOutput:
     """The tensors of one call, under transformers' names, and the placeholder token counts."""
 
-    pixel_values: F32Array | None = None
+    pixel_values: PixelArray | None = None
     """Qwen: ``(sum of patches, 3 * T * ps * ps)``; CLIP/LLaVA/SigLIP: ``(B, 3, H, W)``;
     LLaVA-NeXT: ``(B, tiles, 3, H, W)``; Pixtral: ``(B, 3, H, W)``, each image padded at the
     bottom and right with ``0.0`` to the batch's largest height and width; Gemma 3:
@@ -54,13 +60,17 @@ class ProcessorOutput:
     ``(sum(num_patches), 3, H, W)``, each image's tiles in row-major order, then its thumbnail
     when it has more than one tile; Idefics3/SmolVLM: ``(1, sum of tiles, 3, m, m)`` (the images
     are one sample, as a flat list is for transformers), each image's ``rows x cols`` tiles in
-    row-major order, then its global image when it is split. ``None`` when the call had only
-    videos."""
+    row-major order, then its global image when it is split; Llama 4: ``(sum of tiles, 3, 336,
+    336)`` **bfloat16**, each image's tiles in row-major order, then its global tile when it has
+    more than one; Phi-3-vision: ``(B, num_crops + 1, 3, 336, 336)``, the global image, the HD
+    tiles, zero crops. ``None`` when the call had only videos (and for Phi-4-multimodal, whose
+    pixels are :attr:`image_pixel_values`)."""
     image_grid_thw: I64Array | None = None
     """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
     image_sizes: I64Array | None = None
     """LLaVA-NeXT: ``(B, 2)`` = each image's original ``(height, width)``; Pixtral: each image's
-    processed ``(height, width)`` (before the batch padding)."""
+    processed ``(height, width)`` (before the batch padding); Phi-3-vision, Phi-4-multimodal:
+    the padded HD image's ``(height, width)``."""
     pixel_values_videos: F32Array | None = None
     """Qwen videos: ``(sum of patches, 3 * T * ps * ps)``."""
     video_grid_thw: I64Array | None = None
@@ -81,13 +91,24 @@ class ProcessorOutput:
     """Idefics3/SmolVLM: ``(1, B)`` = tile rows per image (0 when not split)."""
     cols: I64Array | None = None
     """Idefics3/SmolVLM: ``(1, B)`` = tile columns per image (0 when not split)."""
+    aspect_ratios: I64Array | None = None
+    """Llama 4: ``(B, 2)`` = tile rows and columns of each image's canvas."""
+    image_pixel_values: F32Array | None = None
+    """Phi-4-multimodal: ``(B, n, 3, 448, 448)``, per image the global image then its HD crops in
+    row-major order, zero crops up to the batch's largest ``n``."""
+    image_attention_mask: F32Array | None = None
+    """Phi-4-multimodal: ``(B, n, 32, 32)`` float32, 1 over image patches and 0 over whole
+    patches of padding (all 1 for the global image and the padding crops)."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
         names = (
             "pixel_values",
+            "image_pixel_values",
             "image_grid_thw",
             "image_sizes",
+            "image_attention_mask",
+            "aspect_ratios",
             "num_crops",
             "num_patches",
             "pixel_attention_mask",
@@ -113,6 +134,8 @@ class ProcessorOutput:
         ``video_grid_thw`` (set the message's ``modality`` to VIDEO as well)."""
         tensors = self.tensors()
         primary = "pixel_values_videos" if modality == "video" else "pixel_values"
+        if primary not in tensors and "image_pixel_values" in tensors:
+            tensors["pixel_values"] = tensors.pop("image_pixel_values")
         if primary not in tensors:
             raise ValueError(f"this output has no {modality} tensors ({primary})")
         message.attach(f"{at}.pixel_values", tensors.pop(primary), dtype=dtype)
@@ -122,6 +145,8 @@ class ProcessorOutput:
             else (
                 "image_grid_thw",
                 "image_sizes",
+                "image_attention_mask",
+                "aspect_ratios",
                 "num_crops",
                 "num_patches",
                 "pixel_attention_mask",
@@ -132,6 +157,19 @@ class ProcessorOutput:
         for name in keep:
             if name in tensors:
                 message.attach(f"{at}.model_specific_tensors[{name}]", tensors[name])
+
+
+def _as_array(tensor: Any) -> npt.NDArray[Any]:
+    """A native output tensor as numpy, without a copy (bfloat16: its bits viewed as
+    ``ml_dtypes.bfloat16``, or widened exactly to float32 when ml_dtypes is missing)."""
+    array = np.asarray(tensor)
+    if tensor.dtype != "bfloat16":
+        return array
+    try:
+        import ml_dtypes
+    except ImportError:
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.view(ml_dtypes.bfloat16)
 
 
 def _raise_native(exc: ValueError) -> Exception:
@@ -146,18 +184,20 @@ def _raise_native(exc: ValueError) -> Exception:
 
 
 class ImageProcessor:
-    """A transformers image processor (PIL backend) of one family and configuration.
+    """A transformers image processor (PIL backend, or torch for Llama 4 and Phi) of one family
+    and configuration.
 
     ``family`` is one of ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_5``, ``clip``,
     ``llava``, ``siglip``, ``llava_next``, ``pixtral``, ``gemma3``, ``internvl``, ``idefics3``,
-    ``smolvlm``; ``config`` holds transformers config keys overriding the family's class
-    defaults. Encoded inputs (bytes, paths) become what transformers' processors make of a
-    path (``alpha="load_image"``): ``load_image`` applies the EXIF orientation
-    (``apply_exif``) and ``convert("RGB")`` (alpha dropped; a single transparent colour is kept
-    and ``convert_to_rgb`` turns its pixels white). ``alpha="white"`` composites alpha onto
-    white instead, as ``convert_to_rgb`` does for an ``Image.open``-ed image; ``alpha="drop"``
-    is plain ``convert("RGB")``. ``max_pixels`` rejects larger encoded images before decoding
-    (``None``: no limit). ``threads``: ``None`` uses every core.
+    ``smolvlm``, ``llama4``, ``phi4_multimodal``, ``phi3_v``; ``config`` holds transformers
+    config keys overriding the family's class defaults. Encoded inputs (bytes, paths) become
+    what transformers' processors make of a path (``alpha="load_image"``): ``load_image``
+    applies the EXIF orientation (``apply_exif``) and ``convert("RGB")`` (alpha dropped; a
+    single transparent colour is kept and ``convert_to_rgb`` turns its pixels white).
+    ``alpha="white"`` composites alpha onto white instead, as ``convert_to_rgb`` does for an
+    ``Image.open``-ed image; ``alpha="drop"`` is plain ``convert("RGB")``. ``max_pixels``
+    rejects larger encoded images before decoding (``None``: no limit). ``threads``: ``None``
+    uses every core.
     ``vision_tokens`` lets CLIP/LLaVA/SigLIP/LLaVA-NeXT count placeholder tokens.
     """
 
@@ -222,14 +262,15 @@ class ImageProcessor:
         Pixtral, the ``patch_size`` and ``spatial_merge_size`` that ``PixtralProcessor`` passes
         to its image processor (its defaults 16 and 1 when the file lacks them), for Gemma 3
         and InternVL their processor's ``image_seq_length`` (over the preprocessor config's), for
-        Idefics3/SmolVLM their processor's ``image_seq_len``. An
+        Idefics3/SmolVLM their processor's ``image_seq_len``, for Llama 4 ``Llama4Processor``'s
+        ``patch_size`` and ``pixel_shuffle_ratio``. An
         InternVL config whose ``processor_class`` (or the directory's) is ``InternVLProcessor``
         gets ``crop_to_patches = True``: that processor passes it on every call, over the
         file's value (the published files say ``false``)."""
         chosen, raw = _config.from_hf(source, family)
         data: Any = None
         wanted = (
-            chosen in ("pixtral", "gemma3", "internvl", "idefics3", "smolvlm")
+            chosen in ("pixtral", "gemma3", "internvl", "idefics3", "smolvlm", "llama4")
             or "vision_tokens" not in kwargs
         )
         if wanted and not isinstance(source, Mapping):
@@ -249,6 +290,13 @@ class ImageProcessor:
             elif chosen in ("idefics3", "smolvlm"):
                 if data.get("image_seq_len") is not None:
                     raw["image_seq_len"] = data["image_seq_len"]
+            elif chosen == "llama4":
+                # Llama4Processor's, for the token count.
+                for key in ("patch_size", "pixel_shuffle_ratio"):
+                    if data.get(key) is not None:
+                        raw[key] = data[key]
+            elif chosen in ("phi4_multimodal", "phi3_v"):
+                pass  # their processors count tokens from the image alone
             elif "vision_tokens" not in kwargs:
                 kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
         if chosen == "internvl":
@@ -292,6 +340,9 @@ class ImageProcessor:
             values.update(self._run(self._native.videos, batch, args))
         return ProcessorOutput(
             pixel_values=values.get("pixel_values"),
+            aspect_ratios=values.get("aspect_ratios"),
+            image_pixel_values=values.get("image_pixel_values"),
+            image_attention_mask=values.get("image_attention_mask"),
             image_grid_thw=values.get("image_grid_thw"),
             image_sizes=values.get("image_sizes"),
             num_crops=values.get("num_crops"),
@@ -313,7 +364,7 @@ class ImageProcessor:
             tensors = method(items, *args)
         except ValueError as exc:
             raise _raise_native(exc) from None
-        return {name: np.asarray(tensor) for name, tensor in tensors}
+        return {name: _as_array(tensor) for name, tensor in tensors}
 
     def _grid_tokens(self, grid: I64Array | None) -> tuple[int, ...] | None:
         if grid is None:
@@ -322,6 +373,18 @@ class ImageProcessor:
         return tuple(int(t * h * w) // (merge * merge) for t, h, w in grid.tolist())
 
     def _image_tokens(self, values: Mapping[str, npt.NDArray[Any]]) -> tuple[int, ...] | None:
+        if "num_img_tokens" in values:  # Phi-3-vision, Phi-4-multimodal: computed natively
+            return tuple(int(n) for n in values["num_img_tokens"].tolist())
+        if self.family == "llama4":
+            ratios = values.get("aspect_ratios")
+            if ratios is None:
+                return None
+            per_tile = _tokens.llama4_tokens_per_tile(
+                int(self._config["size"]["height"]),
+                int(self._config["patch_size"]),
+                float(self._config["pixel_shuffle_ratio"]),
+            )
+            return tuple(_tokens.llama4_tokens(r, c, per_tile) for r, c in ratios.tolist())
         if self.family in QWEN:
             return self._grid_tokens(values.get("image_grid_thw"))
         if self.family == "pixtral":

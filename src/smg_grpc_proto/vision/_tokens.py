@@ -93,6 +93,18 @@ def gemma3_tokens(num_crops: int, image_seq_length: int) -> int:
     return (1 + num_crops) * image_seq_length
 
 
+def llama4_tokens(rows: int, cols: int, per_tile: int) -> int:
+    """``<|patch|>`` tokens ``Llama4Processor`` writes for an image of ``rows x cols`` tiles:
+    ``per_tile`` for each tile and for the global tile, which only a split image has."""
+    return per_tile * (rows * cols + 1) if rows * cols > 1 else per_tile
+
+
+def llama4_tokens_per_tile(tile: int, patch_size: int, pixel_shuffle_ratio: float) -> int:
+    """``(tile // patch_size) ** 2 // round(1 / pixel_shuffle_ratio ** 2)`` (144 for Llama 4)."""
+    downsample = round(1.0 / (pixel_shuffle_ratio**2))
+    return (tile // patch_size) * (tile // patch_size) // downsample
+
+
 def idefics3_tokens(rows: int, cols: int, image_seq_len: int) -> int:
     """``get_image_prompt_string`` of Idefics3/SmolVLM: ``<image>`` tokens of an image split
     into ``rows x cols`` tiles (0 x 0: not split), the global image included."""

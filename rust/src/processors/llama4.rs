@@ -1,0 +1,458 @@
+//! Llama 4 (`Llama4ImageProcessor`, transformers' torchvision backend; there is no PIL class):
+//! every image is fitted without distortion onto the best canvas of `size`-sided tiles, padded
+//! with black, normalised in `bfloat16` and cut into its tiles; an image of more than one tile
+//! is followed by a global tile (the whole image resized to one tile). Outputs, input after
+//! input:
+//!
+//! `pixel_values` `(Σ tiles, 3, s, s)` bfloat16, `aspect_ratios` `(B, 2)` int64 (tile rows and
+//! columns).
+//!
+//! - Canvases ([`supported_resolutions`]): for `n` from `max_patches` down to 1, each factor
+//!   pair `(a, n / a)`, grouped by aspect ratio in the order first seen.
+//! - Best fit ([`best_fit`]): per canvas, the scale `min(ch / H, cw / W)` in `float32` (torch
+//!   tensors); the smallest scale ≥ 1 (the largest with `resize_to_max_canvas`), else the largest
+//!   below 1; ties to the smallest area, then the first.
+//! - Without `resize_to_max_canvas` the target is capped at `max(side, s)` per side (no upscaling
+//!   beyond one tile), and the size is `get_max_res_without_distortion`'s, whose arithmetic is
+//!   `float32` or `float64` per side depending on whether the value came from a tensor
+//!   (Python's `min` returns whichever operand is smaller) — reproduced in [`new_size`].
+//! - torch's antialiased `uint8` resize (BILINEAR by default), zero padding, then
+//!   `x.to(bf16) × rescale_factor` and `(x − mean) / std` in bf16 ([`bf16_table`]).
+//!
+//! `patch_size` (14) and `pixel_shuffle_ratio` (0.5) are `Llama4Processor`'s; they count the
+//! `<|patch|>` tokens per tile, `(s / patch)² / round(1 / ratio²)`, and change no pixel.
+
+use super::config::{as_bool, as_count, as_float, as_hw, hw_value, Common, Value, HALF};
+use super::torch_backend::{self as tb, bf16_table, Table};
+use super::{
+    check_side, checked_len, parallel, prepare_all, split_lengths, Input, Options, Outputs,
+    ProcessorError, Rgb, Tensor, TensorData,
+};
+use crate::image::Filter;
+
+/// The configuration of Llama 4.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Llama4Config {
+    pub common: Common,
+    /// The tile side (`size`, square).
+    pub tile: (usize, usize),
+    pub max_patches: usize,
+    pub resize_to_max_canvas: bool,
+    /// Ours: `Llama4Processor`'s, for the token count.
+    pub patch_size: usize,
+    pub pixel_shuffle_ratio: f64,
+}
+
+/// Ours: transformers bounds `max_patches` by nothing; the canvases grow with it.
+pub const MAX_PATCHES: usize = 1024;
+
+impl Llama4Config {
+    /// `Llama4ImageProcessor`'s defaults (also the published checkpoints'): tiles of 336,
+    /// at most 16, BILINEAR, mean/std 0.5; `Llama4Processor`'s patch 14 and pixel shuffle 0.5.
+    pub fn llama4() -> Self {
+        let mut common = Common::new(HALF, HALF);
+        common.resample = Filter::Bilinear;
+        Llama4Config {
+            common,
+            tile: (336, 336),
+            max_patches: 16,
+            resize_to_max_canvas: false,
+            patch_size: 14,
+            pixel_shuffle_ratio: 0.5,
+        }
+    }
+
+    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+        match key {
+            "size" => self.tile = as_hw("size", value)?,
+            "max_patches" => self.max_patches = as_count("max_patches", value, MAX_PATCHES)?,
+            "resize_to_max_canvas" => {
+                self.resize_to_max_canvas = as_bool("resize_to_max_canvas", value)?
+            }
+            "patch_size" => self.patch_size = as_count("patch_size", value, 1 << 16)?,
+            "pixel_shuffle_ratio" => {
+                let ratio = as_float("pixel_shuffle_ratio", value)?;
+                if !(ratio.is_finite() && ratio > 0.0 && ratio <= 1.0) {
+                    return Err(ProcessorError::config(
+                        "pixel_shuffle_ratio",
+                        "a number in (0, 1]",
+                        value,
+                    ));
+                }
+                self.pixel_shuffle_ratio = ratio;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+        vec![
+            ("size", hw_value(self.tile)),
+            ("max_patches", Value::Int(self.max_patches as i64)),
+            (
+                "resize_to_max_canvas",
+                Value::Bool(self.resize_to_max_canvas),
+            ),
+            ("patch_size", Value::Int(self.patch_size as i64)),
+            (
+                "pixel_shuffle_ratio",
+                Value::Float(self.pixel_shuffle_ratio),
+            ),
+        ]
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+        if self.tile.0 != self.tile.1 {
+            return Err(ProcessorError::config(
+                "size",
+                "a square tile (height = width), as find_supported_resolutions requires",
+                format!("{}x{} (HxW)", self.tile.0, self.tile.1),
+            ));
+        }
+        check_torch_steps(&self.common)
+    }
+}
+
+/// What the torch ports cover of the shared keys: resizing on, BILINEAR or BICUBIC, rescale and
+/// normalize both on (Llama 4 raises for `do_resize=False` itself).
+pub(crate) fn check_torch_steps(common: &Common) -> Result<(), ProcessorError> {
+    if !common.do_resize {
+        return Err(ProcessorError::config(
+            "do_resize",
+            "true (the processor always resizes to a supported canvas)",
+            false,
+        ));
+    }
+    if tb::filter_of(common.resample).is_none() {
+        return Err(ProcessorError::config(
+            "resample",
+            "BILINEAR (2) or BICUBIC (3): the torch uint8 kernels ported",
+            common.resample.pil_id(),
+        ));
+    }
+    for (field, on) in [
+        ("do_rescale", common.do_rescale),
+        ("do_normalize", common.do_normalize),
+    ] {
+        if !on {
+            return Err(ProcessorError::config(
+                field,
+                "true (only the rescale-and-normalize path of the torchvision backend is ported)",
+                false,
+            ));
+        }
+    }
+    if common.image_std.contains(&0.0) {
+        return Err(ProcessorError::config(
+            "image_std",
+            "non-zero values",
+            common.image_std,
+        ));
+    }
+    Ok(())
+}
+
+/// `find_supported_resolutions(max_patches, tile)`: canvases `(height, width)` in transformers'
+/// order.
+pub fn supported_resolutions(max_patches: usize, tile: usize) -> Vec<(usize, usize)> {
+    let mut groups: Vec<(f64, Vec<(usize, usize)>)> = Vec::new();
+    for n in (1..=max_patches).rev() {
+        for a in (1..=n).filter(|a| n % a == 0) {
+            let (h, w) = (a, n / a);
+            let ratio = h as f64 / w as f64;
+            match groups.iter_mut().find(|(r, _)| *r == ratio) {
+                Some((_, list)) => list.push((h, w)),
+                None => groups.push((ratio, vec![(h, w)])),
+            }
+        }
+    }
+    groups
+        .into_iter()
+        .flat_map(|(_, list)| list)
+        .map(|(h, w)| (h * tile, w * tile))
+        .collect()
+}
+
+/// `get_best_fit((height, width), canvases, resize_to_max_canvas)`.
+pub fn best_fit(
+    height: usize,
+    width: usize,
+    canvases: &[(usize, usize)],
+    resize_to_max_canvas: bool,
+) -> (usize, usize) {
+    // torch: int64 tensor / int = float32; torch.where(scale_h > scale_w, scale_w, scale_h).
+    let scales: Vec<f32> = canvases
+        .iter()
+        .map(|&(ch, cw)| {
+            let sh = ch as f32 / height as f32;
+            let sw = cw as f32 / width as f32;
+            if sh > sw {
+                sw
+            } else {
+                sh
+            }
+        })
+        .collect();
+    let up = scales.iter().copied().filter(|&s| s >= 1.0);
+    let selected = if scales.iter().any(|&s| s >= 1.0) {
+        if resize_to_max_canvas {
+            up.fold(f32::NEG_INFINITY, f32::max)
+        } else {
+            up.fold(f32::INFINITY, f32::min)
+        }
+    } else {
+        scales.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    };
+    canvases
+        .iter()
+        .zip(&scales)
+        .filter(|(_, &s)| s == selected)
+        .map(|(&c, _)| c)
+        .min_by_key(|&(h, w)| h * w)
+        .unwrap_or(canvases[0])
+}
+
+/// A side of the target size: a Python `int`, or an element of the canvas tensor (`int64`),
+/// whose divisions are then `float32`.
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    Int(usize),
+    Tensor(usize),
+}
+
+impl Side {
+    fn value(self) -> usize {
+        match self {
+            Side::Int(v) | Side::Tensor(v) => v,
+        }
+    }
+}
+
+/// A scale `target / original`: `float64` (Python) or `float32` (a 0-d tensor).
+#[derive(Clone, Copy, Debug)]
+enum Scale {
+    F64(f64),
+    F32(f32),
+}
+
+impl Scale {
+    fn of(target: Side, original: usize) -> Scale {
+        match target {
+            Side::Int(t) => Scale::F64(t as f64 / original as f64),
+            Side::Tensor(t) => Scale::F32(t as f32 / original as f32),
+        }
+    }
+
+    /// `self < other`; a tensor compared with a Python float casts the float to `float32`.
+    fn lt(self, other: Scale) -> bool {
+        match (self, other) {
+            (Scale::F64(a), Scale::F64(b)) => a < b,
+            (Scale::F32(a), Scale::F32(b)) => a < b,
+            (Scale::F32(a), Scale::F64(b)) => a < b as f32,
+            (Scale::F64(a), Scale::F32(b)) => (a as f32) < b,
+        }
+    }
+
+    /// `math.floor(side · self)`.
+    fn floor_times(self, side: usize) -> usize {
+        match self {
+            Scale::F64(s) => (side as f64 * s).floor() as usize,
+            Scale::F32(s) => (side as f32 * s).floor() as usize,
+        }
+    }
+}
+
+/// Python's `min(a, b)` of an `int` and a tensor element: `b` if `b < a`, else `a`.
+fn py_min(a: usize, b: Side) -> Side {
+    if b.value() < a {
+        b
+    } else {
+        Side::Int(a)
+    }
+}
+
+/// The resized size `(height, width)` for an image of `height × width` on `canvas`.
+pub fn new_size(
+    height: usize,
+    width: usize,
+    canvas: (usize, usize),
+    tile: usize,
+    resize_to_max_canvas: bool,
+) -> (usize, usize) {
+    let (th, tw) = if resize_to_max_canvas {
+        (Side::Tensor(canvas.0), Side::Tensor(canvas.1))
+    } else {
+        (
+            py_min(height.max(tile), Side::Tensor(canvas.0)),
+            py_min(width.max(tile), Side::Tensor(canvas.1)),
+        )
+    };
+    // get_max_res_without_distortion
+    let scale_w = Scale::of(tw, width);
+    let scale_h = Scale::of(th, height);
+    let (h, w) = if scale_w.lt(scale_h) {
+        (scale_w.floor_times(height).min(th.value()), tw.value())
+    } else {
+        (th.value(), scale_h.floor_times(width).min(tw.value()))
+    };
+    (h.max(1), w.max(1))
+}
+
+/// `<|patch|>` tokens per tile (and per global tile): `Llama4Processor`'s
+/// `(s // patch)² // round(1 / ratio²)`.
+pub fn tokens_per_tile(config: &Llama4Config) -> usize {
+    let side = config.tile.0 / config.patch_size;
+    let downsample = (1.0 / (config.pixel_shuffle_ratio * config.pixel_shuffle_ratio)).round();
+    (side * side) / (downsample as usize).max(1)
+}
+
+/// One input, ready to be written: the padded canvas, its grid, and the global tile.
+struct Prepared {
+    canvas: Rgb<'static>,
+    rows: usize,
+    cols: usize,
+    global: Option<Rgb<'static>>,
+}
+
+fn prepare(
+    config: &Llama4Config,
+    rgb: Rgb<'_>,
+    threads: usize,
+) -> Result<Prepared, ProcessorError> {
+    let s = config.tile.0;
+    let filter =
+        tb::filter_of(config.common.resample).unwrap_or(crate::image::torch::TorchFilter::Bilinear);
+    let canvases = supported_resolutions(config.max_patches, s);
+    let canvas = best_fit(
+        rgb.height,
+        rgb.width,
+        &canvases,
+        config.resize_to_max_canvas,
+    );
+    check_side("canvas", canvas.0, canvas.1)?;
+    let (h, w) = new_size(
+        rgb.height,
+        rgb.width,
+        canvas,
+        s,
+        config.resize_to_max_canvas,
+    );
+    let (rows, cols) = (canvas.0 / s, canvas.1 / s);
+    let global = if rows * cols > 1 {
+        let data = tb::resized(rgb.view(), s, s, filter, threads)?;
+        Some(Rgb {
+            data: std::borrow::Cow::Owned(data),
+            width: s,
+            height: s,
+        })
+    } else {
+        None
+    };
+    let resized = tb::resize(rgb, h, w, filter, threads)?;
+    let padded = tb::pad(resized.view(), canvas.0, canvas.1, 0, 0, 0)?;
+    super::recycle_images([resized]);
+    Ok(Prepared {
+        canvas: padded,
+        rows,
+        cols,
+        global,
+    })
+}
+
+fn write(table: &Table<u16>, p: &Prepared, s: usize, out: &mut [u16]) {
+    let per_tile = 3 * s * s;
+    let mut tiles = out.chunks_exact_mut(per_tile);
+    for r in 0..p.rows {
+        for c in 0..p.cols {
+            if let Some(tile) = tiles.next() {
+                tb::write_tile(table, p.canvas.view(), (r * s, c * s), (s, s), tile);
+            }
+        }
+    }
+    if let (Some(global), Some(tile)) = (&p.global, tiles.next()) {
+        tb::write_tile(table, global.view(), (0, 0), (s, s), tile);
+    }
+}
+
+/// Llama 4 on a batch (see the module docs).
+pub fn images(
+    config: &Llama4Config,
+    inputs: &[Input<'_>],
+    options: &Options,
+) -> Result<Outputs, ProcessorError> {
+    let s = config.tile.0;
+    let c = &config.common;
+    let table = bf16_table(c.rescale_factor, c.image_mean, c.image_std);
+    let prepared = prepare_all(inputs, options, |rgb, threads| {
+        prepare(config, rgb, threads)
+    })?;
+    let counts: Vec<usize> = prepared
+        .iter()
+        .map(|p| p.rows * p.cols + usize::from(p.global.is_some()))
+        .collect();
+    let total: usize = counts.iter().sum();
+    let len = checked_len("pixel_values", &[total, 3, s, s], 2)?;
+    let mut pixel_values = vec![0u16; len];
+    let lengths: Vec<usize> = counts.iter().map(|n| n * 3 * s * s).collect();
+    let work: Vec<(&Prepared, &mut [u16])> = prepared
+        .iter()
+        .zip(split_lengths(&mut pixel_values, &lengths))
+        .collect();
+    let workers = parallel::workers(options.threads, work.len());
+    parallel::map(work, workers, |_, (p, out)| write(&table, p, s, out));
+    let aspect: Vec<i64> = prepared
+        .iter()
+        .flat_map(|p| [p.rows as i64, p.cols as i64])
+        .collect();
+    let batch = prepared.len();
+    super::recycle_images(
+        prepared
+            .into_iter()
+            .flat_map(|p| std::iter::once(p.canvas).chain(p.global)),
+    );
+    Ok(Outputs {
+        tensors: vec![
+            (
+                "pixel_values",
+                Tensor {
+                    shape: vec![total, 3, s, s],
+                    data: TensorData::Bf16(pixel_values),
+                },
+            ),
+            ("aspect_ratios", Tensor::i64(vec![batch, 2], aspect)),
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canvases_as_transformers() {
+        let c = supported_resolutions(16, 336);
+        assert_eq!(c.len(), 50);
+        // n = 16: factors 1, 2, 4, 8, 16 → ratios 1/16, 2/8, 1 (4x4), 8/2, 16; first group 1/16.
+        assert_eq!(c[0], (336, 16 * 336));
+        let c4 = supported_resolutions(4, 224);
+        // The docstring's example for max 4 (the order of its dict): 0.25, 1.0 (2x2, 1x1), 4.0, ...
+        assert_eq!(&c4[..4], &[(224, 896), (448, 448), (224, 224), (896, 224)]);
+    }
+
+    #[test]
+    fn documented_examples() {
+        let c = supported_resolutions(16, 336);
+        // transformers' docs: 600x512 → 672x672 without a resize; 1080x1920 → 1008x1680, 945x1680.
+        assert_eq!(best_fit(600, 512, &c, false), (672, 672));
+        assert_eq!(new_size(600, 512, (672, 672), 336, false), (600, 512));
+        assert_eq!(best_fit(1080, 1920, &c, false), (1008, 1680));
+        assert_eq!(new_size(1080, 1920, (1008, 1680), 336, false), (945, 1680));
+        // 200x200 → one tile, upscaled.
+        assert_eq!(best_fit(200, 200, &c, false), (336, 336));
+        assert_eq!(new_size(200, 200, (336, 336), 336, false), (336, 336));
+        let docs = [(224, 672), (672, 224), (224, 448), (448, 224), (224, 224)];
+        assert_eq!(best_fit(200, 300, &docs, false), (224, 448));
+        assert_eq!(tokens_per_tile(&Llama4Config::llama4()), 144);
+    }
+}

@@ -1,0 +1,274 @@
+//! What the torchvision-backend processors share (Llama 4, Phi-3-vision, Phi-4-multimodal):
+//! torch's `uint8` resize, `u8` canvases with padding, their rescale/normalize arithmetic as
+//! per-channel tables, and writing tiles and a bicubic global image channels-first.
+//!
+//! Every normalisation here depends only on the channel and the `u8` value, so each is a table
+//! of 3 × 256 values computed with torch's own operation order and dtypes; a tile is then one
+//! lookup per value, and the global image of Phi-3/Phi-4 is interpolated from rows normalised
+//! on the fly ([`crate::image::torch::bicubic_plane`]) without materialising the float image.
+
+use std::borrow::Cow;
+
+use super::{check_image, check_side, ProcessorError, Rgb, RgbRef};
+use crate::image::resample::ImageRef;
+use crate::image::torch::{self, bf16_bits, bf16_value, TorchFilter};
+
+/// A value per channel and `u8` input.
+pub type Table<T> = [[T; 256]; 3];
+
+/// Llama 4's `rescale_and_normalize` in `bfloat16`, as the bits of each result:
+/// `x.to(bf16) * rescale_factor` (the product in `f32` with the factor as `f32`, rounded to
+/// bf16), then `tvF.normalize` with `mean`/`std` converted to bf16: a subtraction and a
+/// division, each computed in `f32` and rounded to bf16 (nearest even).
+pub fn bf16_table(rescale_factor: f64, mean: [f64; 3], std: [f64; 3]) -> Table<u16> {
+    let factor = rescale_factor as f32;
+    let mut table = [[0u16; 256]; 3];
+    for (c, row) in table.iter_mut().enumerate() {
+        let m = bf16_value(bf16_bits(mean[c] as f32));
+        let s = bf16_value(bf16_bits(std[c] as f32));
+        for (v, slot) in row.iter_mut().enumerate() {
+            let scaled = bf16_value(bf16_bits(v as f32 * factor));
+            let centred = bf16_value(bf16_bits(scaled - m));
+            *slot = bf16_bits(centred / s);
+        }
+    }
+    table
+}
+
+/// The torchvision backend's fused rescale + normalize (Phi-4-multimodal):
+/// `mean' = f32(mean) · f32(1 / rescale_factor)`, likewise `std'`, then `(f32(x) − mean') / std'`
+/// in `f32`.
+pub fn fused_f32_table(rescale_factor: f64, mean: [f64; 3], std: [f64; 3]) -> Table<f32> {
+    let inverse = (1.0 / rescale_factor) as f32;
+    let mut table = [[0f32; 256]; 3];
+    for (c, row) in table.iter_mut().enumerate() {
+        let m = mean[c] as f32 * inverse;
+        let s = std[c] as f32 * inverse;
+        for (v, slot) in row.iter_mut().enumerate() {
+            *slot = (v as f32 - m) / s;
+        }
+    }
+    table
+}
+
+/// torchvision's `ToTensor` + `Normalize` (Phi-3-vision's hub processor): `f32(x) / 255`, then
+/// `(x − f32(mean)) / f32(std)`, each step in `f32`.
+pub fn to_tensor_table(mean: [f64; 3], std: [f64; 3]) -> Table<f32> {
+    let mut table = [[0f32; 256]; 3];
+    for (c, row) in table.iter_mut().enumerate() {
+        for (v, slot) in row.iter_mut().enumerate() {
+            *slot = (v as f32 / 255.0 - mean[c] as f32) / std[c] as f32;
+        }
+    }
+    table
+}
+
+/// `tvF.resize(image, [out_h, out_w], filter, antialias=True)` of an RGB image on CPU: the image
+/// itself when the size is unchanged (torchvision returns its input).
+pub fn resize<'a>(
+    src: Rgb<'a>,
+    out_h: usize,
+    out_w: usize,
+    filter: TorchFilter,
+    threads: usize,
+) -> Result<Rgb<'a>, ProcessorError> {
+    if (out_h, out_w) == (src.height, src.width) {
+        return Ok(src);
+    }
+    let data = resized(src.view(), out_h, out_w, filter, threads)?;
+    super::recycle_images([src]);
+    Ok(Rgb {
+        data: Cow::Owned(data),
+        width: out_w,
+        height: out_h,
+    })
+}
+
+/// [`resize`] into a new buffer, leaving `src` as it is.
+pub fn resized(
+    src: RgbRef<'_>,
+    out_h: usize,
+    out_w: usize,
+    filter: TorchFilter,
+    threads: usize,
+) -> Result<Vec<u8>, ProcessorError> {
+    let len = check_image("resized image", out_h, out_w)?;
+    let image = ImageRef {
+        data: src.data,
+        width: src.width,
+        height: src.height,
+        channels: 3,
+    };
+    let mut data =
+        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::TooLarge {
+            what: "resized image",
+            limit: super::MAX_IMAGE_BYTES as u64,
+            actual: bytes,
+        })?;
+    torch::resize_u8(&image, &mut data, out_w, out_h, filter, threads)
+        .map_err(|error| ProcessorError::Resample { index: 0, error })?;
+    Ok(data)
+}
+
+/// An `h × w` canvas of `fill` with `src` pasted at `(top, left)` (`tvF.pad` / PIL's expand with
+/// a constant). `src` must fit inside.
+pub fn pad(
+    src: RgbRef<'_>,
+    h: usize,
+    w: usize,
+    top: usize,
+    left: usize,
+    fill: u8,
+) -> Result<Rgb<'static>, ProcessorError> {
+    check_side("padded image", h, w)?;
+    let len = check_image("padded image", h, w)?;
+    debug_assert!(top + src.height <= h && left + src.width <= w);
+    if (h, w) == (src.height, src.width) {
+        return Ok(Rgb {
+            data: Cow::Owned(src.data.to_vec()),
+            width: w,
+            height: h,
+        });
+    }
+    let mut data = vec![fill; len];
+    let row = src.width * 3;
+    for (y, line) in src.data.chunks_exact(row).enumerate() {
+        let at = ((top + y) * w + left) * 3;
+        data[at..at + row].copy_from_slice(line);
+    }
+    Ok(Rgb {
+        data: Cow::Owned(data),
+        width: w,
+        height: h,
+    })
+}
+
+/// Writes the `h × w` window at `(top, left)` of `canvas` (inside it) through `table` into
+/// `out` channels-first (`3 × h × w`).
+pub fn write_tile<T: Copy>(
+    table: &Table<T>,
+    canvas: RgbRef<'_>,
+    (top, left): (usize, usize),
+    (h, w): (usize, usize),
+    out: &mut [T],
+) {
+    debug_assert!(top + h <= canvas.height && left + w <= canvas.width);
+    debug_assert_eq!(out.len(), 3 * h * w);
+    let (r, rest) = out.split_at_mut(h * w);
+    let (g, b) = rest.split_at_mut(h * w);
+    let stride = canvas.width * 3;
+    for y in 0..h {
+        let start = (top + y) * stride + left * 3;
+        let pixels = &canvas.data[start..start + w * 3];
+        let dst = y * w..(y + 1) * w;
+        for (((px, r), g), b) in pixels
+            .chunks_exact(3)
+            .zip(&mut r[dst.clone()])
+            .zip(&mut g[dst.clone()])
+            .zip(&mut b[dst])
+        {
+            *r = table[0][usize::from(px[0])];
+            *g = table[1][usize::from(px[1])];
+            *b = table[2][usize::from(px[2])];
+        }
+    }
+}
+
+/// `F.interpolate(normalised[None], (out_h, out_w), mode="bicubic", align_corners=False)[0]` of
+/// the whole `canvas` normalised through `table`, into `out` (`3 × out_h × out_w`): the global
+/// image of Phi-3-vision and Phi-4-multimodal (torch returns the input itself when the size is
+/// unchanged, which the interpolation reproduces exactly).
+pub fn write_bicubic(
+    table: &Table<f32>,
+    canvas: RgbRef<'_>,
+    (out_h, out_w): (usize, usize),
+    out: &mut [f32],
+) {
+    debug_assert_eq!(out.len(), 3 * out_h * out_w);
+    let stride = canvas.width * 3;
+    for (c, plane) in out.chunks_exact_mut(out_h * out_w).enumerate() {
+        torch::bicubic_plane(
+            canvas.height,
+            canvas.width,
+            out_h,
+            out_w,
+            plane,
+            |r, row| {
+                let pixels = &canvas.data[r * stride..(r + 1) * stride];
+                for (v, px) in row.iter_mut().zip(pixels.chunks_exact(3)) {
+                    *v = table[c][usize::from(px[c])];
+                }
+            },
+        );
+    }
+}
+
+/// The global image (`canvas` interpolated to `tile`, [`write_bicubic`]) followed by the
+/// canvas's `tile`-sized tiles in row-major order, all normalised through `table`, into `out`
+/// (`(1 + rows · cols) × 3 × tile.0 × tile.1`): the crops of Phi-3-vision and Phi-4-multimodal.
+/// The canvas sides are multiples of the tile's.
+pub fn write_global_and_tiles(
+    table: &Table<f32>,
+    canvas: RgbRef<'_>,
+    tile: (usize, usize),
+    out: &mut [f32],
+) {
+    let per_tile = 3 * tile.0 * tile.1;
+    let (global, tiles) = out.split_at_mut(per_tile);
+    write_bicubic(table, canvas, tile, global);
+    let cols = canvas.width / tile.1;
+    for (i, slot) in tiles.chunks_exact_mut(per_tile).enumerate() {
+        let origin = ((i / cols) * tile.0, (i % cols) * tile.1);
+        write_tile(table, canvas, origin, tile, slot);
+    }
+}
+
+/// A torch resample mode from a configuration's PIL filter: BILINEAR and BICUBIC (the modes the
+/// torch ports cover).
+pub fn filter_of(filter: crate::image::Filter) -> Option<TorchFilter> {
+    match filter {
+        crate::image::Filter::Bilinear => Some(TorchFilter::Bilinear),
+        crate::image::Filter::Bicubic => Some(TorchFilter::Bicubic),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_table_of_half() {
+        let t = bf16_table(1.0 / 255.0, [0.5; 3], [0.5; 3]);
+        assert_eq!(bf16_value(t[0][0]), -1.0);
+        assert_eq!(bf16_value(t[1][255]), 1.0);
+        // 128/255 = 0.501961 lies just above the midpoint of bf16's 0.5 and 0.50390625 (steps
+        // of 2⁻⁸ there): up; minus 0.5, over 0.5.
+        assert_eq!(bf16_value(t[2][128]), 0.0078125);
+    }
+
+    #[test]
+    fn pad_and_tiles() {
+        let data: Vec<u8> = (0..2 * 3 * 3).map(|v| v as u8).collect();
+        let src = RgbRef {
+            data: &data,
+            width: 3,
+            height: 2,
+        };
+        let canvas = pad(src, 4, 4, 1, 0, 255).unwrap();
+        assert_eq!(&canvas.data[..12], &[255; 12]);
+        assert_eq!(&canvas.data[12..21], &data[..9]);
+        assert_eq!(&canvas.data[21..24], &[255; 3]);
+        let mut identity = [[0u8; 256]; 3];
+        for row in &mut identity {
+            for (v, slot) in row.iter_mut().enumerate() {
+                *slot = v as u8;
+            }
+        }
+        let mut out = [0u8; 3 * 2 * 2];
+        write_tile(&identity, canvas.view(), (1, 1), (2, 2), &mut out);
+        // Channel 0 of pixels (1,1), (1,2), (2,1), (2,2) of the canvas.
+        assert_eq!(&out[..4], &[3, 6, 12, 15]);
+        assert_eq!(&out[8..], &[5, 8, 14, 17]);
+    }
+}

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Torch-only families benchmark: Llama 4, Phi-4-multimodal and Phi-3-vision against their
+torch references, side by side in one run, one thread.
+
+The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor`` and
+``Phi4MultimodalImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor``
+as ``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with
+one thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
+``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors /
+PIL images for the references, numpy arrays for us) and JPEG bytes (``torchvision.io.
+decode_jpeg`` for the torchvision classes, ``Image.open`` for Phi-3). Outputs are checked to be
+byte-identical first. Time: medians over ``--rounds`` fresh processes; peak memory: the extra
+resident memory of one call in a fresh process.
+
+Needs torch, so it runs in the reference venv (``tests/goldens/torch/README.md``) with the
+wheel installed there::
+
+    python3 -m uv pip install --python /work/torchenv/bin/python dist/smg_grpc_proto-*.whl
+    /work/torchenv/bin/python scripts/bench_torch_families.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_vision import write_images  # noqa: E402
+from benchkit import cpu_model, measure_peak, time_op  # noqa: E402
+
+FAMILIES = ("llama4", "phi4_multimodal", "phi3_v")
+CASES = ("512x600", "1280x960", "batch of 8")
+
+
+def _same(reference: Any, ours: Any) -> bool:
+    """Whether a torch tensor and our numpy array hold the same bytes (bfloat16 as its bits)."""
+    import torch
+
+    reference = reference.contiguous()
+    if reference.dtype == torch.bfloat16:
+        reference, ours = reference.view(torch.int16), ours.view("int16")
+    return bool(
+        tuple(reference.shape) == ours.shape and reference.numpy().tobytes() == ours.tobytes()
+    )
+
+
+def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
+    import torch
+    import torchvision
+    import transformers
+    from PIL import Image
+
+    from smg_grpc_proto.vision import ImageProcessor, decode
+
+    torch.set_num_threads(1)
+    ours = ImageProcessor.for_family(family, threads=1)  # type: ignore[arg-type]
+    blobs = [p.read_bytes() for p in paths]
+    arrays = [decode(b) for b in blobs]
+    tensors = [torch.from_numpy(a).permute(2, 0, 1).contiguous() for a in arrays]
+
+    def tv_bytes() -> list[Any]:
+        return [
+            torchvision.io.decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8))
+            for b in blobs
+        ]
+
+    if family == "phi3_v":
+        from gen_torch_goldens import phi3v_preprocess
+
+        def theirs_decoded() -> Any:
+            return phi3v_preprocess(arrays, 16)[0]
+
+        def theirs_bytes() -> Any:
+            decoded = [np_rgb(Image.open(io.BytesIO(b))) for b in blobs]
+            return phi3v_preprocess(decoded, 16)[0]
+
+        check = (theirs_decoded(), ours(arrays).pixel_values)
+    else:
+        name = "Llama4ImageProcessor" if family == "llama4" else "Phi4MultimodalImageProcessor"
+        key = "pixel_values" if family == "llama4" else "image_pixel_values"
+        reference = getattr(transformers, name)()
+
+        def theirs_decoded() -> Any:
+            return reference(tensors, return_tensors="pt")
+
+        def theirs_bytes() -> Any:
+            return reference(tv_bytes(), return_tensors="pt")
+
+        mine = ours(arrays)
+        check = (theirs_decoded()[key], getattr(mine, key))
+    if not _same(*check):
+        raise SystemExit(f"{family}: ours and the reference differ")
+    return {
+        "theirs|decoded": theirs_decoded,
+        "ours|decoded": lambda: ours(arrays),
+        "theirs|bytes": theirs_bytes,
+        "ours|bytes": lambda: ours(blobs),
+    }
+
+
+def np_rgb(image: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(image.convert("RGB"))
+
+
+def child(spec: dict[str, Any]) -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    if "peak" in spec:
+        case, key = spec["peak"]
+        fn = ops(spec["family"], [Path(p) for p in spec["cases"][case]])[key]
+        print(json.dumps({"peak": measure_peak(fn)}))
+        return
+    result = {}
+    for case, paths in spec["cases"].items():
+        for key, fn in ops(spec["family"], [Path(p) for p in paths]).items():
+            result[f"{case}|{key}"] = time_op(fn, spec["repeat"])
+    print(json.dumps(result))
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{spec['family']}: child failed:\n{out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--families", nargs="*", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    import torch
+    import transformers
+
+    cases = write_images(Path(tempfile.mkdtemp(prefix="bench-torch-families-")))
+    chosen = {c: [str(p) for p in cases[c]] for c in CASES}
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores; one pinned core per process")
+    print(
+        f"torch {torch.__version__} (1 thread, {torch.backends.cpu.get_cpu_capability()}), "
+        f"transformers {transformers.__version__}"
+    )
+    print(f"rounds: {args.rounds} fresh processes, median of >= {args.repeat} calls\n")
+    print(
+        "| family | case | input | reference (ms) | ours (ms) | speed-up "
+        "| peak MiB reference / ours |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for family in args.families:
+        spec: dict[str, Any] = {"family": family, "cases": chosen, "repeat": args.repeat}
+        rounds = [run_child(spec) for _ in range(args.rounds)]
+        for case in CASES:
+            for inp in ("decoded", "bytes"):
+                theirs = statistics.median(r[f"{case}|theirs|{inp}"] for r in rounds) * 1e3
+                ours = statistics.median(r[f"{case}|ours|{inp}"] for r in rounds) * 1e3
+                peaks = [
+                    run_child({**spec, "peak": [case, f"{side}|{inp}"]})["peak"]
+                    for side in ("theirs", "ours")
+                ]
+                print(
+                    f"| {family} | {case} | {inp} | {theirs:.2f} | {ours:.2f} | "
+                    f"**{theirs / ours:.1f}x** | {peaks[0]:.0f} / {peaks[1]:.0f} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
