@@ -30,6 +30,7 @@
 
 use super::coeffs::{float_coeffs_with, AxisCoeffs, PRECISION_BITS};
 use super::resample::{check, run_passes, ImageRef, Passes, ResampleError};
+use crate::processors::normalize::Slot;
 
 /// The interpolation modes of torch's antialiased `uint8` resize that the processors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,17 +307,17 @@ pub fn bicubic_f32(
 /// values), so a caller can compute them on the fly (e.g. normalised from `u8`) instead of
 /// materialising the input plane; `out` is the `out_h × out_w` output plane. Each needed input
 /// row is filled once. The sizes are the caller's to check (non-zero, `out` that long).
-pub fn bicubic_plane(
+pub fn bicubic_plane<S: Slot>(
     in_h: usize,
     in_w: usize,
     out_h: usize,
     out_w: usize,
-    out: &mut [f32],
+    out: &mut [S],
     mut fill: impl FnMut(usize, &mut [f32]),
 ) {
     debug_assert_eq!(out.len(), out_h * out_w);
     let rows = cubic_taps(in_h, out_h);
-    let cols = cubic_taps(in_w, out_w);
+    let cols = Columns::new(&cubic_taps(in_w, out_w));
     // The horizontal sums of each input row the output needs, in the order first needed.
     let mut slot = vec![usize::MAX; in_h];
     let mut needed = 0;
@@ -343,52 +344,109 @@ pub fn bicubic_plane(
     }
 }
 
-fn horizontal(line: &[f32], cols: &[([usize; 4], [f32; 4])], out: &mut [f32]) {
+/// The column taps of one axis, tap by tap (structure of arrays, for 8-wide gathers).
+struct Columns {
+    index: [Vec<i32>; 4],
+    weight: [Vec<f32>; 4],
+}
+
+impl Columns {
+    fn new(taps: &[([usize; 4], [f32; 4])]) -> Self {
+        let index = std::array::from_fn(|j| taps.iter().map(|(i, _)| i[j] as i32).collect());
+        let weight = std::array::from_fn(|j| taps.iter().map(|(_, w)| w[j]).collect());
+        Columns { index, weight }
+    }
+
+    fn len(&self) -> usize {
+        self.weight[0].len()
+    }
+}
+
+fn horizontal(line: &[f32], cols: &Columns, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above); `horizontal_avx2` needs every
+        // index of `cols` to be below `line.len()`, which holds as `cubic_taps` clamps them to
+        // the axis, `line` being one input row (`in_w` values), and `out` as long as `cols`.
+        unsafe { horizontal_avx2(line, cols, out) };
+        return;
+    }
+    horizontal_scalar(line, cols, out, 0);
+}
+
+fn vertical<S: Slot>(m: [&[f32]; 4], wy: [f32; 4], out: &mut [S]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA (checked just above), the only target feature the function
         // enables; it is otherwise safe code.
-        unsafe { horizontal_fma(line, cols, out) };
-        return;
-    }
-    horizontal_body(line, cols, out);
-}
-
-fn vertical(m: [&[f32]; 4], wy: [f32; 4], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: as in `horizontal`.
         unsafe { vertical_fma(m, wy, out) };
         return;
     }
     vertical_body(m, wy, out);
 }
 
+/// Outputs `from..` of one row's horizontal pass, one at a time.
 #[inline(always)]
-fn horizontal_body(line: &[f32], cols: &[([usize; 4], [f32; 4])], out: &mut [f32]) {
-    for (o, (ix, wx)) in out.iter_mut().zip(cols) {
-        *o = dot4(ix.map(|i| line[i]), *wx);
+fn horizontal_scalar(line: &[f32], cols: &Columns, out: &mut [f32], from: usize) {
+    for (x, o) in out.iter_mut().enumerate().skip(from) {
+        let v = std::array::from_fn(|j| line[cols.index[j][x] as usize]);
+        let w = std::array::from_fn(|j| cols.weight[j][x]);
+        *o = dot4(v, w);
     }
 }
 
 #[inline(always)]
-fn vertical_body(m: [&[f32]; 4], wy: [f32; 4], out: &mut [f32]) {
+fn vertical_body<S: Slot>(m: [&[f32]; 4], wy: [f32; 4], out: &mut [S]) {
     for (x, o) in out.iter_mut().enumerate() {
-        *o = dot4([m[0][x], m[1][x], m[2][x], m[3][x]], wy);
+        o.set(dot4([m[0][x], m[1][x], m[2][x], m[3][x]], wy));
     }
+}
+
+/// [`horizontal_scalar`] eight outputs at a time: each tap of eight outputs gathered, then the
+/// same [`dot4`] order per lane (`vfmadd` is the same correctly rounded operation as
+/// `mul_add`).
+///
+/// # Safety
+///
+/// The CPU must have AVX2 and FMA, every index of `cols` must be below `line.len()` and `out`
+/// must be `cols.len()` long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn horizontal_avx2(line: &[f32], cols: &Columns, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = cols.len();
+    debug_assert_eq!(out.len(), n);
+    let chunks = n / 8;
+    for k in 0..chunks {
+        let at = k * 8;
+        // SAFETY: `at + 8 ≤ n`, the length of every index/weight vector and of `out`; every
+        // gathered index is below `line.len()` (the caller's guarantee), scale 4 = size of f32.
+        unsafe {
+            let tap = |j: usize| {
+                let idx = _mm256_loadu_si256(cols.index[j].as_ptr().add(at).cast());
+                let v = _mm256_i32gather_ps::<4>(line.as_ptr(), idx);
+                let w = _mm256_loadu_ps(cols.weight[j].as_ptr().add(at));
+                (v, w)
+            };
+            let (v0, w0) = tap(0);
+            let (v1, w1) = tap(1);
+            let (v2, w2) = tap(2);
+            let (v3, w3) = tap(3);
+            let acc = _mm256_mul_ps(v1, w1);
+            let acc = _mm256_fmadd_ps(v0, w0, acc);
+            let acc = _mm256_fmadd_ps(v2, w2, acc);
+            let acc = _mm256_fmadd_ps(v3, w3, acc);
+            _mm256_storeu_ps(out.as_mut_ptr().add(at), acc);
+        }
+    }
+    horizontal_scalar(line, cols, out, chunks * 8);
 }
 
 // `mul_add` is a hardware instruction here instead of a call into libm's `fmaf` (the same
 // correctly rounded result, many times faster).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-fn horizontal_fma(line: &[f32], cols: &[([usize; 4], [f32; 4])], out: &mut [f32]) {
-    horizontal_body(line, cols, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-fn vertical_fma(m: [&[f32]; 4], wy: [f32; 4], out: &mut [f32]) {
+fn vertical_fma<S: Slot>(m: [&[f32]; 4], wy: [f32; 4], out: &mut [S]) {
     vertical_body(m, wy, out)
 }
 

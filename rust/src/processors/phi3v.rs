@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use super::config::{as_count, Common, Value, CLIP_MEAN, CLIP_STD};
 use super::torch_backend::{self as tb, to_tensor_table};
 use super::{
-    checked_len, parallel, prepare_all, resize_rgb, split_lengths, Input, Options, Outputs,
+    checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer, Outputs,
     ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::image::{Filter, PassOrder};
@@ -161,19 +161,36 @@ pub fn images(
         prepare(config, rgb, threads)
     })?;
     let n = config.num_crops + 1;
+    if let Some(hd) = prepared
+        .iter()
+        .find(|hd| (hd.height / TILE) * (hd.width / TILE) > config.num_crops)
+    {
+        // Not reachable (the scale search bounds the tiles by num_crops); refused, not cut.
+        return Err(ProcessorError::shape(
+            "image",
+            format!("at most num_crops = {} tiles", config.num_crops),
+            format!("{}x{} (HxW) HD image", hd.height, hd.width),
+        ));
+    }
     let batch = prepared.len();
     let per_crop = 3 * TILE * TILE;
     let len = checked_len("pixel_values", &[batch, n, 3, TILE, TILE], 4)?;
-    let mut pixels = vec![0.0f32; len];
-    let work: Vec<(&Rgb<'_>, &mut [f32])> = prepared
+    let mut buffer = OutBuffer::new("pixel_values", len)?;
+    let work: Vec<(&Rgb<'_>, &mut [Out])> = prepared
         .iter()
-        .zip(split_lengths(&mut pixels, &vec![n * per_crop; batch]))
+        .zip(buffer.slices(&vec![n * per_crop; batch]))
         .collect();
     let workers = parallel::workers(options.threads, work.len());
     parallel::map(work, workers, |_, (hd, out)| {
+        // At most num_crops tiles (hd_resize's scale bound), so `used ≤ n · per_crop`.
         let used = (1 + (hd.height / TILE) * (hd.width / TILE)) * per_crop;
-        tb::write_global_and_tiles(&table, hd.view(), (TILE, TILE), &mut out[..used]);
+        let (crops, padding) = out.split_at_mut(used);
+        tb::write_global_and_tiles(&table, hd.view(), (TILE, TILE), crops);
+        padding.fill(Out::new(0.0));
     });
+    // SAFETY: each image's slice of `n` crops is written whole: `write_global_and_tiles` writes
+    // every value of its global image and tiles (`used` values), the rest is zero-filled.
+    let pixels = unsafe { buffer.finish() };
     let sizes: Vec<i64> = prepared
         .iter()
         .flat_map(|hd| [hd.height as i64, hd.width as i64])

@@ -21,7 +21,7 @@
 use super::config::{as_count, as_hw, hw_value, Common, Value, HALF};
 use super::torch_backend::{self as tb, fused_f32_table};
 use super::{
-    checked_len, parallel, prepare_all, split_lengths, Input, Options, Outputs, ProcessorError,
+    checked_len, parallel, prepare_all, Input, Options, Out, OutBuffer, Outputs, ProcessorError,
     Rgb, Tensor, TensorData,
 };
 use crate::image::torch::TorchFilter;
@@ -264,17 +264,21 @@ pub fn images(
     let batch = prepared.len();
     let per_crop = 3 * s * s;
     let len = checked_len("image_pixel_values", &[batch, n, 3, s, s], 4)?;
-    // Zeroed: the padding crops stay zero.
-    let mut pixels = vec![0.0f32; len];
-    let work: Vec<(&Prepared, &mut [f32])> = prepared
+    let mut buffer = OutBuffer::new("image_pixel_values", len)?;
+    let work: Vec<(&Prepared, &mut [Out])> = prepared
         .iter()
-        .zip(split_lengths(&mut pixels, &vec![n * per_crop; batch]))
+        .zip(buffer.slices(&vec![n * per_crop; batch]))
         .collect();
     let workers = parallel::workers(options.threads, work.len());
     parallel::map(work, workers, |_, (p, out)| {
         let used = (1 + p.layout.grid.0 * p.layout.grid.1) * per_crop;
-        tb::write_global_and_tiles(&table, p.canvas.view(), (s, s), &mut out[..used]);
+        let (crops, padding) = out.split_at_mut(used);
+        tb::write_global_and_tiles(&table, p.canvas.view(), (s, s), crops);
+        padding.fill(Out::new(0.0));
     });
+    // SAFETY: each image's slice of `n` crops is written whole: `write_global_and_tiles` writes
+    // every value of its global image and tiles (`used` values), the rest is zero-filled.
+    let pixels = unsafe { buffer.finish() };
     let mut masks = vec![1.0f32; batch * n * m * m];
     let mut sizes = Vec::with_capacity(2 * batch);
     let mut num_tokens = Vec::with_capacity(batch);

@@ -9,7 +9,8 @@
 
 use std::borrow::Cow;
 
-use super::{check_image, check_side, ProcessorError, Rgb, RgbRef};
+use super::normalize::Slot;
+use super::{check_image, check_side, Out, ProcessorError, Rgb, RgbRef};
 use crate::image::resample::ImageRef;
 use crate::image::torch::{self, bf16_bits, bf16_value, TorchFilter};
 
@@ -178,11 +179,11 @@ pub fn write_tile<T: Copy>(
 /// the whole `canvas` normalised through `table`, into `out` (`3 × out_h × out_w`): the global
 /// image of Phi-3-vision and Phi-4-multimodal (torch returns the input itself when the size is
 /// unchanged, which the interpolation reproduces exactly).
-pub fn write_bicubic(
+pub fn write_bicubic<S: Slot>(
     table: &Table<f32>,
     canvas: RgbRef<'_>,
     (out_h, out_w): (usize, usize),
-    out: &mut [f32],
+    out: &mut [S],
 ) {
     debug_assert_eq!(out.len(), 3 * out_h * out_w);
     let stride = canvas.width * 3;
@@ -205,21 +206,22 @@ pub fn write_bicubic(
 
 /// The global image (`canvas` interpolated to `tile`, [`write_bicubic`]) followed by the
 /// canvas's `tile`-sized tiles in row-major order, all normalised through `table`, into `out`
-/// (`(1 + rows · cols) × 3 × tile.0 × tile.1`): the crops of Phi-3-vision and Phi-4-multimodal.
-/// The canvas sides are multiples of the tile's.
+/// (`(1 + rows · cols) × 3 × tile.0 × tile.1`, every value written): the crops of Phi-3-vision
+/// and Phi-4-multimodal. The canvas sides are multiples of the tile's.
 pub fn write_global_and_tiles(
     table: &Table<f32>,
     canvas: RgbRef<'_>,
     tile: (usize, usize),
-    out: &mut [f32],
+    out: &mut [Out],
 ) {
     let per_tile = 3 * tile.0 * tile.1;
     let (global, tiles) = out.split_at_mut(per_tile);
     write_bicubic(table, canvas, tile, global);
+    let table = table.map(|row| row.map(Out::new));
     let cols = canvas.width / tile.1;
     for (i, slot) in tiles.chunks_exact_mut(per_tile).enumerate() {
         let origin = ((i / cols) * tile.0, (i % cols) * tile.1);
-        write_tile(table, canvas, origin, tile, slot);
+        write_tile(&table, canvas, origin, tile, slot);
     }
 }
 
