@@ -30,6 +30,9 @@ use super::{
 };
 use crate::image::Filter;
 
+/// A `bfloat16` output value (its bits) before it is written.
+type Bf16Out = std::mem::MaybeUninit<u16>;
+
 /// The configuration of Llama 4.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Llama4Config {
@@ -307,19 +310,20 @@ pub fn tokens_per_tile(config: &Llama4Config) -> usize {
     (side * side) / (downsample as usize).max(1)
 }
 
-/// One input, ready to be written: the padded canvas, its grid, and the global tile.
-struct Prepared {
-    canvas: Rgb<'static>,
+/// One input, ready to be written: the resized image (the canvas's top left; the rest is zero
+/// padding), its grid, and the global tile.
+struct Prepared<'a> {
+    canvas: Rgb<'a>,
     rows: usize,
     cols: usize,
     global: Option<Rgb<'static>>,
 }
 
-fn prepare(
+fn prepare<'a>(
     config: &Llama4Config,
-    rgb: Rgb<'_>,
+    rgb: Rgb<'a>,
     threads: usize,
-) -> Result<Prepared, ProcessorError> {
+) -> Result<Prepared<'a>, ProcessorError> {
     let s = config.tile.0;
     let filter =
         tb::filter_of(config.common.resample).unwrap_or(crate::image::torch::TorchFilter::Bilinear);
@@ -350,23 +354,21 @@ fn prepare(
         None
     };
     let resized = tb::resize(rgb, h, w, filter, threads)?;
-    let padded = tb::pad(resized.view(), canvas.0, canvas.1, 0, 0, 0)?;
-    super::recycle_images([resized]);
     Ok(Prepared {
-        canvas: padded,
+        canvas: resized,
         rows,
         cols,
         global,
     })
 }
 
-fn write(table: &Table<u16>, p: &Prepared, s: usize, out: &mut [u16]) {
+fn write(table: &Table<Bf16Out>, p: &Prepared<'_>, s: usize, out: &mut [Bf16Out]) {
     let per_tile = 3 * s * s;
     let mut tiles = out.chunks_exact_mut(per_tile);
     for r in 0..p.rows {
         for c in 0..p.cols {
             if let Some(tile) = tiles.next() {
-                tb::write_tile(table, p.canvas.view(), (r * s, c * s), (s, s), tile);
+                tb::write_padded_tile(table, p.canvas.view(), 0, (r * s, c * s), (s, s), tile);
             }
         }
     }
@@ -383,7 +385,8 @@ pub fn images(
 ) -> Result<Outputs, ProcessorError> {
     let s = config.tile.0;
     let c = &config.common;
-    let table = bf16_table(c.rescale_factor, c.image_mean, c.image_std);
+    let table =
+        bf16_table(c.rescale_factor, c.image_mean, c.image_std).map(|r| r.map(Bf16Out::new));
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
@@ -393,14 +396,31 @@ pub fn images(
         .collect();
     let total: usize = counts.iter().sum();
     let len = checked_len("pixel_values", &[total, 3, s, s], 2)?;
-    let mut pixel_values = vec![0u16; len];
+    let mut buffer: Vec<Bf16Out> = Vec::new();
+    buffer
+        .try_reserve_exact(len)
+        .map_err(|_| ProcessorError::TooLarge {
+            what: "pixel_values",
+            limit: super::MAX_OUTPUT_BYTES,
+            actual: (len as u64).saturating_mul(2),
+        })?;
+    // SAFETY: the capacity is at least `len` (reserved above) and `MaybeUninit` values need no
+    // initialisation.
+    unsafe { buffer.set_len(len) };
     let lengths: Vec<usize> = counts.iter().map(|n| n * 3 * s * s).collect();
-    let work: Vec<(&Prepared, &mut [u16])> = prepared
+    let work: Vec<(&Prepared<'_>, &mut [Bf16Out])> = prepared
         .iter()
-        .zip(split_lengths(&mut pixel_values, &lengths))
+        .zip(split_lengths(&mut buffer, &lengths))
         .collect();
     let workers = parallel::workers(options.threads, work.len());
     parallel::map(work, workers, |_, (p, out)| write(&table, p, s, out));
+    let mut buffer = std::mem::ManuallyDrop::new(buffer);
+    let (ptr, capacity) = (buffer.as_mut_ptr(), buffer.capacity());
+    // SAFETY: every value was written: the slices of `lengths` cover the buffer, and `write`
+    // fills each image's `rows · cols` tiles (each `write_padded_tile` writes its whole window,
+    // image and padding) and its global tile, `counts` of them. `MaybeUninit<u16>` has the
+    // layout of `u16`; the allocation moves to the new Vec (the old one is never dropped).
+    let pixel_values = unsafe { Vec::from_raw_parts(ptr.cast::<u16>(), len, capacity) };
     let aspect: Vec<i64> = prepared
         .iter()
         .flat_map(|p| [p.rows as i64, p.cols as i64])

@@ -144,24 +144,65 @@ pub fn pad(
     })
 }
 
+/// Writes the `h × w` window at `(top, left)` of an image padded right and bottom with `fill`
+/// (the canvas of `size`, `image` at its top left, `size` large enough for the window) through
+/// `table` into `out` channels-first (`3 × h × w`), without materialising the canvas.
+pub fn write_padded_tile<T: Copy>(
+    table: &Table<T>,
+    image: RgbRef<'_>,
+    fill: u8,
+    (top, left): (usize, usize),
+    (h, w): (usize, usize),
+    out: &mut [T],
+) {
+    debug_assert_eq!(out.len(), 3 * h * w);
+    let plane = h * w;
+    let inside_h = image.height.saturating_sub(top).min(h);
+    let inside_w = image.width.saturating_sub(left).min(w);
+    if inside_h > 0 && inside_w > 0 {
+        write_window(table, image, (top, left), (inside_h, inside_w), w, out);
+    }
+    for (c, plane) in out.chunks_exact_mut(plane).enumerate() {
+        let value = table[c][usize::from(fill)];
+        for (y, row) in plane.chunks_exact_mut(w).enumerate() {
+            let from = if y < inside_h { inside_w } else { 0 };
+            row[from..].fill(value);
+        }
+    }
+}
+
 /// Writes the `h × w` window at `(top, left)` of `canvas` (inside it) through `table` into
 /// `out` channels-first (`3 × h × w`).
 pub fn write_tile<T: Copy>(
     table: &Table<T>,
     canvas: RgbRef<'_>,
-    (top, left): (usize, usize),
+    origin: (usize, usize),
     (h, w): (usize, usize),
     out: &mut [T],
 ) {
-    debug_assert!(top + h <= canvas.height && left + w <= canvas.width);
     debug_assert_eq!(out.len(), 3 * h * w);
-    let (r, rest) = out.split_at_mut(h * w);
-    let (g, b) = rest.split_at_mut(h * w);
+    write_window(table, canvas, origin, (h, w), w, out);
+}
+
+/// The `h × w` window at `(top, left)` of `canvas` (inside it) into the top left of three
+/// planes of rows of `out_w` values (`out` holds the three planes, `out.len() / 3` each).
+fn write_window<T: Copy>(
+    table: &Table<T>,
+    canvas: RgbRef<'_>,
+    (top, left): (usize, usize),
+    (h, w): (usize, usize),
+    out_w: usize,
+    out: &mut [T],
+) {
+    debug_assert!(top + h <= canvas.height && left + w <= canvas.width && w <= out_w);
+    let plane = out.len() / 3;
+    let (r, rest) = out.split_at_mut(plane);
+    let (g, b) = rest.split_at_mut(plane);
     let stride = canvas.width * 3;
     for y in 0..h {
         let start = (top + y) * stride + left * 3;
         let pixels = &canvas.data[start..start + w * 3];
-        let dst = y * w..(y + 1) * w;
+        let dst = y * out_w..y * out_w + w;
         for (((px, r), g), b) in pixels
             .chunks_exact(3)
             .zip(&mut r[dst.clone()])
@@ -272,5 +313,19 @@ mod tests {
         // Channel 0 of pixels (1,1), (1,2), (2,1), (2,2) of the canvas.
         assert_eq!(&out[..4], &[3, 6, 12, 15]);
         assert_eq!(&out[8..], &[5, 8, 14, 17]);
+        // The same windows of the canvas padded on the fly, over the pad too.
+        let plain = pad(src, 4, 5, 0, 0, 255).unwrap();
+        for (origin, size) in [
+            ((0, 0), (4, 5)),
+            ((1, 2), (3, 3)),
+            ((3, 4), (1, 1)),
+            ((0, 1), (2, 2)),
+        ] {
+            let mut want = vec![0u8; 3 * size.0 * size.1];
+            let mut got = want.clone();
+            write_tile(&identity, plain.view(), origin, size, &mut want);
+            write_padded_tile(&identity, src, 255, origin, size, &mut got);
+            assert_eq!(got, want, "{origin:?} {size:?}");
+        }
     }
 }
