@@ -248,6 +248,23 @@ pub fn check(src: &ImageRef<'_>, out_w: usize, out_h: usize) -> Result<usize, Re
     check_dims("output", out_w, out_h, src.channels)
 }
 
+/// [`check`], and that `dst` is exactly the output's length.
+pub(crate) fn check_destination(
+    src: &ImageRef<'_>,
+    dst: &[u8],
+    out_w: usize,
+    out_h: usize,
+) -> Result<(), ResampleError> {
+    let len = check(src, out_w, out_h)?;
+    if dst.len() != len {
+        return Err(ResampleError::DestinationLength {
+            expected: len,
+            actual: dst.len(),
+        });
+    }
+    Ok(())
+}
+
 fn check_region(region: [f32; 4], w: usize, h: usize) -> Result<(), ResampleError> {
     let [l, t, r, b] = region;
     let err = |reason| ResampleError::Region {
@@ -293,13 +310,7 @@ pub fn resize_into(
     out_h: usize,
     options: &ResizeOptions,
 ) -> Result<(), ResampleError> {
-    let len = check(src, out_w, out_h)?;
-    if dst.len() != len {
-        return Err(ResampleError::DestinationLength {
-            expected: len,
-            actual: dst.len(),
-        });
-    }
+    check_destination(src, dst, out_w, out_h)?;
     let (w, h) = (src.width, src.height);
     let full = [0.0, 0.0, w as f32, h as f32];
     let region = options.region.unwrap_or(full);

@@ -29,7 +29,7 @@
 //! - [`bf16_bits`]: `float32 → bfloat16`, round to nearest even (`c10::BFloat16`).
 
 use super::coeffs::{float_coeffs_with, AxisCoeffs, PRECISION_BITS};
-use super::resample::{check, run_passes, ImageRef, Passes, ResampleError};
+use super::resample::{check_destination, run_passes, ImageRef, Passes, ResampleError};
 use crate::processors::normalize::Slot;
 
 /// The interpolation modes of torch's antialiased `uint8` resize that the processors use.
@@ -206,13 +206,7 @@ pub fn resize_u8(
     filter: TorchFilter,
     threads: usize,
 ) -> Result<(), ResampleError> {
-    let len = check(src, out_w, out_h)?;
-    if dst.len() != len {
-        return Err(ResampleError::DestinationLength {
-            expected: len,
-            actual: dst.len(),
-        });
-    }
+    check_destination(src, dst, out_w, out_h)?;
     let (w, h) = (src.width, src.height);
     let passes = Passes {
         horizontal: (out_w != w).then(|| int16_coeffs(w, out_w, filter).to_axis_coeffs()),
