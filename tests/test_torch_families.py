@@ -177,3 +177,33 @@ def test_cli_writes_bfloat16(tmp_path: Path) -> None:
     with np.load(npz) as f:
         assert f["pixel_values"].dtype == np.float32
         assert np.array_equal(f["pixel_values"], ref.astype(np.float32))
+
+
+def test_random_shapes_give_outputs_or_clear_errors() -> None:
+    """Sizes from 1 pixel to extreme strips: every call returns the documented shapes or raises
+    an ImageProcessingError (never a crash), and token counts are positive."""
+    from smg_grpc_proto.errors import ImageProcessingError
+
+    rng = np.random.default_rng(11)
+    shapes = [(1, 1), (1, 2000), (2000, 1), (9, 2500), (335, 337), (337, 335)]
+    shapes += [tuple(int(v) for v in rng.integers(1, 1500, 2)) for _ in range(24)]
+    procs = {
+        f: vision.ImageProcessor.for_family(f) for f in ("llama4", "phi4_multimodal", "phi3_v")
+    }
+    fields: list[str | None] = []
+    for h, w in shapes:
+        image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        for family, proc in procs.items():
+            try:
+                out = proc([image])
+            except ImageProcessingError as exc:
+                fields.append(exc.field)
+                continue
+            assert out.num_image_tokens is not None
+            assert all(n > 0 for n in out.num_image_tokens), (family, h, w)
+            pixels = out.image_pixel_values if family == "phi4_multimodal" else out.pixel_values
+            assert pixels is not None
+            assert pixels.shape[-2:] in ((336, 336), (448, 448)), (family, h, w)
+    # The strips are refused (Phi-4: too thin), naming the image.
+    assert fields
+    assert all(field == "image" for field in fields), fields
