@@ -113,47 +113,15 @@ impl Llama4Config {
                 format!("{}x{} (HxW)", self.tile.0, self.tile.1),
             ));
         }
-        check_torch_steps(&self.common)
-    }
-}
-
-/// What the torch ports cover of the shared keys: resizing on, BILINEAR or BICUBIC, rescale and
-/// normalize both on (Llama 4 raises for `do_resize=False` itself).
-pub(crate) fn check_torch_steps(common: &Common) -> Result<(), ProcessorError> {
-    if !common.do_resize {
-        return Err(ProcessorError::config(
-            "do_resize",
-            "true (the processor always resizes to a supported canvas)",
-            false,
-        ));
-    }
-    if tb::filter_of(common.resample).is_none() {
-        return Err(ProcessorError::config(
-            "resample",
-            "BILINEAR (2) or BICUBIC (3): the torch uint8 kernels ported",
-            common.resample.pil_id(),
-        ));
-    }
-    for (field, on) in [
-        ("do_rescale", common.do_rescale),
-        ("do_normalize", common.do_normalize),
-    ] {
-        if !on {
+        if !self.common.do_resize {
             return Err(ProcessorError::config(
-                field,
-                "true (only the rescale-and-normalize path of the torchvision backend is ported)",
+                "do_resize",
+                "true (the processor always resizes to a supported canvas)",
                 false,
             ));
         }
+        tb::check_torch_steps(&self.common)
     }
-    if common.image_std.contains(&0.0) {
-        return Err(ProcessorError::config(
-            "image_std",
-            "non-zero values",
-            common.image_std,
-        ));
-    }
-    Ok(())
 }
 
 /// `find_supported_resolutions(max_patches, tile)`: canvases `(height, width)` in transformers'
@@ -321,19 +289,14 @@ struct Prepared<'a> {
 
 fn prepare<'a>(
     config: &Llama4Config,
+    canvases: &[(usize, usize)],
     rgb: Rgb<'a>,
     threads: usize,
 ) -> Result<Prepared<'a>, ProcessorError> {
     let s = config.tile.0;
     let filter =
         tb::filter_of(config.common.resample).unwrap_or(crate::image::torch::TorchFilter::Bilinear);
-    let canvases = supported_resolutions(config.max_patches, s);
-    let canvas = best_fit(
-        rgb.height,
-        rgb.width,
-        &canvases,
-        config.resize_to_max_canvas,
-    );
+    let canvas = best_fit(rgb.height, rgb.width, canvases, config.resize_to_max_canvas);
     check_side("canvas", canvas.0, canvas.1)?;
     let (h, w) = new_size(
         rgb.height,
@@ -387,8 +350,9 @@ pub fn images(
     let c = &config.common;
     let table =
         bf16_table(c.rescale_factor, c.image_mean, c.image_std).map(|r| r.map(Bf16Out::new));
+    let canvases = supported_resolutions(config.max_patches, s);
     let prepared = prepare_all(inputs, options, |rgb, threads| {
-        prepare(config, rgb, threads)
+        prepare(config, &canvases, rgb, threads)
     })?;
     let counts: Vec<usize> = prepared
         .iter()

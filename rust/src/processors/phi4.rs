@@ -94,10 +94,8 @@ impl Phi4Config {
                 self.common.resample.pil_id(),
             ));
         }
-        let mut common = self.common.clone();
         // `_preprocess` ignores do_resize (the HD resize always happens).
-        common.do_resize = true;
-        super::llama4::check_torch_steps(&common)
+        tb::check_torch_steps(&self.common)
     }
 
     fn mask_side(&self) -> usize {

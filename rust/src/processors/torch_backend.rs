@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 
+use super::config::Common;
 use super::normalize::Slot;
 use super::{check_image, check_side, Out, ProcessorError, Rgb, RgbRef};
 use crate::image::resample::ImageRef;
@@ -274,6 +275,38 @@ pub fn filter_of(filter: crate::image::Filter) -> Option<TorchFilter> {
         crate::image::Filter::Bicubic => Some(TorchFilter::Bicubic),
         _ => None,
     }
+}
+
+/// What the torch ports cover of the shared keys: BILINEAR or BICUBIC, rescale and normalize
+/// both on, a non-zero `std`.
+pub(crate) fn check_torch_steps(common: &Common) -> Result<(), ProcessorError> {
+    if filter_of(common.resample).is_none() {
+        return Err(ProcessorError::config(
+            "resample",
+            "BILINEAR (2) or BICUBIC (3): the torch uint8 kernels ported",
+            common.resample.pil_id(),
+        ));
+    }
+    for (field, on) in [
+        ("do_rescale", common.do_rescale),
+        ("do_normalize", common.do_normalize),
+    ] {
+        if !on {
+            return Err(ProcessorError::config(
+                field,
+                "true (only the rescale-and-normalize path of the torchvision backend is ported)",
+                false,
+            ));
+        }
+    }
+    if common.image_std.contains(&0.0) {
+        return Err(ProcessorError::config(
+            "image_std",
+            "non-zero values",
+            common.image_std,
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -101,12 +101,8 @@ fn resize<'py>(
             "unknown pass_order {pass_order:?}: expected \"pillow13\" or \"pillow12\""
         ))
     })?;
-    let (out_w, out_h) =
-        resample::output_size(size_arg(width, "width")?, size_arg(height, "height")?)
-            .map_err(value_error)?;
-    let pixels = ImageArray::of(image, "image")?;
+    let (pixels, out_w, out_h, len) = resize_args(image, width, height)?;
     let src = image_ref(&pixels);
-    let len = resample::check(&src, out_w, out_h).map_err(value_error)?;
     let options = ResizeOptions {
         filter,
         pass_order,
@@ -143,12 +139,8 @@ fn resize_torch<'py>(
              bicubic"
         ))
     })?;
-    let (out_w, out_h) =
-        resample::output_size(size_arg(width, "width")?, size_arg(height, "height")?)
-            .map_err(value_error)?;
-    let pixels = ImageArray::of(image, "image")?;
+    let (pixels, out_w, out_h, len) = resize_args(image, width, height)?;
     let src = image_ref(&pixels);
-    let len = resample::check(&src, out_w, out_h).map_err(value_error)?;
     new_bytearray(py, len, |out| {
         torch::resize_u8(&src, out, out_w, out_h, filter, threads)
     })
@@ -230,6 +222,20 @@ fn interpolate_bicubic<'py>(
         }
         Ok(())
     })
+}
+
+/// The checked image array of a resize, its output width and height, and the output's length.
+fn resize_args<'py>(
+    image: &Bound<'py, PyAny>,
+    width: &Bound<'py, PyInt>,
+    height: &Bound<'py, PyInt>,
+) -> PyResult<(ImageArray<'py>, usize, usize, usize)> {
+    let (out_w, out_h) =
+        resample::output_size(size_arg(width, "width")?, size_arg(height, "height")?)
+            .map_err(value_error)?;
+    let pixels = ImageArray::of(image, "image")?;
+    let len = resample::check(&image_ref(&pixels), out_w, out_h).map_err(value_error)?;
+    Ok((pixels, out_w, out_h, len))
 }
 
 /// A size argument as `i64`; ints beyond it are refused here, naming the value.

@@ -295,8 +295,6 @@ class ImageProcessor:
                 for key in ("patch_size", "pixel_shuffle_ratio"):
                     if data.get(key) is not None:
                         raw[key] = data[key]
-            elif chosen in ("phi4_multimodal", "phi3_v"):
-                pass  # their processors count tokens from the image alone
             elif "vision_tokens" not in kwargs:
                 kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
         if chosen == "internvl":
