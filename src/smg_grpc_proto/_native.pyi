@@ -11,6 +11,7 @@ from smg_grpc_proto.build import BuildInfo
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DecodedImage",
+    "PendingTensor",
     "Preprocessor",
     "Tensor",
     "__version__",
@@ -59,11 +60,14 @@ def convert(src: npt.NDArray[Any], wire_dtype: str) -> bytes:
     unsupported dtype, a conversion not offered, or a non-contiguous array.
     """
 
-def convert_into(src: npt.NDArray[Any], dst: npt.NDArray[np.uint8], wire_dtype: str) -> None:
+def convert_into(
+    src: npt.NDArray[Any] | PendingTensor, dst: npt.NDArray[np.uint8], wire_dtype: str
+) -> None:
     """Like :func:`convert`, written into ``dst`` (e.g. a shared-memory mapping).
 
     ``dst`` must be a writable, C-contiguous ``uint8`` array of exactly the converted size and
-    must not overlap ``src``; ``ValueError`` names both sizes otherwise.
+    must not overlap ``src``; ``ValueError`` names both sizes otherwise. A
+    :class:`PendingTensor` (``float32`` only) is written straight into ``dst``.
     """
 
 def decode_frames(data: bytes, plan: _Plan, nonce: bytes) -> tuple[bytes, list[tuple[int, int]]]:
@@ -84,9 +88,11 @@ def encode_frames(
     header: bytes,
     plan: _Plan,
     nonce: bytes,
-    sources: Sequence[tuple[npt.NDArray[Any], str]],
+    sources: Sequence[tuple[npt.NDArray[Any] | PendingTensor, str]],
 ) -> bytes:
     """The inverse of :func:`decode_frames`: write the tensors into the header.
+
+    A :class:`PendingTensor` source (``float32`` only) is computed straight into its place.
 
     Every TensorData payload of ``header`` that is a token ``nonce + u32_le(i)`` is replaced by
     ``sources[i]`` = ``(array, wire_dtype)`` converted as by :func:`convert`, written straight
@@ -184,6 +190,25 @@ class Tensor:
     def __array_interface__(self) -> dict[str, Any]: ...
 
 @final
+class PendingTensor:
+    """A Qwen ``pixel_values`` (or ``pixel_values_videos``) not written yet: the batch decoded,
+    resized and laid out. :func:`encode_frames` and :func:`convert_into` write it straight into
+    its destination; :meth:`materialize` into a new :class:`Tensor`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def dtype(self) -> str:
+        """Always ``"float32"``."""
+
+    @property
+    def nbytes(self) -> int: ...
+    def materialize(self) -> Tensor:
+        """The values written into a new tensor (each call writes them again)."""
+
+@final
 class Preprocessor:
     """A model image processor (``rust/src/processors``): a family's transformers class
     defaults overridden by normalised config keys (``smg_grpc_proto.vision._config``).
@@ -221,6 +246,26 @@ class Preprocessor:
         max_pixels: int | None,
     ) -> list[tuple[str, Tensor]]:
         """Process videos (lists of frames); Qwen families only."""
+
+    def images_deferred(
+        self,
+        images: Sequence[bytes | npt.NDArray[np.uint8]],
+        threads: int,
+        apply_exif: bool,
+        alpha: str,
+        max_pixels: int | None,
+    ) -> list[tuple[str, Tensor | PendingTensor]]:
+        """:meth:`images`, the Qwen families' ``pixel_values`` left as a :class:`PendingTensor`."""
+
+    def videos_deferred(
+        self,
+        videos: Sequence[Sequence[bytes | npt.NDArray[np.uint8]]],
+        threads: int,
+        apply_exif: bool,
+        alpha: str,
+        max_pixels: int | None,
+    ) -> list[tuple[str, Tensor | PendingTensor]]:
+        """:meth:`videos`, ``pixel_values_videos`` left as a :class:`PendingTensor`."""
 
 def media_digest(
     parts: list[bytes | npt.NDArray[Any]] | tuple[bytes | npt.NDArray[Any], ...],

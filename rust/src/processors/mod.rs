@@ -205,6 +205,37 @@ impl Preprocessor {
         }
     }
 
+    /// [`images`](Self::images), leaving the Qwen families' `pixel_values` unwritten
+    /// ([`Deferred::Patches`]) so that they can be written straight into their destination;
+    /// every other family's outputs are computed ([`Deferred::Done`]).
+    pub fn images_deferred<'a>(
+        &self,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        match &self.config {
+            ProcessorConfig::Qwen(c) if !inputs.is_empty() => {
+                qwen::plan_images(c, &self.normalize, inputs, options)
+                    .map(|p| Deferred::Patches(Box::new(p)))
+            }
+            _ => self.images(inputs, options).map(Deferred::Done),
+        }
+    }
+
+    /// [`videos`](Self::videos) with `pixel_values_videos` left unwritten (see
+    /// [`images_deferred`](Self::images_deferred)).
+    pub fn videos_deferred<'a>(
+        &self,
+        videos: &[Vec<Input<'a>>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        match &self.config {
+            ProcessorConfig::Qwen(c) => qwen::plan_videos(c, &self.normalize, videos, options)
+                .map(|p| Deferred::Patches(Box::new(p))),
+            _ => self.videos(videos, options).map(Deferred::Done),
+        }
+    }
+
     /// Processes a batch of videos, each a list of frames (Qwen families only).
     pub fn videos(
         &self,
@@ -220,6 +251,15 @@ impl Preprocessor {
             )),
         }
     }
+}
+
+/// A batch processed but for its largest tensor, which is written later, where it is needed.
+#[derive(Debug)]
+pub enum Deferred<'a> {
+    /// Qwen: the patches to write (`pixel_values` or `pixel_values_videos`); the grid is known.
+    Patches(Box<qwen::Patches<'a>>),
+    /// Every other family: the outputs, computed.
+    Done(Outputs),
 }
 
 /// Pillow's `Image.resize((out_w, out_h), filter, reducing_gap=None)` of an RGB image; the

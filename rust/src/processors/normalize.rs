@@ -142,8 +142,9 @@ impl Normalize {
             if width >= avx2::LANES {
                 // SAFETY: `simd` is only set when the CPU has AVX2 and FMA (`avx2::available`);
                 // `width ≥ LANES`, and every run read lies within `pixels` and every run written
-                // within `out` (both checked above), which is what `spread` requires. A `Slot`
-                // has the layout of `f32` and takes any `f32` written into it.
+                // within `out` (both checked above), which is what `spread` requires (its
+                // stores are unaligned ones, so a byte-aligned `Slot` is fine). A `Slot` has the
+                // size of `f32` and takes any `f32` written into it.
                 unsafe { formula.spread(pixels, runs, out.as_mut_ptr().cast::<f32>(), copies) };
                 return;
             }
@@ -222,8 +223,9 @@ impl Normalize {
 ///
 /// # Safety
 ///
-/// Implementors have the size, alignment and validity of `f32` for every `f32` written through
-/// a pointer cast (the SIMD path stores whole vectors that way).
+/// Implementors have the size of `f32`, an alignment of 4 or 1, and become valid when the bytes
+/// of any `f32` are written over them through a pointer cast (the SIMD path stores whole
+/// vectors that way, with unaligned stores only).
 pub unsafe trait Slot {
     fn set(&mut self, value: f32);
 }
@@ -241,6 +243,15 @@ unsafe impl Slot for Out {
     #[inline]
     fn set(&mut self, value: f32) {
         self.write(value);
+    }
+}
+
+// SAFETY: `Unaligned` is four `MaybeUninit<u8>`: size 4, alignment 1, and any bytes written
+// over it (an `f32`'s included) make it valid.
+unsafe impl Slot for super::store::Unaligned {
+    #[inline]
+    fn set(&mut self, value: f32) {
+        super::store::Unaligned::set(self, value);
     }
 }
 

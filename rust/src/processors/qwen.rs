@@ -13,9 +13,14 @@
 
 use super::config::{as_count, Common, Value, CLIP_MEAN, CLIP_STD, HALF};
 use super::normalize::{Normalize, Runs};
+use std::mem::MaybeUninit;
+
+use crate::tensor::wire::Produce;
+use crate::tensor::TensorError;
+
 use super::{
-    checked_len, parallel, prepare_all, recycle_images, resize_rgb, store, Input, Options, Out,
-    OutBuffer, Outputs, ProcessorError, Rgb, RgbRef, Tensor, TensorData,
+    checked_len, parallel, prepare_all, recycle_images, resize_rgb, split_lengths, store, Input,
+    Options, OutBuffer, Outputs, ProcessorError, Rgb, RgbRef, Tensor, TensorData,
 };
 
 /// The configuration of the Qwen families.
@@ -229,21 +234,22 @@ fn prepare<'a>(
 }
 
 /// Writes the patches of merge-window row `window_row` (all `grid_w × merge` patch rows of it)
-/// of `frames` (`temporal_patch_size` frames of the same size) into `out`.
+/// of `frames` (`temporal_patch_size` frames of the same size) into `out`, as the bytes of
+/// little-endian `f32` values at any address.
 ///
 /// Row `((bi·(gw/m) + bj)·m + mi)·m + mj` holds grid cell `(bi·m + mi, bj·m + mj)`; its column
 /// `((c·T + t)·ps + y)·ps + x` holds the normalised value of channel `c` of frame `t` at pixel
 /// `(i·ps + y, j·ps + x)`. Each patch of a distinct frame is normalised once and stored to every
 /// frame slot showing it (a still image fills all `T` slots from one pass): straight from the
-/// registers, or with `stream` (see [`store`]) through a staging block copied out with
-/// streaming stores.
+/// registers when `out` is 4-byte aligned and `stream` is off, else through a staging block
+/// copied out (with streaming stores when `stream` is set, see [`store`]).
 pub fn write_window_row(
     frames: &[RgbRef<'_>],
     patch_size: usize,
     merge_size: usize,
     window_row: usize,
     normalize: &Normalize,
-    out: &mut [Out],
+    out: &mut [MaybeUninit<u8>],
     stream: bool,
 ) {
     let (ps, m, t_len) = (patch_size, merge_size, frames.len());
@@ -251,7 +257,7 @@ pub fn write_window_row(
     let grid_w = width / ps;
     let block = ps * ps;
     let cols = 3 * t_len * block;
-    debug_assert_eq!(out.len(), grid_w * m * cols);
+    debug_assert_eq!(out.len(), grid_w * m * cols * 4);
     // Where each distinct frame's block goes in an output row, per channel: once per frame slot
     // showing it. `copies[t]` is empty unless frame `t` is distinct (a frame equal to the one
     // before it is not).
@@ -269,34 +275,36 @@ pub fn write_window_row(
         stride: width * 3,
         out_stride: ps,
     };
-    let mut staging = if stream {
-        vec![0f32; 3 * block]
-    } else {
-        Vec::new()
-    };
-    let mut rows = out.chunks_exact_mut(cols);
+    // Values go straight from the registers into `out` (unaligned stores: a tensor inside a
+    // serialized message sits at any byte offset); with streaming stores, a whole output row
+    // is staged (in the L1 cache) and copied out in one piece.
+    let mut staging = Vec::new();
+    let mut rows = out.chunks_exact_mut(cols * 4);
     for bj in 0..grid_w / m {
         for mi in 0..m {
             for mj in 0..m {
                 let Some(row) = rows.next() else { break };
                 let (i, j) = (window_row * m + mi, bj * m + mj);
                 let first = (i * ps * width + j * ps) * 3;
-                for (frame, copies) in frames.iter().zip(&copies) {
-                    if copies.is_empty() {
-                        continue;
-                    }
-                    let pixels = &frame.data[first..];
-                    if stream {
-                        // The block of each channel into the staging row, then out.
-                        let staged = [[0, block, 2 * block]];
-                        normalize.deinterleave_into(pixels, runs, &mut staging, &staged);
-                        for copy in copies {
-                            for (&start, from) in copy.iter().zip(staging.chunks_exact(block)) {
-                                store::copy(&mut row[start..start + block], from, true);
-                            }
+                let patches = frames.iter().zip(&copies).filter(|(_, c)| !c.is_empty());
+                match stream {
+                    false => {
+                        let values = store::unaligned_of(row);
+                        for (frame, copies) in patches {
+                            normalize.deinterleave_into(&frame.data[first..], runs, values, copies);
                         }
-                    } else {
-                        normalize.deinterleave_into(pixels, runs, row, copies);
+                    }
+                    true => {
+                        staging.resize(cols, 0f32);
+                        for (frame, copies) in patches {
+                            normalize.deinterleave_into(
+                                &frame.data[first..],
+                                runs,
+                                &mut staging,
+                                copies,
+                            );
+                        }
+                        store::copy_bytes(row, &staging, stream);
                     }
                 }
             }
@@ -309,29 +317,228 @@ fn same_frame(a: RgbRef<'_>, b: RgbRef<'_>) -> bool {
     std::ptr::eq(a.data, b.data)
 }
 
-/// One unit of the writing pass: one merge-window row of one temporal group.
-struct Job<'a, 'o> {
-    frames: Vec<RgbRef<'a>>,
-    window_row: usize,
-    out: &'o mut [Out],
+/// `temporal_patch_size` frames (indices into [`Patches`]' frames; a still image is its one
+/// frame repeated) cut into one block of rows of the output.
+#[derive(Clone, Debug)]
+struct Group {
+    frames: Vec<usize>,
+    grid_h: usize,
+    grid_w: usize,
 }
 
-fn write_jobs(config: &QwenConfig, normalize: &Normalize, jobs: Vec<Job<'_, '_>>, threads: usize) {
-    let workers = parallel::workers(threads, jobs.len());
-    let (ps, m) = (config.patch_size, config.merge_size);
-    let total: usize = jobs.iter().map(|job| job.out.len()).sum();
-    let stream = store::should_stream(total);
-    parallel::map(jobs, workers, |_, job| {
-        write_window_row(
-            &job.frames,
-            ps,
-            m,
-            job.window_row,
-            normalize,
-            job.out,
-            stream,
-        )
-    });
+/// A batch resized, checked and laid out, its values not yet written: everything [`images`] and
+/// [`videos`] do but the last pass. [`Patches::write`] writes `pixel_values` (or
+/// `pixel_values_videos`) wherever the caller wants them — straight into a serialized request
+/// or a shared-memory segment, so that the 4-bytes-a-value tensor is written once and never
+/// copied — and [`Patches::into_outputs`] into a new tensor.
+#[derive(Debug)]
+pub struct Patches<'a> {
+    frames: Vec<Rgb<'a>>,
+    groups: Vec<Group>,
+    /// One `[t, h, w]` row per image or video.
+    grid: Vec<[i64; 3]>,
+    video: bool,
+    patch_size: usize,
+    merge_size: usize,
+    normalize: Normalize,
+    threads: usize,
+}
+
+impl<'a> Patches<'a> {
+    /// Output rows (patches) and columns (`3 · T · ps²`).
+    pub fn shape(&self) -> [usize; 2] {
+        let rows = self.groups.iter().map(|g| g.grid_h * g.grid_w).sum();
+        let t_len = self.groups.first().map_or(1, |g| g.frames.len());
+        [rows, 3 * t_len * self.patch_size * self.patch_size]
+    }
+
+    /// The size of the written tensor in bytes.
+    pub fn byte_len(&self) -> usize {
+        let [rows, cols] = self.shape();
+        rows * cols * 4
+    }
+
+    /// The tensor's name: `pixel_values`, or `pixel_values_videos`.
+    pub fn name(&self) -> &'static str {
+        if self.video {
+            "pixel_values_videos"
+        } else {
+            "pixel_values"
+        }
+    }
+
+    /// `image_grid_thw` (`[1, h, w]` per image) or `video_grid_thw` (`[groups, h, w]` per video).
+    pub fn grid(&self) -> (&'static str, Tensor) {
+        let name = if self.video {
+            "video_grid_thw"
+        } else {
+            "image_grid_thw"
+        };
+        let values = self.grid.iter().flatten().copied().collect();
+        (name, Tensor::i64(vec![self.grid.len(), 3], values))
+    }
+
+    /// Writes the tensor into `out` (exactly [`byte_len`](Self::byte_len) bytes, any
+    /// alignment): little-endian `f32` values, row-major, every byte written. The same values
+    /// as [`into_outputs`](Self::into_outputs), bit for bit.
+    pub fn write(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), ProcessorError> {
+        if out.len() != self.byte_len() {
+            return Err(ProcessorError::BatchShape {
+                what: "destination of pixel_values (bytes)",
+                expected: vec![self.byte_len()],
+                actual: vec![out.len()],
+            });
+        }
+        let (ps, m) = (self.patch_size, self.merge_size);
+        let cols = self.shape()[1];
+        // One job per merge-window row of each group, each with its own slice of the output.
+        let lengths: Vec<usize> = self
+            .groups
+            .iter()
+            .flat_map(|g| std::iter::repeat_n(g.grid_w * m * cols * 4, g.grid_h / m))
+            .collect();
+        let stream = store::should_stream(out_values(&lengths));
+        let mut slices = split_lengths(out, &lengths).into_iter();
+        let mut jobs = Vec::with_capacity(lengths.len());
+        for group in &self.groups {
+            let frames: Vec<RgbRef<'_>> = group
+                .frames
+                .iter()
+                .map(|&f| self.frames[f].view())
+                .collect();
+            for window_row in 0..group.grid_h / m {
+                let out = slices.next().unwrap_or_default();
+                jobs.push((frames.clone(), window_row, out));
+            }
+        }
+        let workers = parallel::workers(self.threads, jobs.len());
+        parallel::map(jobs, workers, |_, (frames, window_row, out)| {
+            write_window_row(&frames, ps, m, window_row, &self.normalize, out, stream)
+        });
+        Ok(())
+    }
+
+    /// The tensor written into a new buffer (a recycled one when one fits).
+    pub fn values(&self) -> Result<Vec<f32>, ProcessorError> {
+        let [rows, cols] = self.shape();
+        let len = checked_len(self.name(), &[rows, cols], 4)?;
+        let mut values = OutBuffer::new(self.name(), len)?;
+        let mut all = values.slices(&[len]);
+        if let Some(out) = all.pop() {
+            self.write(store::bytes_of(out))?;
+        }
+        // SAFETY: `write` succeeded on the whole buffer, and it writes every byte of its output.
+        Ok(unsafe { values.finish() })
+    }
+
+    /// The outputs of [`images`] / [`videos`]: the tensor written into a new buffer, and the grid.
+    pub fn into_outputs(self) -> Result<Outputs, ProcessorError> {
+        let [rows, cols] = self.shape();
+        let values = self.values()?;
+        Ok(Outputs {
+            tensors: vec![
+                (
+                    self.name(),
+                    Tensor {
+                        shape: vec![rows, cols],
+                        data: TensorData::F32(values),
+                    },
+                ),
+                self.grid(),
+            ],
+        })
+    }
+
+    /// The same batch owning every image it reads (an input array used unresized is copied), so
+    /// that it can outlive the inputs.
+    pub fn into_owned(mut self) -> Patches<'static> {
+        let frames = std::mem::take(&mut self.frames)
+            .into_iter()
+            .map(|rgb| Rgb {
+                data: std::borrow::Cow::Owned(rgb.data.into_owned()),
+                width: rgb.width,
+                height: rgb.height,
+            })
+            .collect();
+        Patches {
+            frames,
+            groups: std::mem::take(&mut self.groups),
+            grid: std::mem::take(&mut self.grid),
+            video: self.video,
+            patch_size: self.patch_size,
+            merge_size: self.merge_size,
+            normalize: self.normalize.clone(),
+            threads: self.threads,
+        }
+    }
+}
+
+// SAFETY: `write` succeeds only on a destination of exactly `byte_len` bytes, which it splits
+// into one slice per merge-window row (the slices' lengths sum to `byte_len`); each
+// `write_window_row` writes every value of its slice (all `grid_w × merge` patch rows of the
+// window row, every column of each: grids are multiples of the merge size, checked in
+// `prepare`), so every byte is initialised when it returns.
+unsafe impl Produce for Patches<'_> {
+    fn wire_len(&self) -> usize {
+        self.byte_len()
+    }
+
+    fn produce(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), TensorError> {
+        self.write(out).map_err(|_| TensorError::DestinationSize {
+            expected: self.byte_len(),
+            actual: out.len(),
+        })
+    }
+}
+
+impl Drop for Patches<'_> {
+    fn drop(&mut self) {
+        recycle_images(std::mem::take(&mut self.frames));
+    }
+}
+
+fn out_values(byte_lengths: &[usize]) -> usize {
+    byte_lengths.iter().sum::<usize>() / 4
+}
+
+/// The checks on a batch's size shared by images and videos.
+fn checked_patches(patches: Patches<'_>) -> Result<Patches<'_>, ProcessorError> {
+    let [rows, cols] = patches.shape();
+    checked_len(patches.name(), &[rows, cols], 4)?;
+    Ok(patches)
+}
+
+/// `Qwen2VLImageProcessorPil` on a batch, before the values are written: see [`Patches`].
+pub fn plan_images<'a>(
+    config: &QwenConfig,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<Patches<'a>, ProcessorError> {
+    let prepared = prepare_all(inputs, options, |rgb, threads| {
+        prepare(config, rgb, threads)
+    })?;
+    let t_len = config.temporal_patch_size;
+    let mut patches = Patches {
+        frames: Vec::with_capacity(prepared.len()),
+        groups: Vec::with_capacity(prepared.len()),
+        grid: Vec::with_capacity(prepared.len()),
+        video: false,
+        patch_size: config.patch_size,
+        merge_size: config.merge_size,
+        normalize: normalize.clone(),
+        threads: options.threads,
+    };
+    for (i, p) in prepared.into_iter().enumerate() {
+        patches.groups.push(Group {
+            frames: vec![i; t_len],
+            grid_h: p.grid_h,
+            grid_w: p.grid_w,
+        });
+        patches.grid.push([1, p.grid_h as i64, p.grid_w as i64]);
+        patches.frames.push(p.image);
+    }
+    checked_patches(patches)
 }
 
 /// `Qwen2VLImageProcessorPil` on a batch: `pixel_values` `(Σ grid_h·grid_w, 3·T·ps²)` float32 and
@@ -342,68 +549,17 @@ pub fn images(
     inputs: &[Input<'_>],
     options: &Options,
 ) -> Result<Outputs, ProcessorError> {
-    let prepared = prepare_all(inputs, options, |rgb, threads| {
-        prepare(config, rgb, threads)
-    })?;
-    let (ps, m, t_len) = (
-        config.patch_size,
-        config.merge_size,
-        config.temporal_patch_size,
-    );
-    let cols = 3 * t_len * ps * ps;
-    let rows: usize = prepared.iter().map(|p| p.grid_h * p.grid_w).sum();
-    let len = checked_len("pixel_values", &[rows, cols], 4)?;
-    let mut pixel_values = OutBuffer::new("pixel_values", len)?;
-    // One job per merge-window row of each image, each with its own slice of the output.
-    let lengths: Vec<usize> = prepared
-        .iter()
-        .flat_map(|p| std::iter::repeat_n(p.grid_w * m * cols, p.grid_h / m))
-        .collect();
-    let mut slices = pixel_values.slices(&lengths).into_iter();
-    let mut jobs = Vec::with_capacity(lengths.len());
-    for p in &prepared {
-        let frame = p.image.view();
-        for window_row in 0..p.grid_h / m {
-            let out = slices.next().unwrap_or_default();
-            jobs.push(Job {
-                frames: vec![frame; t_len],
-                window_row,
-                out,
-            });
-        }
-    }
-    write_jobs(config, normalize, jobs, options.threads);
-    // SAFETY: the jobs' slices cover the buffer (`lengths` sum to `len`) and each job writes
-    // every value of its slice.
-    let pixel_values = unsafe { pixel_values.finish() };
-    let grid: Vec<i64> = prepared
-        .iter()
-        .flat_map(|p| [1, p.grid_h as i64, p.grid_w as i64])
-        .collect();
-    let images = prepared.len();
-    recycle_images(prepared.into_iter().map(|p| p.image));
-    Ok(Outputs {
-        tensors: vec![
-            (
-                "pixel_values",
-                Tensor {
-                    shape: vec![rows, cols],
-                    data: TensorData::F32(pixel_values),
-                },
-            ),
-            ("image_grid_thw", Tensor::i64(vec![images, 3], grid)),
-        ],
-    })
+    plan_images(config, normalize, inputs, options)?.into_outputs()
 }
 
-/// `Qwen2VLVideoProcessor`'s layout with the PIL backend's arithmetic: `pixel_values_videos`
-/// `(Σ grid_t·grid_h·grid_w, 3·T·ps²)` float32 and `video_grid_thw` `(n, 3)` int64.
-pub fn videos(
+/// `Qwen2VLVideoProcessor`'s layout with the PIL backend's arithmetic, before the values are
+/// written: see [`Patches`].
+pub fn plan_videos<'a>(
     config: &QwenConfig,
     normalize: &Normalize,
-    videos: &[Vec<Input<'_>>],
+    videos: &[Vec<Input<'a>>],
     options: &Options,
-) -> Result<Outputs, ProcessorError> {
+) -> Result<Patches<'a>, ProcessorError> {
     if videos.is_empty() {
         return Err(ProcessorError::shape(
             "videos",
@@ -418,92 +574,67 @@ pub fn videos(
             format!("video {v} with no frames"),
         ));
     }
-    let frames: Vec<Input<'_>> = videos.iter().flatten().copied().collect();
+    let frames: Vec<Input<'a>> = videos.iter().flatten().copied().collect();
     let prepared = prepare_all(&frames, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
-    let (ps, m, t_len) = (
-        config.patch_size,
-        config.merge_size,
-        config.temporal_patch_size,
-    );
-    let cols = 3 * t_len * ps * ps;
+    let t_len = config.temporal_patch_size;
+    let groups_of = |n: usize| n.div_ceil(t_len);
+    let mut patches = Patches {
+        frames: Vec::with_capacity(prepared.len()),
+        groups: Vec::new(),
+        grid: Vec::with_capacity(videos.len()),
+        video: true,
+        patch_size: config.patch_size,
+        merge_size: config.merge_size,
+        normalize: normalize.clone(),
+        threads: options.threads,
+    };
     // Split the frames back into videos and check each video's frames agree in size.
-    let mut per_video: Vec<&[Prepared<'_>]> = Vec::with_capacity(videos.len());
-    let mut rest = &prepared[..];
+    let mut first_frame = 0;
     for (v, video) in videos.iter().enumerate() {
-        let (head, tail) = rest.split_at(video.len());
-        rest = tail;
-        let first = head[0].input;
-        if let Some((f, p)) = head.iter().enumerate().find(|(_, p)| p.input != first) {
+        let head = &prepared[first_frame..first_frame + video.len()];
+        let expected = head[0].input;
+        if let Some((f, p)) = head.iter().enumerate().find(|(_, p)| p.input != expected) {
+            let actual = p.input;
+            recycle_images(prepared.into_iter().map(|p| p.image));
             return Err(ProcessorError::VideoShape {
                 video: v,
                 frame: f,
-                expected: first,
-                actual: p.input,
+                expected,
+                actual,
             });
         }
-        per_video.push(head);
-    }
-    let groups = |n: usize| n.div_ceil(t_len);
-    let rows: usize = per_video
-        .iter()
-        .map(|f| groups(f.len()) * f[0].grid_h * f[0].grid_w)
-        .sum();
-    let len = checked_len("pixel_values_videos", &[rows, cols], 4)?;
-    let mut pixel_values = OutBuffer::new("pixel_values_videos", len)?;
-    let lengths: Vec<usize> = per_video
-        .iter()
-        .flat_map(|f| {
-            std::iter::repeat_n(f[0].grid_w * m * cols, groups(f.len()) * (f[0].grid_h / m))
-        })
-        .collect();
-    let mut slices = pixel_values.slices(&lengths).into_iter();
-    let mut jobs = Vec::with_capacity(lengths.len());
-    for frames in &per_video {
-        for g in 0..groups(frames.len()) {
+        let (n, grid_h, grid_w) = (video.len(), head[0].grid_h, head[0].grid_w);
+        for g in 0..groups_of(n) {
             // The last frame fills an incomplete group, as the video processor's padding does.
-            let group: Vec<RgbRef<'_>> = (0..t_len)
-                .map(|t| frames[(g * t_len + t).min(frames.len() - 1)].image.view())
+            let frames = (0..t_len)
+                .map(|t| first_frame + (g * t_len + t).min(n - 1))
                 .collect();
-            for window_row in 0..frames[0].grid_h / m {
-                let out = slices.next().unwrap_or_default();
-                jobs.push(Job {
-                    frames: group.clone(),
-                    window_row,
-                    out,
-                });
-            }
+            patches.groups.push(Group {
+                frames,
+                grid_h,
+                grid_w,
+            });
         }
+        patches
+            .grid
+            .push([groups_of(n) as i64, grid_h as i64, grid_w as i64]);
+        first_frame += n;
     }
-    write_jobs(config, normalize, jobs, options.threads);
-    // SAFETY: the jobs' slices cover the buffer (`lengths` sum to `len`) and each job writes
-    // every value of its slice.
-    let pixel_values = unsafe { pixel_values.finish() };
-    let grid: Vec<i64> = per_video
-        .iter()
-        .flat_map(|f| {
-            [
-                groups(f.len()) as i64,
-                f[0].grid_h as i64,
-                f[0].grid_w as i64,
-            ]
-        })
-        .collect();
-    let videos_count = per_video.len();
-    recycle_images(prepared.into_iter().map(|p| p.image));
-    Ok(Outputs {
-        tensors: vec![
-            (
-                "pixel_values_videos",
-                Tensor {
-                    shape: vec![rows, cols],
-                    data: TensorData::F32(pixel_values),
-                },
-            ),
-            ("video_grid_thw", Tensor::i64(vec![videos_count, 3], grid)),
-        ],
-    })
+    patches.frames = prepared.into_iter().map(|p| p.image).collect();
+    checked_patches(patches)
+}
+
+/// `Qwen2VLVideoProcessor`'s layout with the PIL backend's arithmetic: `pixel_values_videos`
+/// `(Σ grid_t·grid_h·grid_w, 3·T·ps²)` float32 and `video_grid_thw` `(n, 3)` int64.
+pub fn videos(
+    config: &QwenConfig,
+    normalize: &Normalize,
+    videos: &[Vec<Input<'_>>],
+    options: &Options,
+) -> Result<Outputs, ProcessorError> {
+    plan_videos(config, normalize, videos, options)?.into_outputs()
 }
 
 #[cfg(test)]
@@ -580,17 +711,29 @@ mod tests {
                     })
                     .collect();
                 for n in [normalize.clone(), normalize.clone().without_simd()] {
-                    for stream in [false, true] {
-                        let mut out = vec![Out::new(f32::NAN); expected.len()];
-                        write_window_row(&frames, ps, m, window_row, &n, &mut out, stream);
-                        // SAFETY: every value was initialised (NaN, then maybe overwritten).
-                        let got: Vec<u32> = out
-                            .iter()
-                            .map(|v| unsafe { v.assume_init() }.to_bits())
+                    // Aligned outputs (values straight from the registers, or staged and
+                    // streamed) and outputs at every misalignment (staged, copied as bytes).
+                    for (stream, offset) in
+                        [(false, 0), (true, 0), (false, 1), (true, 2), (false, 3)]
+                    {
+                        let len = 4 * expected.len();
+                        let mut buffer =
+                            vec![crate::processors::Out::new(f32::NAN); expected.len() + 1];
+                        let bytes = &mut store::bytes_of(&mut buffer)[offset..offset + len];
+                        write_window_row(&frames, ps, m, window_row, &n, bytes, stream);
+                        // SAFETY: every byte was initialised (NaN, then maybe overwritten).
+                        let got: Vec<u32> = bytes
+                            .chunks_exact(4)
+                            .map(|b| {
+                                // SAFETY: as above.
+                                let b: Vec<u8> =
+                                    b.iter().map(|x| unsafe { x.assume_init() }).collect();
+                                u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                            })
                             .collect();
                         assert_eq!(
                             got, expected,
-                            "ps {ps}, window row {window_row}, stream {stream}"
+                            "ps {ps}, window row {window_row}, stream {stream}, offset {offset}"
                         );
                     }
                 }

@@ -7,6 +7,8 @@
 //! 100 MB `pixel_values`. Elsewhere, and for small outputs that the caller is about to read,
 //! it is a plain copy. Either way the stored values are the staged ones, bit for bit.
 
+use std::mem::MaybeUninit;
+
 use super::Out;
 
 /// Outputs of at least this many bytes are written with streaming stores.
@@ -62,6 +64,129 @@ fn stream_copy(dst: &mut [Out], src: &[f32]) {
     }
 }
 
+/// The bytes of `values` (the same memory, viewed byte by byte).
+pub fn bytes_of(values: &mut [Out]) -> &mut [MaybeUninit<u8>] {
+    let len = std::mem::size_of_val(values);
+    // SAFETY: the pointer and length cover exactly the memory of `values`, which the result
+    // reborrows mutably; `MaybeUninit<u8>` has alignment 1 and accepts any (or no) byte value,
+    // and whatever bytes are written make valid `MaybeUninit<f32>` values.
+    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) }
+}
+
+/// An output value at any byte address: the four little-endian bytes of an `f32` (a tensor
+/// inside a serialized message sits at whatever offset the fields before it leave).
+#[repr(transparent)]
+pub struct Unaligned([MaybeUninit<u8>; 4]);
+
+impl Unaligned {
+    #[inline]
+    pub fn set(&mut self, value: f32) {
+        self.0 = value.to_le_bytes().map(MaybeUninit::new);
+    }
+}
+
+/// `bytes` (a whole number of values, at any address) as output values.
+pub fn unaligned_of(bytes: &mut [MaybeUninit<u8>]) -> &mut [Unaligned] {
+    assert_eq!(bytes.len() % 4, 0, "output bytes are not whole values");
+    let len = bytes.len() / 4;
+    // SAFETY: `Unaligned` is 4 `MaybeUninit<u8>` (size 4, alignment 1, any bytes valid), so
+    // `len` of them cover exactly the memory of `bytes`, which the result reborrows mutably.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<Unaligned>(), len) }
+}
+
+/// `bytes` as `f32` slots when they start 4-byte aligned and hold a whole number of values.
+pub fn values_of(bytes: &mut [MaybeUninit<u8>]) -> Option<&mut [Out]> {
+    // SAFETY: `align_to_mut` only puts in the middle slice memory that is aligned for `Out` and
+    // covers whole values; any bit pattern (or none) is a valid `MaybeUninit<f32>`.
+    let (head, values, tail) = unsafe { bytes.align_to_mut::<Out>() };
+    (head.is_empty() && tail.is_empty()).then_some(values)
+}
+
+/// Writes the little-endian bytes of `src` into `dst` (`4 · src.len()` bytes at any address),
+/// with streaming stores when `stream` is set (call [`fence`] after the last streamed copy).
+pub fn copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32], stream: bool) {
+    assert_eq!(
+        dst.len(),
+        4 * src.len(),
+        "staging row and output bytes differ"
+    );
+    if let Some(values) = values_of(dst) {
+        copy(values, src, stream);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if stream {
+        stream_copy_bytes(dst, src);
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = stream;
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: `src` is `dst.len()` initialised bytes (asserted above), read as `u8`
+        // (alignment 1); on a little-endian target an `f32`'s memory is its little-endian bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), dst.len()) };
+        copy_plain(dst, bytes);
+    }
+    #[cfg(target_endian = "big")]
+    for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+        for (d, b) in d.iter_mut().zip(s.to_le_bytes()) {
+            d.write(b);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn stream_copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let n = dst.len();
+    // The source as bytes (x86-64 is little-endian, so they are the wire bytes).
+    // SAFETY: `src` is `n` initialised bytes (`n = 4 · src.len()`, asserted by the caller), and
+    // `u8` has alignment 1.
+    let bytes: &[u8] = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), n) };
+    // Whole 64-byte cache lines are streamed; the partial lines at both ends are stored
+    // normally. A line must not be part streamed, part stored: the write-combining buffer would
+    // then go to memory with a partial line, which costs far more than the stores it saves.
+    let misalign = (dst.as_ptr() as usize) % LINE;
+    let head = ((LINE - misalign) % LINE).min(n);
+    let body = (n - head) / LINE * LINE;
+    copy_plain(&mut dst[..head], &bytes[..head]);
+    let (d_ptr, s_ptr) = (dst.as_mut_ptr(), bytes.as_ptr());
+    for i in (head..head + body).step_by(16) {
+        // SAFETY: `i + 16 <= head + body <= n`, so the 16 bytes read and the 16 written are in
+        // bounds of `bytes` and `dst`; `dst + i` is 16-byte aligned (`head` bytes past a 64-byte
+        // boundary, then steps of 16), as `_mm_stream_si128` requires; the load is unaligned;
+        // SSE2 is part of the x86-64 baseline. Writing bytes initialises `MaybeUninit<u8>`.
+        unsafe {
+            let v = _mm_loadu_si128(s_ptr.add(i).cast::<__m128i>());
+            _mm_stream_si128(d_ptr.add(i).cast::<__m128i>(), v);
+        }
+    }
+    copy_plain(&mut dst[head + body..], &bytes[head + body..]);
+}
+
+/// A cache line.
+#[cfg(target_arch = "x86_64")]
+const LINE: usize = 64;
+
+/// `dst.copy_from_slice(src)` into memory that may be uninitialised.
+fn copy_plain(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "copy between slices of different lengths"
+    );
+    // SAFETY: both are `dst.len()` bytes (asserted), `dst` is exclusively borrowed so they do
+    // not overlap, `u8` and `MaybeUninit<u8>` have alignment 1 and copying initialises `dst`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            src.as_ptr().cast::<MaybeUninit<u8>>(),
+            dst.as_mut_ptr(),
+            dst.len(),
+        )
+    }
+}
+
 /// Orders this thread's streaming stores before anything it does next (publishing the output to
 /// other threads included).
 pub fn fence(streamed: bool) {
@@ -100,5 +225,33 @@ mod tests {
             }
         }
         assert!(should_stream(2 << 20) && !should_stream(1 << 20));
+    }
+
+    #[test]
+    fn byte_copies_at_every_alignment() {
+        let src: Vec<f32> = (0..41).map(|i| i as f32 * -0.75 + 0.1).collect();
+        let want: Vec<u8> = src.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for stream in [false, true] {
+            for offset in 0..20 {
+                for len in [0, 1, 3, 4, 5, 17, 41] {
+                    let mut out = vec![MaybeUninit::new(0xAAu8); 4 * src.len() + 20];
+                    copy_bytes(&mut out[offset..offset + 4 * len], &src[..len], stream);
+                    fence(stream);
+                    for (i, b) in out.iter().enumerate() {
+                        // SAFETY: every byte was initialised (0xAA, then maybe copied over).
+                        let b = unsafe { b.assume_init() };
+                        if (offset..offset + 4 * len).contains(&i) {
+                            assert_eq!(b, want[i - offset], "offset {offset}, len {len}");
+                        } else {
+                            assert_eq!(b, 0xAA, "byte {i} outside the copy was touched");
+                        }
+                    }
+                }
+            }
+        }
+        let mut values = vec![Out::new(0.0); 3];
+        assert_eq!(bytes_of(&mut values).len(), 12);
+        assert!(values_of(bytes_of(&mut values)).is_some_and(|v| v.len() == 3));
+        assert!(values_of(&mut bytes_of(&mut values)[1..5]).is_none());
     }
 }

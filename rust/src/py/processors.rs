@@ -16,9 +16,12 @@ use pyo3::IntoPyObjectExt;
 use super::array::{is_ndarray, ImageArray};
 use crate::image::decode::DecodeError;
 use crate::memory::recycle;
+use crate::processors::qwen::Patches;
 use crate::processors::{
-    Alpha, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData, Value,
+    Alpha, Deferred, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData,
+    Value,
 };
+use crate::tensor::wire::Produce;
 
 fn processor_error(py: Python<'_>, err: &ProcessorError) -> PyErr {
     match error_args(py, err) {
@@ -392,6 +395,89 @@ fn outputs_to_py(outputs: Outputs) -> Vec<(&'static str, PyTensor)> {
         .collect()
 }
 
+/// A Qwen `pixel_values` (or `pixel_values_videos`) whose values are not written yet: the batch
+/// decoded, resized and laid out, owned by this object. `encode_frames` and `convert_into` write
+/// it straight into a serialized request or a shared-memory segment (once, no copy);
+/// `materialize()` writes it into a new `Tensor`.
+#[pyclass(module = "smg_grpc_proto._native", name = "PendingTensor", frozen)]
+pub(crate) struct PyPendingTensor {
+    patches: Patches<'static>,
+}
+
+impl PyPendingTensor {
+    /// What writes the tensor's bytes.
+    pub(crate) fn producer(&self) -> &dyn Produce {
+        &self.patches
+    }
+}
+
+#[pymethods]
+impl PyPendingTensor {
+    /// transformers' name of the tensor.
+    #[getter]
+    pub(crate) fn name(&self) -> &'static str {
+        self.patches.name()
+    }
+
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.patches.shape().to_vec()
+    }
+
+    /// Always `"float32"`.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        "float32"
+    }
+
+    /// The size of the tensor in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.patches.byte_len()
+    }
+
+    /// materialize() -> Tensor
+    /// --
+    ///
+    /// The values written into a new tensor (GIL released); each call writes them again.
+    fn materialize(&self, py: Python<'_>) -> PyResult<PyTensor> {
+        let patches = &self.patches;
+        let values = py
+            .detach(|| patches.values())
+            .map_err(|e| processor_error(py, &e))?;
+        Ok(PyTensor::new(
+            patches.shape().to_vec(),
+            TensorData::F32(values),
+        ))
+    }
+}
+
+/// `(name, Tensor)` pairs and `(name, PendingTensor)` for a deferred tensor.
+fn deferred_to_py(
+    py: Python<'_>,
+    deferred: Deferred<'_>,
+) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
+    match deferred {
+        Deferred::Done(outputs) => outputs_to_py(outputs)
+            .into_iter()
+            .map(|(name, t)| Ok((name, Py::new(py, t)?.into_any())))
+            .collect(),
+        Deferred::Patches(patches) => {
+            let (grid_name, grid) = patches.grid();
+            let pending = PyPendingTensor {
+                patches: patches.into_owned(),
+            };
+            Ok(vec![
+                (pending.patches.name(), Py::new(py, pending)?.into_any()),
+                (
+                    grid_name,
+                    Py::new(py, PyTensor::new(grid.shape, grid.data))?.into_any(),
+                ),
+            ])
+        }
+    }
+}
+
 /// A processor configuration, validated once, applied to batches.
 #[pyclass(module = "smg_grpc_proto._native", name = "Preprocessor", frozen)]
 struct PyPreprocessor {
@@ -462,17 +548,38 @@ impl PyPreprocessor {
         max_pixels: Option<u64>,
     ) -> PyResult<Vec<(&'static str, PyTensor)>> {
         let options = options(threads, apply_exif, alpha, max_pixels)?;
-        let held = items(images, "images")?
-            .iter()
-            .enumerate()
-            .map(|(i, obj)| Held::of(obj, &format!("images[{i}]")))
-            .collect::<PyResult<Vec<_>>>()?;
+        let held = held_images(images)?;
         let inputs: Vec<Input<'_>> = held.iter().map(Held::input).collect();
         let inner = &self.inner;
         let outputs = py
             .detach(|| inner.images(&inputs, &options))
             .map_err(|e| processor_error(py, &e))?;
         Ok(outputs_to_py(outputs))
+    }
+
+    /// images_deferred(images, threads, apply_exif, alpha, max_pixels) -> list[tuple[str, Tensor | PendingTensor]]
+    /// --
+    ///
+    /// `images`, with the Qwen families' `pixel_values` left as a `PendingTensor`.
+    #[pyo3(signature = (images, threads, apply_exif, alpha, max_pixels))]
+    fn images_deferred(
+        &self,
+        py: Python<'_>,
+        images: &Bound<'_, PyAny>,
+        threads: usize,
+        apply_exif: bool,
+        alpha: &str,
+        max_pixels: Option<u64>,
+    ) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
+        let options = options(threads, apply_exif, alpha, max_pixels)?;
+        let held = held_images(images)?;
+        let inputs: Vec<Input<'_>> = held.iter().map(Held::input).collect();
+        let inner = &self.inner;
+        // Owned before the inputs are let go: an unresized input array is copied.
+        let deferred = py
+            .detach(|| inner.images_deferred(&inputs, &options).map(owned))
+            .map_err(|e| processor_error(py, &e))?;
+        deferred_to_py(py, deferred)
     }
 
     /// videos(videos, threads, apply_exif, alpha, max_pixels) -> list[tuple[str, Tensor]]
@@ -490,25 +597,73 @@ impl PyPreprocessor {
         max_pixels: Option<u64>,
     ) -> PyResult<Vec<(&'static str, PyTensor)>> {
         let options = options(threads, apply_exif, alpha, max_pixels)?;
-        let mut held = Vec::new();
-        for (v, video) in items(videos, "videos")?.iter().enumerate() {
-            let frames = items(video, &format!("videos[{v}]"))?
-                .iter()
-                .enumerate()
-                .map(|(f, obj)| Held::of(obj, &format!("videos[{v}][{f}]")))
-                .collect::<PyResult<Vec<_>>>()?;
-            held.push(frames);
-        }
-        let inputs: Vec<Vec<Input<'_>>> = held
-            .iter()
-            .map(|frames| frames.iter().map(Held::input).collect())
-            .collect();
+        let held = held_videos(videos)?;
+        let inputs = video_inputs(&held);
         let inner = &self.inner;
         let outputs = py
             .detach(|| inner.videos(&inputs, &options))
             .map_err(|e| processor_error(py, &e))?;
         Ok(outputs_to_py(outputs))
     }
+
+    /// videos_deferred(videos, threads, apply_exif, alpha, max_pixels) -> list[tuple[str, Tensor | PendingTensor]]
+    /// --
+    ///
+    /// `videos`, with `pixel_values_videos` left as a `PendingTensor`.
+    #[pyo3(signature = (videos, threads, apply_exif, alpha, max_pixels))]
+    fn videos_deferred(
+        &self,
+        py: Python<'_>,
+        videos: &Bound<'_, PyAny>,
+        threads: usize,
+        apply_exif: bool,
+        alpha: &str,
+        max_pixels: Option<u64>,
+    ) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
+        let options = options(threads, apply_exif, alpha, max_pixels)?;
+        let held = held_videos(videos)?;
+        let inputs = video_inputs(&held);
+        let inner = &self.inner;
+        let deferred = py
+            .detach(|| inner.videos_deferred(&inputs, &options).map(owned))
+            .map_err(|e| processor_error(py, &e))?;
+        deferred_to_py(py, deferred)
+    }
+}
+
+/// A deferred batch that no longer borrows its inputs.
+fn owned(deferred: Deferred<'_>) -> Deferred<'static> {
+    match deferred {
+        Deferred::Patches(patches) => Deferred::Patches(Box::new(patches.into_owned())),
+        Deferred::Done(outputs) => Deferred::Done(outputs),
+    }
+}
+
+fn held_images<'py>(images: &Bound<'py, PyAny>) -> PyResult<Vec<Held<'py>>> {
+    items(images, "images")?
+        .iter()
+        .enumerate()
+        .map(|(i, obj)| Held::of(obj, &format!("images[{i}]")))
+        .collect()
+}
+
+fn held_videos<'py>(videos: &Bound<'py, PyAny>) -> PyResult<Vec<Vec<Held<'py>>>> {
+    let mut held = Vec::new();
+    for (v, video) in items(videos, "videos")?.iter().enumerate() {
+        let frames = items(video, &format!("videos[{v}]"))?
+            .iter()
+            .enumerate()
+            .map(|(f, obj)| Held::of(obj, &format!("videos[{v}][{f}]")))
+            .collect::<PyResult<Vec<_>>>()?;
+        held.push(frames);
+    }
+    Ok(held)
+}
+
+fn video_inputs<'a>(held: &'a [Vec<Held<'_>>]) -> Vec<Vec<Input<'a>>> {
+    held.iter()
+        .map(|frames| frames.iter().map(Held::input).collect())
+        .collect()
 }
 
 /// processor_error_kinds() -> list[str]
@@ -532,6 +687,7 @@ fn processor_families() -> Vec<&'static str> {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPreprocessor>()?;
     m.add_class::<PyTensor>()?;
+    m.add_class::<PyPendingTensor>()?;
     m.add_function(wrap_pyfunction!(processor_error_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(processor_families, m)?)
 }

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyTuple};
 
 use super::array::NumpyArray;
+use super::processors::PyPendingTensor;
 use crate::tensor::convert::{self as core_convert, Conversion};
 use crate::tensor::wire::{self, Plan, Source, MAX_DEPTH};
 use crate::tensor::{TensorError, WireDtype};
@@ -237,9 +238,27 @@ fn convert_into(
     dst: &Bound<'_, PyAny>,
     wire_dtype: &str,
 ) -> PyResult<()> {
+    let to = WireDtype::from_name(wire_dtype, "wire_dtype").map_err(value_error)?;
+    if let Ok(pending) = src.cast::<PyPendingTensor>() {
+        let pending = pending.get();
+        check_pending(pending, to)?;
+        let mut destination = destination(dst, "dst")?;
+        let output = core_convert::as_uninit(destination.bytes_mut("dst")?);
+        let producer = pending.producer();
+        return py
+            .detach(|| {
+                if output.len() != producer.wire_len() {
+                    return Err(TensorError::DestinationSize {
+                        expected: producer.wire_len(),
+                        actual: output.len(),
+                    });
+                }
+                producer.produce(output)
+            })
+            .map_err(value_error);
+    }
     let (source, from) = source(src, "src")?;
     let mut destination = destination(dst, "dst")?;
-    let to = WireDtype::from_name(wire_dtype, "wire_dtype").map_err(value_error)?;
     if source.overlaps(&destination) {
         return Err(value_error(TensorError::Overlap {
             src: source.addr(),
@@ -252,6 +271,24 @@ fn convert_into(
     let output = destination.bytes_mut("dst")?;
     py.detach(|| core_convert::convert_into(input, from, output, to))
         .map_err(value_error)
+}
+
+/// One source of `encode_frames`, held for the call.
+enum Item<'py> {
+    Memory(NumpyArray<'py>, WireDtype, WireDtype),
+    Pending(Bound<'py, PyPendingTensor>),
+}
+
+/// A pending tensor goes on the wire as it is written: `float32`.
+fn check_pending(pending: &PyPendingTensor, to: WireDtype) -> PyResult<()> {
+    if to != WireDtype::Float32 {
+        return Err(PyValueError::new_err(format!(
+            "a PendingTensor ({}) is written as float32, not {}; materialize() it to convert",
+            pending.name(),
+            to.name()
+        )));
+    }
+    Ok(())
 }
 
 /// The header and the payload spans `(offset, length)` returned by `decode_frames`.
@@ -312,23 +349,31 @@ fn encode_frames<'py>(
             .filter(|p| p.len() == 2)
             .ok_or_else(|| {
                 PyTypeError::new_err(format!(
-                    "sources[{i}]: expected an (ndarray, wire_dtype) tuple"
+                    "sources[{i}]: expected an (ndarray or PendingTensor, wire_dtype) tuple"
                 ))
             })?;
-        let (memory, from) =
-            source(&pair.get_item(0)?, "array").map_err(|e| in_source(py, i, e))?;
         let name: String = pair
             .get_item(1)?
             .extract()
             .map_err(|_| PyTypeError::new_err(format!("sources[{i}]: wire_dtype must be a str")))?;
         let to = WireDtype::from_name(&name, "wire_dtype")
             .map_err(|e| in_source(py, i, value_error(e)))?;
-        arrays.push((memory, from, to));
+        let first = pair.get_item(0)?;
+        if let Ok(pending) = first.cast::<PyPendingTensor>() {
+            check_pending(pending.get(), to).map_err(|e| in_source(py, i, e))?;
+            arrays.push(Item::Pending(pending.clone()));
+            continue;
+        }
+        let (memory, from) = source(&first, "array").map_err(|e| in_source(py, i, e))?;
+        arrays.push(Item::Memory(memory, from, to));
     }
     let mut tensors = Vec::with_capacity(arrays.len());
-    for (i, (memory, from, to)) in arrays.iter().enumerate() {
-        let source = Source::new(memory.bytes(), *from, *to)
-            .map_err(|e| in_source(py, i, value_error(e)))?;
+    for (i, item) in arrays.iter().enumerate() {
+        let source = match item {
+            Item::Memory(memory, from, to) => Source::new(memory.bytes(), *from, *to)
+                .map_err(|e| in_source(py, i, value_error(e)))?,
+            Item::Pending(pending) => Source::produced(pending.get().producer()),
+        };
         tensors.push(source);
     }
     let (header, nonce) = (header.as_bytes(), nonce.as_bytes());

@@ -260,8 +260,8 @@ pub(crate) fn as_uninit(bytes: &mut [u8]) -> &mut [MaybeUninit<u8>] {
     let (ptr, len) = (bytes.as_mut_ptr().cast::<MaybeUninit<u8>>(), bytes.len());
     // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and the result reborrows `bytes`
     // exclusively for its lifetime. Writing uninitialised values through it would
-    // de-initialise `bytes`; the only writers it is handed to (the kernels in this module)
-    // store initialised bytes only.
+    // de-initialise `bytes`; the only writers it is handed to (the kernels in this module and
+    // `wire::Produce` implementations) store initialised bytes only.
     unsafe { std::slice::from_raw_parts_mut(ptr, len) }
 }
 

@@ -116,12 +116,50 @@ impl Plan {
     }
 }
 
-/// One tensor to be written by [`encode_frames`]: its bytes and how to convert them.
-#[derive(Debug, Clone, Copy)]
+/// A tensor whose bytes are computed straight into their place in the output of
+/// [`encode_frames`] instead of being copied there (an image processor's patches, say): the
+/// tensor is written once, where it travels.
+///
+/// # Safety
+///
+/// [`produce`](Self::produce) must initialise every byte of `out` whenever it returns `Ok`:
+/// [`Layout::write_into_uninit`] then hands the memory out as initialised bytes.
+pub unsafe trait Produce: Sync {
+    /// The number of bytes it writes.
+    fn wire_len(&self) -> usize;
+
+    /// Writes every byte of `out`, which holds exactly [`wire_len`](Self::wire_len) bytes.
+    fn produce(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), TensorError>;
+}
+
+/// One tensor to be written by [`encode_frames`]: its bytes and how to convert them, or what
+/// produces them.
+#[derive(Clone, Copy)]
 pub struct Source<'a> {
-    bytes: &'a [u8],
-    conversion: Conversion,
+    bytes: Bytes<'a>,
     out_len: usize,
+}
+
+#[derive(Clone, Copy)]
+enum Bytes<'a> {
+    Memory {
+        bytes: &'a [u8],
+        conversion: Conversion,
+    },
+    Produced(&'a dyn Produce),
+}
+
+impl std::fmt::Debug for Source<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = f.debug_struct("Source");
+        match self.bytes {
+            Bytes::Memory { bytes, conversion } => s
+                .field("bytes", &bytes.len())
+                .field("conversion", &conversion),
+            Bytes::Produced(_) => s.field("produced", &true),
+        };
+        s.field("out_len", &self.out_len).finish()
+    }
 }
 
 impl<'a> Source<'a> {
@@ -130,15 +168,38 @@ impl<'a> Source<'a> {
         let conversion = Conversion::new(from, to)?;
         let out_len = conversion.output_len(bytes.len(), "sources")?;
         Ok(Source {
-            bytes,
-            conversion,
+            bytes: Bytes::Memory { bytes, conversion },
             out_len,
         })
+    }
+
+    /// The bytes `producer` writes, unchanged.
+    pub fn produced(producer: &'a dyn Produce) -> Self {
+        Source {
+            bytes: Bytes::Produced(producer),
+            out_len: producer.wire_len(),
+        }
     }
 
     /// Bytes this tensor occupies on the wire.
     pub fn wire_len(&self) -> usize {
         self.out_len
+    }
+
+    /// Writes the tensor's wire bytes into `dst` (exactly [`wire_len`](Self::wire_len) bytes).
+    fn write(&self, dst: &mut [MaybeUninit<u8>]) -> Result<(), TensorError> {
+        if dst.len() != self.out_len {
+            return Err(TensorError::DestinationSize {
+                expected: self.out_len,
+                actual: dst.len(),
+            });
+        }
+        match self.bytes {
+            Bytes::Memory { bytes, conversion } => conversion
+                .convert_uninit(bytes, dst, default_threads(bytes.len()))
+                .map(|_| ()),
+            Bytes::Produced(producer) => producer.produce(dst),
+        }
     }
 }
 
@@ -229,10 +290,7 @@ impl Layout<'_> {
                     let (dst, tail) = rest
                         .split_at_mut_checked(source.out_len)
                         .ok_or_else(mismatch)?;
-                    let threads = default_threads(source.bytes.len());
-                    source
-                        .conversion
-                        .convert_uninit(source.bytes, dst, threads)?;
+                    source.write(dst)?;
                     tail
                 }
             };
@@ -242,8 +300,8 @@ impl Layout<'_> {
         }
         let (ptr, len) = (out.as_mut_ptr().cast::<u8>(), out.len());
         // SAFETY: the pieces were written one after another from the front of `out`, each
-        // taking exactly the bytes it initialised (`put` and `convert_uninit` fail unless they
-        // fill their whole destination), and nothing is left over, so every byte of `out` is
+        // taking exactly the bytes it initialised (`put`, `convert_uninit` and a `Produce`r fail
+        // unless they fill their whole destination), and nothing is left over, so every byte of `out` is
         // initialised. `MaybeUninit<u8>` has the layout of `u8`; the result reborrows `out`.
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
     }

@@ -22,8 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 from smg_grpc_proto import _native
+from smg_grpc_proto._native import PendingTensor
 from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError, PlaceholderError
-from smg_grpc_proto.vision import ImageProcessor, ProcessorOutput
+from smg_grpc_proto.vision import DeferredOutput, ImageProcessor, ProcessorOutput
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._inputs import flatten_images, flatten_videos, to_native
 from smg_grpc_proto.vision._tokens import VisionTokens
@@ -163,8 +164,8 @@ class VisionModel:
             items: list[Any] = [
                 to_native(x, f"images[{i}]") for i, x in enumerate(flatten_images(images))
             ]
-            output = self.processor(items, threads=threads)
-            counts = output.num_image_tokens
+            output = self.processor.deferred(items, threads=threads)
+            counts = output.ready.num_image_tokens
             modality: Modality = "image"
             token = self.image_token_id
             digests = tuple(self._digest("image", [x]) for x in items)
@@ -179,8 +180,8 @@ class VisionModel:
                 [to_native(f, f"videos[{v}][{i}]") for i, f in enumerate(frames)]
                 for v, frames in enumerate(flatten_videos(videos))
             ]
-            output = self.processor(videos=clips, threads=threads)
-            counts = output.num_video_tokens
+            output = self.processor.deferred(videos=clips, threads=threads)
+            counts = output.ready.num_video_tokens
             modality = "video"
             token = self.video_token_id
             digests = tuple(self._digest("video", clip) for clip in clips)
@@ -192,7 +193,7 @@ class VisionModel:
                 field="vision_tokens",
             )
         return PreparedMedia(
-            output=output,
+            processed=output,
             modality=modality,
             token_id=token,
             token_counts=tuple(counts),
@@ -227,9 +228,16 @@ class VisionModel:
 
 @dataclass(frozen=True)
 class PreparedMedia:
-    """The media of one modality, processed and ready for any engine's request builder."""
+    """The media of one modality, processed and ready for any engine's request builder.
 
-    output: ProcessorOutput
+    From :meth:`VisionModel.prepare`, a Qwen batch's ``pixel_values`` are not written yet
+    (:class:`~smg_grpc_proto.vision.DeferredOutput`): the builders have them written straight
+    into the serialized request or the shared-memory segment, once. Reading :attr:`output` (or
+    :meth:`tensors`, :attr:`primary`, :meth:`item_tensors`) writes them into an array, once.
+    """
+
+    processed: ProcessorOutput | DeferredOutput
+    """The processor's output, or its deferred output (see :attr:`output`)."""
     modality: Modality
     token_id: int
     """The placeholder token: the prompt's anchor per item and the token of its expanded run."""
@@ -274,14 +282,15 @@ class PreparedMedia:
         return media
 
     def __post_init__(self) -> None:
-        primary = self.primary
+        wire = self.wire_tensors()
+        primary = wire.get(self.primary_name)
         if primary is None:
             raise MultimodalError(
                 f"the processor output has no {self.modality} tensors", field="output"
             )
         n = len(self.token_counts)
         layout = self.layout()
-        for name, array in self.tensors().items():
+        for name, array in wire.items():
             if layout[name] == "batched" and array.shape[0] != n:
                 raise MultimodalLayoutError(
                     f"{name}: dim 0 is {array.shape[0]}, expected one entry per item ({n})",
@@ -301,6 +310,38 @@ class PreparedMedia:
                 )
 
     # -- the tensors, by transformers' names --------------------------------------------------
+    @functools.cached_property
+    def output(self) -> ProcessorOutput:
+        """The complete processor output (a deferred tensor is written into an array, once)."""
+        processed = self.processed
+        if isinstance(processed, DeferredOutput):
+            return processed.materialize()
+        return processed
+
+    @property
+    def _ready(self) -> ProcessorOutput:
+        """The output's computed tensors (without the deferred ones)."""
+        if "output" in self.__dict__:  # materialized already
+            return self.output
+        processed = self.processed
+        return processed.ready if isinstance(processed, DeferredOutput) else processed
+
+    def wire_tensors(self) -> dict[str, npt.NDArray[Any] | PendingTensor]:
+        """:meth:`tensors` as the builders attach them: a tensor not written yet stays a
+        :class:`~smg_grpc_proto._native.PendingTensor` (shape, dtype, written on serializing)."""
+        processed = self.processed
+        if "output" in self.__dict__ or not isinstance(processed, DeferredOutput):
+            return dict(self.tensors())
+        computed = {k: v for k, v in processed.ready.tensors().items() if k in self._names}
+        pending = {k: v for k, v in processed.pending.items() if k in self._names}
+        return {**pending, **computed}
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        if self.modality == "video":
+            return ("pixel_values_videos", "video_grid_thw")
+        return ("pixel_values", "image_grid_thw", "image_sizes")
+
     @property
     def count(self) -> int:
         return len(self.token_counts)
@@ -316,7 +357,7 @@ class PreparedMedia:
     @property
     def grid_name(self) -> str | None:
         name = "video_grid_thw" if self.modality == "video" else "image_grid_thw"
-        return name if getattr(self.output, name) is not None else None
+        return name if getattr(self._ready, name) is not None else None
 
     @property
     def primary(self) -> npt.NDArray[Any] | None:
@@ -325,12 +366,7 @@ class PreparedMedia:
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """The primary tensor and its side tensors for this modality."""
-        keep = (
-            ("pixel_values_videos", "video_grid_thw")
-            if self.modality == "video"
-            else ("pixel_values", "image_grid_thw", "image_sizes")
-        )
-        return {k: v for k, v in self.output.tensors().items() if k in keep}
+        return {k: v for k, v in self.output.tensors().items() if k in self._names}
 
     def layout(self) -> dict[str, Layout]:
         """How each tensor splits into items: Qwen's patches are flat (rows per item from the
@@ -338,7 +374,7 @@ class PreparedMedia:
         grid = self.grid_name
         return {
             name: ("flat" if grid is not None and name == self.primary_name else "batched")
-            for name in self.tensors()
+            for name in self.wire_tensors()
         }
 
     def flat_sizes(self) -> tuple[int, ...]:
@@ -346,7 +382,7 @@ class PreparedMedia:
         grid = self.grid_name
         if grid is None:
             return tuple(1 for _ in range(self.count))
-        rows = getattr(self.output, grid)
+        rows = getattr(self._ready, grid)
         return tuple(int(t) * int(h) * int(w) for t, h, w in rows.tolist())
 
     def item_tensors(self, index: int) -> dict[str, npt.NDArray[Any]]:

@@ -103,7 +103,7 @@ def fill_mm_inputs(
 ) -> None:
     """Fill ``message.mm_inputs`` with one batch of images placed at ``ranges``."""
     mm: Any = message.message.mm_inputs
-    tensors = media.tensors()
+    tensors = media.wire_tensors()
     attach(message, "mm_inputs.pixel_values", tensors.pop(media.primary_name), dtype, "inline", 0)
     for name, array in tensors.items():
         attach(message, f"mm_inputs.model_specific_tensors[{name}]", array, None, "inline", 0)

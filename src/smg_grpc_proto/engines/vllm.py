@@ -99,7 +99,7 @@ def fill_mm_inputs(
         mm = getattr(mm, name)[int(index)] if index else getattr(mm, name)
     layout = media.layout()
     primary = media.primary_name
-    tensors = media.tensors()
+    tensors = media.wire_tensors()
     attach(message, f"{at}.pixel_values", tensors.pop(primary), dtype, transport, shm_min_bytes)
     side: Transport = "inline" if transport == "inline" else "auto"
     for name, array in tensors.items():

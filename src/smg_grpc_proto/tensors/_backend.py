@@ -51,15 +51,38 @@ def _call(name: str, *args: Any) -> Any:
         raise TensorError(str(exc), field=name) from None
 
 
+def _pending_type() -> type | None:
+    try:
+        from smg_grpc_proto._native import PendingTensor
+    except ImportError:
+        return None
+    return PendingTensor
+
+
+_PENDING = _pending_type()
+
+
+def is_pending(obj: object) -> bool:
+    """Whether ``obj`` is a tensor not written yet (``_native.PendingTensor``), which the native
+    kernels write straight into their destination."""
+    return _PENDING is not None and isinstance(obj, _PENDING)
+
+
+def _written(src: Any) -> Any:
+    """``src``, a pending tensor written into an array for the numpy fallback."""
+    return np.asarray(src.materialize()) if _NATIVE is None and is_pending(src) else src
+
+
 def convert(src: np.ndarray[Any, Any], wire_dtype: str) -> bytes:
     """Bytes of ``src`` (C-contiguous little-endian storage) converted to ``wire_dtype``."""
     out: bytes = _call("convert", src, wire_dtype)
     return out
 
 
-def convert_into(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any], wire_dtype: str) -> None:
-    """Like :func:`convert`, written into the writable uint8 array ``dst`` of exact size."""
-    _call("convert_into", src, dst, wire_dtype)
+def convert_into(src: Any, dst: np.ndarray[Any, Any], wire_dtype: str) -> None:
+    """Like :func:`convert`, written into the writable uint8 array ``dst`` of exact size (a
+    pending tensor is written there directly)."""
+    _call("convert_into", _written(src), dst, wire_dtype)
 
 
 def decode_frames(data: bytes, plan: Plan, nonce: bytes) -> tuple[bytes, list[tuple[int, int]]]:
@@ -68,10 +91,11 @@ def decode_frames(data: bytes, plan: Plan, nonce: bytes) -> tuple[bytes, list[tu
     return header, [(int(a), int(b)) for a, b in spans]
 
 
-def encode_frames(
-    header: bytes, plan: Plan, nonce: bytes, sources: list[tuple[np.ndarray[Any, Any], str]]
-) -> bytes:
-    """Replace the tokens in ``header`` by the converted ``sources``: one pass per tensor."""
+def encode_frames(header: bytes, plan: Plan, nonce: bytes, sources: list[tuple[Any, str]]) -> bytes:
+    """Replace the tokens in ``header`` by the converted ``sources`` (arrays, or pending tensors
+    written in place): one pass per tensor."""
+    if _NATIVE is None:
+        sources = [(_written(src), dtype) for src, dtype in sources]
     out: bytes = _call("encode_frames", header, plan, nonce, sources)
     return out
 

@@ -84,8 +84,9 @@ class TensorMessage(Generic[M]):
             )
         self.message: M = message
         self._nonce = os.urandom(16)
-        self._sources: list[tuple[np.ndarray[Any, Any], str]] = []
+        self._sources: list[tuple[Any, str]] = []  # (array or pending tensor, wire dtype)
         self._arrays: dict[str, np.ndarray[Any, Any]] = {}
+        self._pending: dict[str, Any] = {}  # attached tensors not written yet, by path
         self._data: bytes | None = None
         self._spans: dict[str, tuple[int, int]] = {}
         self._shm: list[tuple[str, Path]] = []
@@ -108,7 +109,17 @@ class TensorMessage(Generic[M]):
         ``"auto"`` from ``shm_min_bytes`` on, where the layout has a handle) writes them to a new
         shared-memory segment now, as :func:`pack` does; :meth:`discard_shm` unlinks such
         segments if the message is never delivered.
+
+        ``array`` may also be a tensor not written yet (``_native.PendingTensor``, from
+        :meth:`~smg_grpc_proto.vision.ImageProcessor.deferred`): its values are then computed
+        straight into the serialized request or the shared-memory segment, never copied (a
+        ``dtype`` conversion writes them into an array first).
         """
+        if _backend.is_pending(array):
+            if dtype in (None, "float32"):
+                self._attach_pending(path, array, transport, shm_min_bytes, shm_dir)
+                return
+            array = np.asarray(array.materialize())  # converted below, from the written array
         source = inspect(array, dtype)
         td: Any = _resolve(self.message, path, create=True)
         layout = layout_of(td)
@@ -120,12 +131,42 @@ class TensorMessage(Generic[M]):
             directory = shm_dir or shm.DEFAULT_DIR
             write_shm(td, source.contiguous(), source.wire_dtype, source.nbytes, directory)
             self._shm.append((td.shm.name, directory))
+            self._pending.pop(path, None)
             self._arrays[path] = np.asarray(array)
             return
         index = len(self._sources)
         setattr(td, layout.payload_field, self._nonce + index.to_bytes(4, "little"))
         self._sources.append((source.contiguous(), source.wire_dtype))
+        self._pending.pop(path, None)
         self._arrays[path] = np.asarray(array)
+
+    def _attach_pending(
+        self,
+        path: str,
+        pending: Any,
+        transport: Transport,
+        shm_min_bytes: int,
+        shm_dir: Path | None,
+    ) -> None:
+        """A tensor not written yet (``_native.PendingTensor``): written by :func:`serialize`
+        straight into the request, or now straight into the shared-memory segment."""
+        td: Any = _resolve(self.message, path, create=True)
+        layout = layout_of(td)
+        nbytes = int(pending.nbytes)
+        use_shm = choose_shm(layout, nbytes, transport, shm_min_bytes, path)
+        td.Clear()
+        td.shape.extend(int(d) for d in pending.shape)
+        td.dtype = "float32"
+        if use_shm:
+            directory = shm_dir or shm.DEFAULT_DIR
+            write_shm(td, pending, "float32", nbytes, directory)
+            self._shm.append((td.shm.name, directory))
+        else:
+            index = len(self._sources)
+            setattr(td, layout.payload_field, self._nonce + index.to_bytes(4, "little"))
+            self._sources.append((pending, "float32"))
+        self._arrays.pop(path, None)
+        self._pending[path] = pending
 
     @property
     def shm_segments(self) -> list[str]:
@@ -142,24 +183,33 @@ class TensorMessage(Generic[M]):
 
     # -- receiving -------------------------------------------------------------------------
     def __getitem__(self, path: str) -> np.ndarray[Any, Any]:
-        """The tensor at ``path``: a zero-copy view for received frames, else :func:`unpack`."""
+        """The tensor at ``path``: a zero-copy view for received frames, else :func:`unpack`
+        (an attached tensor not written yet is written into an array, once)."""
+        self._write_pending(path)
         if path in self._arrays:
             return self._arrays[path]
         return unpack(_resolve(self.message, path, create=False))
 
     def __contains__(self, path: object) -> bool:
-        return path in self._arrays
+        return path in self._arrays or path in self._pending
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._arrays)
+        return iter([*self._arrays, *self._pending])
 
     def __len__(self) -> int:
-        return len(self._arrays)
+        return len(self._arrays) + len(self._pending)
 
     @property
     def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
         """Every tensor carried in the frames, by path (attached arrays when sending)."""
+        for path in list(self._pending):
+            self._write_pending(path)
         return dict(self._arrays)
+
+    def _write_pending(self, path: str) -> None:
+        pending = self._pending.pop(path, None)
+        if pending is not None:
+            self._arrays[path] = np.asarray(pending.materialize())
 
     def to_message(self) -> M:
         """A self-contained copy of the message with every payload filled in (copies bytes)."""
@@ -173,7 +223,8 @@ class TensorMessage(Generic[M]):
         return message
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"{p}: {a.dtype}{list(a.shape)}" for p, a in self._arrays.items())
+        tensors = [*self._arrays.items(), *self._pending.items()]
+        shapes = ", ".join(f"{p}: {a.dtype}{list(a.shape)}" for p, a in tensors)
         return f"TensorMessage({type(self.message).__name__}, {{{shapes}}})"
 
 

@@ -17,7 +17,9 @@ Available today:
   bit-exact with transformers' PIL backend
   (``from_pretrained(preprocessor_config.json | model dir | dict)`` or ``for_family(name)``);
   a batch of images (bytes, paths, arrays, PIL images) or Qwen videos in, a
-  :class:`ProcessorOutput` of numpy tensors and placeholder token counts out.
+  :class:`ProcessorOutput` of numpy tensors and placeholder token counts out;
+  :meth:`ImageProcessor.deferred` leaves Qwen's ``pixel_values`` to be written straight into a
+  request (:class:`DeferredOutput`).
 * :func:`buffer_cache`: the limit of the cache of large buffers (outputs, decoded images) that
   calls recycle.
 """
@@ -25,7 +27,7 @@ Available today:
 from smg_grpc_proto.vision._cache import BufferCache, buffer_cache
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS, ImageSource, decode
-from smg_grpc_proto.vision._processor import ImageProcessor, ProcessorOutput
+from smg_grpc_proto.vision._processor import DeferredOutput, ImageProcessor, ProcessorOutput
 from smg_grpc_proto.vision._resample import (
     PassOrder,
     Resample,
@@ -39,6 +41,7 @@ from smg_grpc_proto.vision._tokens import VisionTokens
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "BufferCache",
+    "DeferredOutput",
     "Family",
     "ImageProcessor",
     "ImageSource",

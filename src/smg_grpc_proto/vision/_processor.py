@@ -18,6 +18,7 @@ Phi-4-multimodal (transformers' torchvision classes ``Llama4ImageProcessor`` and
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ from smg_grpc_proto.vision import _config, _inputs, _tokens
 from smg_grpc_proto.vision._config import QWEN, Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS
 
-__all__ = ["ImageProcessor", "ProcessorOutput"]
+__all__ = ["DeferredOutput", "ImageProcessor", "ProcessorOutput"]
 
 F32Array = npt.NDArray[np.float32]
 #: float32, or bfloat16 (``ml_dtypes.bfloat16`` when installed; else widened to float32, exactly)
@@ -157,6 +158,27 @@ class ProcessorOutput:
         for name in keep:
             if name in tensors:
                 message.attach(f"{at}.model_specific_tensors[{name}]", tensors[name])
+
+
+@dataclass(frozen=True)
+class DeferredOutput:
+    """What :meth:`ImageProcessor.deferred` returns: a :class:`ProcessorOutput` whose largest
+    tensors are not written yet.
+
+    ``ready`` holds every computed tensor and the token counts (the ``pending`` names are
+    ``None`` there); ``pending`` maps transformers' name (``pixel_values``,
+    ``pixel_values_videos``) to a :class:`smg_grpc_proto._native.PendingTensor`, which
+    :meth:`smg_grpc_proto.tensors.TensorMessage.attach` accepts like an array and writes
+    straight into the request. :meth:`materialize` gives the complete output.
+    """
+
+    ready: ProcessorOutput
+    pending: Mapping[str, _native.PendingTensor]
+
+    def materialize(self) -> ProcessorOutput:
+        """The complete output: each pending tensor written into a new array."""
+        arrays: dict[str, Any] = {n: _as_array(p.materialize()) for n, p in self.pending.items()}
+        return dataclasses.replace(self.ready, **arrays)
 
 
 def _as_array(tensor: Any) -> npt.NDArray[Any]:
@@ -317,25 +339,52 @@ class ImageProcessor:
     ) -> ProcessorOutput:
         """Process ``images`` (one image or a list: encoded bytes, paths, uint8 ``HxW[xC]``
         arrays, PIL images) and/or ``videos`` (Qwen: a list of frames, or a list of videos)."""
+        values = self._values(images, videos, threads, deferred=False)
+        return self._output(values)
+
+    def deferred(
+        self,
+        images: Any = None,
+        *,
+        videos: Any = None,
+        threads: int | None = None,
+    ) -> DeferredOutput:
+        """Like calling the processor, but the Qwen families' ``pixel_values`` (and
+        ``pixel_values_videos``) are left unwritten: everything is decoded, resized, checked and
+        laid out, and the values are written only where they are needed — straight into a
+        serialized request by :func:`smg_grpc_proto.tensors.serialize`, or into a shared-memory
+        segment — so the largest tensor of a request is written once and never copied. Other
+        families compute everything now."""
+        values = self._values(images, videos, threads, deferred=True)
+        pending = {k: v for k, v in values.items() if isinstance(v, _native.PendingTensor)}
+        ready = self._output({k: v for k, v in values.items() if k not in pending})
+        return DeferredOutput(ready, pending)
+
+    def _values(self, images: Any, videos: Any, threads: int | None, *, deferred: bool) -> Any:
         if images is None and videos is None:
             raise ValueError("pass images, videos or both")
         n_threads = threads if threads is not None else (self.threads or 0)
         if isinstance(n_threads, bool) or n_threads < 0:
             raise ValueError(f"threads must be a non-negative int, got {n_threads!r}")
         args = (n_threads, self.apply_exif, self.alpha, self.max_pixels)
-        values: dict[str, npt.NDArray[Any]] = {}
+        values: dict[str, Any] = {}
         if images is not None:
             items = [
                 _inputs.to_native(item, f"images[{i}]")
                 for i, item in enumerate(_inputs.flatten_images(images))
             ]
-            values.update(self._run(self._native.images, items, args))
+            images_method: Any = self._native.images_deferred if deferred else self._native.images
+            values.update(self._run(images_method, items, args))
         if videos is not None:
             batch = [
                 [_inputs.to_native(f, f"videos[{v}][{i}]") for i, f in enumerate(frames)]
                 for v, frames in enumerate(_inputs.flatten_videos(videos))
             ]
-            values.update(self._run(self._native.videos, batch, args))
+            videos_method: Any = self._native.videos_deferred if deferred else self._native.videos
+            values.update(self._run(videos_method, batch, args))
+        return values
+
+    def _output(self, values: dict[str, npt.NDArray[Any]]) -> ProcessorOutput:
         return ProcessorOutput(
             pixel_values=values.get("pixel_values"),
             aspect_ratios=values.get("aspect_ratios"),
@@ -355,14 +404,15 @@ class ImageProcessor:
         )
 
     @staticmethod
-    def _run(
-        method: Any, items: Any, args: tuple[int, bool, str, int | None]
-    ) -> dict[str, npt.NDArray[Any]]:
+    def _run(method: Any, items: Any, args: tuple[int, bool, str, int | None]) -> dict[str, Any]:
         try:
             tensors = method(items, *args)
         except ValueError as exc:
             raise _raise_native(exc) from None
-        return {name: _as_array(tensor) for name, tensor in tensors}
+        return {
+            name: tensor if isinstance(tensor, _native.PendingTensor) else _as_array(tensor)
+            for name, tensor in tensors
+        }
 
     def _grid_tokens(self, grid: I64Array | None) -> tuple[int, ...] | None:
         if grid is None:

@@ -1,0 +1,210 @@
+"""Deferred pixel values: Qwen's ``pixel_values`` written straight into the serialized request
+(or the shared-memory segment) instead of into an array that is then copied.
+
+Every path is compared byte for byte with the eager one (the processor's array attached and
+serialized as before): the wire bytes at every alignment of the payload inside the message,
+small and large tensors (plain and streaming stores), images and videos, shm, dtype conversion,
+the numpy fallback codec, and the materialised output."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from smg_grpc_proto import _native, tensors
+from smg_grpc_proto.engines import VisionModel
+from smg_grpc_proto.engines import sglang as sglang_adapter
+from smg_grpc_proto.engines import vllm as vllm_adapter
+from smg_grpc_proto.errors import TensorError
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
+from smg_grpc_proto.tensors import _backend
+from smg_grpc_proto.vision import DeferredOutput, ImageProcessor
+
+PATH = "mm_inputs.pixel_values"
+
+
+def _images(seed: int, sizes: list[tuple[int, int]]) -> list[np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+
+
+def _jpeg(image: np.ndarray[Any, Any]) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _prompt(n: int) -> list[int]:
+    return [101, *([151652, 151655, 151653] * n), 102]
+
+
+def _eager_wire(request_id: str, media: Any, pixels: np.ndarray[Any, Any]) -> bytes:
+    """The request with the materialised array attached, as before deferral."""
+    request = vllm_adapter.generate_request(request_id, _prompt(media.count), media)
+    request.attach(PATH, pixels)
+    return tensors.serialize(request)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_deferred_output_materialises_the_eager_output(family: str) -> None:
+    processor = ImageProcessor.for_family(family)  # type: ignore[arg-type]
+    images = _images(1, [(300, 200), (97, 131)])
+    eager = processor(images)
+    deferred = processor.deferred(images)
+    assert isinstance(deferred, DeferredOutput)
+    assert set(deferred.pending) == {"pixel_values"}
+    assert deferred.ready.pixel_values is None
+    pending = deferred.pending["pixel_values"]
+    assert eager.pixel_values is not None
+    assert list(pending.shape) == list(eager.pixel_values.shape)
+    assert pending.dtype == "float32"
+    assert pending.nbytes == eager.pixel_values.nbytes
+    np.testing.assert_array_equal(deferred.ready.image_grid_thw, eager.image_grid_thw)
+    assert deferred.ready.num_image_tokens == eager.num_image_tokens
+    out = deferred.materialize()
+    assert out.pixel_values is not None
+    assert out.pixel_values.tobytes() == eager.pixel_values.tobytes()
+    # Each materialisation writes the values again, the same bits.
+    again = np.asarray(pending.materialize())
+    assert again.tobytes() == eager.pixel_values.tobytes()
+
+
+def test_deferred_videos_and_other_families() -> None:
+    processor = ImageProcessor.for_family("qwen2_vl")
+    frames = _images(2, [(84, 112)] * 3)
+    eager = processor(videos=[frames])
+    deferred = processor.deferred(videos=[frames])
+    assert set(deferred.pending) == {"pixel_values_videos"}
+    pending = deferred.pending["pixel_values_videos"]
+    assert pending.name == "pixel_values_videos"
+    assert eager.pixel_values_videos is not None
+    assert np.asarray(pending.materialize()).tobytes() == eager.pixel_values_videos.tobytes()
+    np.testing.assert_array_equal(deferred.ready.video_grid_thw, eager.video_grid_thw)
+    # A family without deferral computes everything now.
+    clip = ImageProcessor.for_family("clip")
+    done = clip.deferred(_images(3, [(50, 70)]))
+    assert not done.pending
+    assert done.ready.pixel_values is not None
+    assert done.ready.pixel_values.tobytes() == clip(_images(3, [(50, 70)])).pixel_values.tobytes()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("size", [(300, 200), (960, 1280)], ids=["small", "23MB-streamed"])
+def test_wire_bytes_at_every_payload_alignment(size: tuple[int, int]) -> None:
+    """The payload's offset in the message follows the fields before it: request ids of 1..64
+    characters move it through 64 consecutive offsets, so every byte alignment within a cache
+    line. Large tensors take the streaming-store path, whose cache-line split depends on it."""
+    model = VisionModel.for_family("qwen2_vl")
+    files = [_jpeg(_images(4, [size])[0])]
+    media = model.prepare(files, threads=1)
+    reference = VisionModel.for_family("qwen2_vl").prepare(files, threads=1).output.pixel_values
+    assert reference is not None
+    offsets = set()
+    for n in range(1, 65):
+        request_id = "r" * n
+        request = vllm_adapter.generate_request(request_id, _prompt(1), media)
+        assert PATH in request
+        assert len(request) == 3
+        wire = tensors.serialize(request)
+        expected = _eager_wire(request_id, media, reference)
+        assert wire == expected, f"request id of {n} characters"
+        offsets.add(wire.find(reference.tobytes()[:64]) % 64)
+        decoded = vllm_adapter.decode_mm_inputs(tensors.parse(wire, vllm_pb.GenerateRequest))
+        assert decoded[0].tensors["pixel_values"].tobytes() == reference.tobytes()
+    assert len(offsets) == 64
+
+
+def test_media_materialises_once_and_builders_stay_deferred() -> None:
+    model = VisionModel.for_family("qwen2_vl")
+    images = _images(5, [(140, 196), (56, 56)])
+    media = model.prepare(images)
+    assert isinstance(media.processed, DeferredOutput)
+    wire_tensors = media.wire_tensors()
+    assert isinstance(wire_tensors["pixel_values"], _native.PendingTensor)
+    assert media.layout() == {"pixel_values": "flat", "image_grid_thw": "batched"}
+    assert media.flat_sizes() == (140 * 196 // 196, 16)
+    eager = ImageProcessor.for_family("qwen2_vl")(images)
+    first = media.output
+    assert first is media.output  # written once, then cached
+    assert first.pixel_values is not None
+    assert eager.pixel_values is not None
+    assert first.pixel_values.tobytes() == eager.pixel_values.tobytes()
+    assert isinstance(media.wire_tensors()["pixel_values"], np.ndarray)
+    assert media.item_tensors(1)["pixel_values"].shape == (16, 1176)
+
+
+def test_shm_transport_writes_straight_into_the_segment(tmp_path: Path) -> None:
+    model = VisionModel.for_family("qwen2_vl")
+    images = _images(6, [(200, 300)])
+    media = model.prepare(images)
+    reference = ImageProcessor.for_family("qwen2_vl")(images).pixel_values
+    assert reference is not None
+    request = vllm_adapter.generate_request("r", _prompt(1), media, transport="shm")
+    assert len(request.shm_segments) == 1
+    received = tensors.parse(tensors.serialize(request), vllm_pb.GenerateRequest)
+    decoded = vllm_adapter.decode_mm_inputs(received)
+    assert decoded[0].tensors["pixel_values"].tobytes() == reference.tobytes()
+
+
+def test_conversion_and_accessors_materialise() -> None:
+    model = VisionModel.for_family("qwen2_vl")
+    images = _images(7, [(112, 84)])
+    media = model.prepare(images)
+    reference = ImageProcessor.for_family("qwen2_vl")(images).pixel_values
+    assert reference is not None
+    request = vllm_adapter.generate_request("r", _prompt(1), media, dtype="bfloat16")
+    want = tensors.pack(reference, vllm_pb.TensorData, dtype="bfloat16").inline
+    wire = tensors.parse(tensors.serialize(request), vllm_pb.GenerateRequest)
+    assert wire.message.mm_inputs.pixel_values.dtype == "bfloat16"
+    assert wire.to_message().mm_inputs.pixel_values.inline == want
+    # A pending attachment reads back as the array it stands for.
+    message = tensors.TensorMessage(vllm_pb.GenerateRequest(request_id="r"))
+    pending = model.processor.deferred(images).pending["pixel_values"]
+    message.attach(PATH, pending)
+    assert PATH in message
+    assert list(message) == [PATH]
+    assert "pixel_values" in repr(message)
+    assert message[PATH].tobytes() == reference.tobytes()
+    assert message.arrays[PATH].tobytes() == reference.tobytes()
+    assert tensors.serialize(message) == tensors.serialize(message.to_message())
+
+
+def test_numpy_fallback_codec_writes_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = VisionModel.for_family("qwen2_vl")
+    media = model.prepare(_images(8, [(100, 150)]))
+    native = tensors.serialize(vllm_adapter.generate_request("r", _prompt(1), media))
+    monkeypatch.setattr(_backend, "_NATIVE", None)
+    fallback = tensors.serialize(vllm_adapter.generate_request("r", _prompt(1), media))
+    assert fallback == native
+
+
+def test_sglang_builder_writes_pending_pixels() -> None:
+    model = VisionModel.for_family("qwen2_vl")
+    images = _images(9, [(90, 120)])
+    media = model.prepare(images)
+    reference = ImageProcessor.for_family("qwen2_vl")(images).pixel_values
+    assert reference is not None
+    request = sglang_adapter.generate_request("r", _prompt(1), media)
+    received = tensors.parse(tensors.serialize(request), sgl_pb.GenerateRequest)
+    decoded = sglang_adapter.decode_mm_inputs(received)
+    assert decoded[0].tensors["pixel_values"].tobytes() == reference.tobytes()
+
+
+def test_native_refusals_name_the_numbers() -> None:
+    pending = ImageProcessor.for_family("qwen2_vl").deferred(_images(10, [(56, 56)]))
+    tensor = pending.pending["pixel_values"]
+    with pytest.raises(ValueError, match=r"PendingTensor \(pixel_values\) is written as float32"):
+        _native.convert_into(tensor, np.zeros(tensor.nbytes // 2, np.uint8), "bfloat16")
+    with pytest.raises(ValueError, match=rf"holds 7 bytes, .* needs exactly {tensor.nbytes}"):
+        _native.convert_into(tensor, np.zeros(7, np.uint8), "float32")
+    out = np.zeros(tensor.nbytes, np.uint8)
+    _native.convert_into(tensor, out, "float32")
+    assert out.tobytes() == np.asarray(tensor.materialize()).tobytes()
+    message = tensors.TensorMessage(vllm_pb.GenerateRequest(request_id="r"))
+    with pytest.raises(TensorError, match="dtype"):
+        message.attach(PATH, tensor, dtype="int64")
