@@ -73,7 +73,7 @@ pub(crate) struct HorizontalPlan {
 }
 
 /// `w = hi·2¹⁶ + lo`, both halves `i16`.
-fn split(w: i32) -> (i16, i16) {
+pub(crate) fn split(w: i32) -> (i16, i16) {
     let lo = w as i16;
     let hi = (w - i32::from(lo)) >> 16;
     (lo, hi as i16)
@@ -367,6 +367,40 @@ impl HorizontalPlan {
     }
 }
 
+/// Two taps of a vertical pass: their rows, and the `(lo, lo)` and `(hi, hi)` weight pairs of
+/// [`split`] packed as dwords (an odd last tap is paired with itself and a zero weight).
+pub(crate) type TapPair = (*const u8, *const u8, i32, i32);
+
+/// Tap pairs of a few taps are built on the stack.
+pub(crate) const STACK_PAIRS: usize = 8;
+pub(crate) const NO_PAIR: TapPair = (std::ptr::null(), std::ptr::null(), 0, 0);
+
+/// The tap pairs of `rows` and `weights`, in `stack` when they fit, else in `heap`.
+pub(crate) fn tap_pairs<'a>(
+    rows: &[&[u8]],
+    weights: &[i32],
+    stack: &'a mut [TapPair; STACK_PAIRS],
+    heap: &'a mut Vec<TapPair>,
+) -> &'a [TapPair] {
+    let pair = |t: usize| -> TapPair {
+        let (w0, w1) = (weights[t], weights.get(t + 1).copied().unwrap_or(0));
+        let r1 = rows.get(t + 1).unwrap_or(&rows[t]);
+        let ((l0, h0), (l1, h1)) = (split(w0), split(w1));
+        let dword = |a: i16, b: i16| i32::from(a as u16) | (i32::from(b) << 16);
+        (rows[t].as_ptr(), r1.as_ptr(), dword(l0, l1), dword(h0, h1))
+    };
+    let n_pairs = rows.len().div_ceil(2);
+    if n_pairs <= STACK_PAIRS {
+        for (k, slot) in stack[..n_pairs].iter_mut().enumerate() {
+            *slot = pair(2 * k);
+        }
+        &stack[..n_pairs]
+    } else {
+        *heap = (0..n_pairs).map(|k| pair(2 * k)).collect();
+        heap
+    }
+}
+
 /// One vertical output row (see `kernels::vertical_row`).
 ///
 /// Taps are taken in pairs `(t, t + 1)`: the two rows' bytes are interleaved and zero-extended
@@ -384,26 +418,9 @@ pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8
         return;
     }
     assert!(rows.iter().all(|r| r.len() >= n));
-    // Per tap pair: the two rows and the (lo, lo) and (hi, hi) weight pairs as dwords.
-    let pair = |t: usize| -> (*const u8, *const u8, i32, i32) {
-        let (w0, w1) = (weights[t], weights.get(t + 1).copied().unwrap_or(0));
-        let r1 = rows.get(t + 1).unwrap_or(&rows[t]);
-        let ((l0, h0), (l1, h1)) = (split(w0), split(w1));
-        let dword = |a: i16, b: i16| i32::from(a as u16) | (i32::from(b) << 16);
-        (rows[t].as_ptr(), r1.as_ptr(), dword(l0, l1), dword(h0, h1))
-    };
-    let mut stack = [(std::ptr::null(), std::ptr::null(), 0i32, 0i32); 8];
-    let heap: Vec<(*const u8, *const u8, i32, i32)>;
-    let n_pairs = rows.len().div_ceil(2);
-    let pairs: &[(*const u8, *const u8, i32, i32)] = if n_pairs <= stack.len() {
-        for (k, slot) in stack[..n_pairs].iter_mut().enumerate() {
-            *slot = pair(2 * k);
-        }
-        &stack[..n_pairs]
-    } else {
-        heap = (0..n_pairs).map(|k| pair(2 * k)).collect();
-        &heap
-    };
+    let mut stack = [NO_PAIR; STACK_PAIRS];
+    let mut heap = Vec::new();
+    let pairs = tap_pairs(rows, weights, &mut stack, &mut heap);
     let zero = _mm256_setzero_si256();
     let mut i = 0;
     loop {

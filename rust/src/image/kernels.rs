@@ -15,7 +15,7 @@
 use super::coeffs::{AxisCoeffs, PRECISION_BITS, ROUNDING};
 
 #[cfg(target_arch = "x86_64")]
-use super::avx2;
+use super::{avx2, avx512};
 
 /// `clamp(acc >> 22, 0, 255)`: Pillow's `clip8`.
 #[inline(always)]
@@ -32,6 +32,10 @@ pub(crate) enum Isa {
     /// proves the running CPU has AVX2.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2(Detected),
+    /// x86-64 AVX-512F, AVX-512BW and AVX-512 VNNI (and so AVX2): the AVX2 horizontal pass and
+    /// a 64-sample vertical pass. Made only by [`Isa::detect`], like [`Isa::Avx2`].
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512(Detected),
 }
 
 /// Proof that run-time detection found the instruction set (private constructor).
@@ -44,6 +48,9 @@ impl Isa {
     pub(crate) fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
+            if avx2::available() && avx512::available() {
+                return Isa::Avx512(Detected(()));
+            }
             if avx2::available() {
                 return Isa::Avx2(Detected(()));
             }
@@ -61,13 +68,20 @@ pub(crate) struct Horizontal {
     channels: usize,
     #[cfg(target_arch = "x86_64")]
     plan: Option<avx2::HorizontalPlan>,
+    /// The AVX-512 plan, used instead of `plan` when the CPU and the axis allow it.
+    #[cfg(target_arch = "x86_64")]
+    plan512: Option<avx512::HorizontalPlan>,
 }
 
 impl Horizontal {
     pub(crate) fn new(coeffs: AxisCoeffs, channels: usize, isa: Isa) -> Horizontal {
         #[cfg(target_arch = "x86_64")]
-        let plan =
-            matches!(isa, Isa::Avx2(_)).then(|| avx2::HorizontalPlan::new(&coeffs, channels));
+        let plan512 = matches!(isa, Isa::Avx512(_))
+            .then(|| avx512::HorizontalPlan::new(&coeffs, channels))
+            .flatten();
+        #[cfg(target_arch = "x86_64")]
+        let plan = (matches!(isa, Isa::Avx2(_) | Isa::Avx512(_)) && plan512.is_none())
+            .then(|| avx2::HorizontalPlan::new(&coeffs, channels));
         #[cfg(not(target_arch = "x86_64"))]
         let _ = isa;
         Horizontal {
@@ -75,6 +89,8 @@ impl Horizontal {
             channels,
             #[cfg(target_arch = "x86_64")]
             plan,
+            #[cfg(target_arch = "x86_64")]
+            plan512,
         }
     }
 
@@ -86,6 +102,10 @@ impl Horizontal {
     /// The length an input row buffer needs so that every row is computed by the fastest
     /// kernel: `in_row_len` plus what the SIMD loads may read past the row's end.
     pub(crate) fn padded_len(&self, in_row_len: usize) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(plan) = &self.plan512 {
+            return in_row_len.max(plan.read_len());
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(plan) = &self.plan {
             return in_row_len.max(plan.read_len());
@@ -120,9 +140,16 @@ impl Horizontal {
     /// its coefficient loads between them.
     fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
         #[cfg(target_arch = "x86_64")]
+        if let Some(plan) = &self.plan512 {
+            // SAFETY: an AVX-512 plan is only built from an `Isa::Avx512`, whose token only
+            // `Isa::detect` makes, after `avx512::available` found the features it needs.
+            unsafe { plan.rows(&self.coeffs, self.channels, src, out) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
         if let Some(plan) = &self.plan {
-            // SAFETY: a plan is only built from an `Isa::Avx2`, whose token only `Isa::detect`
-            // makes, after finding AVX2 on the running CPU.
+            // SAFETY: a plan is only built from an `Isa::Avx2` or `Isa::Avx512`, whose token only
+            // `Isa::detect` makes, after finding AVX2 on the running CPU.
             unsafe { plan.rows(&self.coeffs, self.channels, src, out) };
             return;
         }
@@ -187,10 +214,19 @@ pub(crate) fn horizontal_samples_scalar(
 pub(crate) fn vertical_row(isa: Isa, rows: &[&[u8]], weights: &[i32], out: &mut [u8]) {
     debug_assert_eq!(rows.len(), weights.len());
     #[cfg(target_arch = "x86_64")]
-    if let Isa::Avx2(_) = isa {
-        // SAFETY: only `Isa::detect` makes an `Isa::Avx2`, after finding AVX2 on this CPU.
-        unsafe { avx2::vertical_row(rows, weights, out) };
-        return;
+    match isa {
+        Isa::Avx512(_) => {
+            // SAFETY: only `Isa::detect` makes an `Isa::Avx512`, after finding AVX-512F,
+            // AVX-512BW and AVX-512 VNNI on this CPU.
+            unsafe { avx512::vertical_row(rows, weights, out) };
+            return;
+        }
+        Isa::Avx2(_) => {
+            // SAFETY: only `Isa::detect` makes an `Isa::Avx2`, after finding AVX2 on this CPU.
+            unsafe { avx2::vertical_row(rows, weights, out) };
+            return;
+        }
+        Isa::Scalar => {}
     }
     let _ = isa;
     vertical_row_scalar(rows, weights, out);

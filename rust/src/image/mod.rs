@@ -3,7 +3,8 @@
 //! - [`resample`]: `Image.resize` of Pillow 13.0.0 for 8-bit images, byte for byte — the
 //!   nearest, box, bilinear, hamming, bicubic and lanczos filters, Pillow's fixed-point
 //!   arithmetic, the `u8` image between the two passes, and both pass orders (Pillow 13 and
-//!   Pillow ≤ 12.2). SIMD (AVX2, detected at run time) and threads never change a byte.
+//!   Pillow ≤ 12.2). SIMD (AVX2, and AVX-512 VNNI for the vertical pass, detected at run
+//!   time) and threads never change a byte.
 //! - [`decode`]: JPEG, PNG, GIF, BMP and WebP files to RGB exactly as transformers' loader
 //!   gets them from Pillow 13.0.0 (libjpeg-turbo and libwebp linked statically).
 //! - [`filters`]: the filter kernels and Pillow's filter ids.
@@ -23,6 +24,8 @@ pub mod torch;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 pub use filters::Filter;
 pub use resample::{resize, resize_into, ImageRef, PassOrder, ResampleError, ResizeOptions};

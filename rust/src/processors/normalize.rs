@@ -309,6 +309,9 @@ mod avx2 {
     #[derive(Clone, Debug)]
     pub struct Formula {
         method: Method,
+        /// [`Method::Fused`] runs 16 values at a time with AVX-512 (the same operations per
+        /// value, so the same bits; `reproduces` checks the kernel actually used).
+        wide: bool,
         factor: f64,
         hi: f32,
         lo: f32,
@@ -325,6 +328,7 @@ mod avx2 {
             let std = std.map(|s| s as f32);
             let mut formula = Formula {
                 method: Method::Fused,
+                wide: super::avx512::available(),
                 factor,
                 hi,
                 lo: (factor - f64::from(hi)) as f32,
@@ -348,6 +352,13 @@ mod avx2 {
         #[cfg(test)]
         pub fn method(&self) -> Method {
             self.method
+        }
+
+        /// The same formula without the AVX-512 kernel (tests compare the two).
+        #[cfg(test)]
+        pub fn narrow(mut self) -> Self {
+            self.wide = false;
+            self
         }
 
         /// Whether this formula gives `table`'s bits for every input byte of every channel.
@@ -389,10 +400,19 @@ mod avx2 {
             out: *mut f32,
             copies: &[[usize; 3]],
         ) {
-            // SAFETY: forwarded from this function's contract.
+            // SAFETY: forwarded from this function's contract; `wide` is only set when
+            // `super::avx512::available()` found what the wide kernel needs.
             unsafe {
                 match self.method {
                     Method::Literal => spread::<false>(self, pixels, runs, out, copies),
+                    Method::Fused if self.wide => super::avx512::spread(
+                        [self.hi, self.lo],
+                        [self.mean, self.std, self.recip],
+                        pixels,
+                        runs,
+                        out,
+                        copies,
+                    ),
                     Method::Fused => spread::<true>(self, pixels, runs, out, copies),
                 }
             }
@@ -531,6 +551,101 @@ mod avx2 {
     }
 }
 
+/// The fused formula of [`avx2::Method::Fused`] on 16 values at a time (AVX-512F, BW and
+/// VBMI): one masked load of up to 16 pixels, one `vpermb` per channel to gather its bytes, the
+/// same floating-point operations per value as the AVX2 kernel, masked stores (a run of any
+/// width, no overlapping vectors).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Values per vector.
+    const LANES: usize = 16;
+
+    /// Whether the CPU has what [`spread`] uses.
+    pub fn available() -> bool {
+        super::avx2::available()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vbmi")
+    }
+
+    /// `vpermb` control gathering channel `c` of 16 interleaved RGB pixels into bytes 0–15.
+    const fn control(c: usize) -> [u8; 64] {
+        let mut bytes = [0u8; 64];
+        let mut j = 0;
+        while j < LANES {
+            bytes[j] = (3 * j + c) as u8;
+            j += 1;
+        }
+        bytes
+    }
+
+    const CONTROLS: [[u8; 64]; 3] = [control(0), control(1), control(2)];
+
+    /// As the AVX2 kernel's `spread::<true>`, with the constants `[hi, lo]` (the split rescale
+    /// factor) and `[mean, std, recip]` per channel.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support what [`available`] checks; `runs.width ≥ 1`; for every run `y`,
+    /// `pixels[y · stride..][..3 · width]` must be in bounds, and for every `start` of `copies`
+    /// and channel `c`, `out + start[c] + y · out_stride ..][..width]` valid for writes and not
+    /// read or written by anyone else during the call.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+    pub unsafe fn spread(
+        [hi, lo]: [f32; 2],
+        [mean, std, recip]: [[f32; 3]; 3],
+        pixels: &[u8],
+        runs: super::Runs,
+        out: *mut f32,
+        copies: &[[usize; 3]],
+    ) {
+        let n = runs.width;
+        // SAFETY: each control is a 64-byte array, read with an unaligned load.
+        let controls = CONTROLS.map(|c| unsafe { _mm512_loadu_si512(c.as_ptr().cast()) });
+        let (f_hi, f_lo) = (_mm512_set1_ps(hi), _mm512_set1_ps(lo));
+        let mean = mean.map(|v| _mm512_set1_ps(v));
+        let std = std.map(|v| _mm512_set1_ps(v));
+        let recip = recip.map(|v| _mm512_set1_ps(v));
+        for y in 0..runs.rows {
+            let (row, dst) = (y * runs.stride, y * runs.out_stride);
+            // As in the AVX2 kernel: the next bytes of this row, asked for early (a prefetch
+            // never faults, and `wrapping_add` claims nothing about the address).
+            _mm_prefetch::<_MM_HINT_T0>(
+                pixels.as_ptr().wrapping_add(row + 3 * n + 128).cast::<i8>(),
+            );
+            let mut at = 0;
+            while at < n {
+                let count = LANES.min(n - at);
+                let bytes_mask: u64 = (1u64 << (3 * count)) - 1; // 3·count ≤ 48 bits
+                let values_mask: u16 = ((1u32 << count) - 1) as u16;
+                // SAFETY: the masked load reads only the `3·count` bytes of pixels
+                // `at..at + count` of run `y` (masked-off bytes are never accessed), in bounds by
+                // the contract; the masked stores write only values `at..at + count` of each
+                // output run, in bounds too.
+                unsafe {
+                    let p = pixels.as_ptr().add(row + 3 * at);
+                    let px = _mm512_maskz_loadu_epi8(bytes_mask, p.cast());
+                    for c in 0..3 {
+                        let bytes =
+                            _mm512_castsi512_si128(_mm512_permutexvar_epi8(controls[c], px));
+                        let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+                        let x = _mm512_fmadd_ps(v, f_hi, _mm512_mul_ps(v, f_lo));
+                        let d = _mm512_sub_ps(x, mean[c]);
+                        let q = _mm512_mul_ps(d, recip[c]);
+                        let v = _mm512_fmadd_ps(_mm512_fnmadd_ps(q, std[c], d), recip[c], q);
+                        for start in copies {
+                            _mm512_mask_storeu_ps(out.add(start[c] + dst + at), values_mask, v);
+                        }
+                    }
+                }
+                at += count;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,13 +714,17 @@ mod tests {
             let mut variants = vec![fast.clone()];
             #[cfg(target_arch = "x86_64")]
             if let Some(formula) = &fast.simd {
-                // The literal method always; the fused one when it was chosen.
+                // The literal method always; the fused one when it was chosen, with and without
+                // the AVX-512 kernel.
                 let mut literal = fast.clone();
                 literal.simd = Some(formula.clone().with_method(avx2::Method::Literal));
                 variants.push(literal);
+                let mut narrow = fast.clone();
+                narrow.simd = Some(formula.clone().narrow());
+                variants.push(narrow);
             }
-            // Run lengths around the vector width, every position of a run.
-            for n in [1, 7, 8, 9, 13, 14, 16, 17, 100, 256] {
+            // Run lengths around both vector widths, every position of a run.
+            for n in [1, 7, 8, 9, 13, 14, 15, 16, 17, 31, 32, 33, 100, 256] {
                 let pixels: Vec<u8> = (0..3 * n).map(|i| ((i * 37 + n) % 256) as u8).collect();
                 let want = run(&table, &pixels);
                 for variant in &variants {

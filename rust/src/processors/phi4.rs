@@ -214,9 +214,13 @@ fn tokens(mask: &[f32], mw: usize, m: usize) -> i64 {
     let mh = mask.len() / mw;
     let mut sum = 0.0f64;
     let mut first_column = 0.0f64;
-    for y in (0..mh).filter(|y| (y % m) % 2 == 0) {
+    for y in (0..mh).filter(|y| (y % m).is_multiple_of(2)) {
         let row = &mask[y * mw..(y + 1) * mw];
-        for (x, &v) in row.iter().enumerate().filter(|(x, _)| (x % m) % 2 == 0) {
+        for (x, &v) in row
+            .iter()
+            .enumerate()
+            .filter(|(x, _)| (x % m).is_multiple_of(2))
+        {
             sum += f64::from(v);
             if x == 0 {
                 first_column += f64::from(v);

@@ -152,6 +152,13 @@ fn stream_copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32]) {
     let body = (n - head) / LINE * LINE;
     copy_plain(&mut dst[..head], &bytes[..head]);
     let (d_ptr, s_ptr) = (dst.as_mut_ptr(), bytes.as_ptr());
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was just detected; `head..head + body` are whole 64-byte lines of
+        // `dst` (aligned) and in bounds of both slices, as `stream_lines` requires.
+        unsafe { stream_lines(d_ptr.add(head).cast(), s_ptr.add(head), body / LINE) };
+        copy_plain(&mut dst[head + body..], &bytes[head + body..]);
+        return;
+    }
     for i in (head..head + body).step_by(16) {
         // SAFETY: `i + 16 <= head + body <= n`, so the 16 bytes read and the 16 written are in
         // bounds of `bytes` and `dst`; `dst + i` is 16-byte aligned (`head` bytes past a 64-byte
@@ -168,6 +175,27 @@ fn stream_copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32]) {
 /// A cache line.
 #[cfg(target_arch = "x86_64")]
 const LINE: usize = 64;
+
+/// Streams `lines` whole cache lines from `src` (any alignment) to `dst` (64-byte aligned), one
+/// 64-byte store each.
+///
+/// # Safety
+///
+/// The CPU must support AVX-512F; `src[..64·lines]` must be readable and `dst[..64·lines]`
+/// writable, not overlapping.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream_lines(dst: *mut u8, src: *const u8, lines: usize) {
+    use std::arch::x86_64::{_mm512_loadu_si512, _mm512_stream_si512};
+    for k in 0..lines {
+        // SAFETY: line `k < lines` of both is in bounds by the contract; `dst + 64·k` is
+        // 64-byte aligned as `_mm512_stream_si512` requires; the load is unaligned.
+        unsafe {
+            let v = _mm512_loadu_si512(src.add(LINE * k).cast());
+            _mm512_stream_si512(dst.add(LINE * k).cast(), v);
+        }
+    }
+}
 
 /// `dst.copy_from_slice(src)` into memory that may be uninitialised.
 fn copy_plain(dst: &mut [MaybeUninit<u8>], src: &[u8]) {

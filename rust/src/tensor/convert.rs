@@ -68,7 +68,7 @@ impl Conversion {
     /// (`arg` names the source in the error).
     pub fn output_len(self, src_len: usize, arg: &'static str) -> Result<usize, TensorError> {
         let (si, di) = (self.src_itemsize(), self.dst_itemsize());
-        if si == 0 || src_len % si != 0 {
+        if si == 0 || !src_len.is_multiple_of(si) {
             return Err(TensorError::PartialItem {
                 arg,
                 len: src_len,

@@ -349,7 +349,7 @@ fn rle_decode(
         } else {
             match byte {
                 0 => {
-                    while len % w != 0 {
+                    while !len.is_multiple_of(w) {
                         push(out, &mut len, 0);
                     }
                     x = 0;
@@ -385,7 +385,7 @@ fn rle_decode(
                     }
                     x += usize::from(n);
                     // Pillow aligns the file position, not the offset into the pixel data.
-                    if (base + pos) % 2 != 0 {
+                    if !(base + pos).is_multiple_of(2) {
                         pos += 1;
                     }
                 }

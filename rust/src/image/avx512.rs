@@ -1,0 +1,380 @@
+//! AVX-512 kernels (AVX-512BW, VBMI and VNNI), exact to the last bit like [`super::avx2`].
+//!
+//! Both passes accumulate the split weights of [`super::avx2`] (`w = hi·2¹⁶ + lo`) with
+//! `vpdpwssd`, VNNI's fused `vpmaddwd` + `vpaddd` — non-saturating, so the very wrapping `i32`
+//! sums of the AVX2 and scalar kernels.
+//!
+//! Horizontal pass: 16 output samples at a time (a group). One unaligned 64-byte load per tap
+//! pair and row, and one zero-masking `vpermb` (VBMI) put each sample's two taps `(2p, 2p + 1)`
+//! zero-extended to `i16` in its own dword. That needs every sample's first tap byte within 64
+//! bytes of the group's first: true for reductions up to about 3.5× with three channels; the
+//! AVX2 plan serves the axes beyond that. Results are clamped and narrowed with `vpmaxsd` and
+//! `vpmovusdb`.
+//!
+//! Vertical pass: the AVX2 kernel on 64 samples at a time. Each 128-bit lane works like a lane
+//! of the AVX2 kernel, so the in-lane unpacks and packs keep the samples in order.
+
+use std::arch::x86_64::*;
+
+use super::avx2::{split, tap_pairs, NO_PAIR, STACK_PAIRS};
+use super::coeffs::{AxisCoeffs, PRECISION_BITS, ROUNDING};
+use super::kernels::horizontal_samples_scalar;
+
+/// Whether the running CPU has AVX-512F, BW, VL, VBMI and VNNI.
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vbmi")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Output samples per group: one `zmm` of `i16` tap pairs.
+const GROUP: usize = 16;
+/// Bytes one load covers.
+const WINDOW: usize = 64;
+/// `vpermb` writes the even bytes of each `i16` (the tap bytes), zeroes the odd ones.
+const EVEN_BYTES: u64 = 0x5555_5555_5555_5555;
+
+/// Up to 16 consecutive output samples computed together.
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    /// Index of the first output sample in the row.
+    out: u32,
+    /// Samples in the group (16 but maybe for the last).
+    n: u32,
+    /// Tap pairs to accumulate.
+    pairs: u32,
+    /// Byte offset of the load for pair 0 from the start of the input row.
+    base: u32,
+    /// One past the last byte any load of this group reads, from the start of the row.
+    read_end: u32,
+}
+
+/// The precomputed horizontal pass of one axis for one channel count.
+pub(crate) struct HorizontalPlan {
+    groups: Vec<Group>,
+    /// Per group, the `vpermb` control: sample `s`'s tap bytes at bytes `4s` and `4s + 2`.
+    controls: Vec<[u8; 64]>,
+    /// Per group and tap pair, the `lo` then the `hi` weight vector, in group order.
+    weights: Vec<[i16; 32]>,
+    /// Bytes (`2 × channels`) the loads advance per tap pair.
+    step: usize,
+    /// The largest `read_end` of all groups.
+    read_len: usize,
+}
+
+impl HorizontalPlan {
+    /// The plan, or `None` when some group's taps do not fit one window (large reductions).
+    pub(crate) fn new(coeffs: &AxisCoeffs, channels: usize) -> Option<HorizontalPlan> {
+        let c = channels;
+        let n_samples = coeffs.out_len() * c;
+        let first_byte = |j: usize| coeffs.starts[j / c] * c + j % c;
+        let step = 2 * c;
+        let mut plan = HorizontalPlan {
+            groups: Vec::with_capacity(n_samples.div_ceil(GROUP)),
+            controls: Vec::with_capacity(n_samples.div_ceil(GROUP)),
+            weights: Vec::new(),
+            step,
+            read_len: 0,
+        };
+        for first in (0..n_samples).step_by(GROUP) {
+            let n = GROUP.min(n_samples - first);
+            let bytes = (first..first + n).map(first_byte);
+            let (base, last) = bytes.fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
+            if last - base + c >= WINDOW {
+                return None;
+            }
+            let taps = (first..first + n)
+                .map(|j| coeffs.counts[j / c])
+                .max()
+                .unwrap_or(0);
+            let pairs = taps.div_ceil(2).max(1);
+            let mut control = [0u8; 64];
+            let at = plan.weights.len();
+            plan.weights.resize(at + 2 * pairs, [0i16; 32]);
+            for s in 0..n {
+                let j = first + s;
+                let d = first_byte(j) - base;
+                control[4 * s] = d as u8;
+                control[4 * s + 2] = (d + c) as u8;
+                let (_, w) = coeffs.taps(j / c);
+                for p in 0..pairs {
+                    for t in 0..2 {
+                        let (wl, wh) = split(w.get(2 * p + t).copied().unwrap_or(0));
+                        plan.weights[at + 2 * p][2 * s + t] = wl;
+                        plan.weights[at + 2 * p + 1][2 * s + t] = wh;
+                    }
+                }
+            }
+            let read_end = base + step * (pairs - 1) + WINDOW;
+            plan.read_len = plan.read_len.max(read_end);
+            plan.groups.push(Group {
+                out: first as u32,
+                n: n as u32,
+                pairs: pairs as u32,
+                base: base as u32,
+                read_end: read_end as u32,
+            });
+            plan.controls.push(control);
+        }
+        Some(plan)
+    }
+
+    /// Bytes from the start of an input row that the loads may read (past the row's end too).
+    pub(crate) fn read_len(&self) -> usize {
+        self.read_len
+    }
+
+    /// One output row per input row (`R` rows at once, sharing the control and weight loads).
+    /// `src[r]` starts at an input row and may extend past it; `out[r]` is exactly one output
+    /// row. Groups that would read past a short `src[r]` are computed by the scalar code.
+    ///
+    /// # Safety
+    /// The CPU must support what [`available`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    pub(crate) unsafe fn rows<const R: usize>(
+        &self,
+        coeffs: &AxisCoeffs,
+        channels: usize,
+        src: [&[u8]; R],
+        out: [&mut [u8]; R],
+    ) {
+        let n_samples = coeffs.out_len() * channels;
+        assert!(out.iter().all(|o| o.len() == n_samples));
+        let mut out = out;
+        let fast = src.iter().all(|s| s.len() >= self.read_len);
+        let ptrs = src.map(|s| s.as_ptr());
+        let zero = _mm512_setzero_si512();
+        let mut weights = self.weights.as_ptr();
+        for (g, control) in self.groups.iter().zip(&self.controls) {
+            let (first, n, pairs) = (g.out as usize, g.n as usize, g.pairs as usize);
+            if !fast && src.iter().any(|s| s.len() < g.read_end as usize) {
+                for (s, o) in src.iter().zip(out.iter_mut()) {
+                    horizontal_samples_scalar(coeffs, channels, s, first, &mut o[first..first + n]);
+                }
+                // SAFETY: skips this group's 2 × pairs weight vectors, which exist.
+                weights = unsafe { weights.add(2 * pairs) };
+                continue;
+            }
+            // SAFETY: `control` is 64 bytes; the loads read 64 bytes at `base + p·step` for
+            // p < pairs, which end at `read_end ≤ src[r].len()` (checked above); 2 × pairs
+            // weight vectors of 64 bytes each follow `weights`.
+            unsafe {
+                let control = _mm512_loadu_si512(control.as_ptr().cast());
+                let mut acc_lo = [_mm512_set1_epi32(ROUNDING); R];
+                let mut acc_hi = [zero; R];
+                let mut at = g.base as usize;
+                for _ in 0..pairs {
+                    let wl = _mm512_loadu_si512(weights.cast());
+                    let wh = _mm512_loadu_si512(weights.add(1).cast());
+                    for r in 0..R {
+                        let v = _mm512_loadu_si512(ptrs[r].add(at).cast());
+                        let v = _mm512_maskz_permutexvar_epi8(EVEN_BYTES, control, v);
+                        acc_lo[r] = _mm512_dpwssd_epi32(acc_lo[r], v, wl);
+                        acc_hi[r] = _mm512_dpwssd_epi32(acc_hi[r], v, wh);
+                    }
+                    at += self.step;
+                    weights = weights.add(2);
+                }
+                for r in 0..R {
+                    let acc = _mm512_add_epi32(acc_lo[r], _mm512_slli_epi32::<16>(acc_hi[r]));
+                    let v = _mm512_srai_epi32::<{ PRECISION_BITS }>(acc);
+                    let bytes = _mm512_cvtusepi32_epi8(_mm512_max_epi32(v, zero));
+                    // `first + n ≤ n_samples = out[r].len()`: the store stays in the row.
+                    let dst = out[r].as_mut_ptr().add(first);
+                    if n == GROUP {
+                        _mm_storeu_si128(dst.cast(), bytes);
+                    } else {
+                        _mm_mask_storeu_epi8(dst.cast(), (1u16 << n) - 1, bytes);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One vertical output row (see `kernels::vertical_row`), 64 samples at a time.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI ([`available`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8]) {
+    const STEP: usize = 64;
+    let n = out.len();
+    if n < STEP {
+        // SAFETY: AVX-512F implies AVX2.
+        unsafe { super::avx2::vertical_row(rows, weights, out) };
+        return;
+    }
+    assert!(rows.iter().all(|r| r.len() >= n));
+    let mut stack = [NO_PAIR; STACK_PAIRS];
+    let mut heap = Vec::new();
+    let pairs = tap_pairs(rows, weights, &mut stack, &mut heap);
+    let zero = _mm512_setzero_si512();
+    let mut i = 0;
+    loop {
+        // The last chunk overlaps the previous one when n is not a multiple of 64: those
+        // samples are recomputed to the same values.
+        let at = i.min(n - STEP);
+        let mut lo = [_mm512_set1_epi32(ROUNDING); 4];
+        let mut hi = [zero; 4];
+        for &(p0, p1, wl, wh) in pairs {
+            // SAFETY: both pointers start rows of at least `n ≥ at + 64` bytes (asserted).
+            let (r0, r1) = unsafe {
+                (
+                    _mm512_loadu_si512(p0.add(at).cast()),
+                    _mm512_loadu_si512(p1.add(at).cast()),
+                )
+            };
+            let (wl, wh) = (_mm512_set1_epi32(wl), _mm512_set1_epi32(wh));
+            let x = _mm512_unpacklo_epi8(r0, r1);
+            let y = _mm512_unpackhi_epi8(r0, r1);
+            // Per 128-bit lane L: samples 16L + [0..4], [4..8], [8..12], [12..16].
+            let v = [
+                _mm512_unpacklo_epi8(x, zero),
+                _mm512_unpackhi_epi8(x, zero),
+                _mm512_unpacklo_epi8(y, zero),
+                _mm512_unpackhi_epi8(y, zero),
+            ];
+            for k in 0..4 {
+                lo[k] = _mm512_dpwssd_epi32(lo[k], v[k], wl);
+                hi[k] = _mm512_dpwssd_epi32(hi[k], v[k], wh);
+            }
+        }
+        let s = [0, 1, 2, 3].map(|k| {
+            let acc = _mm512_add_epi32(lo[k], _mm512_slli_epi32::<16>(hi[k]));
+            _mm512_srai_epi32::<{ PRECISION_BITS }>(acc)
+        });
+        // In-lane packs put the samples back in order: lane L gets 16L..16L + 16.
+        let bytes = _mm512_packus_epi16(
+            _mm512_packs_epi32(s[0], s[1]),
+            _mm512_packs_epi32(s[2], s[3]),
+        );
+        // SAFETY: `at + 64 ≤ n = out.len()`.
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().add(at).cast(), bytes) };
+        if at + STEP >= n {
+            break;
+        }
+        i += STEP;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::coeffs::axis_coeffs;
+    use crate::image::kernels::horizontal_row_scalar;
+    use crate::image::Filter;
+
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut state = seed | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    }
+
+    /// The AVX-512 horizontal pass against the scalar one: every filter, 1, 3 and 4 channels,
+    /// up- and downscales (the plan refuses the large reductions), whole padded rows and rows
+    /// that end exactly at the input (groups near the end fall back to scalar code).
+    #[test]
+    fn horizontal_matches_scalar() {
+        if !available() {
+            eprintln!("no AVX-512 VBMI/VNNI here: nothing to compare");
+            return;
+        }
+        let filters = [
+            Filter::Box,
+            Filter::Bilinear,
+            Filter::Hamming,
+            Filter::Bicubic,
+            Filter::Lanczos,
+        ];
+        let mut planned = 0;
+        for (w, ow) in [
+            (1280, 1148),
+            (97, 131),
+            (640, 224),
+            (300, 17),
+            (7, 3),
+            (2000, 512),
+            (33, 33),
+        ] {
+            for filter in filters {
+                for c in [1, 3, 4] {
+                    let coeffs = axis_coeffs(w, 0.0, w as f32, ow, filter);
+                    let Some(plan) = HorizontalPlan::new(&coeffs, c) else {
+                        continue;
+                    };
+                    planned += 1;
+                    let row = noise((w * 31 + ow * 7 + c) as u64, w * c + plan.read_len());
+                    let mut want = vec![0u8; ow * c];
+                    horizontal_row_scalar(&coeffs, c, &row[..w * c], &mut want);
+                    for len in [row.len(), w * c] {
+                        let mut got = [vec![0u8; ow * c], vec![0u8; ow * c]];
+                        let [a, b] = &mut got;
+                        // SAFETY: `available` found the features the kernel needs.
+                        unsafe { plan.rows(&coeffs, c, [&row[..len], &row[..len]], [a, b]) };
+                        assert_eq!(got[0], want, "{w}->{ow} {filter:?} c={c} len={len}");
+                        assert_eq!(got[1], want, "{w}->{ow} {filter:?} c={c} len={len}");
+                    }
+                }
+            }
+        }
+        assert!(planned > 60, "only {planned} axes planned");
+        let big = axis_coeffs(4000, 0.0, 4000.0, 500, Filter::Bicubic);
+        assert!(
+            HorizontalPlan::new(&big, 3).is_none(),
+            "8x reduction needs the AVX2 plan"
+        );
+    }
+
+    /// The AVX-512 kernel against the AVX2 one and the scalar reference, on random rows and
+    /// weights (Pillow-sized and extreme), for lengths around the vector width and tap counts
+    /// on both sides of the stack limit.
+    #[test]
+    fn vertical_matches_avx2_and_scalar() {
+        if !available() {
+            eprintln!("no AVX-512 VNNI here: nothing to compare");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for taps in [1, 2, 3, 7, 16, 17, 40] {
+            for n in [1, 31, 63, 64, 65, 127, 200, 3444] {
+                let rows: Vec<Vec<u8>> = (0..taps)
+                    .map(|_| (0..n).map(|_| next() as u8).collect())
+                    .collect();
+                let weights: Vec<i32> = (0..taps)
+                    .map(|t| match t % 3 {
+                        0 => (next() % (1 << 23)) as i32 - (1 << 21),
+                        1 => -(1 << 22) + (next() % 5) as i32,
+                        _ => (1 << 22) / taps,
+                    })
+                    .collect();
+                let refs: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+                let mut want = vec![0u8; n];
+                crate::image::kernels::vertical_row_scalar(&refs, &weights, &mut want);
+                let mut avx2 = vec![0u8; n];
+                let mut avx512 = vec![0u8; n];
+                // SAFETY: `available` found AVX-512 (which implies AVX2) on this CPU.
+                unsafe {
+                    crate::image::avx2::vertical_row(&refs, &weights, &mut avx2);
+                    vertical_row(&refs, &weights, &mut avx512);
+                }
+                assert_eq!(avx2, want, "avx2, {taps} taps, {n} samples");
+                assert_eq!(avx512, want, "avx512, {taps} taps, {n} samples");
+            }
+        }
+    }
+}
