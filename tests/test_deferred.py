@@ -44,6 +44,17 @@ def _prompt(n: int) -> list[int]:
     return [101, *([151652, 151655, 151653] * n), 102]
 
 
+def _deferred_and_eager(
+    seed: int, size: tuple[int, int]
+) -> tuple[VisionModel, list[np.ndarray[Any, Any]], Any, np.ndarray[Any, Any]]:
+    """A Qwen2-VL model, one random image, its deferred media and the eager pixel values."""
+    model = VisionModel.for_family("qwen2_vl")
+    images = _images(seed, [size])
+    reference = ImageProcessor.for_family("qwen2_vl")(images).pixel_values
+    assert reference is not None
+    return model, images, model.prepare(images), reference
+
+
 def _eager_wire(request_id: str, media: Any, pixels: np.ndarray[Any, Any]) -> bytes:
     """The request with the materialised array attached, as before deferral."""
     request = vllm_adapter.generate_request(request_id, _prompt(media.count), media)
@@ -139,11 +150,7 @@ def test_media_materialises_once_and_builders_stay_deferred() -> None:
 
 
 def test_shm_transport_writes_straight_into_the_segment(tmp_path: Path) -> None:
-    model = VisionModel.for_family("qwen2_vl")
-    images = _images(6, [(200, 300)])
-    media = model.prepare(images)
-    reference = ImageProcessor.for_family("qwen2_vl")(images).pixel_values
-    assert reference is not None
+    _, _, media, reference = _deferred_and_eager(6, (200, 300))
     request = vllm_adapter.generate_request("r", _prompt(1), media, transport="shm")
     assert len(request.shm_segments) == 1
     received = tensors.parse(tensors.serialize(request), vllm_pb.GenerateRequest)
@@ -152,11 +159,7 @@ def test_shm_transport_writes_straight_into_the_segment(tmp_path: Path) -> None:
 
 
 def test_conversion_and_accessors_materialise() -> None:
-    model = VisionModel.for_family("qwen2_vl")
-    images = _images(7, [(112, 84)])
-    media = model.prepare(images)
-    reference = ImageProcessor.for_family("qwen2_vl")(images).pixel_values
-    assert reference is not None
+    model, images, media, reference = _deferred_and_eager(7, (112, 84))
     request = vllm_adapter.generate_request("r", _prompt(1), media, dtype="bfloat16")
     want = tensors.pack(reference, vllm_pb.TensorData, dtype="bfloat16").inline
     wire = tensors.parse(tensors.serialize(request), vllm_pb.GenerateRequest)
@@ -184,11 +187,7 @@ def test_numpy_fallback_codec_writes_the_same_bytes(monkeypatch: pytest.MonkeyPa
 
 
 def test_sglang_builder_writes_pending_pixels() -> None:
-    model = VisionModel.for_family("qwen2_vl")
-    images = _images(9, [(90, 120)])
-    media = model.prepare(images)
-    reference = ImageProcessor.for_family("qwen2_vl")(images).pixel_values
-    assert reference is not None
+    _, _, media, reference = _deferred_and_eager(9, (90, 120))
     request = sglang_adapter.generate_request("r", _prompt(1), media)
     received = tensors.parse(tensors.serialize(request), sgl_pb.GenerateRequest)
     decoded = sglang_adapter.decode_mm_inputs(received)

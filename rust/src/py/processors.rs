@@ -548,13 +548,9 @@ impl PyPreprocessor {
         max_pixels: Option<u64>,
     ) -> PyResult<Vec<(&'static str, PyTensor)>> {
         let options = options(threads, apply_exif, alpha, max_pixels)?;
-        let held = held_images(images)?;
-        let inputs: Vec<Input<'_>> = held.iter().map(Held::input).collect();
-        let inner = &self.inner;
-        let outputs = py
-            .detach(|| inner.images(&inputs, &options))
-            .map_err(|e| processor_error(py, &e))?;
-        Ok(outputs_to_py(outputs))
+        let inputs = held_images(images)?;
+        self.run(py, &inputs, |p, i| p.images(i, &options))
+            .map(outputs_to_py)
     }
 
     /// images_deferred(images, threads, apply_exif, alpha, max_pixels) -> list[tuple[str, Tensor | PendingTensor]]
@@ -572,13 +568,11 @@ impl PyPreprocessor {
         max_pixels: Option<u64>,
     ) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
         let options = options(threads, apply_exif, alpha, max_pixels)?;
-        let held = held_images(images)?;
-        let inputs: Vec<Input<'_>> = held.iter().map(Held::input).collect();
-        let inner = &self.inner;
+        let inputs = held_images(images)?;
         // Owned before the inputs are let go: an unresized input array is copied.
-        let deferred = py
-            .detach(|| inner.images_deferred(&inputs, &options).map(owned))
-            .map_err(|e| processor_error(py, &e))?;
+        let deferred = self.run(py, &inputs, |p, i| {
+            p.images_deferred(i, &options).map(owned)
+        })?;
         deferred_to_py(py, deferred)
     }
 
@@ -598,12 +592,8 @@ impl PyPreprocessor {
     ) -> PyResult<Vec<(&'static str, PyTensor)>> {
         let options = options(threads, apply_exif, alpha, max_pixels)?;
         let held = held_videos(videos)?;
-        let inputs = video_inputs(&held);
-        let inner = &self.inner;
-        let outputs = py
-            .detach(|| inner.videos(&inputs, &options))
-            .map_err(|e| processor_error(py, &e))?;
-        Ok(outputs_to_py(outputs))
+        self.run_videos(py, &held, |p, v| p.videos(v, &options))
+            .map(outputs_to_py)
     }
 
     /// videos_deferred(videos, threads, apply_exif, alpha, max_pixels) -> list[tuple[str, Tensor | PendingTensor]]
@@ -622,12 +612,40 @@ impl PyPreprocessor {
     ) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
         let options = options(threads, apply_exif, alpha, max_pixels)?;
         let held = held_videos(videos)?;
-        let inputs = video_inputs(&held);
-        let inner = &self.inner;
-        let deferred = py
-            .detach(|| inner.videos_deferred(&inputs, &options).map(owned))
-            .map_err(|e| processor_error(py, &e))?;
+        let deferred =
+            self.run_videos(py, &held, |p, v| p.videos_deferred(v, &options).map(owned))?;
         deferred_to_py(py, deferred)
+    }
+}
+
+impl PyPreprocessor {
+    /// `f` on the held images, with the GIL released; its error raised as Python's.
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        held: &[Held<'_>],
+        f: impl for<'a> FnOnce(&Preprocessor, &[Input<'a>]) -> Result<T, ProcessorError> + Send,
+    ) -> PyResult<T> {
+        let inputs: Vec<Input<'_>> = held.iter().map(Held::input).collect();
+        let inner = &self.inner;
+        py.detach(|| f(inner, &inputs))
+            .map_err(|e| processor_error(py, &e))
+    }
+
+    /// [`run`](Self::run) for videos (lists of frames).
+    fn run_videos<T: Send>(
+        &self,
+        py: Python<'_>,
+        held: &[Vec<Held<'_>>],
+        f: impl for<'a> FnOnce(&Preprocessor, &[Vec<Input<'a>>]) -> Result<T, ProcessorError> + Send,
+    ) -> PyResult<T> {
+        let inputs: Vec<Vec<Input<'_>>> = held
+            .iter()
+            .map(|frames| frames.iter().map(Held::input).collect())
+            .collect();
+        let inner = &self.inner;
+        py.detach(|| f(inner, &inputs))
+            .map_err(|e| processor_error(py, &e))
     }
 }
 
@@ -658,12 +676,6 @@ fn held_videos<'py>(videos: &Bound<'py, PyAny>) -> PyResult<Vec<Vec<Held<'py>>>>
         held.push(frames);
     }
     Ok(held)
-}
-
-fn video_inputs<'a>(held: &'a [Vec<Held<'_>>]) -> Vec<Vec<Input<'a>>> {
-    held.iter()
-        .map(|frames| frames.iter().map(Held::input).collect())
-        .collect()
 }
 
 /// processor_error_kinds() -> list[str]
