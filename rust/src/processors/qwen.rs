@@ -241,8 +241,8 @@ fn prepare<'a>(
 /// `((c·T + t)·ps + y)·ps + x` holds the normalised value of channel `c` of frame `t` at pixel
 /// `(i·ps + y, j·ps + x)`. Each patch of a distinct frame is normalised once and stored to every
 /// frame slot showing it (a still image fills all `T` slots from one pass): straight from the
-/// registers when `out` is 4-byte aligned and `stream` is off, else through a staging block
-/// copied out (with streaming stores when `stream` is set, see [`store`]).
+/// registers with unaligned stores, or with `stream` through a staging row copied out with
+/// streaming stores (see [`store`]).
 pub fn write_window_row(
     frames: &[RgbRef<'_>],
     patch_size: usize,
@@ -287,24 +287,21 @@ pub fn write_window_row(
                 let (i, j) = (window_row * m + mi, bj * m + mj);
                 let first = (i * ps * width + j * ps) * 3;
                 let patches = frames.iter().zip(&copies).filter(|(_, c)| !c.is_empty());
-                match stream {
-                    false => {
-                        let values = store::unaligned_of(row);
-                        for (frame, copies) in patches {
-                            normalize.deinterleave_into(&frame.data[first..], runs, values, copies);
-                        }
+                if stream {
+                    staging.resize(cols, 0f32);
+                    for (frame, copies) in patches {
+                        normalize.deinterleave_into(
+                            &frame.data[first..],
+                            runs,
+                            &mut staging,
+                            copies,
+                        );
                     }
-                    true => {
-                        staging.resize(cols, 0f32);
-                        for (frame, copies) in patches {
-                            normalize.deinterleave_into(
-                                &frame.data[first..],
-                                runs,
-                                &mut staging,
-                                copies,
-                            );
-                        }
-                        store::copy_bytes(row, &staging, stream);
+                    store::copy_bytes(row, &staging, true);
+                } else {
+                    let values = store::unaligned_of(row);
+                    for (frame, copies) in patches {
+                        normalize.deinterleave_into(&frame.data[first..], runs, values, copies);
                     }
                 }
             }
@@ -384,7 +381,7 @@ impl<'a> Patches<'a> {
     pub fn write(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), ProcessorError> {
         if out.len() != self.byte_len() {
             return Err(ProcessorError::BatchShape {
-                what: "destination of pixel_values (bytes)",
+                what: "destination bytes",
                 expected: vec![self.byte_len()],
                 actual: vec![out.len()],
             });
@@ -397,7 +394,7 @@ impl<'a> Patches<'a> {
             .iter()
             .flat_map(|g| std::iter::repeat_n(g.grid_w * m * cols * 4, g.grid_h / m))
             .collect();
-        let stream = store::should_stream(out_values(&lengths));
+        let stream = store::should_stream(self.byte_len() / 4);
         let mut slices = split_lengths(out, &lengths).into_iter();
         let mut jobs = Vec::with_capacity(lengths.len());
         for group in &self.groups {
@@ -495,10 +492,6 @@ impl Drop for Patches<'_> {
     fn drop(&mut self) {
         recycle_images(std::mem::take(&mut self.frames));
     }
-}
-
-fn out_values(byte_lengths: &[usize]) -> usize {
-    byte_lengths.iter().sum::<usize>() / 4
 }
 
 /// The checks on a batch's size shared by images and videos.

@@ -1,11 +1,13 @@
 //! Moving finished values into an output tensor.
 //!
-//! Values are computed into a small staging row (it stays in the L1 cache) and copied out
-//! once. For outputs far larger than the caches the copy uses streaming stores (`movntps`,
-//! SSE2, part of every x86-64 CPU): they write whole cache lines straight to memory instead of
-//! first reading each line into the cache, which halves the memory traffic of writing a
-//! 100 MB `pixel_values`. Elsewhere, and for small outputs that the caller is about to read,
-//! it is a plain copy. Either way the stored values are the staged ones, bit for bit.
+//! Outputs are bytes at any address (a tensor inside a serialized message sits at whatever
+//! offset the fields before it leave): values are stored with unaligned stores ([`Unaligned`]),
+//! or computed into a small staging row (it stays in the L1 cache) and copied out by
+//! [`copy_bytes`]. For outputs far larger than the caches that copy uses streaming stores
+//! (`movntdq`, SSE2, part of every x86-64 CPU; 64-byte ones with AVX-512): they write whole
+//! cache lines straight to memory instead of first reading each line into the cache, which
+//! halves the memory traffic of writing a 100 MB `pixel_values`. Only whole lines are streamed.
+//! Either way the stored values are the staged ones, bit for bit.
 
 use std::mem::MaybeUninit;
 
@@ -17,51 +19,6 @@ pub const STREAM_MIN_BYTES: usize = 8 << 20;
 /// Whether an output of `len` `f32` values should be streamed.
 pub fn should_stream(len: usize) -> bool {
     len.saturating_mul(4) >= STREAM_MIN_BYTES
-}
-
-/// Writes `src` into `dst` (equal lengths), with streaming stores when `stream` is set (call
-/// [`fence`] after the last streamed copy of a thread).
-pub fn copy(dst: &mut [Out], src: &[f32], stream: bool) {
-    assert_eq!(dst.len(), src.len(), "staging and output rows differ");
-    #[cfg(target_arch = "x86_64")]
-    if stream {
-        stream_copy(dst, src);
-        return;
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = stream;
-    for (d, &s) in dst.iter_mut().zip(src) {
-        d.write(s);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn stream_copy(dst: &mut [Out], src: &[f32]) {
-    use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
-    let n = dst.len();
-    // Values before the first 16-byte boundary (an `f32` slice is 4-byte aligned, so this is
-    // exact), then blocks of four, then the rest.
-    let misalign = (dst.as_ptr() as usize) % 16;
-    let head = (((16 - misalign) % 16) / 4).min(n);
-    let body = (n - head) / 4 * 4;
-    for (d, &s) in dst[..head].iter_mut().zip(&src[..head]) {
-        d.write(s);
-    }
-    let (d_ptr, s_ptr) = (dst.as_mut_ptr(), src.as_ptr());
-    for i in (head..head + body).step_by(4) {
-        // SAFETY: `i + 4 <= head + body <= n` = the length of both slices, so the four values
-        // read from `src` and the four written to `dst` are in bounds; `dst + i` is 16-byte
-        // aligned (`head` values past the first boundary, then steps of 16 bytes), as
-        // `_mm_stream_ps` requires; `_mm_loadu_ps` accepts any alignment; SSE2 is part of the
-        // x86-64 baseline. `MaybeUninit<f32>` has the layout of `f32` and writing initialises.
-        unsafe {
-            let v = _mm_loadu_ps(s_ptr.add(i));
-            _mm_stream_ps(d_ptr.add(i).cast::<f32>(), v);
-        }
-    }
-    for (d, &s) in dst[head + body..].iter_mut().zip(&src[head + body..]) {
-        d.write(s);
-    }
 }
 
 /// The bytes of `values` (the same memory, viewed byte by byte).
@@ -94,14 +51,6 @@ pub fn unaligned_of(bytes: &mut [MaybeUninit<u8>]) -> &mut [Unaligned] {
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<Unaligned>(), len) }
 }
 
-/// `bytes` as `f32` slots when they start 4-byte aligned and hold a whole number of values.
-pub fn values_of(bytes: &mut [MaybeUninit<u8>]) -> Option<&mut [Out]> {
-    // SAFETY: `align_to_mut` only puts in the middle slice memory that is aligned for `Out` and
-    // covers whole values; any bit pattern (or none) is a valid `MaybeUninit<f32>`.
-    let (head, values, tail) = unsafe { bytes.align_to_mut::<Out>() };
-    (head.is_empty() && tail.is_empty()).then_some(values)
-}
-
 /// Writes the little-endian bytes of `src` into `dst` (`4 · src.len()` bytes at any address),
 /// with streaming stores when `stream` is set (call [`fence`] after the last streamed copy).
 pub fn copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32], stream: bool) {
@@ -110,10 +59,6 @@ pub fn copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32], stream: bool) {
         4 * src.len(),
         "staging row and output bytes differ"
     );
-    if let Some(values) = values_of(dst) {
-        copy(values, src, stream);
-        return;
-    }
     #[cfg(target_arch = "x86_64")]
     if stream {
         stream_copy_bytes(dst, src);
@@ -232,37 +177,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_offset_and_length_copies_exactly() {
-        let src: Vec<f32> = (0..67).map(|i| i as f32 * 1.5 - 3.0).collect();
-        for stream in [false, true] {
-            for offset in 0..4 {
-                for len in 0..(src.len() - offset) {
-                    let mut out = vec![Out::new(f32::NAN); src.len()];
-                    copy(&mut out[offset..offset + len], &src[..len], stream);
-                    fence(stream);
-                    for (i, v) in out.iter().enumerate() {
-                        // SAFETY: every value was initialised (NaN, then maybe copied over).
-                        let v = unsafe { v.assume_init() };
-                        if (offset..offset + len).contains(&i) {
-                            assert_eq!(v.to_bits(), src[i - offset].to_bits());
-                        } else {
-                            assert!(v.is_nan(), "value {i} outside the copy was touched");
-                        }
-                    }
-                }
-            }
-        }
-        assert!(should_stream(2 << 20) && !should_stream(1 << 20));
-    }
-
-    #[test]
     fn byte_copies_at_every_alignment() {
-        let src: Vec<f32> = (0..41).map(|i| i as f32 * -0.75 + 0.1).collect();
+        // Offsets through a whole cache line and lengths up to four lines: heads, streamed
+        // lines and tails in every combination.
+        let src: Vec<f32> = (0..67).map(|i| i as f32 * -0.75 + 0.1).collect();
         let want: Vec<u8> = src.iter().flat_map(|v| v.to_le_bytes()).collect();
         for stream in [false, true] {
-            for offset in 0..20 {
-                for len in [0, 1, 3, 4, 5, 17, 41] {
-                    let mut out = vec![MaybeUninit::new(0xAAu8); 4 * src.len() + 20];
+            for offset in 0..68 {
+                for len in [0, 1, 3, 4, 5, 15, 16, 17, 31, 33, 48, 67] {
+                    let mut out = vec![MaybeUninit::new(0xAAu8); 4 * src.len() + 68];
                     copy_bytes(&mut out[offset..offset + 4 * len], &src[..len], stream);
                     fence(stream);
                     for (i, b) in out.iter().enumerate() {
@@ -277,9 +200,22 @@ mod tests {
                 }
             }
         }
+        assert!(should_stream(2 << 20) && !should_stream(1 << 20));
+    }
+
+    #[test]
+    fn byte_views_of_values() {
         let mut values = vec![Out::new(0.0); 3];
         assert_eq!(bytes_of(&mut values).len(), 12);
-        assert!(values_of(bytes_of(&mut values)).is_some_and(|v| v.len() == 3));
-        assert!(values_of(&mut bytes_of(&mut values)[1..5]).is_none());
+        let mut bytes = [MaybeUninit::new(0u8); 13];
+        let slots = unaligned_of(&mut bytes[1..]);
+        assert_eq!(slots.len(), 3);
+        slots[2].set(-2.5);
+        // SAFETY: every byte was initialised.
+        let last: Vec<u8> = bytes[9..13]
+            .iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect();
+        assert_eq!(last, (-2.5f32).to_le_bytes());
     }
 }
