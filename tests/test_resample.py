@@ -366,3 +366,60 @@ def test_pillow12_pass_order_against_pillow_12_2(built_wheel: Path, tmp_path: Pa
     differ13 = {(f, w, h) for f, w, h in report["differ13"]}
     assert {(w, h) for _, w, h in differ13} == swapped
     assert all(f != "nearest" for f, _, _ in differ13)
+
+
+_KERNEL_DIGESTS = textwrap.dedent(
+    """
+    import hashlib, io, json, sys
+    import numpy as np
+    from PIL import Image
+    import smg_grpc_proto
+    from smg_grpc_proto import tensors
+    from smg_grpc_proto.engines import VisionModel, vllm
+    from smg_grpc_proto.generated import vllm_engine_pb2
+    from smg_grpc_proto.vision import ImageProcessor, resize
+
+    rng = np.random.default_rng(7)
+    digests = {"cpu": smg_grpc_proto.build_info()["cpu_features"]}
+    for h, w, c in [(97, 131, 3), (600, 512, 3), (960, 1280, 3), (300, 700, 1), (64, 65, 4)]:
+        x = rng.integers(0, 256, (h, w, c), dtype=np.uint8) if c > 1 else (
+            rng.integers(0, 256, (h, w), dtype=np.uint8))
+        for f in ["box", "bilinear", "hamming", "bicubic", "lanczos"]:
+            for size in [(w * 7 // 8, h * 7 // 8), (w // 3 + 1, h // 2 + 1), (w * 2, h + 5)]:
+                out = np.asarray(resize(x, size, resample=f, threads=1))
+                digests[f"{h}x{w}x{c} {f} {size}"] = hashlib.sha256(out.tobytes()).hexdigest()
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (960, 1280, 3), dtype=np.uint8)).save(buf, "JPEG")
+    for family in ["qwen2_vl", "qwen3_vl", "clip", "llava_next"]:
+        out = ImageProcessor.for_family(family, threads=1)([buf.getvalue()])
+        digests[family] = hashlib.sha256(out.pixel_values.tobytes()).hexdigest()
+    media = VisionModel.for_family("qwen2_vl").prepare([buf.getvalue()], threads=1)
+    wire = tensors.serialize(vllm.generate_request("r", [1, 151655, 2], media))
+    (batch,) = vllm.decode_mm_inputs(tensors.parse(wire, vllm_engine_pb2.GenerateRequest))
+    written = batch.tensors["pixel_values"]  # written by the deferred writer into the bytes
+    digests["wire"] = hashlib.sha256(written.tobytes()).hexdigest()
+    print(json.dumps(digests))
+    """
+)
+
+
+def test_avx512_and_avx2_kernels_write_the_same_bytes() -> None:
+    """On a CPU with AVX-512 the resampler, the processors and the deferred wire writer give the
+    same bytes with the AVX-512 kernels turned off (``SMG_GRPC_PROTO_NO_AVX512=1``) as on; each
+    run is compared with Pillow and transformers elsewhere, this pins the two kernels together
+    on large and odd shapes, every convolving filter, up- and downscales and 1/3/4 channels."""
+    runs = []
+    for off in ("0", "1"):
+        env = dict(os.environ, SMG_GRPC_PROTO_NO_AVX512=off)
+        done = subprocess.run(
+            [sys.executable, "-c", _KERNEL_DIGESTS], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    on, off = runs
+    if "avx512vnni" not in on["cpu"]:
+        pytest.skip(f"no AVX-512 VNNI on this CPU ({on['cpu']}): one set of kernels only")
+    assert not any(f.startswith("avx512") for f in off["cpu"])
+    on.pop("cpu"), off.pop("cpu")
+    assert len(on) > 70
+    assert on == off

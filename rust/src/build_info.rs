@@ -38,8 +38,22 @@ fn cpu_features() -> Vec<&'static str> {
     if std::arch::is_x86_feature_detected!("avx2") {
         found.push("avx2");
     }
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        found.push("avx512f");
+    for (name, on) in [
+        ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+        ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
+        (
+            "avx512vbmi",
+            std::arch::is_x86_feature_detected!("avx512vbmi"),
+        ),
+        (
+            "avx512vnni",
+            std::arch::is_x86_feature_detected!("avx512vnni"),
+        ),
+    ] {
+        // Listed only when the AVX-512 kernels may use them (`SMG_GRPC_PROTO_NO_AVX512`).
+        if on && crate::simd::avx512_allowed() {
+            found.push(name);
+        }
     }
     if std::arch::is_x86_feature_detected!("f16c") {
         found.push("f16c");

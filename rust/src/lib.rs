@@ -8,6 +8,7 @@ pub mod hash;
 pub mod image;
 pub mod memory;
 pub mod processors;
+pub mod simd;
 pub mod tensor;
 
 #[cfg(feature = "python")]

@@ -21,9 +21,11 @@ use super::avx2::{split, tap_pairs, NO_PAIR, STACK_PAIRS};
 use super::coeffs::{AxisCoeffs, PRECISION_BITS, ROUNDING};
 use super::kernels::horizontal_samples_scalar;
 
-/// Whether the running CPU has AVX-512F, BW, VL, VBMI and VNNI.
+/// Whether the running CPU has AVX-512F, BW, VL, VBMI and VNNI (and they are not turned off,
+/// see [`crate::simd`]).
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
+    crate::simd::avx512_allowed()
+        && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vbmi")

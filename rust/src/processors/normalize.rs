@@ -562,9 +562,11 @@ mod avx512 {
     /// Values per vector.
     const LANES: usize = 16;
 
-    /// Whether the CPU has what [`spread`] uses.
+    /// Whether the CPU has what [`spread`] uses (and AVX-512 is not turned off, see
+    /// [`crate::simd`]).
     pub fn available() -> bool {
-        super::avx2::available()
+        crate::simd::avx512_allowed()
+            && super::avx2::available()
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vbmi")

@@ -97,7 +97,7 @@ fn stream_copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32]) {
     let body = (n - head) / LINE * LINE;
     copy_plain(&mut dst[..head], &bytes[..head]);
     let (d_ptr, s_ptr) = (dst.as_mut_ptr(), bytes.as_ptr());
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if crate::simd::avx512_allowed() && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F was just detected; `head..head + body` are whole 64-byte lines of
         // `dst` (aligned) and in bounds of both slices, as `stream_lines` requires.
         unsafe { stream_lines(d_ptr.add(head).cast(), s_ptr.add(head), body / LINE) };
