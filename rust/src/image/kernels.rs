@@ -32,8 +32,9 @@ pub(crate) enum Isa {
     /// proves the running CPU has AVX2.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2(Detected),
-    /// x86-64 AVX-512F, AVX-512BW and AVX-512 VNNI (and so AVX2): the AVX2 horizontal pass and
-    /// a 64-sample vertical pass. Made only by [`Isa::detect`], like [`Isa::Avx2`].
+    /// x86-64 AVX2 and AVX-512 (F, BW, VL, VBMI, VNNI; `avx512::available`): the AVX-512
+    /// passes, and the AVX2 horizontal pass for the axes the AVX-512 plan refuses. Made only by
+    /// [`Isa::detect`], like [`Isa::Avx2`].
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512(Detected),
 }
@@ -216,8 +217,8 @@ pub(crate) fn vertical_row(isa: Isa, rows: &[&[u8]], weights: &[i32], out: &mut 
     #[cfg(target_arch = "x86_64")]
     match isa {
         Isa::Avx512(_) => {
-            // SAFETY: only `Isa::detect` makes an `Isa::Avx512`, after finding AVX-512F,
-            // AVX-512BW and AVX-512 VNNI on this CPU.
+            // SAFETY: only `Isa::detect` makes an `Isa::Avx512`, after `avx512::available`
+            // found the AVX-512 features the kernel needs on this CPU.
             unsafe { avx512::vertical_row(rows, weights, out) };
             return;
         }

@@ -455,7 +455,7 @@ impl PyPendingTensor {
 /// `(name, Tensor)` pairs and `(name, PendingTensor)` for a deferred tensor.
 fn deferred_to_py(
     py: Python<'_>,
-    deferred: Deferred<'_>,
+    deferred: Deferred<'static>,
 ) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
     match deferred {
         Deferred::Done(outputs) => outputs_to_py(outputs)
@@ -464,9 +464,7 @@ fn deferred_to_py(
             .collect(),
         Deferred::Patches(patches) => {
             let (grid_name, grid) = patches.grid();
-            let pending = PyPendingTensor {
-                patches: patches.into_owned(),
-            };
+            let pending = PyPendingTensor { patches: *patches };
             Ok(vec![
                 (pending.patches.name(), Py::new(py, pending)?.into_any()),
                 (

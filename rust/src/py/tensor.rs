@@ -244,18 +244,8 @@ fn convert_into(
         check_pending(pending, to)?;
         let mut destination = destination(dst, "dst")?;
         let output = core_convert::as_uninit(destination.bytes_mut("dst")?);
-        let producer = pending.producer();
-        return py
-            .detach(|| {
-                if output.len() != producer.wire_len() {
-                    return Err(TensorError::DestinationSize {
-                        expected: producer.wire_len(),
-                        actual: output.len(),
-                    });
-                }
-                producer.produce(output)
-            })
-            .map_err(value_error);
+        let source = Source::produced(pending.producer());
+        return py.detach(|| source.write(output)).map_err(value_error);
     }
     let (source, from) = source(src, "src")?;
     let mut destination = destination(dst, "dst")?;

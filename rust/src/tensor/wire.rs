@@ -187,7 +187,7 @@ impl<'a> Source<'a> {
     }
 
     /// Writes the tensor's wire bytes into `dst` (exactly [`wire_len`](Self::wire_len) bytes).
-    fn write(&self, dst: &mut [MaybeUninit<u8>]) -> Result<(), TensorError> {
+    pub fn write(&self, dst: &mut [MaybeUninit<u8>]) -> Result<(), TensorError> {
         if dst.len() != self.out_len {
             return Err(TensorError::DestinationSize {
                 expected: self.out_len,

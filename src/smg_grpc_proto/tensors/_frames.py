@@ -115,58 +115,37 @@ class TensorMessage(Generic[M]):
         straight into the serialized request or the shared-memory segment, never copied (a
         ``dtype`` conversion writes them into an array first).
         """
-        if _backend.is_pending(array):
-            if dtype in (None, "float32"):
-                self._attach_pending(path, array, transport, shm_min_bytes, shm_dir)
-                return
-            array = np.asarray(array.materialize())  # converted below, from the written array
-        source = inspect(array, dtype)
+        pending = _backend.is_pending(array) and dtype in (None, "float32")
+        if pending:
+            # Not written yet: `serialize` (or `write_shm`, now) computes the values in place.
+            payload, wire_dtype = array, "float32"
+            shape, nbytes = tuple(int(d) for d in array.shape), int(array.nbytes)
+        else:
+            if _backend.is_pending(array):
+                array = np.asarray(array.materialize())  # converted below, from the written array
+            source = inspect(array, dtype)
+            payload, wire_dtype = source.contiguous(), source.wire_dtype
+            shape, nbytes = source.shape, source.nbytes
         td: Any = _resolve(self.message, path, create=True)
         layout = layout_of(td)
-        use_shm = choose_shm(layout, source.nbytes, transport, shm_min_bytes, path)
-        td.Clear()
-        td.shape.extend(source.shape)
-        td.dtype = source.wire_dtype
-        if use_shm:
-            directory = shm_dir or shm.DEFAULT_DIR
-            write_shm(td, source.contiguous(), source.wire_dtype, source.nbytes, directory)
-            self._shm.append((td.shm.name, directory))
-            self._pending.pop(path, None)
-            self._arrays[path] = np.asarray(array)
-            return
-        index = len(self._sources)
-        setattr(td, layout.payload_field, self._nonce + index.to_bytes(4, "little"))
-        self._sources.append((source.contiguous(), source.wire_dtype))
-        self._pending.pop(path, None)
-        self._arrays[path] = np.asarray(array)
-
-    def _attach_pending(
-        self,
-        path: str,
-        pending: Any,
-        transport: Transport,
-        shm_min_bytes: int,
-        shm_dir: Path | None,
-    ) -> None:
-        """A tensor not written yet (``_native.PendingTensor``): written by :func:`serialize`
-        straight into the request, or now straight into the shared-memory segment."""
-        td: Any = _resolve(self.message, path, create=True)
-        layout = layout_of(td)
-        nbytes = int(pending.nbytes)
         use_shm = choose_shm(layout, nbytes, transport, shm_min_bytes, path)
         td.Clear()
-        td.shape.extend(int(d) for d in pending.shape)
-        td.dtype = "float32"
+        td.shape.extend(shape)
+        td.dtype = wire_dtype
         if use_shm:
             directory = shm_dir or shm.DEFAULT_DIR
-            write_shm(td, pending, "float32", nbytes, directory)
+            write_shm(td, payload, wire_dtype, nbytes, directory)
             self._shm.append((td.shm.name, directory))
         else:
             index = len(self._sources)
             setattr(td, layout.payload_field, self._nonce + index.to_bytes(4, "little"))
-            self._sources.append((pending, "float32"))
-        self._arrays.pop(path, None)
-        self._pending[path] = pending
+            self._sources.append((payload, wire_dtype))
+        if pending:
+            self._arrays.pop(path, None)
+            self._pending[path] = array
+        else:
+            self._pending.pop(path, None)
+            self._arrays[path] = np.asarray(array)
 
     @property
     def shm_segments(self) -> list[str]:
