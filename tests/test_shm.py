@@ -62,6 +62,11 @@ def test_auto_stays_inline_below_threshold(shm_dir):
     assert list(shm_dir.iterdir()) == []
 
 
+def seg(tag: str) -> str:
+    """A contract segment name (readers refuse every other name before opening it)."""
+    return f"smg-tokenspeed-{os.getpid()}-{abs(hash(tag)) % 10**12}-0"
+
+
 def handle(name, nbytes=16, offset=0):
     return vllm_engine_pb2.TensorData(
         shape=[nbytes], dtype="uint8", shm={"name": name, "nbytes": nbytes, "offset": offset}
@@ -69,12 +74,13 @@ def handle(name, nbytes=16, offset=0):
 
 
 def test_symlink_is_refused(shm_dir):
-    target = shm_dir / "target"
+    target = shm_dir / seg("target")
     target.write_bytes(b"\0" * 16)
-    (shm_dir / "link").symlink_to(target)
+    (shm_dir / seg("link")).symlink_to(target)
     with pytest.raises(ShmError, match="symbolic link"):
-        tensors.unpack(handle("link"), shm_dir=shm_dir)
+        tensors.unpack(handle(seg("link")), shm_dir=shm_dir)
     assert target.exists()
+    assert (shm_dir / seg("link")).is_symlink()
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "..", ".", "", "a\0b", "/", "//x", "x" * 300])
@@ -84,43 +90,49 @@ def test_names_that_could_escape_are_refused(name, shm_dir):
 
 
 def test_leading_slash_is_stripped_like_upstream(shm_dir):
-    (shm_dir / "seg").write_bytes(bytes(range(16)))
-    assert tensors.unpack(handle("/seg"), shm_dir=shm_dir).tolist() == list(range(16))
+    (shm_dir / seg("seg")).write_bytes(bytes(range(16)))
+    assert tensors.unpack(handle("/" + seg("seg")), shm_dir=shm_dir).tolist() == list(range(16))
 
 
 def test_wrong_owner_is_refused(shm_dir):
-    path = shm_dir / "foreign"
+    name = seg("foreign")
+    path = shm_dir / name
     path.write_bytes(b"\0" * 16)
     if os.geteuid() == 0:
         os.chown(path, 4242, 4242)
         with pytest.raises(ShmError, match="owned by uid 4242, expected uid 0") as info:
-            tensors.unpack(handle("foreign"), shm_dir=shm_dir)
+            tensors.unpack(handle(name), shm_dir=shm_dir)
     else:
         with pytest.raises(ShmError, match="expected uid 4242") as info:
-            shm.open_readonly("foreign", offset=0, nbytes=16, directory=shm_dir, expected_uid=4242)
+            shm.open_readonly(name, offset=0, nbytes=16, directory=shm_dir, expected_uid=4242)
     assert info.value.field == "shm.owner"
     assert path.exists()
 
 
 def test_truncated_segment_is_refused(shm_dir):
-    (shm_dir / "short").write_bytes(b"\0" * 10)
+    short = shm_dir / seg("short")
+    short.write_bytes(b"\0" * 10)
     with pytest.raises(ShmError, match="holds 10 bytes; offset 0 \\+ nbytes 16"):
-        tensors.unpack(handle("short"), shm_dir=shm_dir)
+        tensors.unpack(handle(short.name), shm_dir=shm_dir)
+    assert not short.exists()  # consumed although refused: a bad handle leaks nothing
+    short.write_bytes(b"\0" * 10)
     with pytest.raises(ShmError, match="offset 8 \\+ nbytes 8 = 16"):
-        shm.open_readonly("short", offset=8, nbytes=8, directory=shm_dir)
+        shm.open_readonly(short.name, offset=8, nbytes=8, directory=shm_dir, unlink_after=False)
+    assert short.exists()
 
 
 def test_directory_and_fifo_are_refused(shm_dir):
-    (shm_dir / "dir").mkdir()
-    os.mkfifo(shm_dir / "fifo")
-    for name in ("dir", "fifo"):
+    (shm_dir / seg("dir")).mkdir()
+    os.mkfifo(shm_dir / seg("fifo"))
+    for name in (seg("dir"), seg("fifo")):
         with pytest.raises(ShmError, match=r"not a regular file|cannot open"):
             shm.open_readonly(name, offset=0, nbytes=1, directory=shm_dir)
+        assert (shm_dir / name).exists()
 
 
 def test_missing_segment(shm_dir):
     with pytest.raises(ShmError, match="cannot open"):
-        tensors.unpack(handle("gone"), shm_dir=shm_dir)
+        tensors.unpack(handle(seg("gone")), shm_dir=shm_dir)
 
 
 def test_namespace_id_matches_upstream_format():

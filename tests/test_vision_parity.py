@@ -839,19 +839,22 @@ def test_options(family: str, options: dict[str, Any]) -> None:
 @pytest.mark.parametrize("config", QWEN_CONFIGS)
 @pytest.mark.parametrize(("height", "width"), [(1, 201), (201, 1), (2, 401), (3, 601), (1, 1000)])
 def test_aspect_ratio_error(config: str, height: int, width: int) -> None:
-    """Beyond 200:1, the same error (type and message) as transformers."""
+    """Beyond 200:1, the same error (type and message) as transformers, after the "image N:"
+    prefix every processor error carries."""
     array = _pattern(height, width, 14)
     with pytest.raises(ValueError, match="aspect ratio") as hf_error:
         run_hf(hf_processor(config), array, input_data_format="channels_last")
     with pytest.raises(AspectRatioError) as ours:
         our_processor(config)(array)
-    assert str(ours.value) == str(hf_error.value)
+    assert str(ours.value) == f"image 0: {hf_error.value}"
     assert isinstance(ours.value, ValueError)
     assert isinstance(ours.value, SmgProtoError)
     assert ours.value.index == 0
     # A batch names the offending image.
-    with pytest.raises(AspectRatioError):
+    with pytest.raises(AspectRatioError) as second:
         our_processor(config)([_pattern(30, 30, 1), array])
+    assert str(second.value) == f"image 1: {hf_error.value}"
+    assert second.value.index == 1
 
 
 @pytest.mark.parametrize(("height", "width"), [(1, 200), (200, 1), (3, 600), (5, 1000)])

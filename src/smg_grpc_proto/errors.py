@@ -22,6 +22,7 @@ __all__ = [
     "ImageProcessingError",
     "ImageShapeError",
     "ImageTooLargeError",
+    "InputFileError",
     "MultimodalError",
     "MultimodalLayoutError",
     "PlaceholderError",
@@ -74,6 +75,11 @@ class TensorTypeError(SmgProtoError, TypeError):
 
 class ShmError(TensorError):
     """A shared-memory segment is unusable: bad name, size, owner, file type or symlink."""
+
+
+class InputFileError(SmgProtoError, OSError):
+    """A path given as an input is not a regular file (a FIFO, device, directory…) or holds more
+    bytes than may be read (``actual`` / ``expected``); refused before any wait or large read."""
 
 
 class TransportNotImplementedError(SmgProtoError, NotImplementedError):

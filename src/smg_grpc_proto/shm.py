@@ -3,10 +3,16 @@
 Writers create one file per tensor with ``O_EXCL`` and mode ``0600``, reserve its size with
 ``fallocate`` and write it once; the handle's ``owner_id`` is ``"smg:<pid>"`` and names are
 ``smg-tokenspeed-<pid>-<unix_nanos>-<seq>``, so the upstream gateway's orphan sweep and ours agree.
-Readers validate the name (no ``/``, ``..`` or NUL), open with ``O_NOFOLLOW``, require a regular
-file of the expected owner and size, map it read-only, and by default unlink it right after
-mapping (``TOKENSPEED_UNLINK_MM_SHM_AFTER_READ=0`` keeps it, as upstream). :func:`reap` removes
-segments whose writer process is gone, and this process's own segments left unread too long.
+
+Readers treat every name as hostile (``docs/security.md``): before anything is opened the name
+must be a segment name of the contract (:func:`check_segment_name`); the file is opened with
+``O_NOFOLLOW | O_NONBLOCK``, must be a regular file of the expected owner, is unlinked at once
+(open -> fstat -> unlink -> size check -> map, so no later opener can reach it;
+``TOKENSPEED_UNLINK_MM_SHM_AFTER_READ=0`` keeps it, as upstream) and then mapped read-only —
+or, in copy mode (``read="copy"`` / ``SMG_GRPC_PROTO_SHM_READ=copy``), read with ``pread`` into
+private memory, which a writer that shrinks the file later cannot take away (a mapping would
+then fault with ``SIGBUS``). :func:`reap` removes segments whose writer process is gone, and
+this process's own segments left unread too long.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import errno
 import itertools
 import mmap
 import os
+import re
 import stat
 import threading
 import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,11 +38,15 @@ from smg_grpc_proto.errors import ShmError
 __all__ = [
     "DEFAULT_DIR",
     "PREFIX",
+    "ReadMode",
     "Segment",
+    "check_segment_name",
     "create",
     "namespace_id",
     "open_readonly",
+    "read_mode_default",
     "reap",
+    "release",
     "unlink",
     "unlink_after_read_default",
     "validate_name",
@@ -45,6 +56,12 @@ DEFAULT_DIR = Path("/dev/shm")
 PREFIX = "smg-tokenspeed-"
 _SEQ = itertools.count()
 _SEQ_LOCK = threading.Lock()
+# The contract's segment names: smg-tokenspeed-<pid>-<unix_nanos>-<seq>, decimal, no signs.
+_SEGMENT_NAME = re.compile(r"smg-tokenspeed-([0-9]{1,10})-([0-9]{1,20})-([0-9]{1,20})")
+
+ReadMode = Literal["map", "copy"]
+"""How a reader gets a segment's bytes: ``"map"`` (zero-copy, read-only mapping) or ``"copy"``
+(one ``pread`` into private memory: immune to a writer that truncates the file later)."""
 
 
 def validate_name(name: str) -> str:
@@ -60,6 +77,28 @@ def validate_name(name: str) -> str:
             actual=name,
         )
     return bare
+
+
+def check_segment_name(name: str) -> str:
+    """The bare name of a contract segment (``smg-tokenspeed-<pid>-<nanos>-<seq>``, a leading
+    ``/`` allowed); :class:`ShmError` for anything else, before any file is touched. Readers and
+    :func:`release` open and unlink nothing that fails this check."""
+    bare = validate_name(name)
+    if _SEGMENT_NAME.fullmatch(bare) is None:
+        raise ShmError(
+            f"shm.name {bare[:80]!r} is not a segment of the contract "
+            f"({PREFIX}<pid>-<unix_nanos>-<seq>); refusing to open it",
+            field="shm.name",
+            expected=f"{PREFIX}<pid>-<unix_nanos>-<seq>",
+            actual=bare[:255],
+        )
+    return bare
+
+
+def read_mode_default() -> ReadMode:
+    """The readers' default mode: ``SMG_GRPC_PROTO_SHM_READ`` (``map`` or ``copy``), else map."""
+    value = os.environ.get("SMG_GRPC_PROTO_SHM_READ", "map").strip().lower()
+    return "copy" if value == "copy" else "map"
 
 
 def unlink_after_read_default() -> bool:
@@ -149,23 +188,58 @@ def open_readonly(
     directory: Path = DEFAULT_DIR,
     unlink_after: bool | None = None,
     expected_uid: int | None = None,
+    read: ReadMode | None = None,
 ) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """Map ``nbytes`` at ``offset`` of segment ``name`` read-only; returns a uint8 view.
+    """``nbytes`` at ``offset`` of segment ``name`` as a read-only uint8 array.
 
-    The mapping lives as long as the returned array (and arrays viewing it). The file must be a
-    regular file (not a symlink) owned by ``expected_uid`` (default: this process's euid) and
-    hold at least ``offset + nbytes`` bytes.
+    ``name`` must be a contract segment name (checked before anything is opened); the file must
+    be a regular file (not a symlink, FIFO or device) owned by ``expected_uid`` (default: this
+    process's euid). It is unlinked as soon as it is opened and checked to be such a file —
+    before its size is checked, so a segment handed over with a wrong size is consumed too —
+    unless ``unlink_after=False`` (default: ``TOKENSPEED_UNLINK_MM_SHM_AFTER_READ``). Then it
+    must hold at least ``offset + nbytes`` bytes. ``read="map"`` maps it (the mapping lives as
+    long as the returned array); ``read="copy"`` reads it into private memory (default:
+    ``SMG_GRPC_PROTO_SHM_READ``, else map).
     """
-    bare = validate_name(name)
+    bare = check_segment_name(name)
     if offset < 0 or nbytes < 0:
         raise ShmError(
             f"shm.offset = {offset}, shm.nbytes = {nbytes}: must not be negative",
             field="shm.offset" if offset < 0 else "shm.nbytes",
             actual=offset if offset < 0 else nbytes,
         )
+    mode = read_mode_default() if read is None else read
+    if mode not in ("map", "copy"):
+        raise ShmError(
+            f"read must be 'map' or 'copy', got {mode!r}",
+            field="read",
+            expected=["map", "copy"],
+            actual=mode,
+        )
     path = Path(directory) / bare
+    fd = _open_segment(path, bare)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        st = os.fstat(fd)
+        _check_file(bare, st, expected_uid)
+        if unlink_after_read_default() if unlink_after is None else unlink_after:
+            _unlink_if_same(path, st)
+        _check_size(bare, st, offset, nbytes)
+        if nbytes == 0:
+            view = np.empty(0, np.uint8)
+        elif mode == "copy":
+            view = _pread_exact(fd, bare, offset, nbytes)
+        else:
+            mm = mmap.mmap(fd, offset + nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
+            view = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=offset)
+    finally:
+        os.close(fd)
+    return view
+
+
+def _open_segment(path: Path, bare: str) -> int:
+    try:
+        # O_NONBLOCK: opening a FIFO planted under a segment name must not wait for a writer.
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise ShmError(
@@ -176,24 +250,56 @@ def open_readonly(
         raise ShmError(
             f"shm.name {bare!r}: cannot open {path}: {exc.strerror}", field="shm.name", actual=bare
         ) from None
+
+
+def _pread_exact(
+    fd: int, name: str, offset: int, nbytes: int
+) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    try:
+        out = np.empty(nbytes, np.uint8)
+    except MemoryError:
+        raise MemoryError(
+            f"shm segment {name!r}: cannot allocate {nbytes} bytes to copy it into"
+        ) from None
+    view = out.data
+    done = 0
+    while done < nbytes:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise ShmError(
+                f"shm segment {name!r} ended after {done} of {nbytes} bytes (it shrank while "
+                "being read)",
+                field="shm.nbytes",
+                expected=nbytes,
+                actual=done,
+            )
+        done += got
+    out.flags.writeable = False
+    return out
+
+
+def release(name: str, *, directory: Path | None = None, expected_uid: int | None = None) -> bool:
+    """Consume a segment a request handed over without reading it (the request was refused):
+    unlink it if ``name`` is a contract segment name and the file a regular file of the expected
+    owner. Never raises for a bad name or a missing file; True if a file was removed.
+    ``directory`` defaults to :data:`DEFAULT_DIR` as it is at call time."""
+    try:
+        bare = check_segment_name(name)
+        path = Path(DEFAULT_DIR if directory is None else directory) / bare
+        fd = _open_segment(path, bare)
+    except ShmError:
+        return False
     try:
         st = os.fstat(fd)
-        _check_file(bare, st, offset, nbytes, expected_uid)
-        if nbytes == 0:
-            view = np.empty(0, np.uint8)
-        else:
-            mm = mmap.mmap(fd, offset + nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
-            view = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=offset)
+        _check_file(bare, st, expected_uid)
+        return _unlink_if_same(path, st)
+    except ShmError:
+        return False
     finally:
         os.close(fd)
-    if unlink_after_read_default() if unlink_after is None else unlink_after:
-        _unlink_if_same(path, st)
-    return view
 
 
-def _check_file(
-    name: str, st: os.stat_result, offset: int, nbytes: int, expected_uid: int | None
-) -> None:
+def _check_file(name: str, st: os.stat_result, expected_uid: int | None) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise ShmError(
             f"shm.name {name!r} is not a regular file (mode {stat.filemode(st.st_mode)})",
@@ -208,6 +314,9 @@ def _check_file(
             expected=uid,
             actual=st.st_uid,
         )
+
+
+def _check_size(name: str, st: os.stat_result, offset: int, nbytes: int) -> None:
     if offset + nbytes > st.st_size:
         raise ShmError(
             f"shm segment {name!r} holds {st.st_size} bytes; offset {offset} + nbytes {nbytes} "
@@ -218,18 +327,23 @@ def _check_file(
         )
 
 
-def _unlink_if_same(path: Path, opened: os.stat_result) -> None:
+def _unlink_if_same(path: Path, opened: os.stat_result) -> bool:
     """Unlink ``path`` only if it still names the file we opened (no swap in between)."""
-    with contextlib.suppress(FileNotFoundError):
+    try:
         now = os.stat(path, follow_symlinks=False)
         if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
             os.unlink(path)
+            return True
+    except FileNotFoundError:
+        pass
+    return False
 
 
 def unlink(name: str, *, directory: Path = DEFAULT_DIR) -> bool:
-    """Remove a segment (writer-side cleanup after a failed send). True if it existed."""
+    """Remove a segment (writer-side cleanup after a failed send). True if it existed. Only
+    contract segment names are accepted (:class:`ShmError` otherwise)."""
     try:
-        os.unlink(Path(directory) / validate_name(name))
+        os.unlink(Path(directory) / check_segment_name(name))
     except FileNotFoundError:
         return False
     return True

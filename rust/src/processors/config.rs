@@ -217,6 +217,15 @@ impl Common {
                 return Err(ProcessorError::config(field, "finite numbers", values));
             }
         }
+        // A zero deviation divides into inf, a negative one flips the signs: no model is
+        // trained on either.
+        if self.image_std.iter().any(|&v| v <= 0.0) {
+            return Err(ProcessorError::config(
+                "image_std",
+                "positive finite numbers",
+                self.image_std,
+            ));
+        }
         Ok(())
     }
 }

@@ -152,11 +152,16 @@ impl ProcessorError {
 impl fmt::Display for ProcessorError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            // transformers: f"absolute aspect ratio must be smaller than 200, got {ratio}"; Rust's
-            // `{:?}` of an f64 is Python's repr (shortest round trip, `.0` on integral values).
-            Self::AspectRatio { height, width, .. } => write!(
+            // "image N: " and then transformers' own message, f"absolute aspect ratio must be
+            // smaller than 200, got {ratio}"; Rust's `{:?}` of an f64 is Python's repr (shortest
+            // round trip, `.0` on integral values).
+            Self::AspectRatio {
+                index,
+                height,
+                width,
+            } => write!(
                 f,
-                "absolute aspect ratio must be smaller than 200, got {:?}",
+                "image {index}: absolute aspect ratio must be smaller than 200, got {:?}",
                 Self::ratio(*height, *width)
             ),
             Self::Config {
@@ -227,17 +232,17 @@ mod tests {
         };
         assert_eq!(
             err.to_string(),
-            "absolute aspect ratio must be smaller than 200, got 201.0"
+            "image 0: absolute aspect ratio must be smaller than 200, got 201.0"
         );
         let err = ProcessorError::AspectRatio {
-            index: 0,
+            index: 4,
             height: 3,
             width: 604,
         };
         // Python: 604 / 3 = 201.33333333333334
         assert_eq!(
             err.to_string(),
-            "absolute aspect ratio must be smaller than 200, got 201.33333333333334"
+            "image 4: absolute aspect ratio must be smaller than 200, got 201.33333333333334"
         );
     }
 

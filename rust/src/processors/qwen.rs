@@ -661,7 +661,7 @@ mod tests {
         assert_eq!(err.kind(), "aspect_ratio");
         assert_eq!(
             err.to_string(),
-            "absolute aspect ratio must be smaller than 200, got 201.0"
+            "image 0: absolute aspect ratio must be smaller than 200, got 201.0"
         );
     }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -103,35 +103,78 @@ def to_torch(array: npt.NDArray[Any], *, bfloat16: bool = False) -> Any:
     return tensor
 
 
-def check_placeholders(
-    ranges: Sequence[tuple[int, int]], n_ids: int, field: str, taken: list[tuple[int, int, str]]
-) -> None:
-    """Every range non-empty, inside ``input_ids`` and disjoint from every other range."""
-    for i, (offset, length) in enumerate(ranges):
-        name = f"{field}[{i}]"
-        if length <= 0:
-            raise PlaceholderError(
-                f"{name}.length is {length}: a placeholder range needs at least one token",
-                field=f"{name}.length",
-                actual=length,
-            )
-        if offset + length > n_ids:
-            raise PlaceholderError(
-                f"{name} = [{offset}, {offset + length}) reaches past the end of input_ids "
-                f"({n_ids} tokens)",
-                field=name,
-                expected=n_ids,
-                actual=offset + length,
-            )
-        for start, other_len, other in taken:
-            if offset < start + other_len and start < offset + length:
-                raise PlaceholderError(
-                    f"{name} = [{offset}, {offset + length}) overlaps {other} = "
-                    f"[{start}, {start + other_len})",
-                    field=name,
-                    actual=[offset, length],
-                )
-        taken.append((offset, length, name))
+def check_placeholders(groups: Sequence[tuple[str, Sequence[tuple[int, int]]]], n_ids: int) -> None:
+    """Every range of every group non-empty, inside ``input_ids`` and disjoint from every other
+    range of any group; ``groups`` are ``(field, ranges)`` pairs (one per batch or item).
+
+    Costs O(n log n) in the number of ranges: their count is bounded by ``n_ids`` first (disjoint
+    non-empty ranges cannot outnumber the tokens), then one sort finds any overlap.
+    """
+    total = sum(len(ranges) for _, ranges in groups)
+    check_range_count(groups[0][0] if len(groups) == 1 else "placeholders", total, n_ids)
+    if total == 0:
+        return
+    offsets = np.fromiter((r[0] for _, ranges in groups for r in ranges), np.int64, total)
+    lengths = np.fromiter((r[1] for _, ranges in groups for r in ranges), np.int64, total)
+    ends = offsets + lengths  # each < 2**33: no overflow
+    names = _RangeNames(groups)
+    bad = np.flatnonzero(lengths <= 0)
+    if bad.size:
+        i = int(bad[0])
+        raise PlaceholderError(
+            f"{names[i]}.length is {int(lengths[i])}: a placeholder range needs at least one token",
+            field=f"{names[i]}.length",
+            actual=int(lengths[i]),
+        )
+    bad = np.flatnonzero(ends > n_ids)
+    if bad.size:
+        i = int(bad[0])
+        raise PlaceholderError(
+            f"{names[i]} = [{int(offsets[i])}, {int(ends[i])}) reaches past the end of input_ids "
+            f"({n_ids} tokens)",
+            field=names[i],
+            expected=n_ids,
+            actual=int(ends[i]),
+        )
+    order = np.argsort(offsets, kind="stable")
+    # Sorted by start, two ranges overlap only if some neighbouring pair does.
+    clash = np.flatnonzero(offsets[order[1:]] < ends[order[:-1]])
+    if clash.size:
+        a, b = int(order[clash[0]]), int(order[clash[0] + 1])
+        first, second = (a, b) if a < b else (b, a)
+        raise PlaceholderError(
+            f"{names[second]} = [{int(offsets[second])}, {int(ends[second])}) overlaps "
+            f"{names[first]} = [{int(offsets[first])}, {int(ends[first])})",
+            field=names[second],
+            actual=[int(offsets[second]), int(lengths[second])],
+        )
+
+
+def check_range_count(field: str, count: int, n_ids: int) -> None:
+    """Disjoint non-empty ranges cannot outnumber the tokens: the cheap check that runs before
+    anything is built per range."""
+    if count > n_ids:
+        raise PlaceholderError(
+            f"{field}: {count} placeholder ranges for {n_ids} tokens of input_ids; disjoint "
+            "non-empty ranges cannot outnumber the tokens",
+            field=field,
+            expected=n_ids,
+            actual=count,
+        )
+
+
+class _RangeNames:
+    """``field[i]`` of the k-th range over all groups, computed only for the one reported."""
+
+    def __init__(self, groups: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> None:
+        self._groups = groups
+
+    def __getitem__(self, k: int) -> str:
+        for name, ranges in self._groups:
+            if k < len(ranges):
+                return f"{name}[{k}]"
+            k -= len(ranges)
+        raise IndexError(k)
 
 
 def embed_masks(
@@ -140,23 +183,47 @@ def embed_masks(
     token: int | None,
     field: str,
 ) -> list[npt.NDArray[np.bool_] | None]:
-    """Per range, the positions holding ``token`` (``None`` when all do or no token is set)."""
+    """Per range, the positions holding ``token`` (``None`` when all do or no token is set).
+
+    The ranges are checked (disjoint, inside ``ids``) beforehand, so the work is linear: a group
+    with many ranges compares the whole prompt once; a group with few compares only its runs.
+    """
+    if token is None:
+        return [None] * len(ranges)
+    if not ranges:
+        return []
+    if len(ranges) * 64 >= ids.shape[0]:
+        hit = ids == token
+        counts = np.concatenate(([0], np.cumsum(hit, dtype=np.int64)))
+        offsets = np.fromiter((r[0] for r in ranges), np.int64, len(ranges))
+        lengths = np.fromiter((r[1] for r in ranges), np.int64, len(ranges))
+        hits = counts[offsets + lengths] - counts[offsets]
+        empty = np.flatnonzero(hits == 0)
+        if empty.size:
+            _no_token(field, int(empty[0]), ranges, token)
+        full = (hits == lengths).tolist()
+        return [
+            None if full[i] else hit[offset : offset + length]
+            for i, (offset, length) in enumerate(ranges)
+        ]
     masks: list[npt.NDArray[np.bool_] | None] = []
     for i, (offset, length) in enumerate(ranges):
-        if token is None:
-            masks.append(None)
-            continue
         mask = ids[offset : offset + length] == token
-        hits = int(mask.sum())
-        if hits == 0:
-            raise PlaceholderError(
-                f"{field}[{i}] = [{offset}, {offset + length}) holds no placeholder token {token}",
-                field=f"{field}[{i}]",
-                expected=token,
-                actual=0,
-            )
-        masks.append(None if hits == length else mask)
+        n_hits = int(np.count_nonzero(mask))
+        if n_hits == 0:
+            _no_token(field, i, ranges, token)
+        masks.append(None if n_hits == length else mask)
     return masks
+
+
+def _no_token(field: str, i: int, ranges: Sequence[tuple[int, int]], token: int) -> NoReturn:
+    offset, length = ranges[i]
+    raise PlaceholderError(
+        f"{field}[{i}] = [{offset}, {offset + length}) holds no placeholder token {token}",
+        field=f"{field}[{i}]",
+        expected=token,
+        actual=0,
+    )
 
 
 def check_hashes(hashes: Sequence[str], n: int, field: str) -> list[str | None]:
@@ -182,26 +249,34 @@ def check_hashes(hashes: Sequence[str], n: int, field: str) -> list[str | None]:
 
 
 def sizes_of(array: npt.NDArray[Any], n: int, rows: int, field: str, key: str) -> tuple[int, ...]:
-    """The per-item lengths in a sizes tensor: integers, one per item, summing to ``rows``."""
+    """The per-item lengths in a sizes tensor: integers, one per item, summing to ``rows``.
+
+    The arithmetic is exact (Python integers: no int64 wraparound); every size must lie in
+    ``0..rows`` before they are summed."""
     if array.dtype.kind not in "iu":
         raise MultimodalLayoutError(
             f"{field}: the sizes tensor of {key!r} must be integer, got {array.dtype}",
             field=field,
             actual=str(array.dtype),
         )
-    flat = array.reshape(-1).astype(np.int64)
-    if flat.shape[0] != n:
+    if array.size != n:
         raise MultimodalLayoutError(
-            f"{field}: {flat.shape[0]} sizes for {n} items",
+            f"{field}: {array.size} sizes for {n} items",
             field=field,
             expected=n,
-            actual=int(flat.shape[0]),
+            actual=int(array.size),
         )
-    if flat.size and int(flat.min()) < 0:
-        raise MultimodalLayoutError(
-            f"{field}: negative size {int(flat.min())}", field=field, actual=int(flat.min())
-        )
-    total = int(flat.sum())
+    values: list[int] = array.reshape(-1).tolist()
+    for i, v in enumerate(values):
+        if not 0 <= v <= rows:
+            raise MultimodalLayoutError(
+                f"{field}[{i}] = {v}: a size must lie in 0..{rows} ({key!r} has {rows} rows on "
+                "dim 0)",
+                field=f"{field}[{i}]",
+                expected=f"0..{rows}",
+                actual=v,
+            )
+    total = sum(values)
     if total != rows:
         raise MultimodalLayoutError(
             f"{field}: sizes sum to {total}, but {key!r} has {rows} rows on dim 0",
@@ -209,7 +284,7 @@ def sizes_of(array: npt.NDArray[Any], n: int, rows: int, field: str, key: str) -
             expected=rows,
             actual=total,
         )
-    return tuple(int(v) for v in flat.tolist())
+    return tuple(values)
 
 
 def check_grid(
@@ -219,9 +294,10 @@ def check_grid(
     patches: tuple[int, ...] | None,
     embeds: Sequence[int] | None,
     merge_size: int | None,
-) -> None:
+) -> list[tuple[int, int, int]]:
     """A ``[n, 3]`` integer grid agreeing with the rows per item and, given the merge size,
-    with the number of embedding positions of each placeholder range."""
+    divisible by it and agreeing with the number of embedding positions of each placeholder
+    range. Returns the grid rows as exact integers."""
     if grid.dtype.kind not in "iu" or grid.ndim != 2 or grid.shape != (n, 3):
         raise MultimodalLayoutError(
             f"{field}: expected an integer [{n}, 3] grid, got {grid.dtype} {list(grid.shape)}",
@@ -229,14 +305,15 @@ def check_grid(
             expected=[n, 3],
             actual=list(grid.shape),
         )
-    rows = grid.astype(np.int64)
-    if rows.size and int(rows.min()) < 1:
-        raise MultimodalLayoutError(
-            f"{field}: grid values must be positive, got {int(rows.min())}",
-            field=field,
-            actual=int(rows.min()),
-        )
-    for i, (t, h, w) in enumerate(rows.tolist()):
+    rows: list[list[int]] = grid.tolist()  # exact, whatever the integer dtype
+    for i, row in enumerate(rows):
+        if min(row) < 1:
+            raise MultimodalLayoutError(
+                f"{field}[{i}] = {row}: grid values must be positive",
+                field=f"{field}[{i}]",
+                actual=row,
+            )
+    for i, (t, h, w) in enumerate(rows):
         if patches is not None and t * h * w != patches[i]:
             raise MultimodalLayoutError(
                 f"{field}[{i}] = [{t}, {h}, {w}] means {t * h * w} patches, but the item has "
@@ -245,9 +322,17 @@ def check_grid(
                 expected=t * h * w,
                 actual=patches[i],
             )
-        if merge_size is not None and embeds is not None:
+        if merge_size is not None:
+            if h % merge_size or w % merge_size:
+                raise MultimodalLayoutError(
+                    f"{field}[{i}] = [{t}, {h}, {w}]: height and width must be multiples of the "
+                    f"merge size {merge_size}",
+                    field=f"{field}[{i}]",
+                    expected=merge_size,
+                    actual=[t, h, w],
+                )
             want = t * h * w // (merge_size * merge_size)
-            if embeds[i] != want:
+            if embeds is not None and embeds[i] != want:
                 raise PlaceholderError(
                     f"item {i}: {embeds[i]} placeholder tokens, but grid [{t}, {h}, {w}] with "
                     f"merge size {merge_size} needs {want}",
@@ -255,6 +340,7 @@ def check_grid(
                     expected=want,
                     actual=embeds[i],
                 )
+    return [(t, h, w) for t, h, w in rows]
 
 
 def split(
@@ -308,8 +394,8 @@ def infer_layout(
         array = tensors[primary]
         rows = first_dim(array, primary, f"{field}.{primary}")
         if grid_key is not None:
-            check_grid(tensors[grid_key], n, f"{field}.{grid_key}", None, None, None)
-            per_item = tuple(int(t) * int(h) * int(w) for t, h, w in tensors[grid_key].tolist())
+            grid = check_grid(tensors[grid_key], n, f"{field}.{grid_key}", None, None, None)
+            per_item = tuple(t * h * w for t, h, w in grid)
             if sum(per_item) != rows:
                 raise MultimodalLayoutError(
                     f"{field}.{grid_key}: the grids give {sum(per_item)} patches, but "

@@ -8,9 +8,10 @@ from typing import Any, TypeAlias, TypeVar
 import numpy.typing as npt
 from google.protobuf.message import Message
 
+from smg_grpc_proto import shm
 from smg_grpc_proto.engines._media import PreparedMedia
 from smg_grpc_proto.errors import MultimodalError, SmgProtoError, TensorError
-from smg_grpc_proto.tensors import TensorMessage, Transport, unpack
+from smg_grpc_proto.tensors import ShmRead, TensorMessage, Transport, shm_payloads, unpack
 
 M = TypeVar("M", bound=Message)
 TensorSource: TypeAlias = "TensorMessage[M] | M"
@@ -54,21 +55,38 @@ def attach(
         ) from None
 
 
+def release_shm(message: Message, unlink: bool | None, shm_read: ShmRead | None) -> int:
+    """Consume the shared-memory segments of a refused request, as a successful read would have
+    (unless segments are kept or refused): contract names only, never raising. Returns how many
+    files were removed."""
+    keep = not (shm.unlink_after_read_default() if unlink is None else unlink)
+    if keep or shm_read == "refuse":
+        return 0
+    return sum(shm.release(td.shm.name) for _, td in shm_payloads(message))
+
+
 def read_tensor(
-    request: TensorSource[Any], path: str, td: Any, unlink: bool | None
+    request: TensorSource[Any],
+    path: str,
+    td: Any,
+    unlink: bool | None,
+    shm_read: ShmRead | None = None,
 ) -> npt.NDArray[Any]:
     """The tensor at ``path``: the received frame's view, else the payload unpacked; errors
     re-raised with the request path in front."""
     try:
         if isinstance(request, TensorMessage) and path in request:
             return request[path]
-        return unpack(td, unlink=unlink)
+        return unpack(td, unlink=unlink, shm_read=shm_read)
     except SmgProtoError as exc:
         if isinstance(exc, TensorError) or not exc.field.startswith(path):
             cls = type(exc)
             raise cls(
                 f"{path}: {exc}",
-                field=f"{path}.{exc.field.rsplit('.', 1)[-1]}" if exc.field else path,
+                # "<TensorData type>.shape[0]" or "shm.name" -> "<path>.shape[0]", "<path>.shm.name"
+                field=f"{path}.{exc.field.removeprefix(td.DESCRIPTOR.full_name + '.')}"
+                if exc.field
+                else path,
                 expected=exc.expected,
                 actual=exc.actual,
             ) from None

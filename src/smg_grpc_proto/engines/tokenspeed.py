@@ -27,11 +27,17 @@ from smg_grpc_proto import _native
 from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Modality
 from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders
-from smg_grpc_proto.engines._tensors import TensorSource, as_media_list, attach, read_tensor
+from smg_grpc_proto.engines._tensors import (
+    TensorSource,
+    as_media_list,
+    attach,
+    read_tensor,
+    release_shm,
+)
 from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as pb
-from smg_grpc_proto.tensors import SHM_MIN_BYTES, TensorMessage, Transport
+from smg_grpc_proto.tensors import SHM_MIN_BYTES, ShmRead, TensorMessage, Transport
 
 __all__ = ["DEFAULT_DTYPE", "content_hash", "decode_mm_inputs", "generate_request"]
 
@@ -113,13 +119,30 @@ def decode_mm_inputs(
     *,
     merge_size: int | None = None,
     unlink: bool | None = None,
+    shm_read: ShmRead | None = None,
 ) -> tuple[DecodedBatch, ...]:
     """Every item of ``mm_inputs``, validated, as a one-item :class:`DecodedBatch` each (items
     of an EPD prefill request named in ``encode_bootstrap_info`` may lack ``encoder_input``).
-    Shared-memory payloads are read and unlinked unless ``unlink=False``."""
+    Shared-memory payloads are unlinked on opening unless ``unlink=False``, and mapped
+    (``shm_read="copy"``: copied; ``"refuse"``: refused); a refused request's segments are
+    consumed all the same."""
     message: pb.GenerateRequest = request.message if isinstance(request, TensorMessage) else request
     if not message.HasField("mm_inputs"):
         return ()
+    try:
+        return _decode(request, message, merge_size, unlink, shm_read)
+    except BaseException:
+        release_shm(message, unlink, shm_read)
+        raise
+
+
+def _decode(
+    request: TensorSource[pb.GenerateRequest],
+    message: pb.GenerateRequest,
+    merge_size: int | None,
+    unlink: bool | None,
+    shm_read: ShmRead | None,
+) -> tuple[DecodedBatch, ...]:
     items = message.mm_inputs.items
     if not items:
         raise MultimodalError(
@@ -127,27 +150,39 @@ def decode_mm_inputs(
             field="mm_inputs.items",
         )
     ids = np.asarray(message.tokenized.input_ids, dtype=np.int64)
-    remote = {b.item_index for b in message.encode_bootstrap_info.items}
-    taken: list[tuple[int, int, str]] = []
-    tokens: dict[Modality, tuple[int, str]] = {}
-    out = []
+    _decoded.check_range_count("mm_inputs.items", len(items), ids.shape[0])
+    groups: list[tuple[str, list[tuple[int, int]]]] = []
     for i, item in enumerate(items):
-        out.append(
-            _decode_item(request, i, item, ids, taken, tokens, i in remote, merge_size, unlink)
+        at = f"mm_inputs.items[{i}].placeholders"
+        if not item.placeholders:
+            raise MultimodalError(
+                f"{at} is empty: every item needs at least one range",
+                field=at,
+            )
+        _decoded.check_range_count(at, len(item.placeholders), ids.shape[0])
+        groups.append((at, [(p.offset, p.length) for p in item.placeholders]))
+    _decoded.check_placeholders(groups, ids.shape[0])
+    remote = {b.item_index for b in message.encode_bootstrap_info.items}
+    tokens: dict[Modality, tuple[int, str]] = {}
+    return tuple(
+        _decode_item(
+            request, i, item, ranges, ids, tokens, i in remote, merge_size, unlink, shm_read
         )
-    return tuple(out)
+        for i, (item, (_, ranges)) in enumerate(zip(items, groups, strict=True))
+    )
 
 
 def _decode_item(
     request: TensorSource[Any],
     i: int,
     item: pb.MultimodalItem,
+    ranges: list[tuple[int, int]],
     ids: npt.NDArray[np.int64],
-    taken: list[tuple[int, int, str]],
     tokens: dict[Modality, tuple[int, str]],
     encoded_elsewhere: bool,
     merge_size: int | None,
     unlink: bool | None,
+    shm_read: ShmRead | None,
 ) -> DecodedBatch:
     at = f"mm_inputs.items[{i}]"
     if item.modality not in _NAMES:
@@ -177,13 +212,6 @@ def _decode_item(
             field=f"{at}.model_specific_tensors",
             actual=sorted(side),
         )
-    ranges = [(p.offset, p.length) for p in item.placeholders]
-    if not ranges:
-        raise MultimodalError(
-            f"{at}.placeholders is empty: every item needs at least one range",
-            field=f"{at}.placeholders",
-        )
-    _decoded.check_placeholders(ranges, ids.shape[0], f"{at}.placeholders", taken)
     token: int | None = None
     if item.HasField("placeholder_token_id"):
         token = item.placeholder_token_id
@@ -219,7 +247,7 @@ def _decode_item(
     tensors: dict[str, npt.NDArray[Any]] = {}
     if item.HasField("encoder_input"):
         path = f"{at}.encoder_input"
-        tensors[primary] = read_tensor(request, path, item.encoder_input, unlink)
+        tensors[primary] = read_tensor(request, path, item.encoder_input, unlink, shm_read)
     elif not encoded_elsewhere:
         raise MultimodalError(
             f"{at}.encoder_input is not set, and encode_bootstrap_info names no encode worker "
@@ -233,7 +261,9 @@ def _decode_item(
                 field=f"{at}.model_specific_tensors[{key}]",
             )
         path = f"{at}.model_specific_tensors[{key}]"
-        tensors[key] = read_tensor(request, path, item.model_specific_tensors[key], unlink)
+        tensors[key] = read_tensor(
+            request, path, item.model_specific_tensors[key], unlink, shm_read
+        )
     layout, sizes = _decoded.infer_layout(tensors, primary, 1, at)
     grid_key = "video_grid_thw" if modality == "video" else "image_grid_thw"
     if grid_key in tensors:

@@ -25,6 +25,7 @@ from smg_grpc_proto.engines._tensors import TensorSource
 from smg_grpc_proto.errors import MultimodalError, PlaceholderError
 from smg_grpc_proto.generated import trtllm_service_pb2 as pb
 from smg_grpc_proto.tensors import TensorMessage
+from smg_grpc_proto.vision._inputs import read_file
 
 __all__ = ["decode_mm_inputs", "generate_request", "image_format"]
 
@@ -63,8 +64,7 @@ def _files(images: PreparedMedia | Sequence[Any]) -> list[bytes]:
         if isinstance(image, (bytes, bytearray, memoryview)):
             files.append(bytes(image))
         elif isinstance(image, (str, os.PathLike)):
-            with open(image, "rb") as f:
-                files.append(f.read())
+            files.append(read_file(image, f"images[{i}]"))
         else:
             raise MultimodalError(
                 f"images[{i}] is a {type(image).__name__}; TensorRT-LLM takes encoded files "

@@ -25,11 +25,17 @@ import numpy.typing as npt
 from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Layout
 from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders
-from smg_grpc_proto.engines._tensors import TensorSource, as_media_list, attach, read_tensor
+from smg_grpc_proto.engines._tensors import (
+    TensorSource,
+    as_media_list,
+    attach,
+    read_tensor,
+    release_shm,
+)
 from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
-from smg_grpc_proto.tensors import SHM_MIN_BYTES, TensorMessage, Transport
+from smg_grpc_proto.tensors import SHM_MIN_BYTES, ShmRead, TensorMessage, Transport
 
 __all__ = ["decode_mm_inputs", "fill_mm_inputs", "generate_request"]
 
@@ -129,13 +135,16 @@ def decode_mm_inputs(
     *,
     merge_size: int | None = None,
     unlink: bool | None = None,
+    shm_read: ShmRead | None = None,
 ) -> tuple[DecodedBatch, ...]:
     """Every preprocessed batch of a ``GenerateRequest`` (``mm_inputs`` then
     ``extra_mm_inputs``), validated, as the engine's model consumes it.
 
-    ``merge_size`` (Qwen's ``spatial_merge_size``) also checks each item's placeholder count
-    against its grid. Shared-memory payloads are mapped read-only and unlinked after reading
-    unless ``unlink=False``.
+    ``merge_size`` (Qwen's ``spatial_merge_size``) also checks each item's grid against it and
+    each item's placeholder count against its grid. Shared-memory payloads are unlinked on
+    opening unless ``unlink=False``, and mapped read-only (``shm_read="copy"``: copied;
+    ``"refuse"``: refused). A refused request's segments are consumed all the same, so a bad
+    request leaves nothing behind in ``/dev/shm``.
     """
     message: pb.GenerateRequest = request.message if isinstance(request, TensorMessage) else request
     batches: list[tuple[str, pb.MultimodalInputs]] = []
@@ -144,6 +153,21 @@ def decode_mm_inputs(
     batches.extend((f"extra_mm_inputs[{i}]", b) for i, b in enumerate(message.extra_mm_inputs))
     if not batches:
         return ()
+    try:
+        return _decode(request, message, batches, merge_size, unlink, shm_read)
+    except BaseException:
+        release_shm(message, unlink, shm_read)
+        raise
+
+
+def _decode(
+    request: TensorSource[pb.GenerateRequest],
+    message: pb.GenerateRequest,
+    batches: list[tuple[str, pb.MultimodalInputs]],
+    merge_size: int | None,
+    unlink: bool | None,
+    shm_read: ShmRead | None,
+) -> tuple[DecodedBatch, ...]:
     if message.HasField("media_refs"):
         raise MultimodalError("media_refs and mm_inputs are mutually exclusive", field="media_refs")
     if message.WhichOneof("input") != "tokenized":
@@ -153,23 +177,34 @@ def decode_mm_inputs(
             field="tokenized",
         )
     ids = np.asarray(message.tokenized.input_ids, dtype=np.int64)
-    taken: list[tuple[int, int, str]] = []
-    keys_seen: dict[str, str] = {}
-    out = []
+    groups: list[tuple[str, list[tuple[int, int]]]] = []
     for at, mm in batches:
-        out.append(_decode_batch(request, at, mm, ids, taken, keys_seen, merge_size, unlink))
-    return tuple(out)
+        if not mm.mm_placeholders:
+            raise MultimodalError(
+                f"{at}.mm_placeholders is empty: a batch needs one range per item",
+                field=f"{at}.mm_placeholders",
+            )
+        field = f"{at}.mm_placeholders"
+        _decoded.check_range_count(field, len(mm.mm_placeholders), ids.shape[0])
+        groups.append((field, [(p.offset, p.length) for p in mm.mm_placeholders]))
+    _decoded.check_placeholders(groups, ids.shape[0])
+    keys_seen: dict[str, str] = {}
+    return tuple(
+        _decode_batch(request, at, mm, ranges, ids, keys_seen, merge_size, unlink, shm_read)
+        for (at, mm), (_, ranges) in zip(batches, groups, strict=True)
+    )
 
 
 def _decode_batch(
     request: TensorSource[Any],
     at: str,
     mm: pb.MultimodalInputs,
+    ranges: list[tuple[int, int]],
     ids: npt.NDArray[np.int64],
-    taken: list[tuple[int, int, str]],
     keys_seen: dict[str, str],
     merge_size: int | None,
     unlink: bool | None,
+    shm_read: ShmRead | None,
 ) -> DecodedBatch:
     if mm.modality in (common_pb2.MODALITY_UNSPECIFIED, common_pb2.IMAGE):
         modality: _decoded.Modality = "image"
@@ -182,14 +217,7 @@ def _decode_batch(
             expected=[common_pb2.IMAGE, common_pb2.VIDEO],
             actual=mm.modality,
         )
-    ranges = [(p.offset, p.length) for p in mm.mm_placeholders]
     n = len(ranges)
-    if n == 0:
-        raise MultimodalError(
-            f"{at}.mm_placeholders is empty: a batch needs one range per item",
-            field=f"{at}.mm_placeholders",
-        )
-    _decoded.check_placeholders(ranges, ids.shape[0], f"{at}.mm_placeholders", taken)
     token = mm.im_token_id if mm.HasField("im_token_id") else None
     masks = _decoded.embed_masks(ids, ranges, token, f"{at}.mm_placeholders")
     hashes = _decoded.check_hashes(list(mm.mm_hashes), n, f"{at}.mm_hashes")
@@ -203,7 +231,7 @@ def _decode_batch(
             field=f"{at}.pixel_values",
         )
     wire: dict[str, npt.NDArray[Any]] = {
-        primary: read_tensor(request, f"{at}.pixel_values", mm.pixel_values, unlink)
+        primary: read_tensor(request, f"{at}.pixel_values", mm.pixel_values, unlink, shm_read)
     }
     for key in sorted(mm.model_specific_tensors):
         if key == primary:
@@ -212,7 +240,7 @@ def _decode_batch(
                 field=f"{at}.model_specific_tensors[{key}]",
             )
         path = f"{at}.model_specific_tensors[{key}]"
-        wire[key] = read_tensor(request, path, mm.model_specific_tensors[key], unlink)
+        wire[key] = read_tensor(request, path, mm.model_specific_tensors[key], unlink, shm_read)
     for key in wire:
         name = "pixel_values_videos" if modality == "video" and key == "pixel_values" else key
         if name in keys_seen:
@@ -223,10 +251,10 @@ def _decode_batch(
             )
         keys_seen[name] = at
 
-    batched = list(mm.batched_keys)
+    batched = set(mm.batched_keys)
     flat = dict(mm.flat_keys)
     for kind, keys in (
-        ("batched_keys", batched),
+        ("batched_keys", list(mm.batched_keys)),
         ("flat_keys", list(flat)),
         ("keep_on_cpu_keys", list(mm.keep_on_cpu_keys)),
     ):
@@ -275,11 +303,23 @@ def _decode_batch(
     embeds = [int(m.sum()) if m is not None else r[1] for m, r in zip(masks, ranges, strict=True)]
     for grid_key in _decoded.GRID_KEYS:
         if grid_key in wire:
+            patches = sizes.get(primary)
+            if layout[primary] == "shared":
+                # Without flat_keys every item would get all rows: only one item may.
+                if n > 1:
+                    raise MultimodalLayoutError(
+                        f"{at}: {primary!r} would be shared by all {n} items, but the batch has "
+                        f"a grid ({grid_key}): name it in flat_keys with its sizes tensor",
+                        field=f"{at}.flat_keys",
+                        expected="pixel_values",
+                        actual=sorted(flat),
+                    )
+                patches = (_decoded.first_dim(wire[primary], primary, f"{at}.pixel_values"),)
             _decoded.check_grid(
                 wire[grid_key],
                 n,
                 f"{at}.model_specific_tensors[{grid_key}]",
-                sizes.get(primary),
+                patches,
                 embeds,
                 merge_size,
             )

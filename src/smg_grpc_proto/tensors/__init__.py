@@ -18,14 +18,28 @@ and the numbers; a ``remote`` payload raises
 """
 
 from smg_grpc_proto.tensors._backend import backend
-from smg_grpc_proto.tensors._codec import SHM_MIN_BYTES, Transport, pack, unpack, unpack_torch
-from smg_grpc_proto.tensors._frames import TensorMessage, deserializer, parse, serialize
+from smg_grpc_proto.tensors._codec import (
+    SHM_MIN_BYTES,
+    ShmRead,
+    Transport,
+    pack,
+    unpack,
+    unpack_torch,
+)
+from smg_grpc_proto.tensors._frames import (
+    TensorMessage,
+    deserializer,
+    parse,
+    serialize,
+    shm_payloads,
+)
 from smg_grpc_proto.tensors._layout import ITEMSIZE, LAYOUTS, plan_for
 
 __all__ = [
     "ITEMSIZE",
     "LAYOUTS",
     "SHM_MIN_BYTES",
+    "ShmRead",
     "TensorMessage",
     "Transport",
     "backend",
@@ -34,6 +48,7 @@ __all__ = [
     "parse",
     "plan_for",
     "serialize",
+    "shm_payloads",
     "unpack",
     "unpack_torch",
 ]

@@ -12,7 +12,12 @@ import numpy as np
 from google.protobuf.message import Message
 
 from smg_grpc_proto import shm
-from smg_grpc_proto.errors import TensorError, TensorTypeError, TransportNotImplementedError
+from smg_grpc_proto.errors import (
+    ShmError,
+    TensorError,
+    TensorTypeError,
+    TransportNotImplementedError,
+)
 from smg_grpc_proto.tensors import _backend
 from smg_grpc_proto.tensors._layout import (
     CONVERSIONS,
@@ -28,6 +33,9 @@ from smg_grpc_proto.tensors._layout import (
 M = TypeVar("M", bound=Message)
 Transport = Literal["inline", "shm", "auto"]
 Bf16Mode = Literal["auto", "ml_dtypes", "float32", "uint16"]
+ShmRead = Literal["map", "copy", "refuse"]
+"""How a reader takes shared-memory payloads: map them, copy them (:data:`shm.ReadMode`), or
+refuse every one without opening anything (a server whose ``shm_namespace_id`` is empty)."""
 
 #: Tensors at least this large go to shared memory with ``transport="auto"`` (upstream default).
 SHM_MIN_BYTES = 65536
@@ -175,14 +183,18 @@ def unpack(
     bf16: Bf16Mode = "auto",
     unlink: bool | None = None,
     shm_dir: Path | None = None,
+    shm_read: ShmRead | None = None,
 ) -> np.ndarray[Any, Any]:
     """The tensor of a ``TensorData`` message as a read-only numpy array, without copying.
 
     Inline payloads are viewed in place (the array keeps the bytes alive); shared-memory payloads
-    are mapped read-only (and unlinked after mapping unless ``unlink=False`` or upstream's
-    ``TOKENSPEED_UNLINK_MM_SHM_AFTER_READ=0``). ``bfloat16`` comes back as ``ml_dtypes.bfloat16``
-    when ml_dtypes is installed (``bf16="auto"``); otherwise as float32 (an exact widening, the
-    one case that copies), or as the raw ``uint16`` bits with ``bf16="uint16"``.
+    are unlinked on opening (unless ``unlink=False`` or upstream's
+    ``TOKENSPEED_UNLINK_MM_SHM_AFTER_READ=0``) and mapped read-only, or copied into private
+    memory with ``shm_read="copy"`` (see :func:`smg_grpc_proto.shm.open_readonly`);
+    ``shm_read="refuse"`` refuses them without opening anything. ``bfloat16`` comes back as
+    ``ml_dtypes.bfloat16`` when ml_dtypes is installed (``bf16="auto"``); otherwise as float32
+    (an exact widening, the one case that copies), or as the raw ``uint16`` bits with
+    ``bf16="uint16"``.
     """
     layout = layout_of(message)
     name = layout.full_name
@@ -204,6 +216,14 @@ def unpack(
             )
     elif kind == "shm":
         handle = td.shm
+        if shm_read == "refuse":
+            raise ShmError(
+                f"{name}.shm: this server takes no shared-memory payloads (no shared /dev/shm "
+                "namespace); send inline",
+                field=f"{name}.shm",
+                expected="inline",
+                actual="shm",
+            )
         if handle.nbytes != nbytes:
             raise TensorError(
                 f"{name}.shm.nbytes = {handle.nbytes}, but shape {list(shape)} of {dtype} "
@@ -218,6 +238,7 @@ def unpack(
             nbytes=handle.nbytes,
             directory=shm_dir or shm.DEFAULT_DIR,
             unlink_after=unlink,
+            read=shm_read,
         )
     elif kind == "remote":
         raise TransportNotImplementedError(
@@ -268,7 +289,11 @@ def _bf16(bits: np.ndarray[Any, Any], mode: Bf16Mode) -> np.ndarray[Any, Any]:
 
 
 def unpack_torch(
-    message: Message, *, unlink: bool | None = None, shm_dir: Path | None = None
+    message: Message,
+    *,
+    unlink: bool | None = None,
+    shm_dir: Path | None = None,
+    shm_read: ShmRead | None = None,
 ) -> Any:
     """The tensor as a ``torch.Tensor`` sharing the payload memory (native bfloat16).
 
@@ -277,7 +302,7 @@ def unpack_torch(
     """
     import torch
 
-    bits = unpack(message, bf16="uint16", unlink=unlink, shm_dir=shm_dir)
+    bits = unpack(message, bf16="uint16", unlink=unlink, shm_dir=shm_dir, shm_read=shm_read)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
         tensor = torch.from_numpy(bits)

@@ -196,9 +196,17 @@ class TensorMessage(Generic[M]):
             return type(self.message).FromString(serialize(self))
         message = type(self.message)()
         message.CopyFrom(self.message)
-        for path, (offset, length) in self._spans.items():
-            td = _resolve(message, path, create=False)
-            setattr(td, layout_of(td).payload_field, self._data[offset : offset + length])
+        # Walk the copy as parsing walked the original (paths are built, never parsed, so map
+        # keys holding '.', '[' or ']' are found too).
+        left = len(self._spans)
+        for path, td in _tensor_data(message, plan_for(message.DESCRIPTOR), ""):
+            span = self._spans.get(path)
+            if span is not None:
+                offset, length = span
+                setattr(td, layout_of(td).payload_field, self._data[offset : offset + length])
+                left -= 1
+                if left == 0:
+                    break
         return message
 
     def __repr__(self) -> str:
@@ -350,16 +358,18 @@ def _decode(message_type: type[M], plan: Plan, data: bytes, bf16: Bf16Mode) -> T
             continue
         offset, length = spans[int.from_bytes(payload[16:], "little")]
         left -= 1
-        name = f"{path} ({layout.full_name})"
+        # A top-level TensorData has no path: its errors name the message type instead.
+        name = f"{path} ({layout.full_name})" if path else layout.full_name
+        at = path or layout.full_name
         dtype: str = td.dtype
-        check_dtype(dtype, field=f"{name}.dtype")
+        check_dtype(dtype, field=f"{at}.dtype")
         shape = tuple(td.shape)
-        nbytes = byte_length(shape, dtype, field=f"{name}.shape")
+        nbytes = byte_length(shape, dtype, field=f"{at}.shape")
         if length != nbytes:
             raise TensorError(
                 f"{name}.{layout.payload_field}: {length} bytes, but shape {list(shape)} of "
                 f"{dtype} needs {nbytes}",
-                field=f"{path}.{layout.payload_field}",
+                field=f"{at}.{layout.payload_field}",
                 expected=nbytes,
                 actual=length,
             )
@@ -395,6 +405,15 @@ def _steps(descriptor: Descriptor, plan: Plan) -> _Steps:
                 (field.name, kind, None if isinstance(child, int) else _steps(child_type, child))
             )
     return tuple(out)
+
+
+def shm_payloads(message: Message) -> Iterator[tuple[str, Any]]:
+    """Every ``TensorData`` of ``message`` whose payload is a shared-memory handle, with its
+    path: what a refused request's segments are found by (see :func:`smg_grpc_proto.shm.release`).
+    """
+    for path, td in _tensor_data(message, plan_for(message.DESCRIPTOR), ""):
+        if td.DESCRIPTOR.oneofs_by_name and td.WhichOneof("payload") == "shm":
+            yield path, td
 
 
 def _tensor_data(node: Any, plan: Plan, prefix: str) -> Iterator[tuple[str, Any]]:

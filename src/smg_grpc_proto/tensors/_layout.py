@@ -55,6 +55,11 @@ CONVERSIONS: dict[str, frozenset[str]] = {
 # The uint32 shape field caps every dimension; protobuf caps a message at 2 GiB - 1.
 MAX_DIM = 2**32 - 1
 MAX_INLINE_BYTES = 2**31 - 1
+# What numpy can represent: its dimension limit (64 from numpy 2, 32 before) and, for the
+# product of the non-zero dimensions times the item size, a signed pointer-sized integer (numpy
+# refuses such shapes even when a zero dimension makes the array empty).
+MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+MAX_ARRAY_BYTES = int(np.iinfo(np.intp).max)
 
 
 def check_dtype(name: str, *, field: str = "dtype") -> int:
@@ -95,8 +100,16 @@ def wire_dtype_of(array: np.ndarray[Any, Any]) -> str:
 
 
 def byte_length(shape: tuple[int, ...] | list[int], dtype: str, *, field: str = "shape") -> int:
-    """``product(shape) * itemsize`` with every dimension range-checked."""
+    """``product(shape) * itemsize`` with every dimension range-checked and the shape one numpy
+    can hold (at most :data:`MAX_NDIM` dimensions, :data:`MAX_ARRAY_BYTES` without the zeros)."""
     itemsize = check_dtype(dtype)
+    if len(shape) > MAX_NDIM:
+        raise TensorError(
+            f"{field} has {len(shape)} dimensions; at most {MAX_NDIM} are supported",
+            field=field,
+            expected=MAX_NDIM,
+            actual=len(shape),
+        )
     for i, dim in enumerate(shape):
         if not 0 <= dim <= MAX_DIM:
             raise TensorError(
@@ -105,6 +118,15 @@ def byte_length(shape: tuple[int, ...] | list[int], dtype: str, *, field: str = 
                 expected=f"0..{MAX_DIM}",
                 actual=dim,
             )
+    span = math.prod(d for d in shape if d) * itemsize
+    if span > MAX_ARRAY_BYTES:
+        raise TensorError(
+            f"{field} {list(shape)}: its non-zero dimensions span {span} bytes of {dtype}, more "
+            f"than an array can address ({MAX_ARRAY_BYTES})",
+            field=field,
+            expected=MAX_ARRAY_BYTES,
+            actual=span,
+        )
     return math.prod(shape) * itemsize
 
 

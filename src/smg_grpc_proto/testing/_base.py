@@ -22,9 +22,10 @@ import grpc
 import grpc.aio
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
-from smg_grpc_proto import tensors
+from smg_grpc_proto import shm, tensors
+from smg_grpc_proto.engines._tensors import release_shm
 from smg_grpc_proto.errors import SmgProtoError
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.testing._toy import TOKENIZER_FILES, ToyModel, ToyOutput
@@ -56,19 +57,56 @@ class RejectedRequest:
 
 
 def tolerant_deserializer(
-    message_type: type[M],
+    message_type: type[M], shm_read: tensors.ShmRead | None = None
 ) -> Callable[[bytes], tensors.TensorMessage[M] | RejectedRequest]:
     """:func:`smg_grpc_proto.tensors.deserializer` whose errors become a
-    :class:`RejectedRequest` instead of an exception inside grpcio."""
+    :class:`RejectedRequest` instead of an exception inside grpcio. The shared-memory segments
+    a refused request names are consumed all the same (when plain protobuf can still parse it),
+    so a malformed request leaks nothing into ``/dev/shm``."""
     inner = tensors.deserializer(message_type)
 
     def deserialize(data: bytes) -> tensors.TensorMessage[M] | RejectedRequest:
         try:
             return inner(data)
         except SmgProtoError as exc:
+            with contextlib.suppress(DecodeError):
+                release_shm(message_type.FromString(data), None, shm_read)
             return RejectedRequest(exc)
 
     return deserialize
+
+
+def _consuming(
+    behavior: Callable[..., Any], streaming: bool, shm_read: tensors.ShmRead | None
+) -> Callable[..., Any]:
+    """``behavior`` followed, however it ends, by consuming the request's shared-memory
+    segments (those a decoder read are gone already; a request refused before its decoder ran
+    would otherwise leave its segments behind)."""
+
+    def release(request: Any) -> None:
+        if isinstance(request, tensors.TensorMessage):
+            release_shm(request.message, None, shm_read)
+        elif isinstance(request, Message):
+            release_shm(request, None, shm_read)
+
+    if streaming:
+
+        async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            finally:
+                release(request)
+
+        return stream
+
+    async def unary(request: Any, context: Context) -> Any:
+        try:
+            return await behavior(request, context)
+        finally:
+            release(request)
+
+    return unary
 
 
 def add_service(
@@ -94,12 +132,12 @@ def add_service(
     for method in service.methods:
         request_type = message_factory.GetMessageClass(method.input_type)
         response_type = message_factory.GetMessageClass(method.output_type)
-        deserializer: Callable[[bytes], Any] = (
-            tolerant_deserializer(request_type)
-            if method.name in zero_copy
-            else request_type.FromString
-        )
+        shm_read = getattr(servicer, "shm_read", None)
         behavior = getattr(servicer, method.name)
+        deserializer: Callable[[bytes], Any] = request_type.FromString
+        if method.name in zero_copy:
+            deserializer = tolerant_deserializer(request_type, shm_read)
+            behavior = _consuming(behavior, method.server_streaming, shm_read)
         make = (
             grpc.unary_stream_rpc_method_handler
             if method.server_streaming
@@ -162,8 +200,14 @@ class ToyEngineCore:
         *,
         kv_interval_s: float = 1.0,
         on_decoded: DecodedObserver | None = None,
+        shm_read: tensors.ShmRead | None = None,
     ) -> None:
         self.model = model if model is not None else ToyModel()
+        # A server that cannot tell its shared-memory namespace advertises none and takes no
+        # shared-memory payloads (docs/security.md).
+        self.shm_read: tensors.ShmRead | None = (
+            shm_read if shm_read is not None else (None if shm.namespace_id() else "refuse")
+        )
         self.kv_interval_s = kv_interval_s
         self.on_decoded = on_decoded
         self.started = time.time()

@@ -54,7 +54,10 @@ class TokenSpeedToyServicer(ToyEngineCore, pb_grpc.TokenSpeedSchedulerServicer):
         if message.HasField("mm_inputs"):
             adapter = await self.adapter(context, "tokenspeed")
             digest = await self.decode(
-                context, message.request_id, lambda: adapter.decode_mm_inputs(received), mm_digest
+                context,
+                message.request_id,
+                lambda: adapter.decode_mm_inputs(received, shm_read=self.shm_read),
+                mm_digest,
             )
         output = self.model.generate(
             prompt, digest, max_tokens=max_tokens, ignore_eos=params.ignore_eos

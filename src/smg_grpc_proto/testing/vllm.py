@@ -56,7 +56,9 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
         digest = await self.decode(
             context,
             message.request_id,
-            lambda: adapter.decode_mm_inputs(received, merge_size=merge_size),
+            lambda: adapter.decode_mm_inputs(
+                received, merge_size=merge_size, shm_read=self.shm_read
+            ),
             mm_digest,
         )
         output = self.model.generate(

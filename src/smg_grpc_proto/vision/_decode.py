@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from smg_grpc_proto import _native
 from smg_grpc_proto.errors import IMAGE_DECODE_ERRORS, ImageDecodeError
+from smg_grpc_proto.vision._inputs import read_file
 
 __all__ = ["DEFAULT_MAX_PIXELS", "ImageSource", "decode"]
 
@@ -52,8 +53,7 @@ def _to_bytes(data: ImageSource) -> bytes:
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
     if isinstance(data, (str, os.PathLike)):
-        with open(data, "rb") as f:
-            return f.read()
+        return read_file(data, "data")
     raise TypeError(
         f"data must be bytes, bytearray, memoryview or a path, not {type(data).__name__}"
     )

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias, TypeGuard
@@ -19,7 +20,20 @@ from typing import Any, TypeAlias, TypeGuard
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NativeItem", "flatten_images", "flatten_videos", "to_native"]
+from smg_grpc_proto.errors import InputFileError
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "NativeItem",
+    "flatten_images",
+    "flatten_videos",
+    "read_file",
+    "to_native",
+]
+
+MAX_FILE_BYTES = 1 << 30
+"""The most bytes read from one input file (1 GiB: more than any image Pillow opens under its
+pixel limit needs)."""
 
 NativeItem: TypeAlias = "bytes | npt.NDArray[np.uint8]"
 """What the native processor reads: encoded bytes or a C-contiguous uint8 array."""
@@ -55,8 +69,7 @@ def to_native(item: Any, what: str) -> NativeItem:
     if isinstance(item, (bytearray, memoryview)):
         return bytes(item)
     if isinstance(item, (str, os.PathLike)):
-        with open(item, "rb") as f:
-            return f.read()
+        return read_file(item, what)
     if isinstance(item, np.ndarray):
         if item.dtype != np.uint8:
             raise TypeError(f"{what}: arrays must be uint8 (HxW or HxWxC), got {item.dtype}")
@@ -69,6 +82,39 @@ def to_native(item: Any, what: str) -> NativeItem:
         f"{what}: expected encoded bytes, a path, a uint8 numpy array or a PIL image, "
         f"got {type(item).__name__}"
     )
+
+
+def read_file(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file, at most ``max_bytes`` of them. A FIFO, device, socket or
+    directory is refused at once (opened without blocking, never read), as is a longer file
+    (:class:`InputFileError`); a missing file raises ``FileNotFoundError`` as ``open`` does."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputFileError(
+                f"{what}: {os.fspath(path)!r} is not a regular file "
+                f"(mode {stat.filemode(st.st_mode)})",
+                field=what,
+                expected="regular file",
+                actual=stat.filemode(st.st_mode),
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:  # read until EOF: st_size may be stale or 0
+            chunk = os.read(fd, min(max_bytes + 1 - size, 1 << 24))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        raise InputFileError(
+            f"{what}: {os.fspath(path)!r} holds more than {max_bytes} bytes",
+            field=what,
+            expected=max_bytes,
+            actual=max(size, st.st_size),
+        )
+    finally:
+        os.close(fd)
 
 
 def flatten_images(images: Any) -> list[Any]:
