@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import random
-import resource
 import sys
 import time
 import traceback
@@ -42,6 +41,7 @@ from smg_grpc_proto.errors import SmgProtoError
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts_pb
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
+from support.mutate import limit_address_space, mutate_bytes
 
 ENGINES: dict[str, tuple[Any, Any]] = {
     "vllm": (vllm_pb.GenerateRequest, vllm_adapter),
@@ -68,29 +68,6 @@ def seeds() -> list[tuple[str, bytes]]:
         request.discard_shm()
     out.append(("sglang", tensors.serialize(sglang_adapter.generate_request("r", ids, media))))
     return out
-
-
-def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
-    buf = bytearray(data)
-    for _ in range(rng.choice((1, 1, 2, 4))):
-        op = rng.randrange(6)
-        if op == 0 and buf:
-            i = rng.randrange(len(buf))
-            buf[i] ^= 1 << rng.randrange(8)
-        elif op == 1 and buf:
-            buf[rng.randrange(len(buf))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF))
-        elif op == 2:
-            del buf[rng.randrange(len(buf) + 1) :]
-        elif op == 3:
-            i = rng.randrange(len(buf) + 1)
-            buf[i:i] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
-        elif op == 4 and buf:
-            i = rng.randrange(len(buf))
-            del buf[i : i + rng.randrange(1, 17)]
-        elif buf:
-            i = rng.randrange(len(buf))
-            buf[i:i] = buf[i : i + rng.randrange(1, 65)]
-    return bytes(buf)
 
 
 def _tensor_datas(message: Any) -> list[Any]:
@@ -292,10 +269,7 @@ def main() -> None:
     # Segments the builders write and every name a mutated request gives resolve in the workdir.
     shm.DEFAULT_DIR = workdir
     cases = seeds()
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    limit = vm + headroom * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    limit = limit_address_space(headroom)
     rng = random.Random(seed)
     outcomes: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
