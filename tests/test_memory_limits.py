@@ -60,9 +60,7 @@ print(json.dumps(result))
 def run_limited(setup: str, call: str, headroom_mib: int) -> dict[str, Any]:
     """Runs `call` in a child under RLIMIT_AS = its size after `setup` + `headroom_mib`; returns
     what it raised, after checking the child exited normally and printed nothing to stderr."""
-    code = _CHILD.format(
-        setup=textwrap.dedent(setup), call=call.strip(), headroom_mib=headroom_mib
-    )
+    code = _CHILD.format(setup=textwrap.dedent(setup), call=call.strip(), headroom_mib=headroom_mib)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-c", code],
