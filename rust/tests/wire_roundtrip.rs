@@ -199,7 +199,7 @@ proptest! {
     fn decode_matches_the_model((plan, records) in plan_and_message()) {
         let data = model(&records, Payloads::Plain);
         let layout = decode_frames(&data, &plan, &NONCE).unwrap();
-        prop_assert_eq!(layout.to_vec(), model(&records, Payloads::Tokens));
+        prop_assert_eq!(layout.to_vec().unwrap(), model(&records, Payloads::Tokens));
         let mut expected = Vec::new();
         payloads(&records, &mut expected);
         let got: Vec<&[u8]> = layout.spans().iter().map(|&(o, l)| &data[o..o + l]).collect();
@@ -211,16 +211,16 @@ proptest! {
     fn encode_inverts_decode((plan, records) in plan_and_message()) {
         let data = model(&records, Payloads::Plain);
         let decoded = decode_frames(&data, &plan, &NONCE).unwrap();
-        let header = decoded.to_vec();
+        let header = decoded.to_vec().unwrap();
         let sources: Vec<Source<'_>> = decoded
             .spans()
             .iter()
             .map(|&(o, l)| Source::new(&data[o..o + l], WireDtype::Uint8, WireDtype::Uint8).unwrap())
             .collect();
-        let encoded = encode_frames(&header, &plan, &NONCE, &sources).unwrap().to_vec();
+        let encoded = encode_frames(&header, &plan, &NONCE, &sources).unwrap().to_vec().unwrap();
         prop_assert_eq!(&encoded, &data);
         let again = decode_frames(&encoded, &plan, &NONCE).unwrap();
-        prop_assert_eq!(again.to_vec(), header);
+        prop_assert_eq!(again.to_vec().unwrap(), header);
     }
 
     /// encode with conversions equals putting the converted bytes in the payloads directly.
@@ -237,7 +237,7 @@ proptest! {
         let layout = encode_frames(&header, &plan, &NONCE, &sources).unwrap();
         let expected = model(&records, Payloads::Converted);
         prop_assert_eq!(layout.len(), expected.len());
-        prop_assert_eq!(layout.to_vec(), expected);
+        prop_assert_eq!(layout.to_vec().unwrap(), expected);
     }
 
     /// Arbitrary bytes with an arbitrary plan: a result or an error, never a panic; a
@@ -245,7 +245,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(plan in plan_strategy(), data in prop::collection::vec(any::<u8>(), 0..200)) {
         if let Ok(layout) = decode_frames(&data, &plan, &NONCE) {
-            let header = layout.to_vec();
+            let header = layout.to_vec().unwrap();
             let again = decode_frames(&header, &plan, &NONCE).unwrap();
             prop_assert_eq!(again.spans().len(), layout.spans().len());
         }

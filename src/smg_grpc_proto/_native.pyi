@@ -57,7 +57,8 @@ def convert(src: npt.NDArray[Any], wire_dtype: str) -> bytes:
     sign. Inputs of 1 MiB or more are converted on several threads; the GIL is released.
 
     Raises ``TypeError`` if ``src`` is not a numpy array, ``ValueError`` for an unknown or
-    unsupported dtype, a conversion not offered, or a non-contiguous array.
+    unsupported dtype, a conversion not offered, or a non-contiguous array; ``MemoryError``
+    naming the bytes when the output cannot be allocated.
     """
 
 def convert_into(
@@ -101,7 +102,8 @@ def encode_frames(
 
     Raises ``ValueError`` for a token index without a source, an output beyond the 2 GiB
     protobuf limit, malformed wire data or plan, or an unusable source array (message prefixed
-    ``sources[i]``); ``TypeError`` for arguments of the wrong type.
+    ``sources[i]``); ``TypeError`` for arguments of the wrong type; ``MemoryError`` naming the
+    bytes when the output cannot be allocated.
     """
 
 def resize(
@@ -124,7 +126,8 @@ def resize(
     Raises ``TypeError`` if ``image`` is not a numpy array, ``ValueError`` for a non-uint8,
     non-contiguous or badly shaped array, a channel count other than 1, 3, 4, a non-positive or
     too large size (65536 per side, 2**31 - 1 bytes), an unknown filter or pass order, or a box
-    Pillow rejects.
+    Pillow rejects; ``MemoryError`` naming the bytes and the buffer when one cannot be
+    allocated.
     """
 
 def resize_torch(
@@ -149,7 +152,8 @@ def interpolate_bicubic(planes: npt.NDArray[np.float32], height: int, width: int
     array ``(C, H, W)``; returns the ``C * height * width`` float32 values' bytes.
 
     Raises ``TypeError`` for a non-array, ``ValueError`` for another dtype, layout or rank, an
-    empty input, or a non-positive or too large size.
+    empty input, or a non-positive or too large size; ``MemoryError`` naming the bytes and the
+    buffer when one cannot be allocated.
     """
 
 DEFAULT_MAX_PIXELS: int

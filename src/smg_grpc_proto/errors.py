@@ -27,6 +27,7 @@ __all__ = [
     "MultimodalLayoutError",
     "PlaceholderError",
     "ProcessingLimitError",
+    "ProcessingMemoryError",
     "ProcessorConfigError",
     "ResizeError",
     "ShmError",
@@ -265,6 +266,13 @@ class ProcessingLimitError(ImageProcessingError):
     kind = "too_large"
 
 
+class ProcessingMemoryError(ImageProcessingError, MemoryError):
+    """A buffer the inputs need (within the size limits) could not be allocated: ``field`` names
+    what it was for and ``actual`` its size in bytes. Also a ``MemoryError``."""
+
+    kind = "out_of_memory"
+
+
 class VideoShapeError(ImageProcessingError):
     """The frames of one video differ in size."""
 
@@ -293,6 +301,7 @@ IMAGE_PROCESSING_ERRORS: dict[str, type[ImageProcessingError]] = {
         VideoShapeError,
         BatchShapeError,
         ResizeError,
+        ProcessingMemoryError,
     )
 }
 """Each processing failure kind (one per Rust ``ProcessorError`` variant except ``decode``,

@@ -49,7 +49,7 @@ fuzz_target!(|input: &[u8]| {
     let Ok(layout) = decode_frames(data, plan, &NONCE) else {
         return;
     };
-    let header = layout.to_vec();
+    let header = layout.to_vec().unwrap();
     assert_eq!(header.len(), layout.len());
     for &(offset, len) in layout.spans() {
         assert!(offset.checked_add(len).is_some_and(|end| end <= data.len()));
@@ -62,7 +62,7 @@ fuzz_target!(|input: &[u8]| {
         .map(|&(o, l)| Source::new(&data[o..o + l], WireDtype::Uint8, WireDtype::Uint8).unwrap())
         .collect();
     let rebuilt = encode_frames(&header, plan, &NONCE, &sources).expect("the header encodes");
-    let rebuilt = rebuilt.to_vec();
+    let rebuilt = rebuilt.to_vec().unwrap();
     let redecoded = decode_frames(&rebuilt, plan, &NONCE).expect("the rebuilt message decodes");
-    assert_eq!(redecoded.to_vec(), header);
+    assert_eq!(redecoded.to_vec().unwrap(), header);
 });

@@ -28,6 +28,7 @@
 
 use std::fmt;
 use std::num::NonZeroUsize;
+use std::sync::Mutex;
 
 use super::coeffs::{axis_coeffs, AxisCoeffs};
 use super::filters::Filter;
@@ -144,6 +145,8 @@ pub enum ResampleError {
         height: usize,
         reason: &'static str,
     },
+    /// A buffer of `bytes` bytes (sized by the input or output) could not be allocated.
+    OutOfMemory { what: &'static str, bytes: u64 },
 }
 
 impl fmt::Display for ResampleError {
@@ -187,11 +190,25 @@ impl fmt::Display for ResampleError {
                 f,
                 "box ({l}, {t}, {r}, {b}) of a {width}x{height} image: {reason}"
             ),
+            ResampleError::OutOfMemory { what, bytes } => write!(
+                f,
+                "out of memory: cannot allocate {bytes} bytes for the {what}"
+            ),
         }
     }
 }
 
 impl std::error::Error for ResampleError {}
+
+impl ResampleError {
+    /// The error for a failed allocation of the buffer for `what` (for `map_err`).
+    pub fn oom(what: &'static str) -> impl FnOnce(crate::memory::AllocError) -> Self {
+        move |e| ResampleError::OutOfMemory {
+            what,
+            bytes: e.bytes,
+        }
+    }
+}
 
 /// Checks an output size given as signed integers (as Python passes it).
 pub fn output_size(width: i64, height: i64) -> Result<(usize, usize), ResampleError> {
@@ -297,7 +314,8 @@ pub fn resize(
     options: &ResizeOptions,
 ) -> Result<Vec<u8>, ResampleError> {
     let len = check(src, out_w, out_h)?;
-    let mut out = vec![0u8; len];
+    let mut out =
+        crate::memory::fallible::zeros(len).map_err(ResampleError::oom("resized image"))?;
     resize_into(src, &mut out, out_w, out_h, options)?;
     Ok(out)
 }
@@ -391,15 +409,31 @@ pub(crate) fn run_passes(
     let threads = plan.threads(threads);
     let row_len = out_w * c;
     let rows_per_band = out_h.div_ceil(threads);
-    std::thread::scope(|scope| {
-        let mut bands = dst.chunks_mut(rows_per_band * row_len).enumerate();
-        let first = bands.next();
-        for (i, band) in bands {
-            let plan = &plan;
-            scope.spawn(move || plan.band(i * rows_per_band, band));
+    // Each band is taken once, by a spawned thread or, for the first band and any band whose
+    // thread could not be spawned (`spawn_scoped` reports that instead of panicking), by the
+    // calling thread.
+    let bands: Vec<Mutex<Option<&mut [u8]>>> = dst
+        .chunks_mut(rows_per_band * row_len)
+        .map(|band| Mutex::new(Some(band)))
+        .collect();
+    let run = |i: usize| {
+        let band = bands[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(band) = band {
+            plan.band(i * rows_per_band, band);
         }
-        if let Some((_, band)) = first {
-            plan.band(0, band);
+    };
+    std::thread::scope(|scope| {
+        for i in 1..bands.len() {
+            let run = &run;
+            if std::thread::Builder::new()
+                .spawn_scoped(scope, move || run(i))
+                .is_err()
+            {
+                break;
+            }
+        }
+        for i in 0..bands.len() {
+            run(i);
         }
     });
 }

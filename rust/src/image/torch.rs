@@ -28,6 +28,8 @@
 //!   input row's inner sums once and combining rows afterwards gives the same values.
 //! - [`bf16_bits`]: `float32 → bfloat16`, round to nearest even (`c10::BFloat16`).
 
+use crate::memory::{fallible, AllocError};
+
 use super::coeffs::{float_coeffs_with, AxisCoeffs, PRECISION_BITS};
 use super::resample::{check_destination, run_passes, ImageRef, Passes, ResampleError};
 use crate::processors::normalize::Slot;
@@ -292,7 +294,8 @@ pub fn bicubic_f32(
         let plane = &src[c * in_h * in_w..(c + 1) * in_h * in_w];
         bicubic_plane(in_h, in_w, out_h, out_w, out, |r, row| {
             row.copy_from_slice(&plane[r * in_w..(r + 1) * in_w]);
-        });
+        })
+        .map_err(ResampleError::oom("interpolation rows"))?;
     }
     Ok(())
 }
@@ -300,7 +303,9 @@ pub fn bicubic_f32(
 /// One plane of [`bicubic_f32`] whose input rows come from `fill(r, row)` (`row` has `in_w`
 /// values), so a caller can compute them on the fly (e.g. normalised from `u8`) instead of
 /// materialising the input plane; `out` is the `out_h × out_w` output plane. Each needed input
-/// row is filled once. The sizes are the caller's to check (non-zero, `out` that long).
+/// row is filled once. The sizes are the caller's to check (non-zero, `out` that long). The
+/// horizontal sums of the needed input rows (up to `in_h × out_w` values) are kept meanwhile:
+/// `Err` if they cannot be allocated, before anything is written.
 pub fn bicubic_plane<S: Slot>(
     in_h: usize,
     in_w: usize,
@@ -308,12 +313,12 @@ pub fn bicubic_plane<S: Slot>(
     out_w: usize,
     out: &mut [S],
     mut fill: impl FnMut(usize, &mut [f32]),
-) {
+) -> Result<(), AllocError> {
     debug_assert_eq!(out.len(), out_h * out_w);
     let rows = cubic_taps(in_h, out_h);
     let cols = Columns::new(&cubic_taps(in_w, out_w));
     // The horizontal sums of each input row the output needs, in the order first needed.
-    let mut slot = vec![usize::MAX; in_h];
+    let mut slot = fallible::filled(usize::MAX, in_h)?;
     let mut needed = 0;
     for (indices, _) in &rows {
         for &r in indices {
@@ -323,8 +328,8 @@ pub fn bicubic_plane<S: Slot>(
             }
         }
     }
-    let mut line = vec![0.0f32; in_w];
-    let mut mid = vec![0.0f32; needed * out_w];
+    let mut line = fallible::zeros::<f32>(in_w)?;
+    let mut mid = fallible::zeros::<f32>(needed.saturating_mul(out_w))?;
     for (r, &s) in slot.iter().enumerate() {
         if s == usize::MAX {
             continue;
@@ -336,6 +341,7 @@ pub fn bicubic_plane<S: Slot>(
         let m = iy.map(|r| &mid[slot[r] * out_w..(slot[r] + 1) * out_w]);
         vertical(m, *wy, out_row);
     }
+    Ok(())
 }
 
 /// The column taps of one axis, tap by tap (structure of arrays, for 8-wide gathers).

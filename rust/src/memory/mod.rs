@@ -4,15 +4,19 @@
 //!   (one page fault per 2 MiB instead of per 4 KiB);
 //! - [`zeroed`]: fallible zeroed allocation (calloc, then huge-page advice) and
 //!   [`overwritable_bytes`] (a recycled buffer when one fits, else zeroed);
+//! - [`fallible`]: fallible forms of `vec!`, `with_capacity`, `to_vec` and `collect`, for every
+//!   buffer whose size comes from the input (an [`AllocError`] instead of an abort);
 //! - [`recycle`]: a bounded cache of large buffers handed back after use (output tensors Python
 //!   dropped, intermediate images), so the next call writes into memory that is already mapped.
 //!
 //! Used by the tensor codec, the image decoders and the model processors; neither changes a
 //! single output byte.
 
+pub mod fallible;
 pub mod huge_pages;
 pub mod recycle;
 
+pub use fallible::AllocError;
 pub use huge_pages::advise_huge_pages;
 
 /// A zero-filled buffer of `len` elements, or `Err(bytes)` if it cannot be allocated.
@@ -26,7 +30,7 @@ pub fn zeroed<T: Zeroable>(len: usize) -> Result<Vec<T>, u64> {
         return Ok(Vec::new());
     }
     let layout = std::alloc::Layout::array::<T>(len).map_err(|_| bytes as u64)?;
-    // SAFETY: `layout` has a non-zero size (len > 0 and T is not zero-sized: u8 or u16). The
+    // SAFETY: `layout` has a non-zero size (len > 0 and no `Zeroable` type is zero-sized). The
     // pointer, if not null, comes from the global allocator with exactly this layout, holds `len`
     // zero-initialised elements (all-zero bytes are a valid `T` for every `Zeroable` type), and is
     // handed to `Vec::from_raw_parts` with capacity `len`, so the Vec frees it with the same
@@ -43,9 +47,26 @@ pub fn zeroed<T: Zeroable>(len: usize) -> Result<Vec<T>, u64> {
 }
 
 /// Element types for which the all-zero bit pattern is a valid value.
-pub trait Zeroable: Copy {}
-impl Zeroable for u8 {}
-impl Zeroable for u16 {}
+///
+/// # Safety
+///
+/// Implementors must be non-zero-sized and valid when every byte is zero ([`zeroed`] relies on
+/// both).
+pub unsafe trait Zeroable: Copy {}
+// SAFETY: each is a primitive integer or IEEE float (zero bits: `0` / `0.0`), non-zero-sized.
+unsafe impl Zeroable for u8 {}
+// SAFETY: as above.
+unsafe impl Zeroable for u16 {}
+// SAFETY: as above.
+unsafe impl Zeroable for u32 {}
+// SAFETY: as above.
+unsafe impl Zeroable for i64 {}
+// SAFETY: as above.
+unsafe impl Zeroable for usize {}
+// SAFETY: as above.
+unsafe impl Zeroable for f32 {}
+// SAFETY: as above.
+unsafe impl Zeroable for f64 {}
 
 /// `len` bytes the caller will overwrite entirely: a kept buffer ([`recycle::take_u8`], stale
 /// contents) when one fits, else [`zeroed`] memory; `Err(bytes)` if it cannot be allocated.

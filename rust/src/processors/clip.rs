@@ -21,6 +21,7 @@ use super::{
     checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer, Outputs,
     ProcessorError, Rgb, Tensor, TensorData,
 };
+use crate::memory::fallible;
 use std::borrow::Cow;
 
 /// Which class's meaning `do_pad` has.
@@ -240,19 +241,21 @@ fn batch_size(
     Ok(target)
 }
 
-/// Writes one prepared image into its `3 × h × w` output, padded bottom/right with `0.0`.
+/// Writes one prepared image into its `3 × h × w` output, padded bottom/right with `0.0`. On
+/// `Err` (a smaller image's staging buffer could not be allocated) nothing has been written.
 pub(crate) fn write_padded(
     p: &Prepared<'_>,
     normalize: &Normalize,
     (h, w): (usize, usize),
     out: &mut [Out],
-) {
+) -> Result<(), ProcessorError> {
     if p.out == (h, w) {
         p.write(normalize, out);
-        return;
+        return Ok(());
     }
     let (ih, iw) = p.out;
-    let mut own = vec![Out::new(0.0); 3 * ih * iw];
+    let mut own =
+        fallible::filled(Out::new(0.0), 3 * ih * iw).map_err(ProcessorError::oom("image"))?;
     p.write(normalize, &mut own);
     out.fill(Out::new(0.0));
     for c in 0..3 {
@@ -261,6 +264,7 @@ pub(crate) fn write_padded(
             out[(c * h + y) * w..][..iw].copy_from_slice(src);
         }
     }
+    Ok(())
 }
 
 /// The pipeline of the module docs on a batch: `pixel_values` `(B, 3, H, W)` float32.
@@ -282,8 +286,11 @@ pub fn images(
     let workers = parallel::workers(options.threads, jobs.len());
     parallel::map(jobs, workers, |_, (p, out)| {
         write_padded(p, normalize, (h, w), out)
-    });
-    // SAFETY: one slice per image covers the buffer, and write_padded writes all of it.
+    })
+    .into_iter()
+    .collect::<Result<(), _>>()?;
+    // SAFETY: one slice per image covers the buffer, and write_padded wrote all of it (every
+    // image succeeded, or we returned above).
     let pixel_values = unsafe { pixel_values.finish() };
     Ok(Outputs {
         tensors: vec![(

@@ -4,6 +4,7 @@ use std::fmt;
 
 use crate::image::decode::DecodeError;
 use crate::image::ResampleError;
+use crate::memory::AllocError;
 
 /// Why a configuration, an image or a batch was rejected.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,11 +53,13 @@ pub enum ProcessorError {
     Decode { index: usize, error: DecodeError },
     /// The resampler refused a resize (only reachable through sizes the checks above let pass).
     Resample { index: usize, error: ResampleError },
+    /// A buffer of `bytes` bytes (sized by the input, within the limits) could not be allocated.
+    OutOfMemory { what: &'static str, bytes: u64 },
 }
 
 impl ProcessorError {
     /// The kind names, in declaration order: one per variant (the Python classes mirror them).
-    pub const KINDS: [&'static str; 8] = [
+    pub const KINDS: [&'static str; 9] = [
         "aspect_ratio",
         "config",
         "image_shape",
@@ -65,6 +68,7 @@ impl ProcessorError {
         "batch_shape",
         "decode",
         "resample",
+        "out_of_memory",
     ];
 
     /// The stable name of this failure, one of [`ProcessorError::KINDS`].
@@ -78,6 +82,7 @@ impl ProcessorError {
             Self::BatchShape { .. } => Self::KINDS[5],
             Self::Decode { .. } => Self::KINDS[6],
             Self::Resample { .. } => Self::KINDS[7],
+            Self::OutOfMemory { .. } => Self::KINDS[8],
         }
     }
 
@@ -143,6 +148,14 @@ impl ProcessorError {
         }
     }
 
+    /// The error for a failed allocation of the buffer for `what` (for `map_err`).
+    pub(crate) fn oom(what: &'static str) -> impl FnOnce(AllocError) -> Self {
+        move |e| Self::OutOfMemory {
+            what,
+            bytes: e.bytes,
+        }
+    }
+
     /// The aspect ratio `smart_resize` rejects, as Python computes it (`max / min`).
     pub fn ratio(height: usize, width: usize) -> f64 {
         height.max(width) as f64 / height.min(width) as f64
@@ -205,6 +218,10 @@ impl fmt::Display for ProcessorError {
             ),
             Self::Decode { index, error } => write!(f, "image {index}: {error}"),
             Self::Resample { index, error } => write!(f, "image {index}: resize: {error}"),
+            Self::OutOfMemory { what, bytes } => write!(
+                f,
+                "out of memory: cannot allocate {bytes} bytes for the {what}"
+            ),
         }
     }
 }
@@ -283,9 +300,14 @@ mod tests {
                 index: 0,
                 error: ResampleError::Channels { channels: 2 },
             },
+            ProcessorError::oom("x")(AllocError { bytes: 3 }),
         ];
         let kinds: Vec<_> = all.iter().map(ProcessorError::kind).collect();
         assert_eq!(kinds, ProcessorError::KINDS);
         assert_eq!(all[2].clone().at(7).index(), Some(7));
+        assert_eq!(
+            all[8].to_string(),
+            "out of memory: cannot allocate 3 bytes for the x"
+        );
     }
 }

@@ -24,6 +24,7 @@ use super::{
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::image::Filter;
+use crate::memory::fallible;
 
 /// The configuration of Gemma 3.
 #[derive(Clone, Debug, PartialEq)]
@@ -174,16 +175,17 @@ pub fn pan_and_scan(
 }
 
 /// A copy of `rgb`'s window `crop`.
-fn cut(rgb: &Rgb<'_>, (top, left, ch, cw): Crop) -> Rgb<'static> {
-    let mut data = Vec::with_capacity(ch * cw * 3);
+fn cut(rgb: &Rgb<'_>, (top, left, ch, cw): Crop) -> Result<Rgb<'static>, ProcessorError> {
+    let mut data =
+        fallible::with_capacity(ch * cw * 3).map_err(ProcessorError::oom("pan-and-scan crop"))?;
     for row in rgb.data.chunks_exact(rgb.width * 3).skip(top).take(ch) {
         data.extend_from_slice(&row[left * 3..(left + cw) * 3]);
     }
-    Rgb {
+    Ok(Rgb {
         data: Cow::Owned(data),
         width: cw,
         height: ch,
-    }
+    })
 }
 
 /// Resize as `PilBackend.resize` does. An empty crop (possible with a small
@@ -209,7 +211,7 @@ fn resize<'a>(
         check_side("resized image", h, w)?;
         let len = super::check_image("resized image", h, w)?;
         return Ok(Rgb {
-            data: Cow::Owned(vec![0u8; len]),
+            data: Cow::Owned(fallible::zeros(len).map_err(ProcessorError::oom("resized image"))?),
             width: w,
             height: h,
         });
@@ -234,7 +236,7 @@ fn prepare<'a>(
         )
         .into_iter()
         .map(|crop| cut(&rgb, crop))
-        .collect()
+        .collect::<Result<_, _>>()?
     } else {
         Vec::new()
     };

@@ -29,6 +29,7 @@ use super::{
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::image::Filter;
+use crate::memory::fallible;
 
 /// `MAX_IMAGE_SIZE` of transformers' Idefics3/SmolVLM modules.
 pub const MAX_IMAGE_SIZE: usize = 4096;
@@ -227,9 +228,9 @@ fn prepare<'a>(
     };
     let global = resize_rgb(view, m, m, common, threads)?;
     let global = Rgb {
-        data: Cow::Owned(global.data.into_owned()),
         width: global.width,
         height: global.height,
+        data: Cow::Owned(super::owned_bytes(global.data, "global image")?),
     };
     let mut tiles: Vec<(usize, (usize, usize))> = (0..rows * cols)
         .map(|i| (0, ((i / cols) * m, (i % cols) * m)))
@@ -302,14 +303,8 @@ pub fn images(
         },
     )];
     if config.do_pad {
-        let mut mask = Vec::new();
-        mask.try_reserve_exact(mask_len)
-            .map_err(|_| ProcessorError::TooLarge {
-                what: "pixel_attention_mask",
-                limit: super::MAX_IMAGE_BYTES as u64,
-                actual: (mask_len as u64).saturating_mul(8),
-            })?;
-        mask.resize(mask_len, 1i64);
+        let mask = fallible::filled(1i64, mask_len)
+            .map_err(ProcessorError::oom("pixel_attention_mask"))?;
         tensors.push((
             "pixel_attention_mask",
             Tensor::i64(vec![1, count, m, m], mask),

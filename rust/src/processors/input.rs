@@ -16,6 +16,7 @@ use crate::image::decode::convert::{self, AlphaMode, ModeImage, Pixels, Transpar
 use crate::image::decode::{self, exif, DecodeError, DecodeOptions, Format, RgbImage};
 
 use super::{Options, ProcessorError, RgbRef, MAX_SIDE};
+use crate::memory::fallible;
 
 /// What encoded images with an alpha band or transparency info become.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -182,11 +183,16 @@ impl<'a> Input<'a> {
                 if channels != 3 {
                     super::check_image("image converted to RGB", height, width)?;
                 }
+                let rgb_len = width * height * 3;
+                let oom = ProcessorError::oom("image converted to RGB");
                 let data = match channels {
                     3 => Cow::Borrowed(data),
-                    1 => Cow::Owned(data.iter().flat_map(|&v| [v, v, v]).collect()),
+                    1 => Cow::Owned(
+                        fallible::collect(rgb_len, data.iter().flat_map(|&v| [v, v, v]))
+                            .map_err(oom)?,
+                    ),
                     _ => {
-                        let mut out = Vec::with_capacity(width * height * 3);
+                        let mut out = fallible::with_capacity(rgb_len).map_err(oom)?;
                         for px in data.chunks_exact(4) {
                             let a = px[3];
                             out.extend(px[..3].iter().map(|&v| composite_on_white(v, a)));

@@ -184,9 +184,9 @@ fn resized_copy(
     };
     let out = resize_rgb(view, h, w, common, threads)?;
     Ok(Rgb {
-        data: Cow::Owned(out.data.into_owned()),
         width: out.width,
         height: out.height,
+        data: Cow::Owned(super::owned_bytes(out.data, "resized image")?),
     })
 }
 

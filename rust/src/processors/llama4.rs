@@ -29,6 +29,7 @@ use super::{
     ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::image::Filter;
+use crate::memory::fallible;
 
 /// A `bfloat16` output value (its bits) before it is written.
 type Bf16Out = std::mem::MaybeUninit<u16>;
@@ -360,17 +361,8 @@ pub fn images(
         .collect();
     let total: usize = counts.iter().sum();
     let len = checked_len("pixel_values", &[total, 3, s, s], 2)?;
-    let mut buffer: Vec<Bf16Out> = Vec::new();
-    buffer
-        .try_reserve_exact(len)
-        .map_err(|_| ProcessorError::TooLarge {
-            what: "pixel_values",
-            limit: super::MAX_OUTPUT_BYTES,
-            actual: (len as u64).saturating_mul(2),
-        })?;
-    // SAFETY: the capacity is at least `len` (reserved above) and `MaybeUninit` values need no
-    // initialisation.
-    unsafe { buffer.set_len(len) };
+    let mut buffer: Vec<Bf16Out> =
+        fallible::uninit(len).map_err(ProcessorError::oom("pixel_values"))?;
     let lengths: Vec<usize> = counts.iter().map(|n| n * 3 * s * s).collect();
     let work: Vec<(&Prepared<'_>, &mut [Bf16Out])> = prepared
         .iter()

@@ -22,6 +22,7 @@ use super::{
     check_image, check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out,
     OutBuffer, Outputs, ProcessorError, Rgb, Tensor, TensorData,
 };
+use crate::memory::fallible;
 use std::borrow::Cow;
 
 /// The configuration of LLaVA-NeXT.
@@ -179,29 +180,30 @@ pub fn patch_output_size(height: usize, width: usize, target: (usize, usize)) ->
 }
 
 /// `image` (`new_h × new_w`) centred on a zero canvas of `target`, `(target − new) // 2` before.
-fn pad_centred(image: Rgb<'_>, target: (usize, usize)) -> Rgb<'static> {
+fn pad_centred(image: Rgb<'_>, target: (usize, usize)) -> Result<Rgb<'static>, ProcessorError> {
     let (th, tw) = target;
     let top = (th - image.height) / 2;
     let left = (tw - image.width) / 2;
-    let mut data = vec![0u8; th * tw * 3];
+    let mut data = fallible::zeros(th * tw * 3).map_err(ProcessorError::oom("padded image"))?;
     for (y, row) in image.data.chunks_exact(image.width * 3).enumerate() {
         let at = ((top + y) * tw + left) * 3;
         data[at..at + row.len()].copy_from_slice(row);
     }
-    Rgb {
+    Ok(Rgb {
         data: Cow::Owned(data),
         width: tw,
         height: th,
-    }
+    })
 }
 
 /// `divide_to_patches`: row-major `tile × tile` crops (smaller at the right and bottom edges).
-fn tiles(image: &Rgb<'_>, tile: usize) -> Vec<Rgb<'static>> {
+fn tiles(image: &Rgb<'_>, tile: usize) -> Result<Vec<Rgb<'static>>, ProcessorError> {
     let mut out = Vec::new();
     for y0 in (0..image.height).step_by(tile) {
         for x0 in (0..image.width).step_by(tile) {
             let (h, w) = (tile.min(image.height - y0), tile.min(image.width - x0));
-            let mut data = Vec::with_capacity(h * w * 3);
+            let mut data =
+                fallible::with_capacity(h * w * 3).map_err(ProcessorError::oom("tile"))?;
             for y in y0..y0 + h {
                 let at = (y * image.width + x0) * 3;
                 data.extend_from_slice(&image.data[at..at + w * 3]);
@@ -213,7 +215,7 @@ fn tiles(image: &Rgb<'_>, tile: usize) -> Vec<Rgb<'static>> {
             });
         }
     }
-    out
+    Ok(out)
 }
 
 struct Image<'a> {
@@ -239,7 +241,7 @@ fn prepare<'a>(
     };
     let resized = resize_rgb(view, nh, nw, common, threads)?;
     check_image("image padded to its best resolution", best.0, best.1)?;
-    let padded = pad_centred(resized, best);
+    let padded = pad_centred(resized, best)?;
     let tile = config.tile_size();
     let n_tiles = best.0.div_ceil(tile) * best.1.div_ceil(tile);
     let (ih, iw) = config
@@ -250,7 +252,7 @@ fn prepare<'a>(
     let mut raw_items = Vec::with_capacity(1 + best.0.div_ceil(tile) * best.1.div_ceil(tile));
     let (bh, bw) = config.base_size();
     raw_items.push(resize_rgb(rgb, bh, bw, common, threads)?);
-    raw_items.extend(tiles(&padded, tile));
+    raw_items.extend(tiles(&padded, tile)?);
     let crop = config.crop_size.filter(|_| config.do_center_crop);
     let items = raw_items
         .into_iter()

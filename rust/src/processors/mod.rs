@@ -54,7 +54,7 @@ use std::mem::MaybeUninit;
 
 use crate::image::decode::DEFAULT_MAX_PIXELS;
 use crate::image::{self as img, ImageRef, ResizeOptions};
-use crate::memory::recycle;
+use crate::memory::{fallible, recycle};
 
 pub use config::{Common, Family, ProcessorConfig, Value};
 pub use error::ProcessorError;
@@ -290,10 +290,9 @@ pub(crate) fn resize_rgb<'a>(
     };
     let len = out_h * out_w * 3;
     let mut data =
-        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::TooLarge {
+        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::OutOfMemory {
             what: "resized image",
-            limit: MAX_IMAGE_BYTES as u64,
-            actual: bytes,
+            bytes,
         })?;
     img::resize_into(&image, &mut data, out_w, out_h, &options)
         .map_err(|error| ProcessorError::Resample { index: 0, error })?;
@@ -303,6 +302,18 @@ pub(crate) fn resize_rgb<'a>(
         width: out_w,
         height: out_h,
     })
+}
+
+/// The bytes of `data` as an owned vector: moved when already owned, else copied (fallibly: a
+/// borrowed input array can be large).
+pub(crate) fn owned_bytes(
+    data: Cow<'_, [u8]>,
+    what: &'static str,
+) -> Result<Vec<u8>, ProcessorError> {
+    match data {
+        Cow::Owned(bytes) => Ok(bytes),
+        Cow::Borrowed(bytes) => fallible::copied(bytes).map_err(ProcessorError::oom(what)),
+    }
 }
 
 /// Hands the images a batch owns (resized or decoded, not the caller's arrays) to [`recycle`] for
@@ -394,17 +405,7 @@ impl OutBuffer {
         if let Some(values) = recycle::take_f32(len) {
             return Ok(OutBuffer(values));
         }
-        let mut values: Vec<Out> = Vec::new();
-        values
-            .try_reserve_exact(len)
-            .map_err(|_| ProcessorError::TooLarge {
-                what,
-                limit: MAX_OUTPUT_BYTES,
-                actual: (len as u64).saturating_mul(4),
-            })?;
-        // SAFETY: the capacity is at least `len` (reserved above) and `MaybeUninit` values need
-        // no initialisation.
-        unsafe { values.set_len(len) };
+        let mut values = fallible::uninit::<f32>(len).map_err(ProcessorError::oom(what))?;
         // Fresh pages, not yet touched: one fault per 2 MiB instead of per 4 KiB.
         crate::memory::advise_huge_pages(&mut values);
         Ok(OutBuffer(values))
@@ -454,7 +455,8 @@ where
 {
     let workers = parallel::workers(options.threads, inputs.len());
     let resize_threads = if workers == 1 { options.threads } else { 1 };
-    let results = parallel::map(inputs.to_vec(), workers, |i, input| {
+    let inputs = fallible::copied(inputs).map_err(ProcessorError::oom("batch"))?;
+    let results = parallel::map(inputs, workers, |i, input| {
         input
             .to_rgb(options)
             .and_then(|rgb| f(rgb, resize_threads))

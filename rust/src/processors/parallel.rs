@@ -48,7 +48,15 @@ where
     };
     std::thread::scope(|scope| {
         for _ in 1..threads.min(n) {
-            scope.spawn(work);
+            // A thread that cannot be spawned (e.g. no address space left for its stack) is
+            // simply missing: `spawn_scoped` reports it instead of panicking, and the calling
+            // thread's `work` below drains the queue.
+            if std::thread::Builder::new()
+                .spawn_scoped(scope, work)
+                .is_err()
+            {
+                break;
+            }
         }
         work();
     });

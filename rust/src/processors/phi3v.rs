@@ -23,6 +23,7 @@ use super::{
     ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::image::{Filter, PassOrder};
+use crate::memory::fallible;
 
 /// The HD tile side.
 pub const TILE: usize = 336;
@@ -93,20 +94,20 @@ pub fn hd_resize(height: usize, width: usize, num_crops: usize) -> ((usize, usiz
 }
 
 /// `Image.transpose(TRANSPOSE)` of an RGB image.
-fn transpose(src: &Rgb<'_>) -> Rgb<'static> {
+fn transpose(src: &Rgb<'_>) -> Result<Rgb<'static>, ProcessorError> {
     let (h, w) = (src.height, src.width);
-    let mut data = vec![0u8; h * w * 3];
+    let mut data = fallible::zeros(h * w * 3).map_err(ProcessorError::oom("transposed image"))?;
     for (y, row) in src.data.chunks_exact(w * 3).enumerate() {
         for (x, px) in row.chunks_exact(3).enumerate() {
             let at = (x * h + y) * 3;
             data[at..at + 3].copy_from_slice(px);
         }
     }
-    Rgb {
+    Ok(Rgb {
         data: Cow::Owned(data),
         width: h,
         height: w,
-    }
+    })
 }
 
 /// The padded HD `u8` image of one input.
@@ -126,7 +127,7 @@ fn prepare(
             ),
         ));
     }
-    let landscape = if transposed { transpose(&rgb) } else { rgb };
+    let landscape = if transposed { transpose(&rgb)? } else { rgb };
     // torchvision's resize of a PIL image: Image.resize((w, h), BILINEAR), Pillow 13.
     let mut common = Common::new(CLIP_MEAN, CLIP_STD);
     common.resample = Filter::Bilinear;
@@ -137,7 +138,7 @@ fn prepare(
     let padded = tb::pad(resized.view(), target, resized.width, top, 0, 255)?;
     super::recycle_images([resized]);
     Ok(if transposed {
-        transpose(&padded)
+        transpose(&padded)?
     } else {
         padded
     })
@@ -185,11 +186,14 @@ pub fn images(
         // At most num_crops tiles (hd_resize's scale bound), so `used ≤ n · per_crop`.
         let used = (1 + (hd.height / TILE) * (hd.width / TILE)) * per_crop;
         let (crops, padding) = out.split_at_mut(used);
-        tb::write_global_and_tiles(&table, hd.view(), (TILE, TILE), crops);
         padding.fill(Out::new(0.0));
-    });
-    // SAFETY: each image's slice of `n` crops is written whole: `write_global_and_tiles` writes
-    // every value of its global image and tiles (`used` values), the rest is zero-filled.
+        tb::write_global_and_tiles(&table, hd.view(), (TILE, TILE), crops)
+    })
+    .into_iter()
+    .collect::<Result<(), _>>()?;
+    // SAFETY: each image's slice of `n` crops is written whole (every image succeeded, or we
+    // returned above): `write_global_and_tiles` writes every value of its global image and
+    // tiles (`used` values), the rest is zero-filled.
     let pixels = unsafe { buffer.finish() };
     let sizes: Vec<i64> = prepared
         .iter()

@@ -26,6 +26,7 @@ use super::{
 };
 use crate::image::torch::TorchFilter;
 use crate::image::Filter;
+use crate::memory::fallible;
 
 /// The configuration of Phi-4-multimodal.
 #[derive(Clone, Debug, PartialEq)]
@@ -186,11 +187,12 @@ impl Layout {
     }
 
     /// The HD attention mask, `(m · rows) × (m · columns)` row-major, `m = s / patch`.
-    pub fn mask(&self, config: &Phi4Config) -> Vec<f32> {
+    pub fn mask(&self, config: &Phi4Config) -> Result<Vec<f32>, ProcessorError> {
         let m = config.mask_side();
         let (th, tw) = self.hd(config.tile.0);
         let (mh, mw) = (m * self.grid.1, m * self.grid.0);
-        let mut mask = vec![1.0f32; mh * mw];
+        let mut mask =
+            fallible::filled(1.0f32, mh * mw).map_err(ProcessorError::oom("HD attention mask"))?;
         let (pad_w, pad_h) = (tw - self.resized.1, th - self.resized.0);
         let p = config.patch_size;
         if pad_w >= p {
@@ -203,7 +205,7 @@ impl Layout {
             let zero = (pad_h / p).min(mh);
             mask[(mh - zero) * mw..].fill(0.0);
         }
-        mask
+        Ok(mask)
     }
 }
 
@@ -275,17 +277,21 @@ pub fn images(
     parallel::map(work, workers, |_, (p, out)| {
         let used = (1 + p.layout.grid.0 * p.layout.grid.1) * per_crop;
         let (crops, padding) = out.split_at_mut(used);
-        tb::write_global_and_tiles(&table, p.canvas.view(), (s, s), crops);
         padding.fill(Out::new(0.0));
-    });
-    // SAFETY: each image's slice of `n` crops is written whole: `write_global_and_tiles` writes
-    // every value of its global image and tiles (`used` values), the rest is zero-filled.
+        tb::write_global_and_tiles(&table, p.canvas.view(), (s, s), crops)
+    })
+    .into_iter()
+    .collect::<Result<(), _>>()?;
+    // SAFETY: each image's slice of `n` crops is written whole (every image succeeded, or we
+    // returned above): `write_global_and_tiles` writes every value of its global image and
+    // tiles (`used` values), the rest is zero-filled.
     let pixels = unsafe { buffer.finish() };
-    let mut masks = vec![1.0f32; batch * n * m * m];
+    let mut masks = fallible::filled(1.0f32, batch * n * m * m)
+        .map_err(ProcessorError::oom("image_attention_mask"))?;
     let mut sizes = Vec::with_capacity(2 * batch);
     let mut num_tokens = Vec::with_capacity(batch);
     for (p, out) in prepared.iter().zip(masks.chunks_exact_mut(n * m * m)) {
-        let hd = p.layout.mask(config);
+        let hd = p.layout.mask(config)?;
         let (cols, rows) = p.layout.grid;
         let mw = m * cols;
         // Crop (r, c) of the HD mask goes to slot 1 + r · cols + c.
@@ -338,7 +344,7 @@ mod tests {
         assert_eq!(l.hd(448), (896, 896));
         // ratio_w = 896/512 = 1.75 ≥ ratio_h = 896/600: height fills, width 512·1.4933 = 764.
         assert_eq!(l.resized, (896, 764));
-        let mask = l.mask(&c);
+        let mask = l.mask(&c).unwrap();
         // 132 px of padding on the right: 9 patch columns zeroed.
         assert_eq!(mask[63], 0.0);
         assert_eq!(mask[64 - 10], 1.0);

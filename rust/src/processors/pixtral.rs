@@ -282,8 +282,11 @@ pub fn images(
     let workers = parallel::workers(options.threads, jobs.len());
     parallel::map(jobs, workers, |_, (p, out)| {
         write_padded(p, normalize, (h, w), out)
-    });
-    // SAFETY: one slice per image covers the buffer, and write_padded writes all of it.
+    })
+    .into_iter()
+    .collect::<Result<(), _>>()?;
+    // SAFETY: one slice per image covers the buffer, and write_padded wrote all of it (every
+    // image succeeded, or we returned above).
     let pixel_values = unsafe { pixel_values.finish() };
     let sizes: Vec<i64> = prepared
         .iter()

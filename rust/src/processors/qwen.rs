@@ -448,16 +448,23 @@ impl<'a> Patches<'a> {
 
     /// The same batch owning every image it reads (an input array used unresized is copied), so
     /// that it can outlive the inputs.
-    pub fn into_owned(mut self) -> Patches<'static> {
+    ///
+    /// [`ProcessorError::OutOfMemory`] if a copy cannot be allocated.
+    pub fn into_owned(mut self) -> Result<Patches<'static>, ProcessorError> {
         let frames = std::mem::take(&mut self.frames)
             .into_iter()
-            .map(|rgb| Rgb {
-                data: std::borrow::Cow::Owned(rgb.data.into_owned()),
-                width: rgb.width,
-                height: rgb.height,
+            .map(|rgb| {
+                Ok(Rgb {
+                    width: rgb.width,
+                    height: rgb.height,
+                    data: std::borrow::Cow::Owned(super::owned_bytes(
+                        rgb.data,
+                        "copy of an image",
+                    )?),
+                })
             })
-            .collect();
-        Patches {
+            .collect::<Result<_, ProcessorError>>()?;
+        Ok(Patches {
             frames,
             groups: std::mem::take(&mut self.groups),
             grid: std::mem::take(&mut self.grid),
@@ -466,7 +473,7 @@ impl<'a> Patches<'a> {
             merge_size: self.merge_size,
             normalize: self.normalize.clone(),
             threads: self.threads,
-        }
+        })
     }
 }
 

@@ -14,6 +14,7 @@ use super::normalize::Slot;
 use super::{check_image, check_side, Out, ProcessorError, Rgb, RgbRef};
 use crate::image::resample::ImageRef;
 use crate::image::torch::{self, bf16_bits, bf16_value, TorchFilter};
+use crate::memory::fallible;
 
 /// A value per channel and `u8` input.
 pub type Table<T> = [[T; 256]; 3];
@@ -102,10 +103,9 @@ pub fn resized(
         channels: 3,
     };
     let mut data =
-        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::TooLarge {
+        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::OutOfMemory {
             what: "resized image",
-            limit: super::MAX_IMAGE_BYTES as u64,
-            actual: bytes,
+            bytes,
         })?;
     torch::resize_u8(&image, &mut data, out_w, out_h, filter, threads)
         .map_err(|error| ProcessorError::Resample { index: 0, error })?;
@@ -127,12 +127,14 @@ pub fn pad(
     debug_assert!(top + src.height <= h && left + src.width <= w);
     if (h, w) == (src.height, src.width) {
         return Ok(Rgb {
-            data: Cow::Owned(src.data.to_vec()),
+            data: Cow::Owned(
+                fallible::copied(src.data).map_err(ProcessorError::oom("padded image"))?,
+            ),
             width: w,
             height: h,
         });
     }
-    let mut data = vec![fill; len];
+    let mut data = fallible::filled(fill, len).map_err(ProcessorError::oom("padded image"))?;
     let row = src.width * 3;
     for (y, line) in src.data.chunks_exact(row).enumerate() {
         let at = ((top + y) * w + left) * 3;
@@ -226,7 +228,7 @@ pub fn write_bicubic<S: Slot>(
     canvas: RgbRef<'_>,
     (out_h, out_w): (usize, usize),
     out: &mut [S],
-) {
+) -> Result<(), ProcessorError> {
     debug_assert_eq!(out.len(), 3 * out_h * out_w);
     let stride = canvas.width * 3;
     for (c, plane) in out.chunks_exact_mut(out_h * out_w).enumerate() {
@@ -242,29 +244,33 @@ pub fn write_bicubic<S: Slot>(
                     *v = table[c][usize::from(px[c])];
                 }
             },
-        );
+        )
+        .map_err(ProcessorError::oom("interpolation rows"))?;
     }
+    Ok(())
 }
 
 /// The global image (`canvas` interpolated to `tile`, [`write_bicubic`]) followed by the
 /// canvas's `tile`-sized tiles in row-major order, all normalised through `table`, into `out`
 /// (`(1 + rows · cols) × 3 × tile.0 × tile.1`, every value written): the crops of Phi-3-vision
-/// and Phi-4-multimodal. The canvas sides are multiples of the tile's.
+/// and Phi-4-multimodal. The canvas sides are multiples of the tile's. On `Err` (the global
+/// image's rows could not be allocated) nothing has been written.
 pub fn write_global_and_tiles(
     table: &Table<f32>,
     canvas: RgbRef<'_>,
     tile: (usize, usize),
     out: &mut [Out],
-) {
+) -> Result<(), ProcessorError> {
     let per_tile = 3 * tile.0 * tile.1;
     let (global, tiles) = out.split_at_mut(per_tile);
-    write_bicubic(table, canvas, tile, global);
+    write_bicubic(table, canvas, tile, global)?;
     let table = table.map(|row| row.map(Out::new));
     let cols = canvas.width / tile.1;
     for (i, slot) in tiles.chunks_exact_mut(per_tile).enumerate() {
         let origin = ((i / cols) * tile.0, (i % cols) * tile.1);
         write_tile(&table, canvas, origin, tile, slot);
     }
+    Ok(())
 }
 
 /// A torch resample mode from a configuration's PIL filter: BILINEAR and BICUBIC (the modes the

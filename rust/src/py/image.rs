@@ -8,7 +8,7 @@
 
 use std::mem::MaybeUninit;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyInt};
@@ -17,9 +17,14 @@ use super::array::{ImageArray, NumpyArray};
 use crate::image::resample::{self, ImageRef, PassOrder, ResampleError, ResizeOptions};
 use crate::image::torch::{self, TorchFilter};
 use crate::image::Filter;
+use crate::memory::fallible;
 
+/// `MemoryError` for a failed allocation, `ValueError` for every other [`ResampleError`].
 fn value_error(err: ResampleError) -> PyErr {
-    PyValueError::new_err(err.to_string())
+    match err {
+        ResampleError::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
+        _ => PyValueError::new_err(err.to_string()),
+    }
 }
 
 /// The image of a checked array, as the resampler takes it.
@@ -34,22 +39,35 @@ fn image_ref<'a>(array: &'a ImageArray<'_>) -> ImageRef<'a> {
 
 /// A new `bytearray` of `len ≥ 1` bytes, zeroed and then filled by `write`, with the GIL
 /// released.
+///
+/// The object is made empty and then resized: when `PyByteArray_FromStringAndSize(NULL, len)`
+/// cannot allocate its buffer, CPython (3.10-3.13) frees the half-built object before setting its
+/// export count, which prints "SystemError: deallocated bytearray object has exported buffers"
+/// and raises a bare `MemoryError`. A failed `PyByteArray_Resize` leaves a valid empty object, and
+/// the failure becomes a `MemoryError` naming the bytes.
 fn new_bytearray<'py, F>(py: Python<'py>, len: usize, write: F) -> PyResult<Bound<'py, PyByteArray>>
 where
     F: FnOnce(&mut [u8]) -> Result<(), ResampleError> + Send,
 {
     let size = ffi::Py_ssize_t::try_from(len)
         .map_err(|_| PyValueError::new_err(format!("output of {len} bytes is too large")))?;
-    // SAFETY: with a NULL source, `PyByteArray_FromStringAndSize` returns a new reference to a
-    // fresh bytearray of `size` uninitialised bytes, or NULL with an exception set, which
+    // SAFETY: `PyByteArray_FromStringAndSize(NULL, 0)` allocates no buffer; it returns a new
+    // reference to an empty bytearray, or NULL with an exception set, which
     // `from_owned_ptr_or_err` turns into the error. We take ownership of the new reference.
     let array = unsafe {
-        Bound::from_owned_ptr_or_err(
-            py,
-            ffi::PyByteArray_FromStringAndSize(std::ptr::null(), size),
-        )?
+        Bound::from_owned_ptr_or_err(py, ffi::PyByteArray_FromStringAndSize(std::ptr::null(), 0))?
     }
     .cast_into::<PyByteArray>()?;
+    // SAFETY: `array` is a bytearray we own and no one else has seen, so it exports no buffer and
+    // may be resized; on failure (-1) it is left empty and valid, with an exception set.
+    if unsafe { ffi::PyByteArray_Resize(array.as_ptr(), size) } != 0 {
+        return Err(super::memory::named_memory_error(
+            py,
+            PyErr::fetch(py),
+            "output bytearray",
+            len,
+        ));
+    }
     // SAFETY: `PyByteArray_AsString` returns the object's buffer of `size` bytes (plus a NUL),
     // valid while the object lives and is not resized; `array` holds our reference until we
     // return it, and no Python code sees the object before then, so nothing resizes it and this
@@ -209,13 +227,18 @@ fn interpolate_bicubic<'py>(
     }
     // numpy does not promise 4-byte alignment, so the values are read byte-wise (one copy, far
     // cheaper than the interpolation).
-    let values: Vec<f32> = array
-        .bytes()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    new_bytearray(py, len, |out| {
-        let mut result = vec![0.0f32; c * out_h * out_w];
+    let input = array.bytes();
+    let values = fallible::collect(
+        input.len() / 4,
+        input
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    )
+    .map_err(|e| value_error(ResampleError::oom("copy of the input planes")(e)))?;
+    // The result is allocated before the output object (an abort here used to end the process).
+    let mut result = fallible::zeros::<f32>(len / 4)
+        .map_err(|e| value_error(ResampleError::oom("interpolated planes")(e)))?;
+    new_bytearray(py, len, move |out| {
         torch::bicubic_f32(&values, c, h, w, &mut result, out_h, out_w)?;
         for (dst, v) in out.chunks_exact_mut(4).zip(&result) {
             dst.copy_from_slice(&v.to_le_bytes());

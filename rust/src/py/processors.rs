@@ -75,6 +75,7 @@ fn error_args<'py>(py: Python<'py>, err: &ProcessorError) -> PyResult<Bound<'py,
             decode_details(py, error)?
         }
         ProcessorError::Resample { .. } => ("size", none(), none()),
+        ProcessorError::OutOfMemory { what, bytes } => (what, none(), bytes.into_py_any(py)?),
     };
     PyTuple::new(
         py,
@@ -569,7 +570,7 @@ impl PyPreprocessor {
         let inputs = held_images(images)?;
         // Owned before the inputs are let go: an unresized input array is copied.
         let deferred = self.run(py, &inputs, |p, i| {
-            p.images_deferred(i, &options).map(owned)
+            p.images_deferred(i, &options).and_then(owned)
         })?;
         deferred_to_py(py, deferred)
     }
@@ -610,8 +611,9 @@ impl PyPreprocessor {
     ) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
         let options = options(threads, apply_exif, alpha, max_pixels)?;
         let held = held_videos(videos)?;
-        let deferred =
-            self.run_videos(py, &held, |p, v| p.videos_deferred(v, &options).map(owned))?;
+        let deferred = self.run_videos(py, &held, |p, v| {
+            p.videos_deferred(v, &options).and_then(owned)
+        })?;
         deferred_to_py(py, deferred)
     }
 }
@@ -648,11 +650,11 @@ impl PyPreprocessor {
 }
 
 /// A deferred batch that no longer borrows its inputs.
-fn owned(deferred: Deferred<'_>) -> Deferred<'static> {
-    match deferred {
-        Deferred::Patches(patches) => Deferred::Patches(Box::new(patches.into_owned())),
+fn owned(deferred: Deferred<'_>) -> Result<Deferred<'static>, ProcessorError> {
+    Ok(match deferred {
+        Deferred::Patches(patches) => Deferred::Patches(Box::new(patches.into_owned()?)),
         Deferred::Done(outputs) => Deferred::Done(outputs),
-    }
+    })
 }
 
 fn held_images<'py>(images: &Bound<'py, PyAny>) -> PyResult<Vec<Held<'py>>> {

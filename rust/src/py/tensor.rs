@@ -7,7 +7,7 @@
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyTuple};
@@ -18,8 +18,12 @@ use crate::tensor::convert::{self as core_convert, Conversion};
 use crate::tensor::wire::{self, Plan, Source, MAX_DEPTH};
 use crate::tensor::{TensorError, WireDtype};
 
+/// `MemoryError` for a failed allocation, `ValueError` for every other [`TensorError`].
 fn value_error(err: TensorError) -> PyErr {
-    PyValueError::new_err(err.to_string())
+    match err {
+        TensorError::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
+        _ => PyValueError::new_err(err.to_string()),
+    }
 }
 
 /// A new `bytes` object of `len` bytes, filled by `write` with the GIL released.
@@ -46,8 +50,9 @@ where
     // fresh bytes object of `size` uninitialised bytes, or NULL with an exception set, which
     // `from_owned_ptr_or_err` turns into the error. We take ownership of the new reference.
     let bytes = unsafe {
-        Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))?
+        Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))
     }
+    .map_err(|e| super::memory::named_memory_error(py, e, "output bytes", len))?
     .cast_into::<PyBytes>()?;
     // SAFETY: `PyBytes_AsString` of a bytes object returns its internal buffer of `size` (+1
     // NUL) bytes, valid while the object lives; `bytes` holds our reference until we return it.

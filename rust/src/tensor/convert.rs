@@ -250,7 +250,9 @@ pub fn convert_into_threads(
 /// Converts `src` into a new vector.
 pub fn convert_to_vec(src: &[u8], from: WireDtype, to: WireDtype) -> Result<Vec<u8>, TensorError> {
     let conv = Conversion::new(from, to)?;
-    let mut out = vec![0u8; conv.output_len(src.len(), "src")?];
+    let len = conv.output_len(src.len(), "src")?;
+    let mut out =
+        crate::memory::fallible::zeros(len).map_err(TensorError::oom("converted tensor"))?;
     conv.convert_uninit(src, as_uninit(&mut out), default_threads(src.len()))?;
     Ok(out)
 }

@@ -105,6 +105,8 @@ pub enum TensorError {
         index: u32,
         count: usize,
     },
+    /// A buffer of `bytes` bytes (sized by the input) could not be allocated.
+    OutOfMemory { what: &'static str, bytes: u64 },
 }
 
 impl fmt::Display for TensorError {
@@ -244,11 +246,25 @@ impl fmt::Display for TensorError {
                 "header: token at byte {offset} names tensor {index}, but only {count} \
                  sources are attached"
             ),
+            OutOfMemory { what, bytes } => write!(
+                f,
+                "out of memory: cannot allocate {bytes} bytes for the {what}"
+            ),
         }
     }
 }
 
 impl std::error::Error for TensorError {}
+
+impl TensorError {
+    /// The error for a failed allocation of the buffer for `what` (for `map_err`).
+    pub fn oom(what: &'static str) -> impl FnOnce(crate::memory::AllocError) -> Self {
+        move |e| TensorError::OutOfMemory {
+            what,
+            bytes: e.bytes,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

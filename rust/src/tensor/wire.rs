@@ -306,12 +306,12 @@ impl Layout<'_> {
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
     }
 
-    /// The output as a new vector.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.len];
-        // Cannot fail: `out` has exactly `self.len` bytes.
-        let _ = self.write_into(&mut out);
-        out
+    /// The output as a new vector; [`TensorError::OutOfMemory`] if it cannot be allocated.
+    pub fn to_vec(&self) -> Result<Vec<u8>, TensorError> {
+        let mut out =
+            crate::memory::fallible::zeros(self.len).map_err(TensorError::oom("message"))?;
+        self.write_into(&mut out)?;
+        Ok(out)
     }
 }
 
@@ -789,11 +789,11 @@ mod tests {
 
     fn decode(data: &[u8], plan: &Plan) -> Result<Decoded, TensorError> {
         let layout = decode_frames(data, plan, &NONCE)?;
-        Ok((layout.to_vec(), layout.spans().to_vec()))
+        Ok((layout.to_vec()?, layout.spans().to_vec()))
     }
 
     fn encode(header: &[u8], plan: &Plan, sources: &[Source<'_>]) -> Result<Vec<u8>, TensorError> {
-        Ok(encode_frames(header, plan, &NONCE, sources)?.to_vec())
+        encode_frames(header, plan, &NONCE, sources)?.to_vec()
     }
 
     fn raw(bytes: &[u8]) -> Source<'_> {
@@ -1487,7 +1487,7 @@ mod tests {
             match decode_frames(&input, plan, &NONCE) {
                 Ok(layout) => {
                     ok += 1;
-                    let header = layout.to_vec();
+                    let header = layout.to_vec().unwrap();
                     let again = decode_frames(&header, plan, &NONCE).map(|l| l.spans().len());
                     assert_eq!(again, Ok(layout.spans().len()));
                     for &(o, l) in layout.spans() {
