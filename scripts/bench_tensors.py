@@ -12,8 +12,9 @@ For float32 tensors of each size (MiB), in one run on the same data:
 * decode to a usable array — naive (``FromString`` then
   ``np.frombuffer(bytearray(bytes(td.inline)))``, what engines do today) and ours
   (``tensors.deserializer``: zero-copy views).
-* shm — ``pack(transport="shm")`` then the reader: ours (read-only mmap) and ``os.pread`` of the
-  segment into a new buffer (upstream servicers' reader).
+* shm — ``pack(transport="shm")`` then the reader: ours (read-only mmap; and copy mode, one
+  ``pread`` into a new array) and ``os.pread`` of the segment into a new buffer (upstream
+  servicers' reader).
 
 Each figure is the median of ``--repeat`` runs; peak memory is the extra resident memory of a
 fresh process running that one operation once (its ``VmHWM``, reset just before, minus ``VmRSS``).
@@ -22,6 +23,7 @@ fresh process running that one operation once (its ``VmHWM``, reset just before,
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -96,9 +98,13 @@ def ops(mib: int, bf16: bool) -> dict[str, Callable[[], Any]]:
             return msg
 
         handle = tensors.pack(arr, vllm_engine_pb2.TensorData, transport="shm")
+        atexit.register(shm.unlink, handle.shm.name)  # read with unlink=False: ours to remove
 
         def shm_read_ours() -> np.ndarray[Any, Any]:
             return tensors.unpack(handle, unlink=False)
+
+        def shm_read_copy() -> np.ndarray[Any, Any]:
+            return tensors.unpack(handle, unlink=False, shm_read="copy")
 
         def shm_read_pread() -> np.ndarray[Any, Any]:
             fd = os.open(shm.DEFAULT_DIR / handle.shm.name, os.O_RDONLY | os.O_NOFOLLOW)
@@ -112,6 +118,7 @@ def ops(mib: int, bf16: bool) -> dict[str, Callable[[], Any]]:
             {
                 "shm/write-ours": shm_write,
                 "shm/read-ours": shm_read_ours,
+                "shm/read-copy": shm_read_copy,
                 "shm/read-pread": shm_read_pread,
             }
         )
@@ -182,6 +189,7 @@ def main() -> None:
             ]
             if not bf16:
                 rows.append(("shm read", "shm/read-pread", "shm/read-ours", None))
+                rows.append(("shm read, copy mode", "shm/read-pread", "shm/read-copy", None))
             for op, naive, ours, copy in rows:
                 print(label + table_row(op, t, mem, naive, ours, copy))
             if not bf16:

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Before/after benchmark of our hot paths: two installations side by side in one run.
+
+    python scripts/bench_before_after.py --before /path/to/old/python [--after python3]
+        [--rounds 5] [--repeat 9]
+
+``--before`` and ``--after`` are Python interpreters with different builds of the package
+installed (e.g. a venv holding the previous release's wheel). Each round runs, in a fresh
+process per interpreter and alternating which goes first, the timed stages of our side of
+
+* ``bench_engines.py`` — image bytes -> vLLM engine tensors for Qwen2-VL (preprocess, encode,
+  decode, whole path) at 512 x 600, 1280 x 960 and a batch of 8, one core;
+* ``bench_tensors.py`` — encode and decode of a vLLM request carrying a 1 and 25 MiB float32
+  tensor (and f32 -> bf16), and the shared-memory round trip (``pack(transport="shm")`` +
+  ``unpack``).
+
+Figures are medians over the rounds of each child's median of ``--repeat`` calls; the table
+gives before, after and after/before (below 1.00 = faster now). Only our code is timed: the
+references do not change between the two installations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+ENGINE_CASES = ("512x600", "1280x960", "batch of 8")
+TENSOR_SIZES = (1, 25)
+
+
+def child(spec: dict[str, Any]) -> None:
+    from benchkit import time_op
+
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    out: dict[str, float] = {}
+    if spec["kind"] == "engines":
+        from bench_engines import STAGES, pipeline
+
+        files = [Path(p).read_bytes() for p in spec["paths"]]
+        ops = pipeline("ours", files)
+        for stage in STAGES:
+            out[stage] = time_op(ops[stage], spec["repeat"])
+    else:
+        from bench_tensors import ops as tensor_ops
+
+        from smg_grpc_proto import tensors, vllm_engine_pb2
+
+        for bf16 in (False, True):
+            fns = tensor_ops(spec["mib"], bf16)
+            suffix = " f32->bf16" if bf16 else ""
+            out["encode" + suffix] = time_op(fns["encode/ours"], spec["repeat"])
+            out["decode" + suffix] = time_op(fns["decode/ours"], spec["repeat"])
+        import numpy as np
+
+        array = np.ones(spec["mib"] * 2**18, np.float32)
+
+        def round_trip() -> None:
+            td = tensors.pack(array, vllm_engine_pb2.TensorData, transport="shm")
+            tensors.unpack(td)
+
+        out["shm pack + unpack"] = time_op(round_trip, spec["repeat"])
+    print(json.dumps(out))
+
+
+def run(python: str, spec: dict[str, Any]) -> dict[str, float]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [python, __file__, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=ROOT / "scripts",
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"{python} failed: {result.stderr[-3000:]}")
+    figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def version(python: str) -> str:
+    code = "import smg_grpc_proto, os; print(os.path.dirname(smg_grpc_proto.__file__))"
+    return subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", help="interpreter with the old build (required)")
+    parser.add_argument("--after", default=sys.executable, help="interpreter with the new build")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    if not args.before:
+        parser.error("--before is required")
+    from bench_engines import machine
+    from bench_vision import write_images
+
+    cases = write_images(Path(tempfile.mkdtemp(prefix="bench-before-after-")))
+    specs: list[tuple[str, dict[str, Any]]] = [
+        (name, {"kind": "engines", "paths": [str(p) for p in cases[name]], "repeat": args.repeat})
+        for name in ENGINE_CASES
+    ]
+    specs += [
+        (f"{mib} MiB", {"kind": "tensors", "mib": mib, "repeat": args.repeat})
+        for mib in TENSOR_SIZES
+    ]
+    print(f"machine: {machine()}")
+    print(f"before: {version(args.before)}\nafter: {version(args.after)}")
+    print(f"{args.rounds} rounds, alternating order, fresh processes, one core\n")
+    print("| case | stage | before (ms) | after (ms) | after / before |")
+    print("|---|---|---:|---:|---:|")
+    for name, spec in specs:
+        rounds: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+        for r in range(args.rounds):
+            order = ("before", "after") if r % 2 == 0 else ("after", "before")
+            for which in order:
+                rounds[which].append(run(getattr(args, which), spec))
+        for stage in rounds["before"][0]:
+            before = statistics.median(x[stage] for x in rounds["before"]) * 1e3
+            after = statistics.median(x[stage] for x in rounds["after"]) * 1e3
+            print(f"| {name} | {stage} | {before:.3f} | {after:.3f} | {after / before:.2f} |")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
