@@ -111,28 +111,29 @@ def check_placeholders(groups: Sequence[tuple[str, Sequence[tuple[int, int]]]], 
     non-empty ranges cannot outnumber the tokens), then one sort finds any overlap.
     """
     total = sum(len(ranges) for _, ranges in groups)
-    check_range_count(groups[0][0] if len(groups) == 1 else "placeholders", total, n_ids)
     if total == 0:
         return
+    check_range_count(groups[0][0] if len(groups) == 1 else "placeholders", total, n_ids)
     offsets = np.fromiter((r[0] for _, ranges in groups for r in ranges), np.int64, total)
     lengths = np.fromiter((r[1] for _, ranges in groups for r in ranges), np.int64, total)
     ends = offsets + lengths  # each < 2**33: no overflow
-    names = _RangeNames(groups)
     bad = np.flatnonzero(lengths <= 0)
     if bad.size:
         i = int(bad[0])
+        name = _range_name(groups, i)
         raise PlaceholderError(
-            f"{names[i]}.length is {int(lengths[i])}: a placeholder range needs at least one token",
-            field=f"{names[i]}.length",
+            f"{name}.length is {int(lengths[i])}: a placeholder range needs at least one token",
+            field=f"{name}.length",
             actual=int(lengths[i]),
         )
     bad = np.flatnonzero(ends > n_ids)
     if bad.size:
         i = int(bad[0])
+        name = _range_name(groups, i)
         raise PlaceholderError(
-            f"{names[i]} = [{int(offsets[i])}, {int(ends[i])}) reaches past the end of input_ids "
+            f"{name} = [{int(offsets[i])}, {int(ends[i])}) reaches past the end of input_ids "
             f"({n_ids} tokens)",
-            field=names[i],
+            field=name,
             expected=n_ids,
             actual=int(ends[i]),
         )
@@ -142,10 +143,11 @@ def check_placeholders(groups: Sequence[tuple[str, Sequence[tuple[int, int]]]], 
     if clash.size:
         a, b = int(order[clash[0]]), int(order[clash[0] + 1])
         first, second = (a, b) if a < b else (b, a)
+        name = _range_name(groups, second)
         raise PlaceholderError(
-            f"{names[second]} = [{int(offsets[second])}, {int(ends[second])}) overlaps "
-            f"{names[first]} = [{int(offsets[first])}, {int(ends[first])})",
-            field=names[second],
+            f"{name} = [{int(offsets[second])}, {int(ends[second])}) overlaps "
+            f"{_range_name(groups, first)} = [{int(offsets[first])}, {int(ends[first])})",
+            field=name,
             actual=[int(offsets[second]), int(lengths[second])],
         )
 
@@ -163,18 +165,13 @@ def check_range_count(field: str, count: int, n_ids: int) -> None:
         )
 
 
-class _RangeNames:
-    """``field[i]`` of the k-th range over all groups, computed only for the one reported."""
-
-    def __init__(self, groups: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> None:
-        self._groups = groups
-
-    def __getitem__(self, k: int) -> str:
-        for name, ranges in self._groups:
-            if k < len(ranges):
-                return f"{name}[{k}]"
-            k -= len(ranges)
-        raise IndexError(k)
+def _range_name(groups: Sequence[tuple[str, Sequence[tuple[int, int]]]], k: int) -> str:
+    """``field[i]`` of the k-th range over all groups (computed only for the one reported)."""
+    for name, ranges in groups:
+        if k < len(ranges):
+            return f"{name}[{k}]"
+        k -= len(ranges)
+    raise IndexError(k)
 
 
 def embed_masks(
