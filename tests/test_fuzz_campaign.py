@@ -15,6 +15,7 @@ and printed, so any failure can be replayed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -106,14 +107,20 @@ METHODS = {
 }
 
 
+_IDS = itertools.count()  # in-flight request ids must be unique (the probes run concurrently)
+
+
 def _valid(engine: str) -> bytes:
     pb = {"vllm": vllm_pb, "sglang": sgl_pb, "tokenspeed": ts_pb}[engine]
     params = (
         pb.SamplingParams(max_tokens=4) if engine == "vllm" else pb.SamplingParams(max_new_tokens=4)
     )
-    return pb.GenerateRequest(
-        request_id="ok", tokenized={"input_ids": [101, 7, 102]}, sampling_params=params
-    ).SerializeToString()
+    request = pb.GenerateRequest(
+        request_id=f"ok-{next(_IDS)}",
+        tokenized={"input_ids": [101, 7, 102]},
+        sampling_params=params,
+    )
+    return request.SerializeToString()
 
 
 def _call(ch: grpc.Channel, engine: str, data: bytes) -> grpc.StatusCode:
