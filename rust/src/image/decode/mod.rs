@@ -119,7 +119,8 @@ pub(crate) struct Decoded {
     pub xmp: Option<Vec<u8>>,
 }
 
-/// Recognises the format from the first bytes, as Pillow's plugins' `_accept` functions do.
+/// Recognises the format from the first bytes, as Pillow's plugins' `_accept` functions do (a
+/// bare DIB, which Pillow's BMP plugin also opens, counts as BMP).
 pub fn sniff(data: &[u8]) -> Option<Format> {
     if data.starts_with(b"\xff\xd8\xff") {
         Some(Format::Jpeg)
@@ -127,7 +128,7 @@ pub fn sniff(data: &[u8]) -> Option<Format> {
         Some(Format::Png)
     } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
         Some(Format::Gif)
-    } else if data.starts_with(b"BM") {
+    } else if data.starts_with(b"BM") || bmp::is_dib(data) {
         Some(Format::Bmp)
     } else if data.len() >= 16
         && data.starts_with(b"RIFF")
