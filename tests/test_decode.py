@@ -79,7 +79,7 @@ PILLOW_FAILS = {
     "broken.png": "corrupt",
     "broken_data_stream.png": "corrupt",
     "decompression_bomb.gif": "too_many_pixels",
-    "l2rgb_read.bmp": "unsupported",  # 1-entry gray palette on 4-bit pixels
+    "l2rgb_read.bmp": "truncated",  # 1-entry gray palette on 4-bit pixels, unpacked as 1-bit
     "png_decompression_dos.png": "corrupt",  # zTXt inflating past MAX_TEXT_CHUNK (1 MiB)
     "truncated_end_chunk.png": "truncated",
     "truncated_image.png": "truncated",

@@ -1,14 +1,17 @@
 //! BMP, read the way Pillow 13's `BmpImagePlugin` reads it.
 //!
 //! A file without the 14-byte file header (a bare DIB, starting with its info header size) is
-//! read like Pillow's `DibImageFile`. Headers: OS/2 (12 bytes) and Windows (40, 52, 56, 64, 108, 124 bytes); bottom-up or top-down
-//! rows. Depths: 1, 4, 8 (palette; a palette equal to black/white, or to the gray ramp 0…n−1,
-//! opens as `1` / `L` like Pillow), 16 (5-5-5, or 5-6-5 with BITFIELDS), 24, 32 (the fourth byte
-//! is ignored unless BITFIELDS declares an alpha mask: then `RGBA`); the BITFIELDS layouts
-//! Pillow knows; RLE8 and RLE4 with Pillow's decoder (data that ends before the last pixel is an
-//! error, as in Pillow). Not supported (Pillow fails or misreads them too): other depths and
-//! bitfield layouts, JPEG/PNG-compressed BMPs, 2- or 16-entry gray-ramp palettes on 4- and
-//! 8-bit images (Pillow unpacks those with the wrong sample size).
+//! read like Pillow's `DibImageFile`. Headers: OS/2 (12 bytes) and Windows (40, 52, 56, 64, 108,
+//! 124 bytes); bottom-up or top-down rows. Depths: 1, 4, 8 (palette; a palette equal to
+//! black/white, or to the gray ramp 0…n−1, opens as `1` (at most 2 entries) / `L` like Pillow,
+//! and is unpacked as Pillow does, 1 bit or 1 byte per pixel whatever the depth), 16 (5-5-5, or
+//! 5-6-5 with BITFIELDS), 24, 32 (the fourth byte is ignored unless BITFIELDS declares an alpha
+//! mask: then `RGBA`); the BITFIELDS layouts Pillow knows; RLE8 and RLE4 (on any palette depth,
+//! as Pillow does not check) with Pillow's decoder (data that ends before the last pixel is an
+//! error, as in Pillow). The palette holds what the file has of the declared entries (more than
+//! 256 read is an error, as in Pillow's `putpalette`); a zero pixel data offset means "after
+//! the palette". Not supported (Pillow fails too): other depths and bitfield layouts,
+//! JPEG/PNG-compressed BMPs, RLE with a 1- or 2-entry gray palette.
 
 use super::convert::{ModeImage, Palette, Pixels};
 use super::{check_size, zeroed_image, DecodeError, Decoded, Format};
@@ -150,7 +153,8 @@ fn decode_bitmap(
         0 => {}
         1 | 2 => {
             rle = true;
-            if (compression == 1 && bits != 8) || (compression == 2 && bits != 4) {
+            // Pillow does not match RLE8/RLE4 to the depth: the decoder's bytes are indices.
+            if bits > 8 {
                 return Err(DecodeError::unsupported(
                     FORMAT,
                     format!("RLE compression with {bits}-bit pixels"),
@@ -213,8 +217,10 @@ fn decode_bitmap(
                 .all(|i| entry(i).is_some_and(|e| e.iter().all(|&c| usize::from(c) == i)))
         };
         // Pillow: mode "1" for a gray palette of at most 2 entries, else "L", unpacked with that
-        // mode as the raw mode (so only 1-bit and 8-bit pixels unpack correctly).
-        if gray && !(colors <= 2 && bits == 1) && !(colors > 2 && bits == 8) {
+        // mode as the raw mode: other depths are misread (1 bit or 1 byte per pixel from rows
+        // of the file's stride), which is reproduced below for uncompressed data.
+        // RLE data is set with raw mode "L", which mode "1" has no unpacker for.
+        if gray && rle && colors <= 2 {
             return Err(DecodeError::unsupported(
                 FORMAT,
                 format!("gray palette of {colors} entries on {bits}-bit pixels"),
@@ -260,7 +266,23 @@ fn decode_bitmap(
             Raw::Bytes { size, .. } => size * 8,
         };
         let stride = ((w * bits_pp + 31) >> 3) & !3;
-        let row_bytes = (w * bits_pp).div_ceil(8);
+        // A gray palette unpacks with Pillow's raw mode "1" or "L" whatever the depth.
+        let unpack = match raw {
+            Raw::Index(_) if gray => Raw::Index(if colors <= 2 { 1 } else { 8 }),
+            other => other,
+        };
+        let unpack_bits = match unpack {
+            Raw::Index(b) => usize::from(b),
+            _ => bits_pp,
+        };
+        let row_bytes = (w * unpack_bits).div_ceil(8);
+        if row_bytes > stride {
+            // RawDecode: a negative padding is a configuration error.
+            return Err(DecodeError::unsupported(
+                FORMAT,
+                format!("gray palette of {colors} entries on {bits}-bit pixels"),
+            ));
+        }
         let needed = stride * (h - 1) + row_bytes;
         if pixel_data.len() < needed {
             return Err(DecodeError::truncated(
@@ -272,7 +294,7 @@ fn decode_bitmap(
             let src = &pixel_data[y * stride..y * stride + row_bytes];
             let dst_row = if top_down { y } else { h - 1 - y };
             let dst = &mut out[dst_row * w * channels..(dst_row + 1) * w * channels];
-            unpack_row(raw, src, dst);
+            unpack_row(unpack, src, dst);
         }
     }
     let pixels = match raw {
@@ -294,6 +316,7 @@ fn decode_bitmap(
         },
         exif: None,
         xmp: None,
+        exif_error: None,
     })
 }
 

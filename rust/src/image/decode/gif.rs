@@ -53,38 +53,55 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             .copied()
             .ok_or_else(|| truncated("no image before the end of the file"))
     };
-    // Skips data sub-blocks from `pos`; returns the position after the terminator.
-    let skip_blocks = |mut pos: usize| -> Result<usize, DecodeError> {
-        loop {
-            let n = usize::from(byte(pos)?);
-            pos += 1 + n;
-            if n == 0 {
-                return Ok(pos);
+    // Pillow's `data()`: one sub-block (a length byte, then up to that many bytes), `None` for
+    // a terminator or the end of the file; returns the position after it.
+    let data_block = |pos: usize| -> (Option<&[u8]>, usize) {
+        match data.get(pos) {
+            Some(&n) if n > 0 => {
+                let end = (pos + 1 + usize::from(n)).min(data.len());
+                (Some(&data[pos + 1..end]), end)
             }
+            Some(_) => (None, pos + 1),
+            None => (None, pos),
+        }
+    };
+    let skip_blocks = |mut pos: usize| loop {
+        match data_block(pos) {
+            (Some(_), next) => pos = next,
+            (None, next) => return next,
         }
     };
     let mut transparency: Option<u8> = None;
-    // Extensions, up to the first image descriptor.
+    // Extensions, up to the first image descriptor, read as Pillow's `_seek` reads them: the
+    // first sub-block is read before the "skip the rest" loop, so an extension whose first
+    // sub-block is a terminator still skips one more run of sub-blocks.
     loop {
         match byte(pos)? {
             b'!' => {
                 let label = byte(pos + 1)?;
-                let first_len = usize::from(byte(pos + 2)?);
-                let block = data
-                    .get(pos + 3..pos + 3 + first_len)
-                    .ok_or_else(|| truncated("an extension is cut short"))?;
-                if label == 249 && first_len > 0 {
-                    if block.len() < 4 {
-                        return Err(DecodeError::corrupt(
-                            FORMAT,
-                            "graphic control extension shorter than 4 bytes",
-                        ));
+                let (block, next) = data_block(pos + 2);
+                pos = next;
+                match (label, block) {
+                    (249, Some(block)) => {
+                        if block.len() < 3 || (block[0] & 1 != 0 && block.len() < 4) {
+                            return Err(DecodeError::corrupt(
+                                FORMAT,
+                                format!("graphic control extension of {} bytes", block.len()),
+                            ));
+                        }
+                        if block[0] & 1 != 0 {
+                            transparency = Some(block[3]);
+                        }
+                        pos = skip_blocks(pos);
                     }
-                    if block[0] & 1 != 0 {
-                        transparency = Some(block[3]);
+                    (254, Some(_)) => pos = skip_blocks(pos), // comment: the rest of its blocks
+                    (254, None) => {}
+                    (255, Some(block)) if block.starts_with(b"NETSCAPE2.0") => {
+                        let (_, next) = data_block(pos); // the loop count block
+                        pos = skip_blocks(next);
                     }
+                    _ => pos = skip_blocks(pos),
                 }
-                pos = skip_blocks(pos + 2)?;
             }
             b',' => break,
             b';' => return Err(DecodeError::corrupt(FORMAT, "image not found in GIF file")),
@@ -160,6 +177,7 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
         },
         exif: None,
         xmp: None,
+        exif_error: None,
     })
 }
 

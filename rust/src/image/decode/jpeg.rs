@@ -13,7 +13,7 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use super::convert::{ModeImage, Pixels};
-use super::{check_size, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
+use super::{check_size, exif, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
 
 // The static libjpeg-turbo comes with turbojpeg-sys; the shim below calls into it.
 use turbojpeg_sys as _;
@@ -99,6 +99,8 @@ struct Markers {
     xmp: Option<Vec<u8>>,
     /// (sample precision, height, width, components) of the last frame header.
     frame: Option<(u8, u16, u16, u8)>,
+    /// A JFIF segment gave the resolution in dots per inch or cm (Pillow's `info["dpi"]`).
+    jfif_dpi: bool,
 }
 
 /// Walks the markers from SOI to the first SOS like Pillow's `JpegImageFile._open`, failing
@@ -199,6 +201,9 @@ fn read_markers(data: &[u8]) -> Result<Markers, DecodeError> {
             }
             0xE0 if body.starts_with(b"JFIF") && body.len() < 7 => {
                 return Err(corrupt("JFIF segment cut short".to_owned()));
+            }
+            0xE0 if body.starts_with(b"JFIF") && body.len() >= 12 && matches!(body[7], 1 | 2) => {
+                m.jfif_dpi = true;
             }
             0xEE if body.starts_with(b"Adobe") && body.len() < 7 => {
                 return Err(corrupt("Adobe segment cut short".to_owned()));
@@ -347,6 +352,18 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             pixels,
             transparency: None,
         },
+        exif_error: markers
+            .exif
+            .as_deref()
+            .filter(|e| exif::pillow_refuses(e))
+            .map(|_| {
+                // Read (and the error swallowed) while opening, unless JFIF gave the dpi.
+                if markers.jfif_dpi {
+                    exif::ExifError::Raises
+                } else {
+                    exif::ExifError::Swallowed
+                }
+            }),
         exif: markers.exif,
         xmp: markers.xmp,
     })

@@ -117,6 +117,8 @@ pub(crate) struct Decoded {
     pub exif: Option<Vec<u8>>,
     /// The XMP packet Pillow would search for `tiff:Orientation` when the EXIF has none.
     pub xmp: Option<Vec<u8>>,
+    /// Set when Pillow's `getexif()` cannot read the EXIF (see [`exif::ExifError`]).
+    pub exif_error: Option<exif::ExifError>,
 }
 
 /// Recognises the format from the first bytes, as Pillow's plugins' `_accept` functions do (a
@@ -189,7 +191,7 @@ pub fn decode(data: &[u8], options: &DecodeOptions) -> Result<RgbImage, DecodeEr
         Format::WebP => webp::decode(data, limit)?,
     };
     let orientation = if options.apply_exif {
-        exif::orientation(decoded.exif.as_deref(), decoded.xmp.as_deref())
+        exif::pillow_orientation(format, &decoded)?
     } else {
         1
     };

@@ -779,33 +779,52 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
     let rows = reconstruct(inflated, &layout, width, height, stream.interlaced)?;
     load_end(data, end, &mut stream)?;
     let image = to_mode_image(&rows, layout.line + 1, width, height, bits, color, &stream)?;
-    let exif = stream
-        .exif
-        .or_else(|| stream.raw_profile_exif.as_deref().and_then(raw_profile));
+    // Pillow's getexif: info["exif"], else `bytes.fromhex` of the raw profile (a ValueError
+    // when it is not hex).
+    let (exif, exif_error) = match stream.exif {
+        Some(exif) => (Some(exif), None),
+        None => match stream.raw_profile_exif.as_deref().map(raw_profile) {
+            Some(Err(())) => (None, Some(super::exif::ExifError::Raises)),
+            Some(Ok(bytes)) => (Some(bytes), None),
+            None => (None, None),
+        },
+    };
+    let exif_error = exif_error.or_else(|| {
+        exif.as_deref()
+            .filter(|e| super::exif::pillow_refuses(e))
+            .map(|_| super::exif::ExifError::Raises)
+    });
     Ok(Decoded {
         image,
         exif,
         xmp: stream.xmp,
+        exif_error,
     })
 }
 
-/// `bytes.fromhex("".join(value.split("\n")[3:]))` of a `Raw profile type exif` chunk.
-fn raw_profile(value: &[u8]) -> Option<Vec<u8>> {
-    let mut lines = value.split(|&b| b == b'\n');
-    for _ in 0..3 {
-        lines.next()?;
-    }
-    let hex: Vec<u8> = lines
+/// `bytes.fromhex("".join(value.split("\n")[3:]))` of a `Raw profile type exif` chunk: hex
+/// digit pairs, whitespace allowed between pairs only; `Err` where Python raises `ValueError`.
+fn raw_profile(value: &[u8]) -> Result<Vec<u8>, ()> {
+    let hex: Vec<u8> = value
+        .split(|&b| b == b'\n')
+        .skip(3)
         .flatten()
         .copied()
-        .filter(|b| !b.is_ascii_whitespace())
         .collect();
-    if !hex.len().is_multiple_of(2) {
-        return None;
+    let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8).ok_or(());
+    let mut out = Vec::with_capacity(hex.len() / 2);
+    let mut i = 0;
+    while i < hex.len() {
+        if matches!(hex[i], b' ' | b'\t' | b'\r' | b'\x0b' | b'\x0c') {
+            i += 1;
+            continue;
+        }
+        let high = digit(hex[i])?;
+        let low = digit(*hex.get(i + 1).ok_or(())?)?;
+        out.push(high << 4 | low);
+        i += 2;
     }
-    hex.chunks_exact(2)
-        .map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
-        .collect()
+    Ok(out)
 }
 
 fn to_mode_image(
@@ -988,11 +1007,13 @@ mod tests {
     fn raw_profile_hex() {
         assert_eq!(
             raw_profile(b"\nexif\n       4\n45786966\n0000\n"),
-            Some(b"Exif\x00\x00".to_vec())
+            Ok(b"Exif\x00\x00".to_vec())
         );
-        assert_eq!(raw_profile(b"\nexif\n"), Some(vec![]));
-        assert_eq!(raw_profile(b"\nexif"), None);
-        assert_eq!(raw_profile(b"\n\n\nzz"), None);
+        assert_eq!(raw_profile(b"\nexif\n"), Ok(vec![]));
+        assert_eq!(raw_profile(b"\nexif"), Ok(vec![]));
+        assert_eq!(raw_profile(b"\n\n\nzz"), Err(()));
+        assert_eq!(raw_profile(b"\n\n\n4 5"), Err(()));
+        assert_eq!(raw_profile(b"\n\n\n45 46"), Ok(b"EF".to_vec()));
     }
 
     #[test]
