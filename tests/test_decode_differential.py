@@ -411,3 +411,78 @@ def test_max_pixels_out_of_range_is_a_clear_error() -> None:
         _native.decode_image(data, True, -1, "white")
     with pytest.raises(TypeError):
         _native.decode_image(data, True, 1.5, "white")
+
+
+def test_gif_extension_starting_with_a_terminator() -> None:
+    """Pillow reads an extension's first sub-block, then skips sub-blocks up to a terminator:
+    when the first is already a terminator, one more run is skipped (here: the descriptor)."""
+    good = _gif_2x2([(4, 3), (0, 3), (1, 3), (0, 3), (1, 4), (5, 4)])
+    at = good.index(b",")
+    swallowed = good[:at] + b"!\xf9\x00" + good[at:]
+    assert _agree(swallowed) == "both raise"
+    two_terminators = good[:at] + b"!\xf9\x00\x00" + good[at:]
+    assert _agree(two_terminators) == "same pixels"
+
+
+def test_bmp_gray_palettes_and_rle_as_pillow_unpacks_them() -> None:
+    rgb = photo(23, 17)
+    # 8-bit pixels with a one-entry black palette: mode "1", unpacked 1 bit per pixel.
+    gray8 = encode(rgb.convert("L"), "BMP")
+    one_entry = _set(gray8, 46, struct.pack("<I", 1))
+    assert _agree(one_entry) == "same pixels"
+    # RLE4 declared on 8-bit pixels: Pillow runs its RLE4 decoder anyway.
+    pal = encode(rgb.quantize(16), "BMP")
+    codes = b"".join(bytes([23, 0x12 + row, 0, 0]) for row in range(17)) + b"\x00\x01"
+    rle4 = _set(pal[:118], 30, struct.pack("<I", 2)) + codes
+    assert _agree(rle4) == "same pixels"
+
+
+def _exif_block(header: bytes, orientation: int = 6) -> bytes:
+    big = header.startswith(b"MM")
+    entry = struct.pack(">HHIHH" if big else "<HHIHH", 0x0112, 3, 1, orientation, 0)
+    count = struct.pack(">H" if big else "<H", 1)
+    return b"Exif\x00\x00" + header + count + entry + b"\x00" * 4
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_exif_as_pillow_reads_it(fmt: str) -> None:
+    im = photo(12, 5)
+    # "MM\0+" (big-endian BigTIFF's mark) is read as plain big-endian TIFF: rotated.
+    bigtiff_be = encode(im, fmt, exif=_exif_block(b"MM\x00+\x00\x00\x00\x08"))
+    assert _agree(bigtiff_be) == "same pixels"
+    assert vision.decode(bigtiff_be).shape == (12, 5, 3)
+    # Blocks Pillow's TIFF reader refuses: exif_transpose raises for PNG and WebP; a JPEG's
+    # block was already read (and the error swallowed) while opening.
+    for bad in (
+        b"Exif\x00\x00XX*\x00\x08\x00\x00\x00",
+        b"Exif\x00\x00II*\x00\x08",
+        _exif_block(b"II+\x00\x08\x00\x00\x00"),
+    ):
+        data = encode(im, fmt, exif=bad)
+        assert _agree(data) == ("same pixels" if fmt == "JPEG" else "both raise")
+        assert vision.decode(data, apply_exif=False).shape == (5, 12, 3)
+
+
+def test_jpeg_unreadable_exif_depends_on_jfif_dpi() -> None:
+    """With a JFIF resolution Pillow skips the EXIF while opening, so exif_transpose reads it
+    and raises; without one the swallowed error leaves no orientation, not even the XMP's."""
+    bad = b"Exif\x00\x00XX*\x00\x08\x00\x00\x00"
+    im = photo(12, 5)
+    assert _agree(encode(im, "JPEG", exif=bad, dpi=(72, 72))) == "both raise"
+    xmp = b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+    data = encode(im, "JPEG", exif=bad, xmp=xmp)
+    assert _agree(data) == "same pixels"
+    assert vision.decode(data).shape == (5, 12, 3)
+    assert vision.decode(encode(im, "JPEG", xmp=xmp)).shape == (12, 5, 3)
+
+
+def test_png_raw_profile_exif_must_be_hex() -> None:
+    """``bytes.fromhex`` of a ``Raw profile type exif`` text raises on anything but hex pairs."""
+    im = photo(12, 5)
+    for text, outcome in (
+        ("\nexif\n 6\n457869660000\n", "same pixels"),
+        ("\nexif\n1\nzz\n", "both raise"),
+    ):
+        info = PngInfo()
+        info.add_text("Raw profile type exif", text)
+        assert _agree(encode(im, "PNG", pnginfo=info)) == outcome
