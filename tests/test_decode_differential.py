@@ -74,6 +74,8 @@ def differential_seeds() -> list[bytes]:
         encode(rgb, "PNG", interlace=1),
         _split_idat(encode(small, "PNG"), 97),
         _split_idat(encode(rgb.convert("L"), "PNG", compress_level=0), 64),
+        # One IDAT over 64 KiB: Pillow feeds it to zlib in two pieces.
+        encode(photo(160, 140), "PNG", compress_level=0),
         tail,
         encode(rgb.convert("L").point(lambda v: v // 4), "PNG", transparency=7),
         gif_anim,

@@ -614,61 +614,79 @@ fn load_end(data: &[u8], end: DataEnd, stream: &mut Stream) -> Result<(), Decode
     }
 }
 
-/// Undoes the PNG row filters in place (Pillow's predictors); `prev` is zero for the first row
-/// of each pass.
+/// Undoes the PNG row filters in place (Pillow's predictors); the row above the first row of
+/// each pass is zero.
 fn unfilter(buf: &mut [u8], row_bytes: usize, rows: usize, bpp: usize) -> Result<(), DecodeError> {
     let stride = row_bytes + 1;
     for r in 0..rows {
         let (before, rest) = buf.split_at_mut(r * stride);
-        let prev: &[u8] = if r == 0 {
-            &[]
-        } else {
-            &before[(r - 1) * stride + 1..]
-        };
-        let row = &mut rest[..stride];
-        let (filter, cur) = row.split_at_mut(1);
-        let up = |i: usize| prev.get(i).copied().unwrap_or(0);
-        match filter[0] {
-            0 => {}
-            1 => {
-                for i in bpp..cur.len() {
-                    cur[i] = cur[i].wrapping_add(cur[i - bpp]);
-                }
+        let prev = (r > 0).then(|| &before[(r - 1) * stride + 1..]);
+        let (filter, cur) = rest[..stride].split_at_mut(1);
+        unfilter_row(filter[0], cur, prev, bpp)?;
+    }
+    Ok(())
+}
+
+fn paeth(a: u8, b: u8, c: u8) -> u8 {
+    let (a16, b16, c16) = (i16::from(a), i16::from(b), i16::from(c));
+    let pa = (b16 - c16).abs();
+    let pb = (a16 - c16).abs();
+    let pc = (a16 + b16 - 2 * c16).abs();
+    if pa <= pb && pa <= pc {
+        a
+    } else if pb <= pc {
+        b
+    } else {
+        c
+    }
+}
+
+fn unfilter_row(
+    filter: u8,
+    cur: &mut [u8],
+    prev: Option<&[u8]>,
+    bpp: usize,
+) -> Result<(), DecodeError> {
+    let n = cur.len();
+    let bpp = bpp.min(n);
+    match (filter, prev) {
+        (0, _) | (2, None) => {}
+        // Sub, and Paeth with a zero row above (it predicts from the left then).
+        (1, _) | (4, None) => {
+            for i in bpp..n {
+                cur[i] = cur[i].wrapping_add(cur[i - bpp]);
             }
-            2 => {
-                if !prev.is_empty() {
-                    for (c, &p) in cur.iter_mut().zip(prev) {
-                        *c = c.wrapping_add(p);
-                    }
-                }
-            }
-            3 => {
-                for i in 0..cur.len() {
-                    let left = if i >= bpp { u16::from(cur[i - bpp]) } else { 0 };
-                    cur[i] = cur[i].wrapping_add(((left + u16::from(up(i))) / 2) as u8);
-                }
-            }
-            4 => {
-                for i in 0..cur.len() {
-                    let (a, c) = if i >= bpp {
-                        (i16::from(cur[i - bpp]), i16::from(up(i - bpp)))
-                    } else {
-                        (0, 0)
-                    };
-                    let b = i16::from(up(i));
-                    let (pa, pb, pc) = ((b - c).abs(), (a - c).abs(), (a + b - 2 * c).abs());
-                    let pred = if pa <= pb && pa <= pc {
-                        a
-                    } else if pb <= pc {
-                        b
-                    } else {
-                        c
-                    };
-                    cur[i] = cur[i].wrapping_add(pred as u8);
-                }
-            }
-            f => return Err(corrupt(format!("unknown row filter type {f}"))),
         }
+        (2, Some(prev)) => {
+            for (c, &p) in cur.iter_mut().zip(&prev[..n]) {
+                *c = c.wrapping_add(p);
+            }
+        }
+        (3, None) => {
+            for i in bpp..n {
+                cur[i] = cur[i].wrapping_add(cur[i - bpp] / 2);
+            }
+        }
+        (3, Some(prev)) => {
+            let prev = &prev[..n];
+            for i in 0..bpp {
+                cur[i] = cur[i].wrapping_add(prev[i] / 2);
+            }
+            for i in bpp..n {
+                let avg = (u16::from(cur[i - bpp]) + u16::from(prev[i])) / 2;
+                cur[i] = cur[i].wrapping_add(avg as u8);
+            }
+        }
+        (4, Some(prev)) => {
+            let prev = &prev[..n];
+            for i in 0..bpp {
+                cur[i] = cur[i].wrapping_add(prev[i]);
+            }
+            for i in bpp..n {
+                cur[i] = cur[i].wrapping_add(paeth(cur[i - bpp], prev[i], prev[i - bpp]));
+            }
+        }
+        (f, _) => return Err(corrupt(format!("unknown row filter type {f}"))),
     }
     Ok(())
 }
