@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 PIL = pytest.importorskip("PIL", reason="the reference decoder is Pillow")
-from PIL import Image, ImageFile  # noqa: E402
+from PIL import Image, ImageCms, ImageFile  # noqa: E402
 from PIL.PngImagePlugin import PngInfo  # noqa: E402
 from support.decode_cases import encode, mutate, photo, png_chunk, reference, seeds  # noqa: E402
 
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 LIMIT = 1 << 22
-MUTANTS = 60_000
+MUTANTS = 150_000
 FORMATS = {b"\xff\xd8": "JPEG", b"\x89P": "PNG", b"GI": "GIF", b"BM": "BMP", b"RI": "WEBP"}
 
 
@@ -63,10 +63,11 @@ def differential_seeds() -> list[bytes]:
     info.add_text("comment", "hello")
     tail = encode(rgb, "PNG", pnginfo=info, exif=b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00")
     frames = [photo(12, 9, "RGBA", seed=s) for s in range(2)]
-    gif_anim, webp_anim = (
+    gif_anim, webp_anim, apng = (
         encode(frames[0], fmt, save_all=True, append_images=frames[1:], **params)
-        for fmt, params in (("GIF", {}), ("WEBP", {"lossless": True}))
+        for fmt, params in (("GIF", {}), ("WEBP", {"lossless": True}), ("PNG", {}))
     )
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
     extra = [
         encode(rgb.quantize(16), "PNG", bits=4),
         encode(rgb.convert("1"), "PNG"),
@@ -84,6 +85,8 @@ def differential_seeds() -> list[bytes]:
         encode(rgb.convert("L"), "BMP"),
         encode(small, "BMP"),
         webp_anim,
+        apng,
+        encode(rgb, "JPEG", icc_profile=icc, dpi=(72, 72)),
         encode(rgb, "WEBP", quality=80),
         encode(rgb, "JPEG", quality=60, subsampling=2, restart_marker_blocks=2),
     ]
