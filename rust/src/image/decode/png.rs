@@ -641,6 +641,21 @@ fn paeth(a: u8, b: u8, c: u8) -> u8 {
     }
 }
 
+/// Paeth over whole pixels of `BPP` bytes (every row is a whole number of pixels when
+/// `BPP > 1`), keeping the left and upper-left pixels in registers. The first pixel predicts
+/// from above, as Pillow's first `bpp` bytes do.
+fn paeth_row<const BPP: usize>(cur: &mut [u8], prev: &[u8]) {
+    let (mut left, mut upper_left) = ([0u8; BPP], [0u8; BPP]);
+    for (px, up) in cur.chunks_exact_mut(BPP).zip(prev.chunks_exact(BPP)) {
+        for k in 0..BPP {
+            let v = px[k].wrapping_add(paeth(left[k], up[k], upper_left[k]));
+            px[k] = v;
+            left[k] = v;
+            upper_left[k] = up[k];
+        }
+    }
+}
+
 fn unfilter_row(
     filter: u8,
     cur: &mut [u8],
@@ -677,15 +692,14 @@ fn unfilter_row(
                 cur[i] = cur[i].wrapping_add(avg as u8);
             }
         }
-        (4, Some(prev)) => {
-            let prev = &prev[..n];
-            for i in 0..bpp {
-                cur[i] = cur[i].wrapping_add(prev[i]);
-            }
-            for i in bpp..n {
-                cur[i] = cur[i].wrapping_add(paeth(cur[i - bpp], prev[i], prev[i - bpp]));
-            }
-        }
+        (4, Some(prev)) => match bpp {
+            1 => paeth_row::<1>(cur, &prev[..n]),
+            2 => paeth_row::<2>(cur, &prev[..n]),
+            3 => paeth_row::<3>(cur, &prev[..n]),
+            4 => paeth_row::<4>(cur, &prev[..n]),
+            6 => paeth_row::<6>(cur, &prev[..n]),
+            _ => paeth_row::<8>(cur, &prev[..n]),
+        },
         (f, _) => return Err(corrupt(format!("unknown row filter type {f}"))),
     }
     Ok(())
