@@ -29,6 +29,11 @@
 //!   a chunk type that is not `\w{4}` or an incomplete chunk header ends the walk quietly, `IEND`
 //!   ends it, and so does an `fcTL` in an animated PNG; every other chunk's body must be
 //!   complete and its handler's checks apply (text, `tRNS` and EXIF found here count).
+//!
+//! Not reproduced (APNG corner cases no real file has): image data in an `fdAT` before any
+//! `IDAT` is refused (Pillow decodes it when the sequence numbers fit); an `fcTL` before the
+//! `IDAT` declaring a frame smaller than the image does not shrink the decoded region; an `IHDR`
+//! after the image data is checked but does not change how later `tRNS` chunks are read.
 
 use super::convert::{ModeImage, Palette, Pixels, Transparency};
 use super::{check_size, zeroed, DecodeError, Decoded, Format};
