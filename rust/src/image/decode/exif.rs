@@ -14,7 +14,7 @@
 //! An EXIF block Pillow's TIFF reader refuses (a header not among its prefixes, fewer than 8
 //! bytes, or the little-endian BigTIFF mark `II+\0`, whose 8-byte offset Pillow reads past its
 //! 8-byte header) makes `getexif()` raise: for PNG and WebP `exif_transpose` then raises, and so
-//! do we ([`ExifError::Raises`]). A JPEG's EXIF is first read while opening, where the error is
+//! do we (`ExifError::Raises`). A JPEG's EXIF is first read while opening, where the error is
 //! swallowed and the empty result cached (orientation 1, the XMP unread) — unless a JFIF segment
 //! gave the dots per inch, in which case that early read is skipped and `exif_transpose`
 //! raises. (`MM\0+`, big-endian BigTIFF, is read by Pillow as plain big-endian TIFF.)

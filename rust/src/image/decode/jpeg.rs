@@ -8,7 +8,7 @@
 //! `CMYK;I` raw mode (inverted, "Adobe conventions", YCCK converted by libjpeg). Data that ends
 //! before the last scanline is a truncation error as in Pillow; a missing EOI marker after
 //! complete data is accepted, as in Pillow. libjpeg's warnings are ignored, as in Pillow. The
-//! marker walk fails where Pillow's does (see [`read_markers`]), even when libjpeg would cope.
+//! marker walk fails where Pillow's does (see `read_markers`), even when libjpeg would cope.
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
