@@ -80,7 +80,7 @@ fn decode_like_load_image(
         decode::gif::decode(data, limit)?
     };
     let orientation = if apply_exif {
-        exif::orientation(decoded.exif.as_deref(), decoded.xmp.as_deref())
+        exif::pillow_orientation(format, &decoded)?
     } else {
         1
     };

@@ -7,7 +7,7 @@
 //! actual)`, which the wrapper (`smg_grpc_proto.vision._decode`) re-raises as the matching
 //! `ImageDecodeError` subclass.
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use pyo3::IntoPyObjectExt;
@@ -132,6 +132,26 @@ impl PyDecodedImage {
     }
 }
 
+/// `max_pixels` as a `u64`: an int out of range (negative, or past 2**64 - 1) is a `ValueError`
+/// naming the argument and its range instead of a bare `OverflowError`; a non-int stays a
+/// `TypeError`.
+fn max_pixels_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    match value.extract::<u64>() {
+        Ok(n) => Ok(Some(n)),
+        Err(err) if err.is_instance_of::<PyOverflowError>(value.py()) => {
+            Err(PyValueError::new_err(format!(
+                "max_pixels must be between 0 and {} (2**64 - 1) or None, got {}",
+                u64::MAX,
+                value.repr()?
+            )))
+        }
+        Err(err) => Err(err),
+    }
+}
+
 /// decode_image(data, apply_exif, max_pixels, alpha) -> DecodedImage
 /// --
 ///
@@ -143,9 +163,10 @@ fn decode_image(
     py: Python<'_>,
     data: &Bound<'_, PyBytes>,
     apply_exif: bool,
-    max_pixels: Option<u64>,
+    max_pixels: Option<&Bound<'_, PyAny>>,
     alpha: &str,
 ) -> PyResult<PyDecodedImage> {
+    let max_pixels = max_pixels_arg(max_pixels)?;
     let alpha = match alpha {
         "white" => AlphaMode::White,
         "drop" => AlphaMode::Drop,

@@ -71,7 +71,8 @@ def decode(
     Raises a subclass of :class:`~smg_grpc_proto.errors.ImageDecodeError` (a ``ValueError``):
     ``UnknownImageFormatError``, ``UnsupportedImageError``, ``TruncatedImageError``,
     ``CorruptImageError``, ``EmptyImageError``, ``ImageTooLargeError`` or ``ImageMemoryError``;
-    ``TypeError`` for an argument of the wrong type, ``OSError`` if a path cannot be read.
+    ``TypeError`` for an argument of the wrong type, a plain ``ValueError`` for ``max_pixels``
+    past 2**64 - 1, ``OSError`` if a path cannot be read.
     """
     raw = _to_bytes(data)
     if max_pixels is not None and (isinstance(max_pixels, bool) or max_pixels < 0):

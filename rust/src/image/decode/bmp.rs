@@ -1,13 +1,17 @@
 //! BMP, read the way Pillow 13's `BmpImagePlugin` reads it.
 //!
-//! Headers: OS/2 (12 bytes) and Windows (40, 52, 56, 64, 108, 124 bytes); bottom-up or top-down
-//! rows. Depths: 1, 4, 8 (palette; a palette equal to black/white, or to the gray ramp 0…n−1,
-//! opens as `1` / `L` like Pillow), 16 (5-5-5, or 5-6-5 with BITFIELDS), 24, 32 (the fourth byte
-//! is ignored unless BITFIELDS declares an alpha mask: then `RGBA`); the BITFIELDS layouts
-//! Pillow knows; RLE8 and RLE4 with Pillow's decoder (data that ends before the last pixel is an
-//! error, as in Pillow). Not supported (Pillow fails or misreads them too): other depths and
-//! bitfield layouts, JPEG/PNG-compressed BMPs, 2- or 16-entry gray-ramp palettes on 4- and
-//! 8-bit images (Pillow unpacks those with the wrong sample size).
+//! A file without the 14-byte file header (a bare DIB, starting with its info header size) is
+//! read like Pillow's `DibImageFile`. Headers: OS/2 (12 bytes) and Windows (40, 52, 56, 64, 108,
+//! 124 bytes); bottom-up or top-down rows. Depths: 1, 4, 8 (palette; a palette equal to
+//! black/white, or to the gray ramp 0…n−1, opens as `1` (at most 2 entries) / `L` like Pillow,
+//! and is unpacked as Pillow does, 1 bit or 1 byte per pixel whatever the depth), 16 (5-5-5, or
+//! 5-6-5 with BITFIELDS), 24, 32 (the fourth byte is ignored unless BITFIELDS declares an alpha
+//! mask: then `RGBA`); the BITFIELDS layouts Pillow knows; RLE8 and RLE4 (on any palette depth,
+//! as Pillow does not check) with Pillow's decoder (data that ends before the last pixel is an
+//! error, as in Pillow). The palette holds what the file has of the declared entries (more than
+//! 256 read is an error, as in Pillow's `putpalette`); a zero pixel data offset means "after
+//! the palette". Not supported (Pillow fails too): other depths and bitfield layouts,
+//! JPEG/PNG-compressed BMPs, RLE with a 1- or 2-entry gray palette.
 
 use super::convert::{ModeImage, Palette, Pixels};
 use super::{check_size, zeroed_image, DecodeError, Decoded, Format};
@@ -39,18 +43,44 @@ enum Raw {
 
 /// Decodes a BMP file into the Pillow mode it opens as.
 pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
-    let truncated = |what: &str| DecodeError::truncated(FORMAT, what.to_owned());
-    if data.len() < 18 {
-        return Err(truncated("the file header is incomplete"));
+    if !data.starts_with(b"BM") {
+        // A bare DIB (no file header), which Pillow opens as "DIB": its `_bitmap()` with the
+        // info header at 0 and no pixel data offset.
+        return decode_bitmap(data, limit, 0, 0);
     }
-    let mut offset = le32(data, 10) as usize;
-    let header_size = le32(data, 14) as usize;
+    if data.len() < 18 {
+        return Err(DecodeError::truncated(
+            FORMAT,
+            "the file header is incomplete",
+        ));
+    }
+    decode_bitmap(data, limit, 14, le32(data, 10) as usize)
+}
+
+/// True when Pillow's DIB plugin accepts `data` (`_dib_accept`: an info header size first).
+pub(crate) fn is_dib(data: &[u8]) -> bool {
+    data.len() >= 4 && matches!(le32(data, 0), 12 | 40 | 52 | 56 | 64 | 108 | 124)
+}
+
+/// Pillow's `BmpImageFile._bitmap`: the info header at `base`, the pixel data at `offset` (0:
+/// where reading the header and palette stopped).
+fn decode_bitmap(
+    data: &[u8],
+    limit: u64,
+    base: usize,
+    mut offset: usize,
+) -> Result<Decoded, DecodeError> {
+    let truncated = |what: &str| DecodeError::truncated(FORMAT, what.to_owned());
+    if data.len() < base + 4 {
+        return Err(truncated("the info header is incomplete"));
+    }
+    let header_size = le32(data, base) as usize;
     let header = data
-        .get(18..14 + header_size.max(4))
+        .get(base + 4..base + header_size.max(4))
         .ok_or_else(|| truncated("the info header is incomplete"))?;
     let (width, height, bits, compression, colors, top_down, palette_padding);
     let mut masks: Option<[u32; 4]> = None;
-    let mut after_header = 14 + header_size;
+    let mut after_header = base + header_size;
     match header_size {
         12 => {
             width = le16(header, 0);
@@ -123,7 +153,8 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
         0 => {}
         1 | 2 => {
             rle = true;
-            if (compression == 1 && bits != 8) || (compression == 2 && bits != 4) {
+            // Pillow does not match RLE8/RLE4 to the depth: the decoder's bytes are indices.
+            if bits > 8 {
                 return Err(DecodeError::unsupported(
                     FORMAT,
                     format!("RLE compression with {bits}-bit pixels"),
@@ -167,6 +198,7 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
     // Palette (and Pillow's gray detection).
     let mut gray = false;
     let mut palette = Palette::default();
+    let mut palette_read = 0;
     if let Raw::Index(_) = raw {
         if !(1..=65536).contains(&colors) {
             return Err(DecodeError::unsupported(
@@ -184,21 +216,28 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             (0..colors as usize)
                 .all(|i| entry(i).is_some_and(|e| e.iter().all(|&c| usize::from(c) == i)))
         };
-        if gray && !(colors == 2 && bits == 1) && !(colors != 2 && bits == 8) {
+        // Pillow: mode "1" for a gray palette of at most 2 entries, else "L", unpacked with that
+        // mode as the raw mode: other depths are misread (1 bit or 1 byte per pixel from rows
+        // of the file's stride), which is reproduced below for uncompressed data.
+        // RLE data is set with raw mode "L", which mode "1" has no unpacker for.
+        if gray && rle && colors <= 2 {
             return Err(DecodeError::unsupported(
                 FORMAT,
                 format!("gray palette of {colors} entries on {bits}-bit pixels"),
             ));
         }
+        // `putpalette` takes at most 256 entries of what was read (the file may hold fewer
+        // than the header declares).
+        if !gray && table.len() / palette_padding > 256 {
+            return Err(DecodeError::unsupported(
+                FORMAT,
+                format!("palette size {colors} (max 256)"),
+            ));
+        }
         if !gray {
-            if colors > 256 {
-                return Err(DecodeError::unsupported(
-                    FORMAT,
-                    format!("palette size {colors} (max 256)"),
-                ));
-            }
             palette = Palette::from_packed(table, palette_padding, [2, 1, 0]);
         }
+        palette_read = table.len();
     }
 
     let (w, h) = (width as usize, height as usize);
@@ -208,7 +247,12 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
         _ => 3,
     };
     let mut out: Vec<u8> = zeroed_image(FORMAT, width, height, channels)?;
-    let start = if offset == 0 { after_header } else { offset };
+    // A zero offset means "where the header (and palette) reading stopped" in Pillow.
+    let start = if offset == 0 {
+        after_header + palette_read
+    } else {
+        offset
+    };
     let pixel_data = data.get(start..).unwrap_or_default();
     if rle {
         rle_decode(pixel_data, start, compression == 2, w, h, &mut out)?;
@@ -222,7 +266,23 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             Raw::Bytes { size, .. } => size * 8,
         };
         let stride = ((w * bits_pp + 31) >> 3) & !3;
-        let row_bytes = (w * bits_pp).div_ceil(8);
+        // A gray palette unpacks with Pillow's raw mode "1" or "L" whatever the depth.
+        let unpack = match raw {
+            Raw::Index(_) if gray => Raw::Index(if colors <= 2 { 1 } else { 8 }),
+            other => other,
+        };
+        let unpack_bits = match unpack {
+            Raw::Index(b) => usize::from(b),
+            _ => bits_pp,
+        };
+        let row_bytes = (w * unpack_bits).div_ceil(8);
+        if row_bytes > stride {
+            // RawDecode: a negative padding is a configuration error.
+            return Err(DecodeError::unsupported(
+                FORMAT,
+                format!("gray palette of {colors} entries on {bits}-bit pixels"),
+            ));
+        }
         let needed = stride * (h - 1) + row_bytes;
         if pixel_data.len() < needed {
             return Err(DecodeError::truncated(
@@ -234,11 +294,11 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             let src = &pixel_data[y * stride..y * stride + row_bytes];
             let dst_row = if top_down { y } else { h - 1 - y };
             let dst = &mut out[dst_row * w * channels..(dst_row + 1) * w * channels];
-            unpack_row(raw, src, dst);
+            unpack_row(unpack, src, dst);
         }
     }
     let pixels = match raw {
-        Raw::Index(_) if gray && colors == 2 => Pixels::Bilevel(out),
+        Raw::Index(_) if gray && colors <= 2 => Pixels::Bilevel(out),
         Raw::Index(_) if gray => Pixels::L(out),
         Raw::Index(_) => Pixels::P {
             indices: out,
@@ -256,6 +316,7 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
         },
         exif: None,
         xmp: None,
+        exif_error: None,
     })
 }
 

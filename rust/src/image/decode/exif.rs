@@ -11,11 +11,52 @@
 //! directory, an over-budget entry is skipped). When there is
 //! no Orientation tag, the XMP packet is searched for `tiff:Orientation="N"` / `>N`.
 //!
-//! Malformed EXIF is ignored (orientation 1). Pillow agrees for JPEG, whose plugin parses the
-//! EXIF while opening and swallows the error; for PNG and WebP Pillow's `exif_transpose` would
-//! raise instead.
+//! An EXIF block Pillow's TIFF reader refuses (a header not among its prefixes, fewer than 8
+//! bytes, or the little-endian BigTIFF mark `II+\0`, whose 8-byte offset Pillow reads past its
+//! 8-byte header) makes `getexif()` raise: for PNG and WebP `exif_transpose` then raises, and so
+//! do we (`ExifError::Raises`). A JPEG's EXIF is first read while opening, where the error is
+//! swallowed and the empty result cached (orientation 1, the XMP unread) — unless a JFIF segment
+//! gave the dots per inch, in which case that early read is skipped and `exif_transpose`
+//! raises. (`MM\0+`, big-endian BigTIFF, is read by Pillow as plain big-endian TIFF.)
 
-use super::RgbImage;
+use super::{DecodeError, Decoded, Format, RgbImage};
+
+/// What Pillow's `getexif()` does with an EXIF block it cannot read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExifError {
+    /// `exif_transpose` raises.
+    Raises,
+    /// The error was swallowed while opening: no orientation (EXIF or XMP).
+    Swallowed,
+}
+
+/// True when Pillow's `Exif.load` raises on `exif` (after one or two `Exif\0\0`).
+pub(crate) fn pillow_refuses(mut exif: &[u8]) -> bool {
+    for _ in 0..2 {
+        if let Some(rest) = exif.strip_prefix(b"Exif\x00\x00") {
+            exif = rest;
+        }
+    }
+    if exif.is_empty() {
+        return false;
+    }
+    const PREFIXES: [&[u8]; 6] = [
+        b"MM\x00*", b"II*\x00", b"MM*\x00", b"II\x00*", b"MM\x00+", b"II+\x00",
+    ];
+    !PREFIXES.iter().any(|p| exif.starts_with(p)) || exif[2] == b'+' || exif.len() < 8
+}
+
+/// The orientation `exif_transpose` applies to `decoded`, or the error it raises.
+pub(crate) fn pillow_orientation(format: Format, decoded: &Decoded) -> Result<u8, DecodeError> {
+    match decoded.exif_error {
+        Some(ExifError::Raises) => Err(DecodeError::corrupt(
+            format,
+            "unreadable EXIF block (Pillow's getexif raises)",
+        )),
+        Some(ExifError::Swallowed) => Ok(1),
+        None => Ok(orientation(decoded.exif.as_deref(), decoded.xmp.as_deref())),
+    }
+}
 
 /// The orientation (1…8; 1 when absent or not applicable) from the EXIF block or the XMP packet.
 pub fn orientation(exif: Option<&[u8]>, xmp: Option<&[u8]>) -> u8 {
@@ -49,7 +90,7 @@ fn exif_orientation(mut data: &[u8]) -> Tag {
     }
     let little = match &data[..4] {
         b"II*\x00" | b"II\x00*" => true,
-        b"MM\x00*" | b"MM*\x00" => false,
+        b"MM\x00*" | b"MM*\x00" | b"MM\x00+" => false,
         _ => return Tag::Absent,
     };
     let u16_at = |at: usize| -> Option<u16> {
@@ -231,6 +272,18 @@ pub fn transpose(image: RgbImage, orientation: u8) -> Result<RgbImage, u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_pillow_refuses() {
+        assert!(!pillow_refuses(b""));
+        assert!(!pillow_refuses(b"Exif\x00\x00Exif\x00\x00"));
+        assert!(!pillow_refuses(b"Exif\x00\x00MM\x00*\x00\x00\x00\x08"));
+        assert!(!pillow_refuses(b"MM\x00+\x00\x00\x00\x08"));
+        assert!(pillow_refuses(b"II+\x00\x08\x00\x00\x00\x00\x00\x00\x00"));
+        assert!(pillow_refuses(b"XX*\x00\x08\x00\x00\x00"));
+        assert!(pillow_refuses(b"II*\x00\x08"));
+        assert!(pillow_refuses(b"II"));
+    }
 
     fn tiff(little: bool, entries: &[(u16, u16, u32, [u8; 4])]) -> Vec<u8> {
         let mut v = Vec::new();

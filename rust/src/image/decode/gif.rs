@@ -6,9 +6,11 @@
 //! table is the identity gray ramp (entry *i* = (*i*, *i*, *i*)) or absent — then indices are
 //! gray levels. The graphic control extension's transparency index becomes
 //! `info["transparency"]`. The LZW decoder follows Pillow's: codes past the table are errors;
-//! the image is complete once every row is written (later data is not read); an end code before
-//! that does not stop Pillow's decoder, which reads on into whatever follows, so such a frame
-//! usually ends as "truncated" — as here. GIFs carry no EXIF or XMP orientation for Pillow.
+//! the image is complete once every row is written (later data is not read). Pillow's decoder
+//! returns at an end code, or when the next data block is not wholly in what has been read
+//! (64 KiB at a time); it is called again only if reading on gives more data, else the image
+//! is truncated — so an end code before the last row is an error unless more than 64 KiB of
+//! the file follow the image data's start. GIFs carry no EXIF or XMP orientation for Pillow.
 
 use super::convert::{ModeImage, Palette, Pixels, Transparency};
 use super::{check_size, zeroed_image, DecodeError, Decoded, Format};
@@ -51,38 +53,55 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             .copied()
             .ok_or_else(|| truncated("no image before the end of the file"))
     };
-    // Skips data sub-blocks from `pos`; returns the position after the terminator.
-    let skip_blocks = |mut pos: usize| -> Result<usize, DecodeError> {
-        loop {
-            let n = usize::from(byte(pos)?);
-            pos += 1 + n;
-            if n == 0 {
-                return Ok(pos);
+    // Pillow's `data()`: one sub-block (a length byte, then up to that many bytes), `None` for
+    // a terminator or the end of the file; returns the position after it.
+    let data_block = |pos: usize| -> (Option<&[u8]>, usize) {
+        match data.get(pos) {
+            Some(&n) if n > 0 => {
+                let end = (pos + 1 + usize::from(n)).min(data.len());
+                (Some(&data[pos + 1..end]), end)
             }
+            Some(_) => (None, pos + 1),
+            None => (None, pos),
+        }
+    };
+    let skip_blocks = |mut pos: usize| loop {
+        match data_block(pos) {
+            (Some(_), next) => pos = next,
+            (None, next) => return next,
         }
     };
     let mut transparency: Option<u8> = None;
-    // Extensions, up to the first image descriptor.
+    // Extensions, up to the first image descriptor, read as Pillow's `_seek` reads them: the
+    // first sub-block is read before the "skip the rest" loop, so an extension whose first
+    // sub-block is a terminator still skips one more run of sub-blocks.
     loop {
         match byte(pos)? {
             b'!' => {
                 let label = byte(pos + 1)?;
-                let first_len = usize::from(byte(pos + 2)?);
-                let block = data
-                    .get(pos + 3..pos + 3 + first_len)
-                    .ok_or_else(|| truncated("an extension is cut short"))?;
-                if label == 249 && first_len > 0 {
-                    if block.len() < 4 {
-                        return Err(DecodeError::corrupt(
-                            FORMAT,
-                            "graphic control extension shorter than 4 bytes",
-                        ));
+                let (block, next) = data_block(pos + 2);
+                pos = next;
+                match (label, block) {
+                    (249, Some(block)) => {
+                        if block.len() < 3 || (block[0] & 1 != 0 && block.len() < 4) {
+                            return Err(DecodeError::corrupt(
+                                FORMAT,
+                                format!("graphic control extension of {} bytes", block.len()),
+                            ));
+                        }
+                        if block[0] & 1 != 0 {
+                            transparency = Some(block[3]);
+                        }
+                        pos = skip_blocks(pos);
                     }
-                    if block[0] & 1 != 0 {
-                        transparency = Some(block[3]);
+                    (254, Some(_)) => pos = skip_blocks(pos), // comment: the rest of its blocks
+                    (254, None) => {}
+                    (255, Some(block)) if block.starts_with(b"NETSCAPE2.0") => {
+                        let (_, next) = data_block(pos); // the loop count block
+                        pos = skip_blocks(next);
                     }
+                    _ => pos = skip_blocks(pos),
                 }
-                pos = skip_blocks(pos + 2)?;
             }
             b',' => break,
             b';' => return Err(DecodeError::corrupt(FORMAT, "image not found in GIF file")),
@@ -158,6 +177,7 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
         },
         exif: None,
         xmp: None,
+        exif_error: None,
     })
 }
 
@@ -171,6 +191,9 @@ struct Frame {
 }
 
 const TABLE: usize = 1 << 12;
+
+/// How much data `ImageFile.load` reads at a time (`ImageFile.MAXBLOCK`).
+const MAXBLOCK: usize = 65536;
 
 /// Pillow's `ImagingGifDecode` over all the data after the code size byte.
 fn lzw_decode(data: &[u8], bits: u8, frame: &Frame, out: &mut [u8]) -> Result<(), DecodeError> {
@@ -192,6 +215,18 @@ fn lzw_decode(data: &[u8], bits: u8, frame: &Frame, out: &mut [u8]) -> Result<()
     let mut reset = true; // Pillow's state 1
     let (mut bitbuffer, mut bitcount) = (0u32, 0u32);
     let (mut blocksize, mut pos) = (0usize, 0usize);
+    // How much of the file Pillow has read (`ImageFile.load` reads 64 KiB at a time): the
+    // decoder sees `data[..avail]`, and returning for more data when none is left is an error.
+    let mut avail = data.len().min(MAXBLOCK);
+    let read_more = |avail: &mut usize| {
+        if *avail >= data.len() {
+            return Err(truncated(
+                "the image data ends before the image is complete",
+            ));
+        }
+        *avail = data.len().min(*avail + MAXBLOCK);
+        Ok(())
+    };
     // Interlace state: pass 0 = not interlaced, passes 1..=4.
     let (mut pass, mut step) = if frame.interlaced { (1, 8) } else { (0, 1) };
     let (mut x, mut y) = (0usize, 0usize);
@@ -205,21 +240,20 @@ fn lzw_decode(data: &[u8], bits: u8, frame: &Frame, out: &mut [u8]) -> Result<()
         }
         while bitcount < codesize {
             if blocksize > 0 {
-                let Some(&c) = data.get(pos) else {
-                    return Err(truncated("the image data ends early"));
-                };
+                // Inside a block, which was wholly available when it started.
+                let c = data[pos];
                 pos += 1;
                 blocksize -= 1;
                 bitbuffer |= u32::from(c) << bitcount;
                 bitcount += 8;
             } else {
-                let Some(&c) = data.get(pos) else {
-                    return Err(truncated("the image data ends early"));
-                };
-                if data.len() - pos < usize::from(c) + 1 {
-                    return Err(truncated("the image data ends early"));
+                // Pillow's decoder starts a block only once all of it has been read.
+                let whole = data.get(pos).is_some_and(|&c| pos + usize::from(c) < avail);
+                if !whole {
+                    read_more(&mut avail)?;
+                    continue;
                 }
-                blocksize = usize::from(c);
+                blocksize = usize::from(data[pos]);
                 pos += 1;
             }
         }
@@ -233,7 +267,9 @@ fn lzw_decode(data: &[u8], bits: u8, frame: &Frame, out: &mut [u8]) -> Result<()
             continue;
         }
         if c == end {
-            // Pillow's decoder returns here and is called again on the rest of the file.
+            // Pillow's decoder returns here; it is called again only if reading the file on
+            // gives more data (the rest of what it already holds is kept for that call).
+            read_more(&mut avail)?;
             continue;
         }
         let mut sp = TABLE; // the string is stack[sp..TABLE]

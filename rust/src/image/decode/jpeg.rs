@@ -7,12 +7,13 @@
 //! component opens as `L`, 3 as `RGB` (libjpeg converts YCbCr), 4 as `CMYK` read with Pillow's
 //! `CMYK;I` raw mode (inverted, "Adobe conventions", YCCK converted by libjpeg). Data that ends
 //! before the last scanline is a truncation error as in Pillow; a missing EOI marker after
-//! complete data is accepted, as in Pillow. libjpeg's warnings are ignored, as in Pillow.
+//! complete data is accepted, as in Pillow. libjpeg's warnings are ignored, as in Pillow. The
+//! marker walk fails where Pillow's does (see `read_markers`), even when libjpeg would cope.
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use super::convert::{ModeImage, Pixels};
-use super::{check_size, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
+use super::{check_size, exif, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
 
 // The static libjpeg-turbo comes with turbojpeg-sys; the shim below calls into it.
 use turbojpeg_sys as _;
@@ -98,36 +99,119 @@ struct Markers {
     xmp: Option<Vec<u8>>,
     /// (sample precision, height, width, components) of the last frame header.
     frame: Option<(u8, u16, u16, u8)>,
+    /// A JFIF segment gave the resolution in dots per inch or cm (Pillow's `info["dpi"]`).
+    jfif_dpi: bool,
 }
 
-/// Walks the markers from SOI to the first SOS like Pillow's `JpegImageFile._open`.
-fn read_markers(data: &[u8]) -> Markers {
+/// Walks the markers from SOI to the first SOS like Pillow's `JpegImageFile._open`, failing
+/// where it fails: a marker `0xFF01`–`0xFFBF`, a segment cut short, a frame header too short or
+/// not 8-bit with 1, 3 or 4 components, a bad quantization table, a short JFIF or Adobe
+/// segment, a Photoshop resource cut before its name, an ICC segment too short for its
+/// sequence number.
+fn read_markers(data: &[u8]) -> Result<Markers, DecodeError> {
+    let corrupt = |reason: String| DecodeError::corrupt(FORMAT, reason);
     let mut m = Markers::default();
-    let mut pos = 2; // after SOI
-    loop {
-        // Find the next 0xFF, skip fill bytes.
-        while pos < data.len() && data[pos] != 0xFF {
-            pos += 1;
+    let mut icc: Vec<&[u8]> = Vec::new();
+    // `pos` is the byte Pillow holds in `s` (the third byte, 0xFF, to begin with).
+    let mut pos = 2;
+    while let Some(&byte) = data.get(pos) {
+        if byte != 0xFF {
+            pos += 1; // junk between markers
+            continue;
         }
-        while pos < data.len() && data[pos] == 0xFF {
-            pos += 1;
-        }
-        let Some(&marker) = data.get(pos) else { break };
-        pos += 1;
-        match marker {
-            0x00 | 0x01 | 0xD0..=0xD9 => continue, // stuffed byte / standalone markers
-            0xDA => break,                         // SOS: the image data starts
-            _ => {}
-        }
-        let Some(len) = data
-            .get(pos..pos + 2)
-            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
-        else {
+        let Some(&marker) = data.get(pos + 1) else {
             break;
         };
-        let body = &data[(pos + 2).min(data.len())..(pos + len.max(2)).min(data.len())];
-        pos += len.max(2);
         match marker {
+            0xFF => {
+                pos += 1; // fill byte: the second 0xFF starts the marker
+                continue;
+            }
+            0x00 => {
+                pos += 2;
+                continue;
+            }
+            0x01..=0xBF => {
+                return Err(corrupt(format!("no marker found (0xFF{marker:02X})")));
+            }
+            // Markers without a segment.
+            0xC8 | 0xD0..=0xD9 | 0xF0..=0xFD => {
+                pos += 2;
+                continue;
+            }
+            _ => {}
+        }
+        let Some(len) = data.get(pos + 2..pos + 4) else {
+            return Err(DecodeError::truncated(
+                FORMAT,
+                format!("the length of marker 0xFF{marker:02X} is cut short"),
+            ));
+        };
+        let n = usize::from(u16::from_be_bytes([len[0], len[1]])).saturating_sub(2);
+        let Some(body) = data.get(pos + 4..pos + 4 + n) else {
+            return Err(DecodeError::truncated(
+                FORMAT,
+                format!("the segment of marker 0xFF{marker:02X} is cut short"),
+            ));
+        };
+        pos += 4 + n;
+        match marker {
+            0xDA => break, // SOS: the image data starts
+            0xC0..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF | 0xDE => {
+                if body.len() < 5 {
+                    return Err(corrupt(format!("frame header of {} bytes", body.len())));
+                }
+                if body[0] != 8 {
+                    return Err(DecodeError::unsupported(
+                        FORMAT,
+                        format!("sample precision: {}-bit (only 8-bit)", body[0]),
+                    ));
+                }
+                let Some(&layers) = body.get(5) else {
+                    return Err(corrupt(format!("frame header of {} bytes", body.len())));
+                };
+                if !matches!(layers, 1 | 3 | 4) {
+                    return Err(DecodeError::unsupported(
+                        FORMAT,
+                        format!("number of components: {layers} (only 1, 3 or 4)"),
+                    ));
+                }
+                if let Some(first) = icc.iter().min() {
+                    if first.len() < 14 {
+                        return Err(corrupt("ICC profile segment too short".to_owned()));
+                    }
+                }
+                icc.clear();
+                m.frame = Some((
+                    body[0],
+                    u16::from_be_bytes([body[1], body[2]]),
+                    u16::from_be_bytes([body[3], body[4]]),
+                    layers,
+                ));
+            }
+            0xDB => {
+                let mut s = body;
+                while let Some(&v) = s.first() {
+                    let table = 1 + if v / 16 == 0 { 64 } else { 128 };
+                    if s.len() < table {
+                        return Err(corrupt("bad quantization table marker".to_owned()));
+                    }
+                    s = &s[table..];
+                }
+            }
+            0xE0 if body.starts_with(b"JFIF") && body.len() < 7 => {
+                return Err(corrupt("JFIF segment cut short".to_owned()));
+            }
+            0xE0 if body.starts_with(b"JFIF") && body.len() >= 12 && matches!(body[7], 1 | 2) => {
+                m.jfif_dpi = true;
+            }
+            0xEE if body.starts_with(b"Adobe") && body.len() < 7 => {
+                return Err(corrupt("Adobe segment cut short".to_owned()));
+            }
+            0xED if body.starts_with(b"Photoshop 3.0\x00") && photoshop_cut(body) => {
+                return Err(corrupt("Photoshop resource cut short".to_owned()));
+            }
+            0xE2 if body.starts_with(b"ICC_PROFILE\x00") => icc.push(body),
             0xE1 if body.starts_with(b"Exif\x00\x00") => match &mut m.exif {
                 Some(exif) => exif.extend_from_slice(&body[6..]),
                 None => m.exif = Some(body.to_vec()),
@@ -135,36 +219,42 @@ fn read_markers(data: &[u8]) -> Markers {
             0xE1 if body.starts_with(b"http://ns.adobe.com/xap/1.0/\x00") => {
                 m.xmp = Some(body[29..].to_vec());
             }
-            0xC0..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF | 0xDE if body.len() >= 6 => {
-                m.frame = Some((
-                    body[0],
-                    u16::from_be_bytes([body[1], body[2]]),
-                    u16::from_be_bytes([body[3], body[4]]),
-                    body[5],
-                ));
-            }
             _ => {}
         }
     }
-    m
+    Ok(m)
+}
+
+/// True when Pillow's Photoshop resource walk indexes past the segment (an `IndexError` it
+/// does not catch): a resource whose name length byte is missing.
+fn photoshop_cut(s: &[u8]) -> bool {
+    let mut offset = 14usize;
+    while s.get(offset..offset + 4) == Some(b"8BIM") {
+        offset += 4;
+        if offset + 2 > s.len() {
+            return false; // struct.error: caught
+        }
+        offset += 2;
+        let Some(&name_len) = s.get(offset) else {
+            return true;
+        };
+        offset += 1 + usize::from(name_len);
+        offset += offset & 1;
+        let Some(size) = s.get(offset..offset + 4) else {
+            return false;
+        };
+        let size = u32::from_be_bytes([size[0], size[1], size[2], size[3]]) as usize;
+        offset += 4;
+        offset = offset.saturating_add(size);
+        offset += offset & 1;
+    }
+    false
 }
 
 /// Decodes a JPEG file into the Pillow mode it opens as.
 pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
-    let markers = read_markers(data);
-    if let Some((bits, height, width, layers)) = markers.frame {
-        if bits != 8 {
-            return Err(DecodeError::unsupported(
-                FORMAT,
-                format!("sample precision: {bits}-bit (only 8-bit)"),
-            ));
-        }
-        if !matches!(layers, 1 | 3 | 4) {
-            return Err(DecodeError::unsupported(
-                FORMAT,
-                format!("number of components: {layers} (only 1, 3 or 4)"),
-            ));
-        }
+    let markers = read_markers(data)?;
+    if let Some((_, height, width, _)) = markers.frame {
         check_size(FORMAT, u64::from(width), u64::from(height), limit)?;
     }
 
@@ -262,6 +352,18 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             pixels,
             transparency: None,
         },
+        exif_error: markers
+            .exif
+            .as_deref()
+            .filter(|e| exif::pillow_refuses(e))
+            .map(|_| {
+                // Read (and the error swallowed) while opening, unless JFIF gave the dpi.
+                if markers.jfif_dpi {
+                    exif::ExifError::Raises
+                } else {
+                    exif::ExifError::Swallowed
+                }
+            }),
         exif: markers.exif,
         xmp: markers.xmp,
     })
@@ -283,11 +385,39 @@ mod tests {
         seg(0xE1, b"Exif\x00\x00more");
         seg(0xE1, b"http://ns.adobe.com/xap/1.0/\x00<x/>");
         seg(0xC0, &[8, 0, 2, 0, 3, 3]);
-        data.extend([0xFF, 0xDA]);
-        let m = read_markers(&data);
+        data.extend([0xFF, 0xDA, 0x00, 0x02]);
+        let m = read_markers(&data).unwrap();
         assert_eq!(m.exif.as_deref(), Some(&b"Exif\x00\x00II*\x00more"[..]));
         assert_eq!(m.xmp.as_deref(), Some(&b"<x/>"[..]));
         assert_eq!(m.frame, Some((8, 2, 3, 3)));
+    }
+
+    #[test]
+    fn marker_walk_fails_where_pillow_does() {
+        let ok = b"\xff\xd8\xff\xe0\x00\x04ab\x00\x12\xff\xff\xff\x00\xff\xd0\xff\xda\x00\x02";
+        assert!(read_markers(ok).is_ok());
+        for bad in [
+            &b"\xff\xd8\xff\x01\xff\xda\x00\x02"[..], // TEM: "no marker found"
+            b"\xff\xd8\xff\xbf\xff\xda\x00\x02",
+            b"\xff\xd8\xff\xe0\x00\x07JFIF\x00\xff\xda\x00\x02", // JFIF cut short
+            b"\xff\xd8\xff\xdb\x00\x05\x00\x01\x02\xff\xda\x00\x02", // short DQT
+            b"\xff\xd8\xff\xc0\x00\x06\x08\x00\x01\x00\xff\xda\x00\x02", // short SOF
+            b"\xff\xd8\xff\xe1\x00\x10Exif",                     // segment cut short
+        ] {
+            assert!(read_markers(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn photoshop_resources() {
+        let head = b"Photoshop 3.0\x00".to_vec();
+        assert!(!photoshop_cut(&head));
+        let mut cut = head.clone();
+        cut.extend(b"8BIM\x03\xed");
+        assert!(photoshop_cut(&cut));
+        let mut whole = head;
+        whole.extend(b"8BIM\x03\xed\x00\x00\x00\x00\x00\x02ab");
+        assert!(!photoshop_cut(&whole));
     }
 
     #[test]

@@ -117,9 +117,12 @@ pub(crate) struct Decoded {
     pub exif: Option<Vec<u8>>,
     /// The XMP packet Pillow would search for `tiff:Orientation` when the EXIF has none.
     pub xmp: Option<Vec<u8>>,
+    /// Set when Pillow's `getexif()` cannot read the EXIF (see [`exif::ExifError`]).
+    pub exif_error: Option<exif::ExifError>,
 }
 
-/// Recognises the format from the first bytes, as Pillow's plugins' `_accept` functions do.
+/// Recognises the format from the first bytes, as Pillow's plugins' `_accept` functions do (a
+/// bare DIB, which Pillow's BMP plugin also opens, counts as BMP).
 pub fn sniff(data: &[u8]) -> Option<Format> {
     if data.starts_with(b"\xff\xd8\xff") {
         Some(Format::Jpeg)
@@ -127,7 +130,7 @@ pub fn sniff(data: &[u8]) -> Option<Format> {
         Some(Format::Png)
     } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
         Some(Format::Gif)
-    } else if data.starts_with(b"BM") {
+    } else if data.starts_with(b"BM") || bmp::is_dib(data) {
         Some(Format::Bmp)
     } else if data.len() >= 16
         && data.starts_with(b"RIFF")
@@ -188,7 +191,7 @@ pub fn decode(data: &[u8], options: &DecodeOptions) -> Result<RgbImage, DecodeEr
         Format::WebP => webp::decode(data, limit)?,
     };
     let orientation = if options.apply_exif {
-        exif::orientation(decoded.exif.as_deref(), decoded.xmp.as_deref())
+        exif::pillow_orientation(format, &decoded)?
     } else {
         1
     };

@@ -1,257 +1,877 @@
-//! PNG: pixels from the pure-Rust `png` crate (raw samples, de-interlaced), everything Pillow
-//! derives from the chunks read here, the way `PngImagePlugin` does.
+//! PNG, read the way Pillow 13's `PngImagePlugin` and `ZipDecode.c` read it (zlib-ng's inflate,
+//! as Pillow's wheels bundle it, through its Rust port `zlib-rs`).
 //!
 //! Modes (Pillow's `_MODES`): 1-bit gray → `1`; 2- and 4-bit gray → `L` scaled by 85 and 17;
 //! 16-bit gray → `I;16`; 16-bit RGB, RGBA and gray+alpha keep the **most significant byte**
 //! (`RGB;16B`, `RGBA;16B`, `LA;16B`); palettes of 1–8 bits → `P` (entries past `PLTE` black).
 //! `tRNS`: for `P` per-index alphas, for `1`/`L`/`I;16`/`RGB` the 16-bit colour key (compared by
 //! the conversion after its `& 0xff`, as Pillow does), ignored for images with alpha; the last
-//! one wins, even after `IDAT` (Pillow reads the chunks after the image data when loading).
-//! EXIF: the `eXIf` chunk, a `tEXt` keyed `exif`, or a `Raw profile type exif` text chunk; XMP:
-//! the `XML:com.adobe.xmp` text chunk. Chunks before the first `IDAT` must have valid CRCs
-//! (Pillow checks them), the image data's are not checked (nor are they by Pillow).
-
-use std::io::Cursor;
+//! one wins, even after `IDAT`. EXIF: the `eXIf` chunk, a `tEXt` keyed `exif`, or a
+//! `Raw profile type exif` text chunk; XMP: the `XML:com.adobe.xmp` text chunk.
+//!
+//! Where Pillow refuses a file we refuse it, where it decodes one we give the same pixels:
+//!
+//! - **Opening** (`_open`): chunks are read up to the first `IDAT`; each must have a valid
+//!   type (`\w{4}`), a complete body and a valid CRC; the handlers' own checks apply (short
+//!   `IHDR`/`tRNS`/`gAMA`/`cHRM`/`sRGB`/`pHYs`/`acTL`/`fcTL`, a non-zero filter method, an
+//!   unknown text or ICC compression method, text that inflates past 1 MiB, APNG sequence
+//!   errors). The last `IHDR` wins; any non-zero interlace byte means Adam7.
+//! - **Image data** (`load_read` + `ZipDecode`): the `IDAT` bodies (and `DDAT`) are fed to
+//!   inflate in pieces of at most 64 KiB, never across a chunk boundary, and inflated row by row.
+//!   Every inflate error (bad zlib header, bad deflate data, an **adler32 mismatch**) is an
+//!   error — but zlib only reaches the adler32 (and anything after the last row) when it is in
+//!   the same piece as the end of the last row, so the checksum is checked exactly when Pillow's
+//!   zlib checks it. The image is complete when its last row is, or when the stream ends
+//!   exactly at a row boundary (the remaining rows stay zero, as in Pillow); a stream that ends
+//!   mid-row, or image data that stops (another chunk, the end of the file) first, is
+//!   truncated. A row filter type above 4 is an error. Image-data CRCs are not checked.
+//! - **After the image** (`load_end`): the rest of the file is walked without CRC checks;
+//!   a chunk type that is not `\w{4}` or an incomplete chunk header ends the walk quietly, `IEND`
+//!   ends it, and so does an `fcTL` in an animated PNG; every other chunk's body must be
+//!   complete and its handler's checks apply (text, `tRNS` and EXIF found here count).
+//!
+//! Not reproduced (APNG corner cases no real file has): image data in an `fdAT` before any
+//! `IDAT` is refused (Pillow decodes it when the sequence numbers fit); an `fcTL` before the
+//! `IDAT` declaring a frame smaller than the image does not shrink the decoded region; an `IHDR`
+//! after the image data is checked but does not change how later `tRNS` chunks are read.
 
 use super::convert::{ModeImage, Palette, Pixels, Transparency};
 use super::{check_size, zeroed, DecodeError, Decoded, Format};
 
 const FORMAT: Format = Format::Png;
 
-/// Pillow's limit on decompressed text chunks (`MAX_TEXT_CHUNK`); larger ones are ignored here.
+/// Pillow's limit on decompressed text and ICC chunks (`MAX_TEXT_CHUNK`): past it, it raises.
 const MAX_TEXT_CHUNK: usize = 1 << 20;
+/// Pillow's limit on the total text kept (`MAX_TEXT_MEMORY`): past it, it raises.
+const MAX_TEXT_MEMORY: usize = 64 * MAX_TEXT_CHUNK;
+/// How much image data Pillow reads at a time (`ImageFile.MAXBLOCK`).
+const MAXBLOCK: usize = 65536;
 
-/// Everything read from the chunks, in file order (later chunks override earlier ones).
-#[derive(Default)]
-struct Chunks {
-    palette: Option<Vec<u8>>,
-    trns: Option<Vec<u8>>,
-    exif: Option<Vec<u8>>,
-    raw_profile_exif: Option<Vec<u8>>,
-    xmp: Option<Vec<u8>>,
+/// Adam7 as Pillow's `ZipDecode.c` tables give it: (first row, first column, row step,
+/// column step) of each pass.
+const ADAM7: [(usize, usize, usize, usize); 7] = [
+    (0, 0, 8, 8),
+    (0, 4, 8, 8),
+    (4, 0, 8, 4),
+    (0, 2, 4, 4),
+    (2, 0, 4, 2),
+    (0, 1, 2, 2),
+    (1, 0, 2, 1),
+];
+
+fn corrupt(reason: impl Into<String>) -> DecodeError {
+    DecodeError::corrupt(FORMAT, reason)
 }
 
-fn read_chunks(data: &[u8]) -> Result<Chunks, DecodeError> {
-    let mut chunks = Chunks::default();
-    let mut pos = 8;
-    let mut seen_idat = false;
-    while pos + 8 <= data.len() {
-        let len =
-            u32::from_be_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
-        let cid = &data[pos + 4..pos + 8];
-        if !cid.iter().all(u8::is_ascii_alphabetic) {
-            if seen_idat {
-                break; // Pillow's load_end stops at a broken chunk after the image data
-            }
-            return Err(DecodeError::corrupt(
-                FORMAT,
-                format!("broken PNG file (chunk {})", show(cid)),
-            ));
-        }
-        let body_start = pos + 8;
-        let Some(body_end) = body_start.checked_add(len).filter(|&e| e <= data.len()) else {
-            if seen_idat || cid == b"IDAT" {
-                break; // the pixel decoder reports a truncated IDAT; later chunks are optional
-            }
-            return Err(DecodeError::truncated(
-                FORMAT,
-                format!("chunk {} is cut short", show(cid)),
-            ));
-        };
-        let body = &data[body_start..body_end];
-        if cid == b"IDAT" {
-            seen_idat = true;
-        } else if !seen_idat {
-            let Some(stored) = data.get(body_end..body_end + 4) else {
-                return Err(DecodeError::truncated(
-                    FORMAT,
-                    format!("incomplete checksum in {}", show(cid)),
-                ));
-            };
-            let mut hasher = crc32fast::Hasher::new();
-            hasher.update(cid);
-            hasher.update(body);
-            if hasher.finalize().to_be_bytes() != stored {
-                return Err(DecodeError::corrupt(
-                    FORMAT,
-                    format!("bad header checksum in {}", show(cid)),
-                ));
-            }
-        }
-        match cid {
-            b"IEND" => break,
-            b"PLTE" if !seen_idat => chunks.palette = Some(body.to_vec()),
-            b"tRNS" => chunks.trns = Some(body.to_vec()),
-            b"eXIf" => {
-                let mut exif = b"Exif\x00\x00".to_vec();
-                exif.extend_from_slice(body);
-                chunks.exif = Some(exif);
-            }
-            b"tEXt" | b"zTXt" | b"iTXt" => text_chunk(cid, body, &mut chunks),
-            _ => {}
-        }
-        pos = body_end + 4;
-    }
-    Ok(chunks)
+fn truncated(detail: impl Into<String>) -> DecodeError {
+    DecodeError::truncated(FORMAT, detail)
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// Pillow's `is_cid` (`re.compile(rb"\w\w\w\w").match` on the 4 type bytes).
+fn is_cid(cid: &[u8]) -> bool {
+    cid.len() == 4 && cid.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 fn show(cid: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(cid))
 }
 
-/// The text chunks Pillow's `getexif` looks at.
-fn text_chunk(cid: &[u8], body: &[u8], chunks: &mut Chunks) {
-    let (key, rest) = match body.iter().position(|&b| b == 0) {
-        Some(i) => (&body[..i], &body[i + 1..]),
-        None => (body, &[][..]),
-    };
-    let value = match cid {
-        b"tEXt" => rest.to_vec(),
-        b"zTXt" => {
-            if rest.first().is_some_and(|&m| m != 0) {
-                return;
+/// One chunk header as `ChunkStream.read` sees it.
+enum Header<'a> {
+    /// Fewer than 4 bytes left: `i32` fails (`struct.error`).
+    NoLength,
+    /// The type is not `\w{4}` (or is cut short): `SyntaxError`.
+    BadType(&'a [u8]),
+    Chunk {
+        cid: &'a [u8],
+        /// Where the body starts.
+        body: usize,
+        len: usize,
+    },
+}
+
+fn read_header(data: &[u8], pos: usize) -> Header<'_> {
+    let head = &data[pos.min(data.len())..(pos + 8).min(data.len())];
+    if head.len() < 4 {
+        return Header::NoLength;
+    }
+    let cid = &head[4..];
+    if !is_cid(cid) {
+        return Header::BadType(cid);
+    }
+    Header::Chunk {
+        cid,
+        body: pos + 8,
+        len: be32(head) as usize,
+    }
+}
+
+/// Pillow's `_MODES` keys: (bit depth, colour type) combinations it opens.
+fn known_mode(bits: u8, color: u8) -> bool {
+    matches!(
+        (bits, color),
+        (1 | 2 | 4 | 8 | 16, 0) | (8 | 16, 2) | (1 | 2 | 4 | 8, 3) | (8 | 16, 4) | (8 | 16, 6)
+    )
+}
+
+/// What `python zlib.decompressobj().decompress(data, MAX_TEXT_CHUNK)` gives, as Pillow's
+/// `_safe_zlib_decompress` uses it: `Ok(Some(text))`, `Ok(None)` for a `zlib.error` (Pillow
+/// ignores the chunk's value), `Err` when the text inflates past the limit (Pillow raises).
+fn inflate_text(data: &[u8]) -> Result<Option<Vec<u8>>, DecodeError> {
+    let mut z = zlib_rs::Inflate::new(true, 15);
+    let mut out = vec![0u8; MAX_TEXT_CHUNK];
+    let mut used_in = 0usize;
+    let mut used_out = 0usize;
+    loop {
+        let before = (z.total_in(), z.total_out());
+        let status = z.decompress(
+            &data[used_in..],
+            &mut out[used_out..],
+            zlib_rs::InflateFlush::SyncFlush,
+        );
+        used_in += (z.total_in() - before.0) as usize;
+        used_out += (z.total_out() - before.1) as usize;
+        match status {
+            Err(_) => return Ok(None),
+            Ok(zlib_rs::Status::StreamEnd) => break,
+            Ok(_) if used_in == data.len() => break,
+            Ok(_) if used_out == out.len() => {
+                return Err(corrupt("Decompressed data too large for a text chunk"))
             }
-            inflate(rest.get(1..).unwrap_or_default()).unwrap_or_default()
+            Ok(zlib_rs::Status::BufError) => break,
+            Ok(zlib_rs::Status::Ok) => {}
         }
-        _ => {
-            // iTXt: flag, method, language\0, translated keyword\0, text.
-            if rest.len() < 2 {
-                return;
+    }
+    out.truncate(used_out);
+    Ok(Some(out))
+}
+
+/// The state `PngStream` builds from the chunks: the image header, palette, transparency,
+/// metadata and APNG bookkeeping.
+#[derive(Default)]
+struct Stream {
+    width: u32,
+    height: u32,
+    /// (bit depth, colour type) of the last `IHDR` whose combination Pillow knows.
+    mode: Option<(u8, u8)>,
+    interlaced: bool,
+    palette: Option<Vec<u8>>,
+    transparency: Option<Transparency>,
+    exif: Option<Vec<u8>>,
+    raw_profile_exif: Option<Vec<u8>>,
+    xmp: Option<Vec<u8>>,
+    text_memory: usize,
+    n_frames: Option<u32>,
+    seq_num: Option<u32>,
+    /// An `fcTL` came before the image data (the `IDAT` image is then the first frame).
+    fctl_before_idat: bool,
+    /// The image data has been found (`load_end` is reading).
+    after_idat: bool,
+}
+
+impl Stream {
+    fn check_text_memory(&mut self, len: usize) -> Result<(), DecodeError> {
+        self.text_memory += len;
+        if self.text_memory > MAX_TEXT_MEMORY {
+            return Err(corrupt(format!(
+                "too much memory used in text chunks: {} > {MAX_TEXT_MEMORY}",
+                self.text_memory
+            )));
+        }
+        Ok(())
+    }
+
+    fn is_animated(&self) -> bool {
+        let frames = self.n_frames.unwrap_or(1);
+        let default_image = self.n_frames.is_some() && !self.fctl_before_idat;
+        u64::from(frames) + u64::from(default_image) > 1
+    }
+
+    /// `PngStream.chunk_*` for every chunk but the image data: its checks and what it keeps.
+    fn handle(&mut self, cid: &[u8], s: &[u8]) -> Result<(), DecodeError> {
+        let short = |what: &str| Err(corrupt(format!("Truncated {what} chunk")));
+        match cid {
+            b"IHDR" => {
+                if s.len() < 13 {
+                    return short("IHDR");
+                }
+                if s[11] != 0 {
+                    return Err(corrupt("unknown filter category"));
+                }
+                if self.after_idat {
+                    return Ok(()); // read into the stream, not into the opened image
+                }
+                self.width = be32(&s[0..]);
+                self.height = be32(&s[4..]);
+                if known_mode(s[8], s[9]) {
+                    self.mode = Some((s[8], s[9]));
+                }
+                if s[12] != 0 {
+                    self.interlaced = true;
+                }
             }
-            let (flag, method, rest) = (rest[0], rest[1], &rest[2..]);
-            let mut parts = rest.splitn(3, |&b| b == 0);
-            let (Some(_), Some(_), Some(text)) = (parts.next(), parts.next(), parts.next()) else {
-                return;
-            };
-            if flag != 0 {
+            b"PLTE" if !self.after_idat && matches!(self.mode, Some((_, 3))) => {
+                self.palette = Some(s.to_vec());
+            }
+            b"tRNS" => self.trns(s)?,
+            b"gAMA" if s.len() < 4 => return short("gAMA"),
+            b"cHRM" if s.len() < 32 => return short("cHRM"),
+            b"sRGB" if s.is_empty() => return short("sRGB"),
+            b"pHYs" if s.len() < 9 => return short("pHYs"),
+            b"iCCP" => {
+                // `s[s.find(b"\0") + 1]`: the byte after the name, or the first byte.
+                let method_at = s.iter().position(|&b| b == 0).map_or(0, |i| i + 1);
+                let Some(&method) = s.get(method_at) else {
+                    return Err(corrupt("iCCP chunk without a compression method"));
+                };
                 if method != 0 {
-                    return;
+                    return Err(corrupt(format!(
+                        "Unknown compression method {method} in iCCP chunk"
+                    )));
                 }
-                match inflate(text) {
-                    Some(v) => v,
-                    None => return,
+                inflate_text(&s[method_at + 1..])?;
+            }
+            b"tEXt" => {
+                let (key, value) = split_key(s);
+                if !key.is_empty() {
+                    self.text(cid, key, value.to_vec());
+                    self.check_text_memory(value.len())?;
                 }
-            } else {
-                text.to_vec()
+            }
+            b"zTXt" => {
+                let (key, value) = split_key(s);
+                let method = value.first().copied().unwrap_or(0);
+                if method != 0 {
+                    return Err(corrupt(format!(
+                        "Unknown compression method {method} in zTXt chunk"
+                    )));
+                }
+                let text = inflate_text(value.get(1..).unwrap_or_default())?.unwrap_or_default();
+                if !key.is_empty() {
+                    let len = text.len();
+                    self.text(cid, key, text);
+                    self.check_text_memory(len)?;
+                }
+            }
+            b"iTXt" => self.itxt(s)?,
+            b"eXIf" => {
+                let mut exif = b"Exif\x00\x00".to_vec();
+                exif.extend_from_slice(s);
+                self.exif = Some(exif);
+            }
+            b"acTL" => {
+                if s.len() < 8 {
+                    return Err(corrupt("APNG contains truncated acTL chunk"));
+                }
+                let n = be32(s);
+                if self.n_frames.is_some() {
+                    self.n_frames = None;
+                } else if n != 0 && n <= 0x8000_0000 {
+                    self.n_frames = Some(n);
+                }
+            }
+            b"fcTL" => {
+                if s.len() < 26 {
+                    return Err(corrupt("APNG contains truncated fcTL chunk"));
+                }
+                let seq = be32(s);
+                let in_order = match self.seq_num {
+                    None => seq == 0,
+                    Some(prev) => u64::from(prev) + 1 == u64::from(seq),
+                };
+                if !in_order {
+                    return Err(corrupt("APNG contains frame sequence errors"));
+                }
+                self.seq_num = Some(seq);
+                let (w, h, x, y) = (be32(&s[4..]), be32(&s[8..]), be32(&s[12..]), be32(&s[16..]));
+                if u64::from(x) + u64::from(w) > u64::from(self.width)
+                    || u64::from(y) + u64::from(h) > u64::from(self.height)
+                {
+                    return Err(corrupt("APNG contains invalid frames"));
+                }
+                if !self.after_idat {
+                    self.fctl_before_idat = true;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `chunk_tRNS`, interpreted for the mode the image has when the chunk is read.
+    fn trns(&mut self, s: &[u8]) -> Result<(), DecodeError> {
+        let Some((bits, color)) = self.mode else {
+            return Ok(());
+        };
+        let need = match color {
+            3 => {
+                self.transparency = Some(simple_palette_index(s).map_or_else(
+                    || Transparency::PaletteAlphas(s.to_vec()),
+                    Transparency::PaletteIndex,
+                ));
+                return Ok(());
+            }
+            0 => 2,
+            2 => 6,             // 8- and 16-bit RGB: Pillow's mode "RGB" both
+            _ => return Ok(()), // modes with alpha
+        };
+        if s.len() < need {
+            return Err(corrupt("Truncated tRNS chunk"));
+        }
+        self.transparency = Some(match (color, bits) {
+            (0, 1) => Transparency::Gray(if be16(s, 0) != 0 { 255 } else { 0 }),
+            (0, _) => Transparency::Gray(be16(s, 0)),
+            _ => Transparency::Rgb(be16(s, 0), be16(s, 2), be16(s, 4)),
+        });
+        Ok(())
+    }
+
+    /// `chunk_iTXt`: keyword, flag, method, language, translated keyword, text.
+    fn itxt(&mut self, s: &[u8]) -> Result<(), DecodeError> {
+        let Some(i) = s.iter().position(|&b| b == 0) else {
+            return Ok(());
+        };
+        let (key, r) = (&s[..i], &s[i + 1..]);
+        if r.len() < 2 {
+            return Ok(());
+        }
+        let (flag, method, r) = (r[0], r[1], &r[2..]);
+        let mut parts = r.splitn(3, |&b| b == 0);
+        let (Some(lang), Some(translated), Some(text)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Ok(());
+        };
+        let text = if flag != 0 {
+            if method != 0 {
+                return Ok(());
+            }
+            match inflate_text(text)? {
+                Some(t) => t,
+                None => return Ok(()),
+            }
+        } else {
+            text.to_vec()
+        };
+        if key == b"XML:com.adobe.xmp" {
+            self.xmp = Some(text.clone());
+        }
+        let (Ok(_), Ok(_), Ok(value)) = (
+            std::str::from_utf8(lang),
+            std::str::from_utf8(translated),
+            std::str::from_utf8(&text),
+        ) else {
+            return Ok(());
+        };
+        let chars = value.chars().count();
+        self.text(b"iTXt", key, text);
+        self.check_text_memory(chars)
+    }
+
+    /// The text chunks Pillow's `getexif` and `getxmp` look at.
+    fn text(&mut self, cid: &[u8], key: &[u8], value: Vec<u8>) {
+        match key {
+            b"XML:com.adobe.xmp" => self.xmp = Some(value),
+            b"Raw profile type exif" => self.raw_profile_exif = Some(value),
+            b"exif" if cid == b"tEXt" => self.exif = Some(value),
+            _ => {}
+        }
+    }
+}
+
+/// `s.split(b"\0", 1)`, or the whole chunk as the key when there is no NUL.
+fn split_key(s: &[u8]) -> (&[u8], &[u8]) {
+    match s.iter().position(|&b| b == 0) {
+        Some(i) => (&s[..i], &s[i + 1..]),
+        None => (s, &[]),
+    }
+}
+
+/// `PngImageFile._open`: the chunks up to the first `IDAT`, CRCs checked. Returns the stream
+/// state and the first `IDAT`'s body position and length.
+fn open(data: &[u8]) -> Result<(Stream, usize, usize), DecodeError> {
+    let mut stream = Stream::default();
+    let mut pos = 8;
+    loop {
+        let (cid, body, len) = match read_header(data, pos) {
+            Header::NoLength => return Err(truncated("no image data before the end of the file")),
+            Header::BadType(cid) => {
+                return Err(corrupt(format!("broken PNG file (chunk {})", show(cid))))
+            }
+            Header::Chunk { cid, body, len } => (cid, body, len),
+        };
+        match cid {
+            b"IDAT" => return Ok((stream, body, len)),
+            b"IEND" => return Err(corrupt("no image data before IEND: cannot load this image")),
+            b"fdAT" => return Err(corrupt("APNG frame data before the image data")),
+            _ => {}
+        }
+        let Some(s) = body.checked_add(len).and_then(|end| data.get(body..end)) else {
+            return Err(truncated(format!("chunk {} is cut short", show(cid))));
+        };
+        stream.handle(cid, s)?;
+        let Some(stored) = data.get(body + len..body + len + 4) else {
+            return Err(truncated(format!("incomplete checksum in {}", show(cid))));
+        };
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(cid);
+        hasher.update(s);
+        if hasher.finalize().to_be_bytes() != stored {
+            return Err(corrupt(format!(
+                "broken PNG file (bad header checksum in {})",
+                show(cid)
+            )));
+        }
+        pos = body + len + 4;
+    }
+}
+
+/// The layout of the inflated image data: every row (of every Adam7 pass) with its filter byte.
+struct Layout {
+    /// Bytes per complete row of the image, without the filter byte.
+    line: usize,
+    /// Bits per pixel.
+    bits_pp: usize,
+    /// (pass, row bytes, number of rows) of each pass that has pixels; one entry when not
+    /// interlaced.
+    passes: Vec<(usize, usize, usize)>,
+    total: usize,
+}
+
+impl Layout {
+    fn new(width: u32, height: u32, bits_pp: usize, interlaced: bool) -> Option<Self> {
+        let (w, h) = (width as usize, height as usize);
+        let row_bytes = |cols: usize| cols.checked_mul(bits_pp).map(|b| b.div_ceil(8));
+        let line = row_bytes(w)?;
+        let passes: Vec<_> = if interlaced {
+            ADAM7
+                .iter()
+                .enumerate()
+                .filter_map(|(p, &(y0, x0, dy, dx))| {
+                    let cols = w.saturating_sub(x0).div_ceil(dx);
+                    let rows = h.saturating_sub(y0).div_ceil(dy);
+                    (cols > 0 && rows > 0).then(|| (p, row_bytes(cols).unwrap_or(0), rows))
+                })
+                .collect()
+        } else {
+            vec![(0, line, h)]
+        };
+        let mut total = 0usize;
+        for &(_, bytes, rows) in &passes {
+            total = total.checked_add(bytes.checked_add(1)?.checked_mul(rows)?)?;
+        }
+        Some(Self {
+            line,
+            bits_pp,
+            passes,
+            total,
+        })
+    }
+}
+
+/// Where the image data reading stopped: the position in the file and the bytes of the current
+/// `IDAT` left unread (what `load_end` skips first).
+struct DataEnd {
+    pos: usize,
+    left_in_chunk: usize,
+}
+
+/// `load_read` + `ImagingZipDecode`: inflates the image data into `out` (the layout's rows with
+/// their filter bytes) the way Pillow feeds it to zlib: the pieces `load_read` returns, and for
+/// each piece one inflate call per row, into that row's remaining bytes (the row-sized output
+/// matters: it decides which distances reach back into zlib's window).
+fn inflate_image(
+    data: &[u8],
+    first_body: usize,
+    first_len: usize,
+    layout: &Layout,
+    out: &mut [u8],
+) -> Result<DataEnd, DecodeError> {
+    let mut z = zlib_rs::Inflate::new(true, 15);
+    let mut rows = layout
+        .passes
+        .iter()
+        .flat_map(|&(_, bytes, rows)| std::iter::repeat_n(bytes + 1, rows));
+    let mut filled = 0usize;
+    let mut row_end = rows.next().unwrap_or(0);
+    // Past a stream end (or a preset-dictionary request) zlib produces nothing more: Pillow
+    // keeps reading until the data runs out and reports a truncated image.
+    let mut stuck = false;
+    let (mut pos, mut left) = (first_body, first_len);
+    loop {
+        while left == 0 {
+            // The CRC (unchecked), then the next chunk header.
+            pos = pos.saturating_add(4);
+            match read_header(data, pos) {
+                Header::NoLength => return Err(truncated("the image data ends early")),
+                Header::BadType(cid) => {
+                    return Err(corrupt(format!("broken PNG file (chunk {})", show(cid))))
+                }
+                Header::Chunk { cid, body, len } => match cid {
+                    b"IDAT" | b"DDAT" => (pos, left) = (body, len),
+                    b"fdAT" => return Err(corrupt("APNG frame data inside the image data")),
+                    _ => {
+                        return Err(truncated(format!(
+                            "the image data ends at chunk {} before the image is complete",
+                            show(cid)
+                        )))
+                    }
+                },
             }
         }
-    };
-    match key {
-        b"XML:com.adobe.xmp" => chunks.xmp = Some(value),
-        b"Raw profile type exif" => chunks.raw_profile_exif = Some(value),
-        b"exif" if cid == b"tEXt" => chunks.exif = Some(value),
-        _ => {}
+        let want = left.min(MAXBLOCK);
+        let piece = &data[pos.min(data.len())..pos.saturating_add(want).min(data.len())];
+        left -= want;
+        pos += piece.len();
+        if piece.is_empty() {
+            return Err(truncated("the image data ends early"));
+        }
+        let mut used = 0usize;
+        while !stuck && used < piece.len() {
+            let before = (z.total_in(), z.total_out());
+            let status = z.decompress(
+                &piece[used..],
+                &mut out[filled..row_end],
+                zlib_rs::InflateFlush::NoFlush,
+            );
+            used += (z.total_in() - before.0) as usize;
+            filled += (z.total_out() - before.1) as usize;
+            let ended = match status {
+                Ok(zlib_rs::Status::Ok) => false,
+                Ok(zlib_rs::Status::StreamEnd) => true,
+                Err(zlib_rs::InflateError::NeedDict { .. }) => {
+                    stuck = true;
+                    break;
+                }
+                Ok(zlib_rs::Status::BufError) => {
+                    return Err(corrupt("bad configuration when reading image file"))
+                }
+                Err(zlib_rs::InflateError::MemError) => {
+                    return Err(DecodeError::OutOfMemory {
+                        format: FORMAT,
+                        bytes: 1 << 16,
+                    })
+                }
+                Err(e) => {
+                    return Err(corrupt(format!(
+                        "broken data stream when reading image file ({})",
+                        z.error_message().unwrap_or(e.as_str())
+                    )))
+                }
+            };
+            if filled < row_end {
+                // The row needs more input (or, past the stream end, never gets it).
+                stuck = ended;
+                break;
+            }
+            match rows.next() {
+                Some(bytes) if !ended => row_end += bytes,
+                // The last row, or a stream that ends with a row: the image is done.
+                _ => {
+                    return Ok(DataEnd {
+                        pos,
+                        left_in_chunk: left,
+                    })
+                }
+            }
+        }
     }
 }
 
-fn inflate(data: &[u8]) -> Option<Vec<u8>> {
-    miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(data, MAX_TEXT_CHUNK).ok()
+/// `PngImageFile.load_end`: the chunks after the image data, CRCs not checked.
+fn load_end(data: &[u8], end: DataEnd, stream: &mut Stream) -> Result<(), DecodeError> {
+    stream.after_idat = true;
+    let animated = stream.is_animated();
+    let mut pos = end.pos.saturating_add(end.left_in_chunk);
+    loop {
+        pos = pos.saturating_add(4);
+        let Header::Chunk { cid, body, len } = read_header(data, pos) else {
+            return Ok(());
+        };
+        match cid {
+            b"IEND" => return Ok(()),
+            b"fcTL" if animated => return Ok(()),
+            b"fdAT" if len < 4 => return Err(corrupt("APNG contains truncated fDAT chunk")),
+            b"fdAT" => {
+                let Some(seq) = data.get(body..body + 4) else {
+                    return Err(truncated("chunk \"fdAT\" is cut short"));
+                };
+                let seq = be32(seq);
+                if stream.seq_num.map(|s| u64::from(s) + 1) != Some(u64::from(seq)) {
+                    return Err(corrupt("APNG contains frame sequence errors"));
+                }
+                stream.seq_num = Some(seq);
+            }
+            _ => {}
+        }
+        let Some(s) = body.checked_add(len).and_then(|e| data.get(body..e)) else {
+            return Err(truncated(format!("chunk {} is cut short", show(cid))));
+        };
+        stream.handle(cid, s)?;
+        pos = body + len;
+    }
 }
 
-/// `bytes.fromhex("".join(value.split("\n")[3:]))` of a `Raw profile type exif` chunk.
-fn raw_profile(value: &[u8]) -> Option<Vec<u8>> {
-    let mut lines = value.split(|&b| b == b'\n');
-    for _ in 0..3 {
-        lines.next()?;
+/// Undoes the PNG row filters in place (Pillow's predictors); the row above the first row of
+/// each pass is zero.
+fn unfilter(buf: &mut [u8], row_bytes: usize, rows: usize, bpp: usize) -> Result<(), DecodeError> {
+    let stride = row_bytes + 1;
+    for r in 0..rows {
+        let (before, rest) = buf.split_at_mut(r * stride);
+        let prev = (r > 0).then(|| &before[(r - 1) * stride + 1..]);
+        let (filter, cur) = rest[..stride].split_at_mut(1);
+        unfilter_row(filter[0], cur, prev, bpp)?;
     }
-    let hex: Vec<u8> = lines
-        .flatten()
-        .copied()
-        .filter(|b| !b.is_ascii_whitespace())
-        .collect();
-    if !hex.len().is_multiple_of(2) {
-        return None;
+    Ok(())
+}
+
+fn paeth(a: u8, b: u8, c: u8) -> u8 {
+    let (a16, b16, c16) = (i16::from(a), i16::from(b), i16::from(c));
+    let pa = (b16 - c16).abs();
+    let pb = (a16 - c16).abs();
+    let pc = (a16 + b16 - 2 * c16).abs();
+    if pa <= pb && pa <= pc {
+        a
+    } else if pb <= pc {
+        b
+    } else {
+        c
     }
-    hex.chunks_exact(2)
-        .map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
-        .collect()
+}
+
+/// Paeth over whole pixels of `BPP` bytes (every row is a whole number of pixels when
+/// `BPP > 1`), keeping the left and upper-left pixels in registers. The first pixel predicts
+/// from above, as Pillow's first `bpp` bytes do.
+fn paeth_row<const BPP: usize>(cur: &mut [u8], prev: &[u8]) {
+    let (mut left, mut upper_left) = ([0u8; BPP], [0u8; BPP]);
+    for (px, up) in cur.chunks_exact_mut(BPP).zip(prev.chunks_exact(BPP)) {
+        for k in 0..BPP {
+            let v = px[k].wrapping_add(paeth(left[k], up[k], upper_left[k]));
+            px[k] = v;
+            left[k] = v;
+            upper_left[k] = up[k];
+        }
+    }
+}
+
+fn unfilter_row(
+    filter: u8,
+    cur: &mut [u8],
+    prev: Option<&[u8]>,
+    bpp: usize,
+) -> Result<(), DecodeError> {
+    let n = cur.len();
+    let bpp = bpp.min(n);
+    match (filter, prev) {
+        (0, _) | (2, None) => {}
+        // Sub, and Paeth with a zero row above (it predicts from the left then).
+        (1, _) | (4, None) => {
+            for i in bpp..n {
+                cur[i] = cur[i].wrapping_add(cur[i - bpp]);
+            }
+        }
+        (2, Some(prev)) => {
+            for (c, &p) in cur.iter_mut().zip(&prev[..n]) {
+                *c = c.wrapping_add(p);
+            }
+        }
+        (3, None) => {
+            for i in bpp..n {
+                cur[i] = cur[i].wrapping_add(cur[i - bpp] / 2);
+            }
+        }
+        (3, Some(prev)) => {
+            let prev = &prev[..n];
+            for i in 0..bpp {
+                cur[i] = cur[i].wrapping_add(prev[i] / 2);
+            }
+            for i in bpp..n {
+                let avg = (u16::from(cur[i - bpp]) + u16::from(prev[i])) / 2;
+                cur[i] = cur[i].wrapping_add(avg as u8);
+            }
+        }
+        (4, Some(prev)) => match bpp {
+            1 => paeth_row::<1>(cur, &prev[..n]),
+            2 => paeth_row::<2>(cur, &prev[..n]),
+            3 => paeth_row::<3>(cur, &prev[..n]),
+            4 => paeth_row::<4>(cur, &prev[..n]),
+            6 => paeth_row::<6>(cur, &prev[..n]),
+            _ => paeth_row::<8>(cur, &prev[..n]),
+        },
+        (f, _) => return Err(corrupt(format!("unknown row filter type {f}"))),
+    }
+    Ok(())
+}
+
+/// Unfilters every pass and, for Adam7, spreads the passes over full rows. Returns the image
+/// rows with a leading (ignored) byte each: `height` rows of `line + 1` bytes.
+fn reconstruct(
+    mut inflated: Vec<u8>,
+    layout: &Layout,
+    width: u32,
+    height: u32,
+    interlaced: bool,
+) -> Result<Vec<u8>, DecodeError> {
+    let bpp = layout.bits_pp.div_ceil(8);
+    if !interlaced {
+        unfilter(&mut inflated, layout.line, height as usize, bpp)?;
+        return Ok(inflated);
+    }
+    let stride = layout.line + 1;
+    let mut image: Vec<u8> =
+        zeroed(stride * height as usize).map_err(|bytes| DecodeError::OutOfMemory {
+            format: FORMAT,
+            bytes,
+        })?;
+    let w = width as usize;
+    let mut at = 0;
+    for &(pass, bytes, rows) in &layout.passes {
+        let (y0, x0, dy, dx) = ADAM7[pass];
+        let size = (bytes + 1) * rows;
+        let part = &mut inflated[at..at + size];
+        at += size;
+        unfilter(part, bytes, rows, bpp)?;
+        for (r, src) in part.chunks_exact(bytes + 1).enumerate() {
+            let dst = &mut image[(y0 + r * dy) * stride + 1..][..layout.line];
+            let src = &src[1..];
+            for (i, x) in (x0..w).step_by(dx).enumerate() {
+                if layout.bits_pp >= 8 {
+                    let n = layout.bits_pp / 8;
+                    dst[x * n..(x + 1) * n].copy_from_slice(&src[i * n..(i + 1) * n]);
+                } else {
+                    let b = layout.bits_pp;
+                    let mask = ((1u16 << b) - 1) as u8;
+                    let v = (src[i * b / 8] >> (8 - b - (i * b) % 8)) & mask;
+                    let shift = 8 - b - (x * b) % 8;
+                    dst[x * b / 8] |= v << shift;
+                }
+            }
+        }
+    }
+    Ok(image)
 }
 
 /// Decodes a PNG file into the Pillow mode it opens as.
 pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
-    let Some(ihdr) = data.get(8..29).filter(|h| &h[4..8] == b"IHDR") else {
-        return Err(if data.len() < 29 {
-            DecodeError::truncated(
-                FORMAT,
-                format!("{} bytes, the IHDR chunk is incomplete", data.len()),
-            )
-        } else {
-            DecodeError::corrupt(FORMAT, "the first chunk is not IHDR")
-        });
-    };
-    let width = u32::from_be_bytes([ihdr[8], ihdr[9], ihdr[10], ihdr[11]]);
-    let height = u32::from_be_bytes([ihdr[12], ihdr[13], ihdr[14], ihdr[15]]);
-    let (bits, color) = (ihdr[16], ihdr[17]);
-    if !matches!(
-        (bits, color),
-        (1 | 2 | 4 | 8 | 16, 0) | (8 | 16, 2) | (1 | 2 | 4 | 8, 3) | (8 | 16, 4) | (8 | 16, 6)
-    ) {
-        return Err(DecodeError::unsupported(
-            FORMAT,
-            format!("bit depth {bits} with colour type {color}"),
-        ));
+    if data.len() < 16 {
+        return Err(truncated(format!(
+            "{} bytes, the first chunk is incomplete",
+            data.len()
+        )));
     }
+    // A quick look at a leading IHDR: refuse what Pillow cannot open before reading further.
+    if let Some(ihdr) = data
+        .get(8..29)
+        .filter(|h| &h[4..8] == b"IHDR" && be32(h) >= 13)
+    {
+        let (bits, color) = (ihdr[16], ihdr[17]);
+        if !known_mode(bits, color) {
+            return Err(DecodeError::unsupported(
+                FORMAT,
+                format!("bit depth {bits} with colour type {color}"),
+            ));
+        }
+        check_size(
+            FORMAT,
+            u64::from(be32(&ihdr[8..])),
+            u64::from(be32(&ihdr[12..])),
+            limit,
+        )?;
+    }
+    let (mut stream, body, len) = open(data)?;
+    let Some((bits, color)) = stream.mode else {
+        return Err(corrupt("no valid IHDR chunk: cannot identify the image"));
+    };
+    let (width, height) = (stream.width, stream.height);
     check_size(FORMAT, u64::from(width), u64::from(height), limit)?;
-    let chunks = read_chunks(data)?;
-
-    let mut decoder = png::Decoder::new(Cursor::new(data));
-    decoder.set_transformations(png::Transformations::IDENTITY);
-    decoder.set_ignore_text_chunk(true);
-    decoder.set_ignore_iccp_chunk(true);
-    decoder.ignore_checksums(true);
-    let mut reader = decoder.read_info().map_err(png_error)?;
-    let len = reader
-        .output_buffer_size()
-        .ok_or_else(|| DecodeError::OutOfMemory {
-            format: FORMAT,
-            bytes: u64::from(width) * u64::from(height) * 8,
-        })?;
-    let mut raw: Vec<u8> = zeroed(len).map_err(|bytes| DecodeError::OutOfMemory {
+    let channels = match color {
+        2 => 3,
+        4 => 2,
+        6 => 4,
+        _ => 1,
+    };
+    let oom = || DecodeError::OutOfMemory {
+        format: FORMAT,
+        bytes: u64::from(width) * u64::from(height) * 8,
+    };
+    let layout = Layout::new(
+        width,
+        height,
+        usize::from(bits) * channels,
+        stream.interlaced,
+    )
+    .ok_or_else(oom)?;
+    let mut inflated: Vec<u8> = zeroed(layout.total).map_err(|bytes| DecodeError::OutOfMemory {
         format: FORMAT,
         bytes,
     })?;
-    let frame = reader.next_frame(&mut raw).map_err(png_error)?;
-    if (frame.width, frame.height) != (width, height) {
-        return Err(DecodeError::corrupt(
-            FORMAT,
-            format!(
-                "first frame is {}x{}, the image {width}x{height}",
-                frame.width, frame.height
-            ),
-        ));
-    }
-    let line = frame.line_size;
-    let image = to_mode_image(&raw, line, width, height, bits, color, &chunks)?;
-    let exif = chunks
-        .exif
-        .or_else(|| chunks.raw_profile_exif.as_deref().and_then(raw_profile));
+    let end = inflate_image(data, body, len, &layout, &mut inflated)?;
+    let rows = reconstruct(inflated, &layout, width, height, stream.interlaced)?;
+    load_end(data, end, &mut stream)?;
+    let image = to_mode_image(&rows, layout.line + 1, width, height, bits, color, &stream)?;
+    // Pillow's getexif: info["exif"], else `bytes.fromhex` of the raw profile (a ValueError
+    // when it is not hex).
+    let (exif, exif_error) = match stream.exif {
+        Some(exif) => (Some(exif), None),
+        None => match stream.raw_profile_exif.as_deref().map(raw_profile) {
+            Some(Err(())) => (None, Some(super::exif::ExifError::Raises)),
+            Some(Ok(bytes)) => (Some(bytes), None),
+            None => (None, None),
+        },
+    };
+    let exif_error = exif_error.or_else(|| {
+        exif.as_deref()
+            .filter(|e| super::exif::pillow_refuses(e))
+            .map(|_| super::exif::ExifError::Raises)
+    });
     Ok(Decoded {
         image,
         exif,
-        xmp: chunks.xmp,
+        xmp: stream.xmp,
+        exif_error,
     })
 }
 
-fn png_error(err: png::DecodingError) -> DecodeError {
-    match err {
-        png::DecodingError::IoError(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            DecodeError::truncated(FORMAT, "the image data ends early")
+/// `bytes.fromhex("".join(value.split("\n")[3:]))` of a `Raw profile type exif` chunk: hex
+/// digit pairs, whitespace allowed between pairs only; `Err` where Python raises `ValueError`.
+fn raw_profile(value: &[u8]) -> Result<Vec<u8>, ()> {
+    let hex: Vec<u8> = value
+        .split(|&b| b == b'\n')
+        .skip(3)
+        .flatten()
+        .copied()
+        .collect();
+    let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8).ok_or(());
+    let mut out = Vec::with_capacity(hex.len() / 2);
+    let mut i = 0;
+    while i < hex.len() {
+        if matches!(hex[i], b' ' | b'\t' | b'\r' | b'\x0b' | b'\x0c') {
+            i += 1;
+            continue;
         }
-        png::DecodingError::LimitsExceeded => {
-            DecodeError::corrupt(FORMAT, "decoder memory limit exceeded")
-        }
-        other => DecodeError::corrupt(FORMAT, other.to_string()),
+        let high = digit(hex[i])?;
+        let low = digit(*hex.get(i + 1).ok_or(())?)?;
+        out.push(high << 4 | low);
+        i += 2;
     }
+    Ok(out)
 }
 
 fn to_mode_image(
     raw: &[u8],
-    line: usize,
+    stride: usize,
     width: u32,
     height: u32,
     bits: u8,
     color: u8,
-    chunks: &Chunks,
+    stream: &Stream,
 ) -> Result<ModeImage, DecodeError> {
     let (w, h) = (width as usize, height as usize);
     let n = w * h;
@@ -261,16 +881,9 @@ fn to_mode_image(
             bytes,
         })
     };
-    let rows = || raw.chunks_exact(line).take(h);
-    let trns = chunks.trns.as_deref();
-    let key = |len: usize| -> Result<Option<&[u8]>, DecodeError> {
-        match trns {
-            Some(t) if t.len() < len => Err(DecodeError::corrupt(FORMAT, "Truncated tRNS chunk")),
-            Some(t) => Ok(Some(t)),
-            None => Ok(None),
-        }
-    };
-    let be = |b: &[u8], i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
+    // Each row starts with a byte that is not a sample (the filter type).
+    let rows = || raw.chunks_exact(stride).take(h).map(|r| &r[1..]);
+    let transparency = stream.transparency.clone();
     let (pixels, transparency) = match (color, bits) {
         (0, 16) => {
             let mut v = zeroed::<u16>(n).map_err(|bytes| DecodeError::OutOfMemory {
@@ -282,10 +895,7 @@ fn to_mode_image(
                     *d = u16::from_be_bytes([s[0], s[1]]);
                 }
             }
-            (
-                Pixels::I16(v),
-                key(2)?.map(|t| Transparency::Gray(be(t, 0))),
-            )
+            (Pixels::I16(v), transparency)
         }
         (0, _) | (3, _) => {
             let mut v = alloc(n)?;
@@ -294,23 +904,15 @@ fn to_mode_image(
             }
             if color == 3 {
                 let palette = Palette::from_packed(
-                    chunks.palette.as_deref().unwrap_or_default(),
+                    stream.palette.as_deref().unwrap_or_default(),
                     3,
                     [0, 1, 2],
                 );
-                let transparency = match trns {
-                    Some(t) if t.len() > 256 => {
-                        return Err(DecodeError::corrupt(
-                            FORMAT,
-                            format!("tRNS has {} entries (max 256)", t.len()),
-                        ))
+                if let Some(Transparency::PaletteAlphas(t)) = &transparency {
+                    if t.len() > 256 {
+                        return Err(corrupt(format!("tRNS has {} entries (max 256)", t.len())));
                     }
-                    Some(t) => Some(simple_palette_index(t).map_or_else(
-                        || Transparency::PaletteAlphas(t.to_vec()),
-                        Transparency::PaletteIndex,
-                    )),
-                    None => None,
-                };
+                }
                 (
                     Pixels::P {
                         indices: v,
@@ -330,14 +932,10 @@ fn to_mode_image(
                         *x = x.wrapping_mul(scale);
                     }
                 }
-                let t = key(2)?.map(|t| be(t, 0));
                 if bits == 1 {
-                    (
-                        Pixels::Bilevel(v),
-                        t.map(|t| Transparency::Gray(if t != 0 { 255 } else { 0 })),
-                    )
+                    (Pixels::Bilevel(v), transparency)
                 } else {
-                    (Pixels::L(v), t.map(Transparency::Gray))
+                    (Pixels::L(v), transparency)
                 }
             }
         }
@@ -353,8 +951,7 @@ fn to_mode_image(
                     }
                 }
             }
-            let t = key(6)?.map(|t| Transparency::Rgb(be(t, 0), be(t, 2), be(t, 4)));
-            (Pixels::Rgb(v), t)
+            (Pixels::Rgb(v), transparency)
         }
         (4, _) => {
             let step = usize::from(bits / 8) * 2;
@@ -390,7 +987,12 @@ fn to_mode_image(
 }
 
 /// Pillow's `_simple_palette` (`^\xff*\x00\xff*$`): exactly one fully transparent entry.
+/// Python's `$` also matches before a final newline, so one trailing `\n` is allowed.
 fn simple_palette_index(t: &[u8]) -> Option<u8> {
+    let t = match t.split_last() {
+        Some((b'\n', rest)) if rest.contains(&0) => rest,
+        _ => t,
+    };
     let zero = t.iter().position(|&b| b == 0)?;
     let simple = t.iter().enumerate().all(|(i, &b)| b == 0xFF || i == zero);
     (simple && zero < 256).then_some(zero as u8)
@@ -442,11 +1044,47 @@ mod tests {
     fn raw_profile_hex() {
         assert_eq!(
             raw_profile(b"\nexif\n       4\n45786966\n0000\n"),
-            Some(b"Exif\x00\x00".to_vec())
+            Ok(b"Exif\x00\x00".to_vec())
         );
-        assert_eq!(raw_profile(b"\nexif\n"), Some(vec![]));
-        assert_eq!(raw_profile(b"\nexif"), None);
-        assert_eq!(raw_profile(b"\n\n\nzz"), None);
+        assert_eq!(raw_profile(b"\nexif\n"), Ok(vec![]));
+        assert_eq!(raw_profile(b"\nexif"), Ok(vec![]));
+        assert_eq!(raw_profile(b"\n\n\nzz"), Err(()));
+        assert_eq!(raw_profile(b"\n\n\n4 5"), Err(()));
+        assert_eq!(raw_profile(b"\n\n\n45 46"), Ok(b"EF".to_vec()));
+    }
+
+    #[test]
+    fn chunk_types_are_word_characters() {
+        assert!(is_cid(b"IDAT"));
+        assert!(is_cid(b"a_9Z"));
+        assert!(!is_cid(b"ID T"));
+        assert!(!is_cid(b"IDA"));
+    }
+
+    #[test]
+    fn adam7_layout() {
+        // 3x3 gray 8-bit: passes 2 and 3 start at column 4 and row 4, so they are empty.
+        let l = Layout::new(3, 3, 8, true).unwrap();
+        let shapes: Vec<_> = l.passes.iter().map(|&(p, b, r)| (p, b, r)).collect();
+        assert_eq!(
+            shapes,
+            [(0, 1, 1), (3, 1, 1), (4, 2, 1), (5, 1, 2), (6, 3, 1)]
+        );
+        assert_eq!(l.total, 2 + 2 + 3 + 4 + 4);
+        let plain = Layout::new(3, 2, 1, false).unwrap();
+        assert_eq!((plain.line, plain.total), (1, 4));
+    }
+
+    #[test]
+    fn unfilters_like_pillow() {
+        // Two rows of 2 pixels, 2 bytes each: Sub then Paeth (bpp 2).
+        let mut buf = vec![1, 10, 20, 5, 5, 4, 1, 2, 3, 4];
+        unfilter(&mut buf, 4, 2, 2).unwrap();
+        assert_eq!(&buf[1..5], &[10, 20, 15, 25]);
+        // Paeth: first pixel predicts from above (b), the second from min distance.
+        assert_eq!(&buf[6..10], &[11, 22, 18, 29]);
+        let mut bad = vec![5, 0];
+        assert!(unfilter(&mut bad, 1, 1, 1).is_err());
     }
 
     #[test]

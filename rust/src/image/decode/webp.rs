@@ -10,7 +10,7 @@ use std::ffi::{c_int, CStr};
 use libwebp_sys as webp;
 
 use super::convert::{ModeImage, Pixels};
-use super::{check_size, zeroed_image, DecodeError, Decoded, Format};
+use super::{check_size, exif, zeroed_image, DecodeError, Decoded, Format};
 
 const FORMAT: Format = Format::WebP;
 
@@ -123,6 +123,10 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             pixels,
             transparency: None,
         },
+        exif_error: exif
+            .as_deref()
+            .filter(|e| exif::pillow_refuses(e))
+            .map(|_| exif::ExifError::Raises),
         exif,
         xmp,
     })

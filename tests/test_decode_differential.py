@@ -1,0 +1,493 @@
+"""Differential fuzzing: mutated files of every format decode exactly as Pillow 13.0.0 decodes them.
+
+Each seed (``support.decode_cases.seeds`` plus the extra ones here) is mutated thousands of times
+with a seeded RNG; each mutant goes through Pillow (``reference``, the transformers way, with
+``ImageFile.LOAD_TRUNCATED_IMAGES = False``) and through ``vision.decode``. The promise checked:
+both raise (we raise an ``ImageDecodeError``), or both succeed with identical arrays.
+
+The pixel limit is the same on both sides (``max_pixels=LIMIT`` here, ``Image.MAX_IMAGE_PIXELS =
+LIMIT // 2`` there: Pillow refuses above twice that), so mutated headers declaring huge images
+are refused by both without allocating them.
+
+Documented differences (counted, reported, bounded): a mutant we refuse because of a limit we
+document and Pillow lacks (``MAX_JPEG_SCANS``).
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+PIL = pytest.importorskip("PIL", reason="the reference decoder is Pillow")
+from PIL import Image, ImageCms, ImageFile  # noqa: E402
+from PIL.PngImagePlugin import PngInfo  # noqa: E402
+from support.decode_cases import encode, mutate, photo, png_chunk, reference, seeds  # noqa: E402
+
+from smg_grpc_proto import _native, vision  # noqa: E402
+from smg_grpc_proto.errors import (  # noqa: E402
+    CorruptImageError,
+    ImageDecodeError,
+    TruncatedImageError,
+)
+
+pytestmark = pytest.mark.skipif(
+    PIL.__version__ != "13.0.0", reason=f"the reference is Pillow 13.0.0, found {PIL.__version__}"
+)
+
+LIMIT = 1 << 22
+MUTANTS = 150_000
+FORMATS = {b"\xff\xd8": "JPEG", b"\x89P": "PNG", b"GI": "GIF", b"BM": "BMP", b"RI": "WEBP"}
+
+
+def _split_idat(data: bytes, size: int) -> bytes:
+    """`data` (a PNG with one IDAT) with its image data spread over IDAT chunks of `size` bytes."""
+    start = data.index(b"IDAT") - 4
+    (length,) = struct.unpack(">I", data[start : start + 4])
+    body = data[start + 8 : start + 8 + length]
+    chunks = b"".join(png_chunk(b"IDAT", body[i : i + size]) for i in range(0, len(body), size))
+    return data[:start] + chunks + data[start + 12 + length :]
+
+
+def differential_seeds() -> list[bytes]:
+    """The fuzz seeds plus variants that reach more of each decoder."""
+    small = photo(23, 17, "RGBA")
+    rgb = small.convert("RGB")
+    info = PngInfo()
+    info.add_text("comment", "hello")
+    tail = encode(rgb, "PNG", pnginfo=info, exif=b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00")
+    frames = [photo(12, 9, "RGBA", seed=s) for s in range(2)]
+    gif_anim, webp_anim, apng = (
+        encode(frames[0], fmt, save_all=True, append_images=frames[1:], **params)
+        for fmt, params in (("GIF", {}), ("WEBP", {"lossless": True}), ("PNG", {}))
+    )
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    extra = [
+        encode(rgb.quantize(16), "PNG", bits=4),
+        encode(rgb.convert("1"), "PNG"),
+        encode(rgb.convert("L"), "PNG", interlace=1),
+        encode(rgb, "PNG", interlace=1),
+        _split_idat(encode(small, "PNG"), 97),
+        _split_idat(encode(rgb.convert("L"), "PNG", compress_level=0), 64),
+        # One IDAT over 64 KiB: Pillow feeds it to zlib in two pieces.
+        encode(photo(160, 140), "PNG", compress_level=0),
+        tail,
+        encode(rgb.convert("L").point(lambda v: v // 4), "PNG", transparency=7),
+        gif_anim,
+        encode(rgb.quantize(200), "GIF"),
+        encode(rgb.convert("1"), "BMP"),
+        encode(rgb.convert("L"), "BMP"),
+        encode(small, "BMP"),
+        webp_anim,
+        apng,
+        encode(rgb, "JPEG", icc_profile=icc, dpi=(72, 72)),
+        encode(rgb, "WEBP", quality=80),
+        encode(rgb, "JPEG", quality=60, subsampling=2, restart_marker_blocks=2),
+    ]
+    return seeds() + extra
+
+
+def _documented(exc: ImageDecodeError) -> str | None:
+    """The documented limit a refusal is due to, if any."""
+    if exc.kind == "corrupt" and "more than 500 scans" in str(exc):
+        return "MAX_JPEG_SCANS"
+    return None
+
+
+def _outcomes(total: int, rng_seed: int) -> Iterator[tuple[str, str, int, bytes]]:
+    """(format, outcome, index, data) for `total` mutants; outcome is "agree", a documented
+    limit's name, or a disagreement class."""
+    rng = random.Random(rng_seed)
+    files = differential_seeds()
+    for n in range(total):
+        seed = files[n % len(files)]
+        fmt = FORMATS[seed[:2]]
+        data = mutate(rng, seed)
+        try:
+            ref: np.ndarray | None = reference(data)
+            ref_error: Exception | None = None
+        except Exception as exc:  # whatever Pillow raises counts as a refusal
+            ref, ref_error = None, exc
+        try:
+            ours: np.ndarray | None = vision.decode(data, max_pixels=LIMIT)
+            our_error: ImageDecodeError | None = None
+        except ImageDecodeError as exc:
+            ours, our_error = None, exc
+        if our_error is not None and ref_error is not None:
+            yield fmt, "agree", n, data
+        elif our_error is not None:
+            outcome = _documented(our_error) or f"we raise {our_error.kind}, Pillow decodes"
+            yield fmt, outcome, n, data
+        elif ref_error is not None:
+            yield fmt, f"Pillow raises {type(ref_error).__name__}, we decode", n, data
+        elif ours is None or ref is None or ours.shape != ref.shape:
+            yield fmt, "shapes differ", n, data
+        elif not np.array_equal(ours, ref):
+            yield fmt, "pixels differ", n, data
+        else:
+            yield fmt, "agree", n, data
+
+
+@pytest.mark.timeout(240)
+def test_mutants_agree_with_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", LIMIT // 2)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
+    start = time.monotonic()
+    counts: Counter[tuple[str, str]] = Counter()
+    examples: dict[tuple[str, str], list[int]] = {}
+    for fmt, outcome, n, _ in _outcomes(MUTANTS, 20261202):
+        counts[fmt, outcome] += 1
+        if outcome != "agree":
+            examples.setdefault((fmt, outcome), []).append(n)
+    elapsed = time.monotonic() - start
+    documented = {k: v for k, v in counts.items() if k[1] == "MAX_JPEG_SCANS"}
+    disagreements = {k: v for k, v in counts.items() if k[1] not in ("agree", "MAX_JPEG_SCANS")}
+    report = "\n".join(
+        f"{fmt} {outcome}: {count} (mutants {examples[fmt, outcome][:8]})"
+        for (fmt, outcome), count in sorted(disagreements.items())
+    )
+    assert not disagreements, f"disagreements with Pillow:\n{report}"
+    # Every format was exercised, with both outcomes well represented.
+    for fmt in FORMATS.values():
+        assert counts[fmt, "agree"] > MUTANTS // 20, (fmt, counts)
+    assert sum(documented.values()) <= MUTANTS // 1000, documented
+    assert elapsed < 90, f"{MUTANTS} mutants took {elapsed:.0f} s"
+
+
+def _png(ihdr: bytes, idat_bodies: list[bytes], after: bytes = b"") -> bytes:
+    out = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+    for body in idat_bodies:
+        out += png_chunk(b"IDAT", body)
+    return out + after + png_chunk(b"IEND", b"")
+
+
+def _zlib_with_bad_adler(raw: bytes) -> bytes:
+    good = zlib.compress(raw)
+    return good[:-4] + struct.pack(">I", struct.unpack(">I", good[-4:])[0] ^ 0x5A5A5A5A)
+
+
+def _agree(data: bytes) -> str:
+    """ "both raise", or "same pixels"; fails the test on a disagreement."""
+    try:
+        ref: np.ndarray | None = reference(data)
+    except Exception:  # whatever Pillow raises counts as a refusal
+        ref = None
+    if ref is None:
+        with pytest.raises(ImageDecodeError) as info:
+            vision.decode(data)
+        assert info.value.kind in ("corrupt", "truncated"), info.value
+        return "both raise"
+    ours = vision.decode(data)
+    assert ours.shape == ref.shape
+    assert np.array_equal(ours, ref)
+    return "same pixels"
+
+
+# ---------------------------------------------------------------------------------------------
+# Regression tests: one file per disagreement class the differential run found. Each asserts
+# Pillow's outcome first (the premise), then ours.
+
+GRAY_8x4 = bytes(range(0, 256, 8))  # 4 rows of 8 gray pixels
+
+
+def _gray_ihdr(width: int = 8, height: int = 4) -> bytes:
+    """The IHDR body of an 8-bit gray image."""
+    return struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+
+
+def _filtered(rows: bytes, width: int = 8) -> bytes:
+    return b"".join(b"\x00" + rows[i : i + width] for i in range(0, len(rows), width))
+
+
+def _pillow_raises(data: bytes) -> Exception:
+    with pytest.raises((OSError, SyntaxError, ValueError)) as info:
+        reference(data)
+    return info.value
+
+
+def test_png_bad_idat_crc_and_adler_is_corrupt() -> None:
+    """The reported bug: Pillow's zlib checks the adler32 (it is in the piece holding the last
+    row) and raises "broken data stream"; the IDAT CRC is not checked by either."""
+    body = _zlib_with_bad_adler(_filtered(GRAY_8x4))
+    good = _png(_gray_ihdr(), [body])
+    idat = good.index(b"IDAT")
+    crc_at = idat + 4 + len(body)
+    data = good[:crc_at] + bytes(b ^ 0xFF for b in good[crc_at : crc_at + 4]) + good[crc_at + 4 :]
+    assert "broken data stream" in str(_pillow_raises(data))
+    with pytest.raises(CorruptImageError, match="broken data stream"):
+        vision.decode(data)
+
+
+def test_png_adler_out_of_reach_is_not_checked() -> None:
+    """The adler32 in the next IDAT chunk is never reached (the last row completes first):
+    Pillow decodes, and so do we."""
+    body = _zlib_with_bad_adler(_filtered(GRAY_8x4))
+    data = _png(_gray_ihdr(), [body[:-4], body[-4:]])
+    assert _agree(data) == "same pixels"
+
+
+def test_png_stream_ending_at_a_row_boundary_leaves_zero_rows() -> None:
+    """A complete zlib stream holding 2 of 4 rows: Pillow stops there and keeps the rest black."""
+    data = _png(_gray_ihdr(), [zlib.compress(_filtered(GRAY_8x4[:16]))])
+    assert _agree(data) == "same pixels"
+    out = vision.decode(data)
+    assert out[2:].max() == 0
+    assert out[:2].any()
+
+
+def test_png_stream_ending_mid_row_is_truncated() -> None:
+    data = _png(_gray_ihdr(), [zlib.compress(_filtered(GRAY_8x4)[:20])])
+    _pillow_raises(data)
+    with pytest.raises(TruncatedImageError):
+        vision.decode(data)
+
+
+def test_png_zlib_window_size_as_zlib_reads_it() -> None:
+    """zlib keeps its 32 KiB window whatever smaller size the header declares (Pillow decodes
+    matches reaching 1 010 bytes back under a "256-byte" header), and refuses a header
+    declaring more than 32 KiB."""
+    rng = np.random.default_rng(5)
+    block = b"".join(b"\x00" + bytes(rng.integers(0, 256, 100, dtype=np.uint8)) for _ in range(10))
+    stream = zlib.compress(block * 3, 9)[2:]
+    ihdr = _gray_ihdr(100, 30)
+    small = _png(ihdr, [b"\x08\x1d" + stream])  # CINFO 0, FCHECK valid
+    assert _agree(small) == "same pixels"
+    large = _png(ihdr, [b"\x88\x1c" + stream])  # CINFO 8: a 64 KiB window
+    assert "broken data stream" in str(_pillow_raises(large))
+    with pytest.raises(CorruptImageError, match="window size"):
+        vision.decode(large)
+
+
+@pytest.mark.parametrize(
+    ("name", "after"),
+    [
+        ("digit-in-chunk-type", png_chunk(b"tE5t", b"x")),
+        ("underscore-in-chunk-type", png_chunk(b"t_Xt", b"x")),
+    ],
+)
+def test_png_chunk_types_are_word_characters(name: str, after: bytes) -> None:
+    """Pillow's chunk type check is ``\\w{4}``: digits and ``_`` are fine before IDAT."""
+    ihdr = _gray_ihdr()
+    data = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + after
+    data += png_chunk(b"IDAT", zlib.compress(_filtered(GRAY_8x4))) + png_chunk(b"IEND", b"")
+    assert _agree(data) == "same pixels"
+
+
+def test_png_chunks_after_the_image_data() -> None:
+    idat = [zlib.compress(_filtered(GRAY_8x4))]
+    ihdr = _gray_ihdr()
+    # A text chunk whose body runs past the end of the file: "Truncated File Read".
+    cut = _png(ihdr, idat, png_chunk(b"tEXt", b"comment\x00hello"))[:-20]
+    _pillow_raises(cut)
+    with pytest.raises(TruncatedImageError):
+        vision.decode(cut)
+    # zTXt with compression method 1: "Unknown compression method".
+    ztxt = _png(ihdr, idat, png_chunk(b"zTXt", b"comment\x00\x01xx"))
+    _pillow_raises(ztxt)
+    with pytest.raises(CorruptImageError, match="compression method"):
+        vision.decode(ztxt)
+    # A bad CRC after the image data is not checked; a broken type ends the walk quietly.
+    crc = bytearray(_png(ihdr, idat, png_chunk(b"tEXt", b"a\x00b")))
+    crc[-16] ^= 0xFF
+    assert _agree(bytes(crc)) == "same pixels"
+    broken = _png(ihdr, idat, b"\x00\x00\x00\x01!!!!x\x00\x00\x00\x00")
+    assert _agree(broken) == "same pixels"
+
+
+def _pack(row: np.ndarray, bits: int) -> bytes:
+    """One row of samples (the last axis: channels) as PNG packs them."""
+    if bits == 16:
+        return row.astype(">u2").tobytes()
+    if bits == 8:
+        return row.astype(np.uint8).tobytes()
+    flat = row.reshape(-1).astype(np.uint8)
+    per = 8 // bits
+    flat = np.concatenate([flat, np.zeros(-len(flat) % per, np.uint8)]).reshape(-1, per)
+    shifts = np.arange(per - 1, -1, -1) * bits
+    return (flat << shifts).sum(axis=1).astype(np.uint8).tobytes()
+
+
+def _adam7(arr: np.ndarray, bits: int = 8) -> bytes:
+    """The Adam7 passes of an image, every row unfiltered (Pillow cannot write Adam7)."""
+    passes = [(0, 0, 8, 8), (0, 4, 8, 8), (4, 0, 8, 4), (0, 2, 4, 4), (2, 0, 4, 2), (0, 1, 2, 2)]
+    passes.append((1, 0, 2, 1))
+    out = b""
+    for y0, x0, dy, dx in passes:
+        sub = arr[y0::dy, x0::dx]
+        if sub.size:
+            out += b"".join(b"\x00" + _pack(row, bits) for row in sub)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("bits", "color", "channels"),
+    [(1, 0, 1), (2, 0, 1), (4, 0, 1), (8, 0, 1), (4, 3, 1), (16, 2, 3), (16, 6, 4), (8, 4, 2)],
+)
+def test_png_adam7_every_depth(bits: int, color: int, channels: int) -> None:
+    """Hand-written Adam7 files decode like Pillow decodes them and like the same pixels written
+    without interlacing; any non-zero interlace byte means Adam7 (Pillow: ``if s[12]``)."""
+    rng = np.random.default_rng(bits * 10 + color)
+    arr = rng.integers(0, 1 << bits, size=(11, 13, channels), dtype=np.uint32)
+    palette = bytes(rng.integers(0, 256, 48, dtype=np.uint8))
+    plte = png_chunk(b"PLTE", palette) if color == 3 else b""
+    plain_rows = b"".join(b"\x00" + _pack(row, bits) for row in arr)
+    results = []
+    for method, raw in ((0, plain_rows), (1, _adam7(arr, bits)), (2, _adam7(arr, bits))):
+        ihdr = struct.pack(">IIBBBBB", 13, 11, bits, color, 0, 0, method)
+        data = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + plte
+        data += png_chunk(b"IDAT", zlib.compress(raw)) + png_chunk(b"IEND", b"")
+        assert _agree(data) == "same pixels"
+        results.append(vision.decode(data))
+    assert np.array_equal(results[0], results[1])
+    assert np.array_equal(results[0], results[2])
+
+
+def test_jpeg_marker_pillow_does_not_know_is_refused() -> None:
+    """0xFF01 (TEM) is standalone for libjpeg, but Pillow's marker walk stops: "no marker
+    found"."""
+    jpeg = encode(photo(16, 8), "JPEG")
+    app0_end = 4 + struct.unpack(">H", jpeg[4:6])[0]
+    data = jpeg[:app0_end] + b"\xff\x01" + jpeg[app0_end:]
+    _pillow_raises(data)
+    with pytest.raises(CorruptImageError, match="no marker found"):
+        vision.decode(data)
+
+
+def _gif_2x2(codes: list[tuple[int, int]]) -> bytes:
+    """A 2x2 GIF with a 4-entry palette whose LZW data is `codes` ((code, width) pairs)."""
+    head = b"GIF89a\x02\x00\x02\x00\x81\x00\x00" + bytes([0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255])
+    bits, n = 0, 0
+    for code, width in codes:
+        bits |= code << n
+        n += width
+    lzw = bits.to_bytes((n + 7) // 8, "little")
+    return head + b",\x00\x00\x00\x00\x02\x00\x02\x00\x00\x02" + bytes([len(lzw)]) + lzw + b"\x00;"
+
+
+def test_gif_end_code_before_the_last_row_is_truncated() -> None:
+    """Pillow's decoder returns at the end code; with the whole file already read, that is
+    "image file is truncated" even though codes for the remaining pixels follow."""
+    complete = _gif_2x2([(4, 3), (0, 3), (1, 3), (0, 3), (1, 4), (5, 4)])
+    assert _agree(complete) == "same pixels"
+    early_end = _gif_2x2([(4, 3), (0, 3), (1, 3), (5, 3), (0, 3), (1, 4)])
+    assert "truncated" in str(_pillow_raises(early_end))
+    with pytest.raises(TruncatedImageError):
+        vision.decode(early_end)
+
+
+def _set(data: bytes, at: int, value: bytes) -> bytes:
+    return data[:at] + value + data[at + len(value) :]
+
+
+def test_bmp_palettes_as_pillow_reads_them() -> None:
+    rgb = photo(23, 17)
+    pal = encode(rgb.quantize(16), "BMP")
+    # 300 colours declared, fewer than 257 entries in the rest of the file: Pillow decodes.
+    assert _agree(_set(pal, 46, struct.pack("<I", 300))) == "same pixels"
+    # A pixel data offset of 0: the pixels follow the palette.
+    assert _agree(_set(pal, 10, b"\x00" * 4)) == "same pixels"
+    # A 1-bit image with a one-entry black palette opens as mode "1".
+    bilevel = encode(rgb.convert("1"), "BMP")
+    assert _agree(_set(bilevel, 46, struct.pack("<I", 1))) == "same pixels"
+
+
+def test_bare_dib_decodes() -> None:
+    """Without its 14-byte file header a BMP is a DIB, which Pillow opens."""
+    for im in (photo(23, 17), photo(23, 17).quantize(16)):
+        dib = encode(im, "BMP")[14:]
+        assert _agree(dib) == "same pixels"
+
+
+def test_max_pixels_out_of_range_is_a_clear_error() -> None:
+    data = encode(photo(4, 4), "PNG")
+    for value in (2**64, 2**70):
+        with pytest.raises(ValueError, match=r"max_pixels must be between 0 and .*got \d+") as info:
+            vision.decode(data, max_pixels=value)
+        assert not isinstance(info.value, ImageDecodeError)
+        assert str(value) in str(info.value)
+    assert vision.decode(data, max_pixels=2**64 - 1).shape == (4, 4, 3)
+    with pytest.raises(ValueError, match="max_pixels"):
+        _native.decode_image(data, True, -1, "white")
+    with pytest.raises(TypeError):
+        _native.decode_image(data, True, 1.5, "white")
+
+
+def test_gif_extension_starting_with_a_terminator() -> None:
+    """Pillow reads an extension's first sub-block, then skips sub-blocks up to a terminator:
+    when the first is already a terminator, one more run is skipped (here: the descriptor)."""
+    good = _gif_2x2([(4, 3), (0, 3), (1, 3), (0, 3), (1, 4), (5, 4)])
+    at = good.index(b",")
+    swallowed = good[:at] + b"!\xf9\x00" + good[at:]
+    assert _agree(swallowed) == "both raise"
+    two_terminators = good[:at] + b"!\xf9\x00\x00" + good[at:]
+    assert _agree(two_terminators) == "same pixels"
+
+
+def test_bmp_gray_palettes_and_rle_as_pillow_unpacks_them() -> None:
+    rgb = photo(23, 17)
+    # 8-bit pixels with a one-entry black palette: mode "1", unpacked 1 bit per pixel.
+    gray8 = encode(rgb.convert("L"), "BMP")
+    one_entry = _set(gray8, 46, struct.pack("<I", 1))
+    assert _agree(one_entry) == "same pixels"
+    # RLE4 declared on 8-bit pixels: Pillow runs its RLE4 decoder anyway.
+    pal = encode(rgb.quantize(16), "BMP")
+    codes = b"".join(bytes([23, 0x12 + row, 0, 0]) for row in range(17)) + b"\x00\x01"
+    rle4 = _set(pal[:118], 30, struct.pack("<I", 2)) + codes
+    assert _agree(rle4) == "same pixels"
+
+
+def _exif_block(header: bytes, orientation: int = 6) -> bytes:
+    big = header.startswith(b"MM")
+    entry = struct.pack(">HHIHH" if big else "<HHIHH", 0x0112, 3, 1, orientation, 0)
+    count = struct.pack(">H" if big else "<H", 1)
+    return b"Exif\x00\x00" + header + count + entry + b"\x00" * 4
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_exif_as_pillow_reads_it(fmt: str) -> None:
+    im = photo(12, 5)
+    # "MM\0+" (big-endian BigTIFF's mark) is read as plain big-endian TIFF: rotated.
+    bigtiff_be = encode(im, fmt, exif=_exif_block(b"MM\x00+\x00\x00\x00\x08"))
+    assert _agree(bigtiff_be) == "same pixels"
+    assert vision.decode(bigtiff_be).shape == (12, 5, 3)
+    # Blocks Pillow's TIFF reader refuses: exif_transpose raises for PNG and WebP; a JPEG's
+    # block was already read (and the error swallowed) while opening.
+    for bad in (
+        b"Exif\x00\x00XX*\x00\x08\x00\x00\x00",
+        b"Exif\x00\x00II*\x00\x08",
+        _exif_block(b"II+\x00\x08\x00\x00\x00"),
+    ):
+        data = encode(im, fmt, exif=bad)
+        assert _agree(data) == ("same pixels" if fmt == "JPEG" else "both raise")
+        assert vision.decode(data, apply_exif=False).shape == (5, 12, 3)
+
+
+def test_jpeg_unreadable_exif_depends_on_jfif_dpi() -> None:
+    """With a JFIF resolution Pillow skips the EXIF while opening, so exif_transpose reads it
+    and raises; without one the swallowed error leaves no orientation, not even the XMP's."""
+    bad = b"Exif\x00\x00XX*\x00\x08\x00\x00\x00"
+    im = photo(12, 5)
+    assert _agree(encode(im, "JPEG", exif=bad, dpi=(72, 72))) == "both raise"
+    xmp = b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+    data = encode(im, "JPEG", exif=bad, xmp=xmp)
+    assert _agree(data) == "same pixels"
+    assert vision.decode(data).shape == (5, 12, 3)
+    assert vision.decode(encode(im, "JPEG", xmp=xmp)).shape == (12, 5, 3)
+
+
+def test_png_raw_profile_exif_must_be_hex() -> None:
+    """``bytes.fromhex`` of a ``Raw profile type exif`` text raises on anything but hex pairs."""
+    im = photo(12, 5)
+    for text, outcome in (
+        ("\nexif\n 6\n457869660000\n", "same pixels"),
+        ("\nexif\n1\nzz\n", "both raise"),
+    ):
+        info = PngInfo()
+        info.add_text("Raw profile type exif", text)
+        assert _agree(encode(im, "PNG", pnginfo=info)) == outcome
