@@ -522,3 +522,9 @@ def test_image_std_must_be_positive_and_finite(family: str, std: list[float]) ->
     with pytest.raises(ProcessorConfigError, match="image_std: expected") as info:
         ImageProcessor(family, {"image_std": std})  # type: ignore[arg-type]
     assert info.value.field == "image_std"
+
+
+def test_processor_max_pixels_past_64_bits_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match=r"max_pixels must lie in 0\.\.18446744073709551615"):
+        ImageProcessor("qwen2_vl", max_pixels=2**70)
+    ImageProcessor("qwen2_vl", max_pixels=2**64 - 1)  # the largest value the limit holds

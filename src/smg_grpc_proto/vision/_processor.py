@@ -205,6 +205,9 @@ def _raise_native(exc: ValueError) -> Exception:
     return cls(message, field=fld, expected=expected, actual=actual, index=index)
 
 
+_MAX_U64 = 2**64 - 1  # the native limit's type
+
+
 class ImageProcessor:
     """A transformers image processor (PIL backend, or torch for Llama 4 and Phi) of one family
     and configuration.
@@ -243,6 +246,8 @@ class ImageProcessor:
             raise ValueError(f"alpha must be 'load_image', 'white' or 'drop', got {alpha!r}")
         if max_pixels is not None and (isinstance(max_pixels, bool) or max_pixels < 0):
             raise TypeError(f"max_pixels must be a non-negative int or None, got {max_pixels!r}")
+        if max_pixels is not None and max_pixels > _MAX_U64:
+            raise ValueError(f"max_pixels must lie in 0..{_MAX_U64} (or be None), got {max_pixels}")
         self.family: Family = family
         self.threads = threads
         self.apply_exif = bool(apply_exif)
