@@ -12,7 +12,10 @@ process per interpreter and alternating which goes first, the timed stages of ou
   decode, whole path) at 512 x 600, 1280 x 960 and a batch of 8, one core;
 * ``bench_tensors.py`` — encode and decode of a vLLM request carrying a 1 and 25 MiB float32
   tensor (and f32 -> bf16), and the shared-memory round trip (``pack(transport="shm")`` +
-  ``unpack``).
+  ``unpack``);
+* ``vision.decode`` of PNG files: the bundled photo (Grace Hopper, 512 x 600) re-encoded as RGB,
+  RGBA and palette PNGs, and scaled to 1280 x 960; Pillow's decode of the same files
+  (``Image.open`` + ``convert("RGB")``) is timed in the same processes for reference.
 
 Figures are medians over the rounds of each child's median of ``--repeat`` calls; the table
 gives before, after and after/before (below 1.00 = faster now). Only our code is timed: the
@@ -22,6 +25,7 @@ references do not change between the two installations.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
@@ -50,6 +54,17 @@ def child(spec: dict[str, Any]) -> None:
         ops = pipeline("ours", files)
         for stage in STAGES:
             out[stage] = time_op(ops[stage], spec["repeat"])
+    elif spec["kind"] == "png":
+        from PIL import Image
+
+        from smg_grpc_proto import vision
+
+        files = [Path(p).read_bytes() for p in spec["paths"]]
+        out["ours"] = sum(time_op(lambda d=d: vision.decode(d), spec["repeat"]) for d in files)
+        out["Pillow"] = sum(
+            time_op(lambda d=d: Image.open(io.BytesIO(d)).convert("RGB").load(), spec["repeat"])
+            for d in files
+        )
     else:
         from bench_tensors import ops as tensor_ops
 
@@ -88,6 +103,27 @@ def run(python: str, spec: dict[str, Any]) -> dict[str, float]:
     return figures
 
 
+def write_pngs(directory: Path, photo: Path) -> dict[str, Path]:
+    """The photo as PNGs of the common kinds, at its size and at 1280 x 960."""
+    from PIL import Image
+
+    source = Image.open(photo).convert("RGB")
+    out = {}
+    for size in (source.size, (1280, 960)):
+        image = source if size == source.size else source.resize(size, Image.Resampling.LANCZOS)
+        label = f"{size[0]}x{size[1]}"
+        variants = {
+            "RGB": image,
+            "RGBA": Image.merge("RGBA", (*image.split(), image.convert("L"))),
+            "palette": image.quantize(256),
+        }
+        for kind, variant in variants.items():
+            path = directory / f"photo_{label}_{kind}.png"
+            variant.save(path, optimize=False)
+            out[f"{label} {kind}"] = path
+    return out
+
+
 def version(python: str) -> str:
     code = "import smg_grpc_proto, os; print(os.path.dirname(smg_grpc_proto.__file__))"
     return subprocess.run(
@@ -111,7 +147,9 @@ def main() -> None:
     from bench_engines import machine
     from bench_vision import write_images
 
-    cases = write_images(Path(tempfile.mkdtemp(prefix="bench-before-after-")))
+    directory = Path(tempfile.mkdtemp(prefix="bench-before-after-"))
+    cases = write_images(directory)
+    pngs = write_pngs(directory, cases["512x600"][0])
     specs: list[tuple[str, dict[str, Any]]] = [
         (name, {"kind": "engines", "paths": [str(p) for p in cases[name]], "repeat": args.repeat})
         for name in ENGINE_CASES
@@ -119,6 +157,10 @@ def main() -> None:
     specs += [
         (f"{mib} MiB", {"kind": "tensors", "mib": mib, "repeat": args.repeat})
         for mib in TENSOR_SIZES
+    ]
+    specs += [
+        (f"PNG {name}", {"kind": "png", "paths": [str(path)], "repeat": args.repeat})
+        for name, path in pngs.items()
     ]
     print(f"machine: {machine()}")
     print(f"before: {version(args.before)}\nafter: {version(args.after)}")
