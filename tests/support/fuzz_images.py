@@ -15,12 +15,10 @@ import io
 import json
 import random
 import struct
-import sys
 import time
 import traceback
 import zlib
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +27,7 @@ from PIL import Image
 from smg_grpc_proto import vision
 from smg_grpc_proto.errors import SmgProtoError
 from smg_grpc_proto.vision import ImageProcessor
-from support.mutate import limit_address_space, mutate_bytes
+from support.mutate import limit_address_space, mutate_bytes, worker_args
 
 
 def _photo(width: int, height: int) -> Image.Image:
@@ -92,12 +90,7 @@ def seeds() -> list[bytes]:
 
 
 def main() -> None:
-    seed, seconds, workdir, headroom = (
-        int(sys.argv[1]),
-        float(sys.argv[2]),
-        Path(sys.argv[3]),
-        int(sys.argv[4]),
-    )
+    seed, seconds, workdir, headroom = worker_args()
     cases = seeds()
     processors = {
         name: ImageProcessor(name, threads=1) for name in ("qwen2_vl", "gemma3", "llama4")

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 import traceback
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +39,7 @@ from smg_grpc_proto.errors import SmgProtoError
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts_pb
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
-from support.mutate import limit_address_space, mutate_bytes
+from support.mutate import limit_address_space, mutate_bytes, worker_args
 
 ENGINES: dict[str, tuple[Any, Any]] = {
     "vllm": (vllm_pb.GenerateRequest, vllm_adapter),
@@ -260,12 +258,7 @@ def run_case(
 
 
 def main() -> None:
-    seed, seconds, workdir, headroom = (
-        int(sys.argv[1]),
-        float(sys.argv[2]),
-        Path(sys.argv[3]),
-        int(sys.argv[4]),
-    )
+    seed, seconds, workdir, headroom = worker_args()
     # Segments the builders write and every name a mutated request gives resolve in the workdir.
     shm.DEFAULT_DIR = workdir
     cases = seeds()

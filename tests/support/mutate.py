@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import resource
+import sys
+from pathlib import Path
 
 
 def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
@@ -38,3 +40,8 @@ def limit_address_space(headroom_mib: int) -> int:
     limit = vm + headroom_mib * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     return limit
+
+
+def worker_args() -> tuple[int, float, Path, int]:
+    """A fuzz worker's command line: ``SEED SECONDS WORKDIR HEADROOM_MIB``."""
+    return int(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
