@@ -12,10 +12,12 @@ Available today:
   a byte.
 * :func:`resize_torch` and :func:`interpolate_bicubic`: torch 2.14.1's CPU antialiased ``uint8``
   resize (bilinear, bicubic) and float bicubic interpolation, bit for bit.
-* :class:`ImageProcessor`: the image processors of Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5,
-  CLIP, LLaVA-1.5, SigLIP, LLaVA-NeXT, Pixtral, Gemma 3, InternVL, Idefics3 and SmolVLM,
-  bit-exact with transformers' PIL backend
-  (``from_pretrained(preprocessor_config.json | model dir | dict)`` or ``for_family(name)``);
+* :class:`ImageProcessor`: the image processors of all sixteen families — Qwen2-VL,
+  Qwen2.5-VL, Qwen3-VL, Qwen3.5, CLIP, LLaVA-1.5, SigLIP, LLaVA-NeXT, Pixtral, Gemma 3,
+  InternVL, Idefics3 and SmolVLM bit-exact with transformers' PIL backend; Llama 4,
+  Phi-4-multimodal and Phi-3-vision bit-exact with their torch references (:data:`Family`
+  names them all) — (``from_pretrained(preprocessor_config.json | model dir | dict)`` or
+  ``for_family(name)``);
   a batch of images (bytes, paths, arrays, PIL images) or Qwen videos in, a
   :class:`ProcessorOutput` of numpy tensors and placeholder token counts out;
   :meth:`ImageProcessor.deferred` leaves Qwen's ``pixel_values`` to be written straight into a
