@@ -8,11 +8,17 @@ RELEASES ?= protos/releases
 LATEST_RELEASE = $(shell ls $(RELEASES) 2>/dev/null \
 	| sed -n 's/^\([0-9]*\.[0-9]*\.[0-9]*\)\.binpb$$/\1/p' | sort -t. -k1,1n -k2,2n -k3,3n | tail -n 1)
 RELEASE_ARGS ?=
+# The contributor loop (`make dev`, `make check`): a virtualenv that sees the system's packages,
+# with the extension built in place (editable: Python edits need no rebuild).
+VENV ?= .venv
+VPY  := $(VENV)/bin/python
+# The fast test selection of `make check`; `make pytest` (CI) runs everything.
+FAST_TESTS ?= -m "not slow"
 
 .DEFAULT_GOAL := test
 
 .PHONY: pytest-fallback system-deps help deps wheel install demo gen gen-check compat lint typecheck rust-test pytest test \
-	release clean
+	release clean dev check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -67,6 +73,19 @@ pytest: ## the Python test suite against the installed wheel (no tests collected
 	$(PYTHON) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test: install compat lint typecheck rust-test pytest pytest-fallback ## everything CI runs
+
+$(VPY):
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check "pip>=25.1"
+	$(VPY) -m pip install --quiet --disable-pip-version-check --group test
+
+dev: system-deps $(VPY) ## contributor build: the extension in place in .venv ('fast' profile: seconds after an edit)
+	VIRTUAL_ENV=$(abspath $(VENV)) $(PYTHON) -m maturin develop --profile fast --quiet --extras dataclasses
+
+check: ## after `make dev`: lint, types and the fast tests in .venv (under two minutes)
+	@test -x $(VPY) || { echo "run 'make dev' first" >&2; exit 1; }
+	$(MAKE) --no-print-directory lint typecheck PYTHON=$(abspath $(VPY))
+	$(VPY) -m pytest -q -p no:cacheprovider $(FAST_TESTS)
 
 release: ## dry run of a release (RELEASE_ARGS="--bump minor", "--execute --repository-url URL")
 	$(PYTHON) scripts/release.py $(RELEASE_ARGS)
