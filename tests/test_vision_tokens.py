@@ -17,7 +17,7 @@ import pytest
 from smg_grpc_proto import _native
 from smg_grpc_proto.errors import ImageProcessingError
 from smg_grpc_proto.vision import ImageProcessor, VisionTokens, _tokens
-from smg_grpc_proto.vision._config import FAMILIES
+from smg_grpc_proto.vision._config import FAMILIES, Family
 
 
 def _images() -> list[np.ndarray[Any, np.dtype[np.uint8]]]:
@@ -63,7 +63,7 @@ def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) 
         p = vision.patch_size
         n = (h // p) * (w // p) + vision.num_additional_image_tokens
         n -= vision.vision_feature_select_strategy == "default"
-        return (n,) * out.pixel_values.shape[0]
+        return (int(n),) * int(out.pixel_values.shape[0])
     if family == "llava_next":
         tile = out.pixel_values.shape[-2:]
         pins = cfg["image_grid_pinpoints"]
@@ -142,8 +142,9 @@ def test_native_calls_return_the_counts() -> None:
 
 
 def test_deferred_counts_equal_the_computed_ones() -> None:
-    for family in ("qwen2_vl", "qwen3_vl", "gemma3", "llama4"):
-        processor = ImageProcessor.for_family(family)  # type: ignore[arg-type]
+    families: tuple[Family, ...] = ("qwen2_vl", "qwen3_vl", "gemma3", "llama4")
+    for family in families:
+        processor = ImageProcessor.for_family(family)
         want = processor(_images()).num_image_tokens
         assert processor.deferred(_images()).materialize().num_image_tokens == want
     qwen = ImageProcessor.for_family("qwen2_vl")
