@@ -221,7 +221,12 @@ class Preprocessor:
     format)``; ``smg_grpc_proto.vision.ImageProcessor`` maps them to exception classes.
     """
 
-    def __new__(cls, family: str, config: dict[str, Any]) -> Preprocessor: ...
+    def __new__(
+        cls,
+        family: str,
+        config: dict[str, Any],
+        vision_tokens: tuple[int, int, str | None] | None = None,
+    ) -> Preprocessor: ...
     @property
     def family(self) -> str: ...
     def config(self) -> dict[str, Any]:
@@ -235,7 +240,9 @@ class Preprocessor:
         alpha: str,
         max_pixels: int | None,
     ) -> list[tuple[str, Tensor]]:
-        """Process encoded ``bytes`` and uint8 ``HxW``/``HxWxC`` (C = 1, 3, 4) arrays.
+        """Process encoded ``bytes`` and uint8 ``HxW``/``HxWxC`` (C = 1, 3, 4) arrays: the
+        tensors by transformers' names, then ``num_image_tokens`` (int64, one per image) when
+        the family can count its placeholder tokens.
 
         ``threads`` 0 uses every core; ``alpha`` (encoded inputs) is ``"load_image"``
         (transformers' path loading), ``"white"`` (``convert_to_rgb``) or ``"drop"``.
@@ -249,7 +256,8 @@ class Preprocessor:
         alpha: str,
         max_pixels: int | None,
     ) -> list[tuple[str, Tensor]]:
-        """Process videos (lists of frames); Qwen families only."""
+        """Process videos (lists of frames); Qwen families only. ``num_video_tokens`` (int64,
+        one per video) follows the tensors."""
 
     def images_deferred(
         self,

@@ -23,7 +23,7 @@
 use std::arch::x86_64::*;
 
 use super::coeffs::{AxisCoeffs, PRECISION_BITS, ROUNDING};
-use super::kernels::horizontal_samples_scalar;
+use super::scalar::horizontal_samples_scalar;
 
 /// Whether the running CPU has AVX2.
 pub(crate) fn available() -> bool {
@@ -414,7 +414,7 @@ pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8
     const STEP: usize = 32;
     let n = out.len();
     if n < STEP {
-        super::kernels::vertical_row_scalar(rows, weights, out);
+        super::scalar::vertical_row_scalar(rows, weights, out);
         return;
     }
     assert!(rows.iter().all(|r| r.len() >= n));

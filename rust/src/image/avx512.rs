@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::{split, tap_pairs, NO_PAIR, STACK_PAIRS};
 use super::coeffs::{AxisCoeffs, PRECISION_BITS, ROUNDING};
-use super::kernels::horizontal_samples_scalar;
+use super::scalar::horizontal_samples_scalar;
 
 /// Whether the running CPU has AVX-512F, BW, VL, VBMI and VNNI (and they are not turned off,
 /// see [`crate::simd`]).
@@ -278,7 +278,7 @@ pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8
 mod tests {
     use super::*;
     use crate::image::coeffs::axis_coeffs;
-    use crate::image::kernels::horizontal_row_scalar;
+    use crate::image::scalar::horizontal_row_scalar;
     use crate::image::Filter;
 
     fn noise(seed: u64, len: usize) -> Vec<u8> {
@@ -383,7 +383,7 @@ mod tests {
                     .collect();
                 let refs: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
                 let mut want = vec![0u8; n];
-                crate::image::kernels::vertical_row_scalar(&refs, &weights, &mut want);
+                crate::image::scalar::vertical_row_scalar(&refs, &weights, &mut want);
                 let mut avx2 = vec![0u8; n];
                 let mut avx512 = vec![0u8; n];
                 // SAFETY: `available` found AVX-512 (which implies AVX2) on this CPU.

@@ -12,16 +12,11 @@
 //! one input row to one output row; a vertical pass combines several input rows (slices of at
 //! least the output row's length) into one output row of the same width.
 
-use super::coeffs::{AxisCoeffs, PRECISION_BITS, ROUNDING};
+use super::coeffs::AxisCoeffs;
+use super::scalar::{horizontal_row_scalar, vertical_row_scalar};
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
-
-/// `clamp(acc >> 22, 0, 255)`: Pillow's `clip8`.
-#[inline(always)]
-pub(crate) fn clip8(acc: i32) -> u8 {
-    (acc >> PRECISION_BITS).clamp(0, 255) as u8
-}
 
 /// Which instruction set the passes use; every choice gives identical bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,55 +156,6 @@ impl Horizontal {
     }
 }
 
-/// The scalar horizontal pass over one row.
-pub(crate) fn horizontal_row_scalar(
-    coeffs: &AxisCoeffs,
-    channels: usize,
-    src: &[u8],
-    out: &mut [u8],
-) {
-    match channels {
-        1 => horizontal_scalar::<1>(coeffs, src, out),
-        3 => horizontal_scalar::<3>(coeffs, src, out),
-        _ => horizontal_scalar::<4>(coeffs, src, out),
-    }
-}
-
-fn horizontal_scalar<const C: usize>(coeffs: &AxisCoeffs, src: &[u8], out: &mut [u8]) {
-    for (x, px) in out.chunks_exact_mut(C).enumerate() {
-        let (start, weights) = coeffs.taps(x);
-        let input = &src[start * C..(start + weights.len()) * C];
-        let mut acc = [ROUNDING; C];
-        for (p, &w) in input.chunks_exact(C).zip(weights) {
-            for c in 0..C {
-                acc[c] = acc[c].wrapping_add(i32::from(p[c]).wrapping_mul(w));
-            }
-        }
-        for c in 0..C {
-            px[c] = clip8(acc[c]);
-        }
-    }
-}
-
-/// The scalar horizontal pass for output samples `first..first + out.len()` of a row.
-pub(crate) fn horizontal_samples_scalar(
-    coeffs: &AxisCoeffs,
-    channels: usize,
-    src: &[u8],
-    first: usize,
-    out: &mut [u8],
-) {
-    for (j, o) in (first..).zip(out.iter_mut()) {
-        let (x, c) = (j / channels, j % channels);
-        let (start, weights) = coeffs.taps(x);
-        let mut acc = ROUNDING;
-        for (k, &w) in weights.iter().enumerate() {
-            acc = acc.wrapping_add(i32::from(src[(start + k) * channels + c]).wrapping_mul(w));
-        }
-        *o = clip8(acc);
-    }
-}
-
 /// One vertical output row: `out[i] = clip8(2²¹ + Σ_t rows[t][i] · weights[t])`; every row
 /// holds at least `out.len()` bytes.
 pub(crate) fn vertical_row(isa: Isa, rows: &[&[u8]], weights: &[i32], out: &mut [u8]) {
@@ -231,23 +177,4 @@ pub(crate) fn vertical_row(isa: Isa, rows: &[&[u8]], weights: &[i32], out: &mut 
     }
     let _ = isa;
     vertical_row_scalar(rows, weights, out);
-}
-
-/// The scalar vertical pass, in chunks the compiler vectorises (taps outer, samples inner).
-pub(crate) fn vertical_row_scalar(rows: &[&[u8]], weights: &[i32], out: &mut [u8]) {
-    const CHUNK: usize = 64;
-    for (n, chunk) in out.chunks_mut(CHUNK).enumerate() {
-        let base = n * CHUNK;
-        let mut acc = [ROUNDING; CHUNK];
-        let acc = &mut acc[..chunk.len()];
-        for (row, &w) in rows.iter().zip(weights) {
-            let row = &row[base..base + chunk.len()];
-            for (a, &p) in acc.iter_mut().zip(row) {
-                *a = a.wrapping_add(i32::from(p).wrapping_mul(w));
-            }
-        }
-        for (o, &a) in chunk.iter_mut().zip(acc.iter()) {
-            *o = clip8(a);
-        }
-    }
 }

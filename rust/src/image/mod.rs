@@ -20,6 +20,7 @@ pub mod decode;
 pub mod filters;
 mod kernels;
 pub mod resample;
+mod scalar;
 pub mod torch;
 
 #[cfg(target_arch = "x86_64")]

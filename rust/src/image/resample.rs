@@ -689,7 +689,7 @@ fn with_rows<'a, T>(
 mod tests {
     use super::*;
     use crate::image::coeffs::ROUNDING;
-    use crate::image::kernels::clip8;
+    use crate::image::scalar::clip8;
 
     /// Deterministic pseudo-random bytes (xorshift64*).
     fn noise(n: usize, seed: u64) -> Vec<u8> {

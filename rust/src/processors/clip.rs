@@ -11,12 +11,13 @@
 //! 5. CLIP/SigLIP's generic `do_pad` only: pad each image at the bottom and right with `0.0` to
 //!    `pad_size` (or the largest image of the batch).
 
-use super::config::{
+use super::family::{FamilyConfig, VisionTokens};
+use super::normalize::Normalize;
+use super::sizes::{center_crop_origin, SizeSpec};
+use super::value::{
     as_bool, as_hw, as_size, check_crop, hw_value, resize_crop_entries, Common, Value, CLIP_MEAN,
     CLIP_STD,
 };
-use super::normalize::Normalize;
-use super::sizes::{center_crop_origin, SizeSpec};
 use super::{
     checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer, Outputs,
     ProcessorError, Rgb, Tensor, TensorData,
@@ -85,8 +86,18 @@ impl ClipConfig {
         }
         Ok(out)
     }
+}
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+impl FamilyConfig for ClipConfig {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "size" => self.size = as_size("size", value)?,
             "do_center_crop" => self.do_center_crop = as_bool("do_center_crop", value)?,
@@ -103,7 +114,7 @@ impl ClipConfig {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         let mut out =
             resize_crop_entries(self.size, self.do_center_crop, self.crop_size, self.do_pad);
         if self.pad_mode == PadMode::Batch {
@@ -112,13 +123,40 @@ impl ClipConfig {
         out
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         check_crop(self.do_center_crop, self.crop_size)?;
         if self.pad_mode == PadMode::Square {
             self.square_background()?;
         }
         Ok(())
     }
+
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, normalize, inputs, options)
+    }
+
+    /// `LlavaProcessor`'s count, the same for every image of the batch: needs [`VisionTokens`].
+    fn image_tokens(&self, outputs: &Outputs, vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        let vision = vision?;
+        let shape = &outputs.get("pixel_values")?.shape;
+        let [batch, .., height, width] = shape[..] else {
+            return None;
+        };
+        Some(vec![llava_tokens(height, width, vision); batch])
+    }
+}
+
+/// `LlavaProcessor`: the tokens of a processed image of `height × width`,
+/// `(height / p) · (width / p) + num_additional_image_tokens`, less one for the `"default"`
+/// strategy.
+pub fn llava_tokens(height: usize, width: usize, vision: &VisionTokens) -> i64 {
+    let p = vision.patch_size;
+    vision.adjust(((height / p) * (width / p)) as i64 + vision.num_additional_image_tokens)
 }
 
 /// LLaVA's `pad_to_square`: the image centred on a square of `background`.

@@ -16,9 +16,10 @@
 use std::borrow::Cow;
 
 use super::clip::Prepared;
-use super::config::{as_bool, as_count, as_float, as_size, size_value, Common, Value, HALF};
+use super::family::{i64_values, FamilyConfig, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
+use super::value::{as_bool, as_count, as_float, as_size, size_value, Common, Value, HALF};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -71,8 +72,18 @@ impl Gemma3Config {
             image_seq_length: 256,
         }
     }
+}
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+impl FamilyConfig for Gemma3Config {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "size" => self.size = as_size("size", value)?,
             "do_pan_and_scan" => self.do_pan_and_scan = as_bool("do_pan_and_scan", value)?,
@@ -98,7 +109,7 @@ impl Gemma3Config {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         vec![
             ("size", size_value(self.size)),
             ("do_pan_and_scan", Value::Bool(self.do_pan_and_scan)),
@@ -118,8 +129,24 @@ impl Gemma3Config {
         ]
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         Ok(())
+    }
+
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, normalize, inputs, options)
+    }
+
+    /// `Gemma3Processor`: `(1 + num_crops) · image_seq_length` image tokens per image.
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        let seq = self.image_seq_length as i64;
+        let crops = i64_values(outputs, "num_crops")?;
+        Some(crops.iter().map(|&c| (1 + c) * seq).collect())
     }
 }
 

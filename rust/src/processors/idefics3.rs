@@ -22,8 +22,9 @@
 
 use std::borrow::Cow;
 
-use super::config::{as_bool, as_count, Common, Value};
+use super::family::{i64_values, FamilyConfig, VisionTokens};
 use super::normalize::Normalize;
+use super::value::{as_bool, as_count, Common, Value};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -93,8 +94,18 @@ impl Idefics3Config {
     pub fn smolvlm() -> Self {
         Self::idefics3()
     }
+}
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+impl FamilyConfig for Idefics3Config {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             // The first resize clamps to MAX_IMAGE_SIZE itself; tiles are ours to bound.
             "size" => self.longest_edge = longest_edge("size", value, super::MAX_SIDE)?,
@@ -109,7 +120,7 @@ impl Idefics3Config {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         let edge = |n: usize| Value::Map(vec![("longest_edge".to_owned(), n as i64)]);
         vec![
             ("size", edge(self.longest_edge)),
@@ -120,8 +131,34 @@ impl Idefics3Config {
         ]
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         Ok(())
+    }
+
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, normalize, inputs, options)
+    }
+
+    /// `get_image_prompt_string`: `(rows · cols + 1) · image_seq_len` `<image>` tokens per
+    /// image (`rows == cols == 0`: not split, one global image).
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        let seq = self.image_seq_len as i64;
+        let rows = i64_values(outputs, "rows")?;
+        let cols = i64_values(outputs, "cols")?;
+        if rows.len() != cols.len() {
+            return None;
+        }
+        Some(
+            rows.iter()
+                .zip(cols)
+                .map(|(&r, &c)| (r * c + 1) * seq)
+                .collect(),
+        )
     }
 }
 

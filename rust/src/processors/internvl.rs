@@ -18,9 +18,10 @@
 
 use std::borrow::Cow;
 
-use super::config::{as_bool, as_count, as_size, size_value, Common, Value};
+use super::family::{i64_values, FamilyConfig, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
+use super::value::{as_bool, as_count, as_size, size_value, Common, Value};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -73,8 +74,18 @@ impl InternVlConfig {
     pub fn tiles(&self) -> bool {
         self.crop_to_patches && self.max_patches > 1
     }
+}
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+impl FamilyConfig for InternVlConfig {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "size" => self.size = as_size("size", value)?,
             "crop_to_patches" => self.crop_to_patches = as_bool("crop_to_patches", value)?,
@@ -88,7 +99,7 @@ impl InternVlConfig {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         vec![
             ("size", size_value(self.size)),
             ("crop_to_patches", Value::Bool(self.crop_to_patches)),
@@ -98,7 +109,7 @@ impl InternVlConfig {
         ]
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         // crop_image_to_patches reads size.height and size.width (None for other size dicts:
         // transformers fails with a TypeError).
         if self.tiles() && !matches!(self.size, SizeSpec::Exact { .. }) {
@@ -109,6 +120,22 @@ impl InternVlConfig {
             ));
         }
         Ok(())
+    }
+
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, normalize, inputs, options)
+    }
+
+    /// `InternVLProcessor`: `num_patches · image_seq_length` `<IMG_CONTEXT>` tokens per image.
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        let seq = self.image_seq_length as i64;
+        let patches = i64_values(outputs, "num_patches")?;
+        Some(patches.iter().map(|&n| n * seq).collect())
     }
 }
 

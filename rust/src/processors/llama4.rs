@@ -22,8 +22,10 @@
 //! `patch_size` (14) and `pixel_shuffle_ratio` (0.5) are `Llama4Processor`'s; they count the
 //! `<|patch|>` tokens per tile, `(s / patch)² / round(1 / ratio²)`, and change no pixel.
 
-use super::config::{as_bool, as_count, as_float, as_hw, hw_value, Common, Value, HALF};
+use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::normalize::Normalize;
 use super::torch_backend::{self as tb, bf16_table, Table};
+use super::value::{as_bool, as_count, as_float, as_hw, hw_value, Common, Value, HALF};
 use super::{
     check_side, checked_len, parallel, prepare_all, split_lengths, Input, Options, Outputs,
     ProcessorError, Rgb, Tensor, TensorData,
@@ -65,8 +67,18 @@ impl Llama4Config {
             pixel_shuffle_ratio: 0.5,
         }
     }
+}
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+impl FamilyConfig for Llama4Config {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "size" => self.tile = as_hw("size", value)?,
             "max_patches" => self.max_patches = as_count("max_patches", value, MAX_PATCHES)?,
@@ -90,7 +102,7 @@ impl Llama4Config {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         vec![
             ("size", hw_value(self.tile)),
             ("max_patches", Value::Int(self.max_patches as i64)),
@@ -106,7 +118,7 @@ impl Llama4Config {
         ]
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         if self.tile.0 != self.tile.1 {
             return Err(ProcessorError::config(
                 "size",
@@ -122,6 +134,35 @@ impl Llama4Config {
             ));
         }
         tb::check_torch_steps(&self.common)
+    }
+
+    fn images(
+        &self,
+        _normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, inputs, options)
+    }
+
+    /// `Llama4Processor`: [`tokens_per_tile`] for each tile and for the global tile, which
+    /// only an image of more than one tile has.
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        let per_tile = tokens_per_tile(self) as i64;
+        let ratios = i64_values(outputs, "aspect_ratios")?;
+        Some(
+            ratios
+                .chunks_exact(2)
+                .map(|rc| {
+                    let tiles = rc[0] * rc[1];
+                    if tiles > 1 {
+                        per_tile * (tiles + 1)
+                    } else {
+                        per_tile
+                    }
+                })
+                .collect(),
+        )
     }
 }
 
@@ -275,7 +316,9 @@ pub fn new_size(
 /// `(s // patch)² // round(1 / ratio²)`.
 pub fn tokens_per_tile(config: &Llama4Config) -> usize {
     let side = config.tile.0 / config.patch_size;
-    let downsample = (1.0 / (config.pixel_shuffle_ratio * config.pixel_shuffle_ratio)).round();
+    // Python's `round`: ties to even.
+    let downsample =
+        (1.0 / (config.pixel_shuffle_ratio * config.pixel_shuffle_ratio)).round_ties_even();
     (side * side) / (downsample as usize).max(1)
 }
 

@@ -13,11 +13,12 @@
 //! with `0.0`), `image_sizes` `(B, 2)` int64 = the original `(H, W)`.
 
 use super::clip::{resize_and_crop, Prepared};
-use super::config::{
-    as_bool, as_hw, as_size, check_crop, resize_crop_entries, Common, Value, CLIP_MEAN, CLIP_STD,
-};
+use super::family::{i64_values, FamilyConfig, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
+use super::value::{
+    as_bool, as_hw, as_size, check_crop, resize_crop_entries, Common, Value, CLIP_MEAN, CLIP_STD,
+};
 use super::{
     check_image, check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out,
     OutBuffer, Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -60,7 +61,37 @@ impl LlavaNextConfig {
         }
     }
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+    /// The base image's `(height, width)`: `size`'s height and width, or its shortest edge twice.
+    fn base_size(&self) -> (usize, usize) {
+        match self.size {
+            SizeSpec::Exact { height, width } => (height, width),
+            SizeSpec::ShortestEdge(s) | SizeSpec::ShortestLongest { shortest: s, .. } => (s, s),
+            // transformers would resize to (None, None) and fail; use the bounds instead.
+            SizeSpec::MaxHeightWidth { height, width } => (height, width),
+        }
+    }
+
+    /// The tile side: `crop_size["height"]`, else `size["height"]`, else `shortest_edge`.
+    fn tile_size(&self) -> usize {
+        match (self.crop_size, self.size) {
+            (Some((h, _)), _) => h,
+            (None, SizeSpec::Exact { height, .. }) => height,
+            (None, SizeSpec::ShortestEdge(s) | SizeSpec::ShortestLongest { shortest: s, .. }) => s,
+            (None, SizeSpec::MaxHeightWidth { height, .. }) => height,
+        }
+    }
+}
+
+impl FamilyConfig for LlavaNextConfig {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "size" => self.size = as_size("size", value)?,
             "do_center_crop" => self.do_center_crop = as_bool("do_center_crop", value)?,
@@ -97,7 +128,7 @@ impl LlavaNextConfig {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         let mut out =
             resize_crop_entries(self.size, self.do_center_crop, self.crop_size, self.do_pad);
         out.push((
@@ -112,28 +143,36 @@ impl LlavaNextConfig {
         out
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         check_crop(self.do_center_crop, self.crop_size)
     }
 
-    /// The base image's `(height, width)`: `size`'s height and width, or its shortest edge twice.
-    fn base_size(&self) -> (usize, usize) {
-        match self.size {
-            SizeSpec::Exact { height, width } => (height, width),
-            SizeSpec::ShortestEdge(s) | SizeSpec::ShortestLongest { shortest: s, .. } => (s, s),
-            // transformers would resize to (None, None) and fail; use the bounds instead.
-            SizeSpec::MaxHeightWidth { height, width } => (height, width),
-        }
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, normalize, inputs, options)
     }
 
-    /// The tile side: `crop_size["height"]`, else `size["height"]`, else `shortest_edge`.
-    fn tile_size(&self) -> usize {
-        match (self.crop_size, self.size) {
-            (Some((h, _)), _) => h,
-            (None, SizeSpec::Exact { height, .. }) => height,
-            (None, SizeSpec::ShortestEdge(s) | SizeSpec::ShortestLongest { shortest: s, .. }) => s,
-            (None, SizeSpec::MaxHeightWidth { height, .. }) => height,
-        }
+    /// `LlavaNextProcessor._get_number_of_features` per image: needs [`VisionTokens`].
+    fn image_tokens(&self, outputs: &Outputs, vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        let vision = vision?;
+        let shape = &outputs.get("pixel_values")?.shape;
+        let [.., height, width] = shape[..] else {
+            return None;
+        };
+        let sizes = i64_values(outputs, "image_sizes")?;
+        Some(
+            sizes
+                .chunks_exact(2)
+                .map(|hw| {
+                    let orig = (hw[0].max(0) as usize, hw[1].max(0) as usize);
+                    llava_next_tokens(orig, (height, width), &self.image_grid_pinpoints, vision)
+                })
+                .collect(),
+        )
     }
 }
 
@@ -163,6 +202,53 @@ pub fn select_best_resolution(
         }
     }
     best
+}
+
+/// `LlavaNextProcessor._get_number_of_features` (then less one for the `"default"` strategy):
+/// the tokens of an image of `orig` `(height, width)` processed into tiles of `tile`
+/// `(height, width)` (`pixel_values`' last two sides).
+pub fn llava_next_tokens(
+    orig: (usize, usize),
+    tile: (usize, usize),
+    pinpoints: &[(usize, usize)],
+    vision: &VisionTokens,
+) -> i64 {
+    let (orig_h, orig_w) = orig;
+    let (height, width) = tile;
+    if orig_h == 0 || orig_w == 0 || height == 0 || width == 0 || pinpoints.is_empty() {
+        return 0;
+    }
+    let (best_h, best_w) = select_best_resolution(orig_h, orig_w, pinpoints);
+    let (scale_h, scale_w) = (best_h / height, best_w / width);
+    let patches_h = height / vision.patch_size;
+    let patches_w = width / vision.patch_size;
+    let mut current_h = (patches_h * scale_h) as i64;
+    let mut current_w = (patches_w * scale_w) as i64;
+    if current_h == 0 || current_w == 0 {
+        return 0;
+    }
+    let original_aspect = orig_w as f64 / orig_h as f64;
+    let current_aspect = current_w as f64 / current_h as f64;
+    if original_aspect > current_aspect {
+        let new_h = round7_trunc(orig_h as f64 * (current_w as f64 / orig_w as f64));
+        let padding = (current_h - new_h).div_euclid(2);
+        current_h -= padding * 2;
+    } else {
+        let new_w = round7_trunc(orig_w as f64 * (current_h as f64 / orig_h as f64));
+        let padding = (current_w - new_w).div_euclid(2);
+        current_w -= padding * 2;
+    }
+    let unpadded = current_h * current_w;
+    let newline = current_h;
+    let base = (patches_h * patches_w) as i64 + vision.num_additional_image_tokens;
+    vision.adjust(unpadded + newline + base)
+}
+
+/// Python's `int(round(x, 7))` for a non-negative `x`: `x` rounded to 7 decimals, truncated.
+/// Only whether `x` lies within `5e-8` below an integer matters to the truncation; `x · 1e7`
+/// rounded tells that apart except at an exact tie, which the ratios of image sides never hit.
+fn round7_trunc(x: f64) -> i64 {
+    ((x * 1e7).round() / 1e7).trunc() as i64
 }
 
 /// transformers' `get_patch_output_size`: the size the image is resized to inside `target`.

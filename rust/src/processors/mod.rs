@@ -21,8 +21,14 @@
 //!   through [`crate::image::torch`] and [`torch_backend`];
 //! - shared pieces: [`normalize`] (rescale and normalize as lookup tables), [`sizes`] (the
 //!   generic resize sizes with Python's arithmetic), [`input`] (pixel arrays and encoded files
-//!   to RGB), [`config`] (family defaults and keys), [`parallel`], [`store`] (streaming
+//!   to RGB), [`value`] (configuration values, the shared keys and their checked conversions),
+//!   [`family`] (the [`FamilyConfig`] trait every family implements, and [`VisionTokens`]),
+//!   [`config`] (the registry: one line per family), [`parallel`], [`store`] (streaming
 //!   stores into large outputs); buffers come from [`crate::memory`].
+//!
+//! Each family's module owns its configuration keys, its preprocessing and its placeholder
+//! token count (`num_image_tokens`, `num_video_tokens`, returned with the tensors). Adding a
+//! family: its module, its `pub mod` line here, one line in [`config`]'s registry.
 //!
 //! A batch runs in two parallel passes over its images: decode, convert and resize each one
 //! (`u8`, through [`crate::image::resize`], Pillow-exact), then allocate the output tensor once
@@ -32,6 +38,7 @@
 pub mod clip;
 pub mod config;
 mod error;
+pub mod family;
 pub mod gemma3;
 pub mod idefics3;
 pub mod input;
@@ -48,6 +55,7 @@ pub mod siglip;
 pub mod sizes;
 pub mod store;
 pub mod torch_backend;
+pub mod value;
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -56,11 +64,13 @@ use crate::image::decode::DEFAULT_MAX_PIXELS;
 use crate::image::{self as img, ImageRef, ResizeOptions};
 use crate::memory::{fallible, recycle};
 
-pub use config::{Common, Family, ProcessorConfig, Value};
+pub use config::{Family, ProcessorConfig};
 pub use error::ProcessorError;
+pub use family::{FamilyConfig, VisionTokens};
 pub use input::{Alpha, Input, Rgb};
 pub use normalize::Normalize;
 pub use sizes::SizeSpec;
+pub use value::{Common, Value};
 
 /// Largest accepted width or height of any image, input, intermediate or output (Pillow's
 /// resampler limit in [`crate::image::resample::MAX_SIDE`]).
@@ -149,6 +159,7 @@ pub struct Preprocessor {
     family: Family,
     config: ProcessorConfig,
     normalize: Normalize,
+    vision: Option<VisionTokens>,
 }
 
 impl Preprocessor {
@@ -165,7 +176,14 @@ impl Preprocessor {
             family,
             config,
             normalize,
+            vision: None,
         }
+    }
+
+    /// The vision-tower settings the CLIP-like families count their tokens with.
+    pub fn with_vision_tokens(mut self, vision: Option<VisionTokens>) -> Self {
+        self.vision = vision;
+        self
     }
 
     pub fn family(&self) -> Family {
@@ -176,50 +194,37 @@ impl Preprocessor {
         &self.config
     }
 
-    /// Processes a batch of images.
+    pub fn vision_tokens(&self) -> Option<&VisionTokens> {
+        self.vision.as_ref()
+    }
+
+    /// Processes a batch of images: the family's tensors, then `num_image_tokens` `(B,)` int64
+    /// when the family can count them.
     pub fn images(
         &self,
         inputs: &[Input<'_>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        if inputs.is_empty() {
-            return Err(ProcessorError::shape(
-                "images",
-                "at least one image",
-                "an empty batch",
-            ));
-        }
-        match &self.config {
-            ProcessorConfig::Qwen(c) => qwen::images(c, &self.normalize, inputs, options),
-            ProcessorConfig::Clip(c) => clip::images(c, &self.normalize, inputs, options),
-            ProcessorConfig::LlavaNext(c) => {
-                llava_next::images(c, &self.normalize, inputs, options)
-            }
-            ProcessorConfig::Pixtral(c) => pixtral::images(c, &self.normalize, inputs, options),
-            ProcessorConfig::Gemma3(c) => gemma3::images(c, &self.normalize, inputs, options),
-            ProcessorConfig::InternVl(c) => internvl::images(c, &self.normalize, inputs, options),
-            ProcessorConfig::Idefics3(c) => idefics3::images(c, &self.normalize, inputs, options),
-            ProcessorConfig::Llama4(c) => llama4::images(c, inputs, options),
-            ProcessorConfig::Phi4(c) => phi4::images(c, inputs, options),
-            ProcessorConfig::Phi3V(c) => phi3v::images(c, inputs, options),
-        }
+        check_batch(inputs)?;
+        let outputs = self.config.get().images(&self.normalize, inputs, options)?;
+        Ok(self.with_tokens(outputs))
     }
 
     /// [`images`](Self::images), leaving the Qwen families' `pixel_values` unwritten
-    /// ([`Deferred::Patches`]) so that they can be written straight into their destination;
-    /// every other family's outputs are computed ([`Deferred::Done`]).
+    /// ([`Deferred::Patches`], whose [`qwen::Patches::tokens`] counts the tokens) so that they
+    /// can be written straight into their destination; every other family's outputs are
+    /// computed ([`Deferred::Done`]).
     pub fn images_deferred<'a>(
         &self,
         inputs: &[Input<'a>],
         options: &Options,
     ) -> Result<Deferred<'a>, ProcessorError> {
-        match &self.config {
-            ProcessorConfig::Qwen(c) if !inputs.is_empty() => {
-                qwen::plan_images(c, &self.normalize, inputs, options)
-                    .map(|p| Deferred::Patches(Box::new(p)))
-            }
-            _ => self.images(inputs, options).map(Deferred::Done),
-        }
+        check_batch(inputs)?;
+        let deferred = self
+            .config
+            .get()
+            .images_deferred(&self.normalize, inputs, options)?;
+        Ok(self.deferred_with_tokens(deferred))
     }
 
     /// [`videos`](Self::videos) with `pixel_values_videos` left unwritten (see
@@ -229,28 +234,72 @@ impl Preprocessor {
         videos: &[Vec<Input<'a>>],
         options: &Options,
     ) -> Result<Deferred<'a>, ProcessorError> {
-        match &self.config {
-            ProcessorConfig::Qwen(c) => qwen::plan_videos(c, &self.normalize, videos, options)
-                .map(|p| Deferred::Patches(Box::new(p))),
-            _ => self.videos(videos, options).map(Deferred::Done),
-        }
+        let deferred = self
+            .config
+            .get()
+            .videos_deferred(&self.normalize, videos, options)
+            .unwrap_or_else(|| Err(self.no_videos()))?;
+        Ok(self.deferred_with_tokens(deferred))
     }
 
-    /// Processes a batch of videos, each a list of frames (Qwen families only).
+    /// Processes a batch of videos, each a list of frames (Qwen families only): the tensors,
+    /// then `num_video_tokens` `(V,)` int64.
     pub fn videos(
         &self,
         videos: &[Vec<Input<'_>>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        match &self.config {
-            ProcessorConfig::Qwen(c) => qwen::videos(c, &self.normalize, videos, options),
-            _ => Err(ProcessorError::config(
-                "videos",
-                "a Qwen family (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5)",
-                self.family.name(),
-            )),
+        let outputs = self
+            .config
+            .get()
+            .videos(&self.normalize, videos, options)
+            .unwrap_or_else(|| Err(self.no_videos()))?;
+        Ok(self.with_tokens(outputs))
+    }
+
+    fn no_videos(&self) -> ProcessorError {
+        ProcessorError::config(
+            "videos",
+            "a Qwen family (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5)",
+            self.family.name(),
+        )
+    }
+
+    /// `outputs` with the family's token counts appended (`num_image_tokens`,
+    /// `num_video_tokens`), those it can count.
+    fn with_tokens(&self, mut outputs: Outputs) -> Outputs {
+        let images = self.config.image_tokens(&outputs, self.vision.as_ref());
+        let videos = self.config.video_tokens(&outputs);
+        if let Some(counts) = images {
+            outputs
+                .tensors
+                .push(("num_image_tokens", family::tokens_tensor(counts)));
+        }
+        if let Some(counts) = videos {
+            outputs
+                .tensors
+                .push(("num_video_tokens", family::tokens_tensor(counts)));
+        }
+        outputs
+    }
+
+    fn deferred_with_tokens<'a>(&self, deferred: Deferred<'a>) -> Deferred<'a> {
+        match deferred {
+            Deferred::Done(outputs) => Deferred::Done(self.with_tokens(outputs)),
+            patches => patches,
         }
     }
+}
+
+fn check_batch(inputs: &[Input<'_>]) -> Result<(), ProcessorError> {
+    if inputs.is_empty() {
+        return Err(ProcessorError::shape(
+            "images",
+            "at least one image",
+            "an empty batch",
+        ));
+    }
+    Ok(())
 }
 
 /// A batch processed but for its largest tensor, which is written later, where it is needed.

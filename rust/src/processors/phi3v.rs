@@ -16,8 +16,10 @@
 
 use std::borrow::Cow;
 
-use super::config::{as_count, Common, Value, CLIP_MEAN, CLIP_STD};
+use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::normalize::Normalize;
 use super::torch_backend::{self as tb, to_tensor_table};
+use super::value::{as_count, Common, Value, CLIP_MEAN, CLIP_STD};
 use super::{
     checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer, Outputs,
     ProcessorError, Rgb, Tensor, TensorData,
@@ -48,8 +50,18 @@ impl Phi3VConfig {
             num_crops: 16,
         }
     }
+}
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+impl FamilyConfig for Phi3VConfig {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "num_crops" => self.num_crops = as_count("num_crops", value, MAX_CROPS)?,
             _ => return Ok(false),
@@ -57,11 +69,11 @@ impl Phi3VConfig {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         vec![("num_crops", Value::Int(self.num_crops as i64))]
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         if self.common.image_std.contains(&0.0) {
             return Err(ProcessorError::config(
                 "image_std",
@@ -70,6 +82,20 @@ impl Phi3VConfig {
             ));
         }
         Ok(())
+    }
+
+    fn images(
+        &self,
+        _normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, inputs, options)
+    }
+
+    /// `num_img_tokens`, which the processor returns (see the module docs).
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        i64_values(outputs, "num_img_tokens").map(<[i64]>::to_vec)
     }
 }
 

@@ -18,8 +18,10 @@
 //! `W / H`, ties as `find_closest_aspect_ratio` breaks them. Images too thin for it (a resized
 //! side under 10 pixels) are refused, as transformers refuses them.
 
-use super::config::{as_count, as_hw, hw_value, Common, Value, HALF};
+use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::normalize::Normalize;
 use super::torch_backend::{self as tb, fused_f32_table};
+use super::value::{as_count, as_hw, hw_value, Common, Value, HALF};
 use super::{
     checked_len, parallel, prepare_all, Input, Options, Out, OutBuffer, Outputs, ProcessorError,
     Rgb, Tensor, TensorData,
@@ -55,7 +57,21 @@ impl Phi4Config {
         }
     }
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+    fn mask_side(&self) -> usize {
+        self.tile.0 / self.patch_size
+    }
+}
+
+impl FamilyConfig for Phi4Config {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "size" => self.tile = as_hw("size", value)?,
             "patch_size" => self.patch_size = as_count("patch_size", value, 1 << 16)?,
@@ -65,7 +81,7 @@ impl Phi4Config {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         vec![
             ("size", hw_value(self.tile)),
             ("patch_size", Value::Int(self.patch_size as i64)),
@@ -73,7 +89,7 @@ impl Phi4Config {
         ]
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         if self.tile.0 != self.tile.1 {
             return Err(ProcessorError::config(
                 "size",
@@ -99,8 +115,18 @@ impl Phi4Config {
         tb::check_torch_steps(&self.common)
     }
 
-    fn mask_side(&self) -> usize {
-        self.tile.0 / self.patch_size
+    fn images(
+        &self,
+        _normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, inputs, options)
+    }
+
+    /// `num_img_tokens`, which the processor returns (see the module docs).
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        i64_values(outputs, "num_img_tokens").map(<[i64]>::to_vec)
     }
 }
 

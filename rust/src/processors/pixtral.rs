@@ -18,9 +18,10 @@
 //! Mistral-Small-3.1), so the sizes are the ones the model's placeholder tokens are counted on.
 
 use super::clip::{write_padded, Prepared};
-use super::config::{as_bool, as_count, as_hw, hw_value, Common, Value, CLIP_MEAN, CLIP_STD};
+use super::family::{i64_values, FamilyConfig, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::center_crop_origin;
+use super::value::{as_bool, as_count, as_hw, hw_value, Common, Value, CLIP_MEAN, CLIP_STD};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -82,8 +83,18 @@ impl PixtralConfig {
         let m = self.spatial_merge_size;
         (self.patch_size.0 * m, self.patch_size.1 * m)
     }
+}
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+impl FamilyConfig for PixtralConfig {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "size" => self.size = as_pixtral_size(value)?,
             "patch_size" => self.patch_size = as_patch(value)?,
@@ -103,7 +114,7 @@ impl PixtralConfig {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         let size = match self.size {
             PixtralSize::LongestEdge(l) => Value::Map(vec![("longest_edge".into(), l as i64)]),
             PixtralSize::HeightWidth { height, width } => hw_value((height, width)),
@@ -121,8 +132,33 @@ impl PixtralConfig {
         ]
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
-        super::config::check_crop(self.do_center_crop, self.crop_size)
+    fn validate(&self) -> Result<(), ProcessorError> {
+        super::value::check_crop(self.do_center_crop, self.crop_size)
+    }
+
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, normalize, inputs, options)
+    }
+
+    /// `PixtralProcessor`: `rows · (cols + 1)` per image (`[IMG]` per merged patch, a break or
+    /// the end after each row) of its processed `image_sizes`.
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        let (ph, pw) = self.effective_patch();
+        let sizes = i64_values(outputs, "image_sizes")?;
+        Some(
+            sizes
+                .chunks_exact(2)
+                .map(|hw| {
+                    let (rows, cols) = (hw[0] / ph as i64, hw[1] / pw as i64);
+                    rows * (cols + 1)
+                })
+                .collect(),
+        )
     }
 }
 

@@ -11,16 +11,17 @@
 //! are grouped `temporal_patch_size` at a time (the last frame repeated to fill the last group)
 //! and each group is patched like an image whose frames differ.
 
-use super::config::{as_count, Common, Value, CLIP_MEAN, CLIP_STD, HALF};
+use super::family::{i64_values, tokens_tensor, FamilyConfig, VisionTokens};
 use super::normalize::{Normalize, Runs};
+use super::value::{as_count, Common, Value, CLIP_MEAN, CLIP_STD, HALF};
 use std::mem::MaybeUninit;
 
 use crate::tensor::wire::Produce;
 use crate::tensor::TensorError;
 
 use super::{
-    checked_len, parallel, prepare_all, recycle_images, resize_rgb, split_lengths, store, Input,
-    Options, OutBuffer, Outputs, ProcessorError, Rgb, RgbRef, Tensor, TensorData,
+    checked_len, parallel, prepare_all, recycle_images, resize_rgb, split_lengths, store, Deferred,
+    Input, Options, OutBuffer, Outputs, ProcessorError, Rgb, RgbRef, Tensor, TensorData,
 };
 
 /// The configuration of the Qwen families.
@@ -69,8 +70,18 @@ impl QwenConfig {
     pub fn factor(&self) -> usize {
         self.patch_size * self.merge_size
     }
+}
 
-    pub(crate) fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+impl FamilyConfig for QwenConfig {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
         match key {
             "patch_size" => self.patch_size = as_count("patch_size", value, MAX_PATCH)?,
             "merge_size" => self.merge_size = as_count("merge_size", value, MAX_MERGE)?,
@@ -112,7 +123,7 @@ impl QwenConfig {
         Ok(true)
     }
 
-    pub(crate) fn entries(&self) -> Vec<(&'static str, Value)> {
+    fn entries(&self) -> Vec<(&'static str, Value)> {
         let size = Value::Map(vec![
             ("shortest_edge".to_owned(), self.min_pixels as i64),
             ("longest_edge".to_owned(), self.max_pixels as i64),
@@ -128,10 +139,65 @@ impl QwenConfig {
         ]
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ProcessorError> {
+    fn validate(&self) -> Result<(), ProcessorError> {
         // set() checks every value; the config is valid by construction.
         Ok(())
     }
+
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, normalize, inputs, options)
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        plan_images(self, normalize, inputs, options).map(|p| Deferred::Patches(Box::new(p)))
+    }
+
+    fn videos(
+        &self,
+        normalize: &Normalize,
+        batch: &[Vec<Input<'_>>],
+        options: &Options,
+    ) -> Option<Result<Outputs, ProcessorError>> {
+        Some(videos(self, normalize, batch, options))
+    }
+
+    fn videos_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        batch: &[Vec<Input<'a>>],
+        options: &Options,
+    ) -> Option<Result<Deferred<'a>, ProcessorError>> {
+        Some(plan_videos(self, normalize, batch, options).map(|p| Deferred::Patches(Box::new(p))))
+    }
+
+    /// `grid_h · grid_w / merge_size²` per image (`image_grid_thw`).
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        i64_values(outputs, "image_grid_thw").map(|grid| grid_tokens(grid, self.merge_size))
+    }
+
+    /// `grid_t · grid_h · grid_w / merge_size²` per video (`video_grid_thw`).
+    fn video_tokens(&self, outputs: &Outputs) -> Option<Vec<i64>> {
+        i64_values(outputs, "video_grid_thw").map(|grid| grid_tokens(grid, self.merge_size))
+    }
+}
+
+/// `t · h · w / merge_size²` per `[t, h, w]` row of a grid (`image_grid_thw`,
+/// `video_grid_thw`): the placeholder tokens of each image or video.
+pub fn grid_tokens(grid: &[i64], merge_size: usize) -> Vec<i64> {
+    let merge = (merge_size * merge_size) as i64;
+    grid.chunks_exact(3)
+        .map(|r| r[0] * r[1] * r[2] / merge)
+        .collect()
 }
 
 fn pixels(field: &'static str, value: &Value) -> Result<u64, ProcessorError> {
@@ -373,6 +439,18 @@ impl<'a> Patches<'a> {
         };
         let values = self.grid.iter().flatten().copied().collect();
         (name, Tensor::i64(vec![self.grid.len(), 3], values))
+    }
+
+    /// `num_image_tokens` (or `num_video_tokens`): the placeholder tokens of each image (or
+    /// video), from the grid.
+    pub fn tokens(&self) -> (&'static str, Tensor) {
+        let name = if self.video {
+            "num_video_tokens"
+        } else {
+            "num_image_tokens"
+        };
+        let grid: Vec<i64> = self.grid.iter().flatten().copied().collect();
+        (name, tokens_tensor(grid_tokens(&grid, self.merge_size)))
     }
 
     /// Writes the tensor into `out` (exactly [`byte_len`](Self::byte_len) bytes, any

@@ -5,8 +5,8 @@
 //! It is the generic `PilBackend` pipeline of [`super::clip`] with these defaults.
 
 use super::clip::{ClipConfig, PadMode};
-use super::config::{Common, HALF};
 use super::sizes::SizeSpec;
+use super::value::{Common, HALF};
 
 impl ClipConfig {
     /// `SiglipImageProcessorPil`'s class defaults.

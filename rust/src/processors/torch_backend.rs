@@ -9,8 +9,8 @@
 
 use std::borrow::Cow;
 
-use super::config::Common;
 use super::normalize::Slot;
+use super::value::Common;
 use super::{check_image, check_side, Out, ProcessorError, Rgb, RgbRef};
 use crate::image::resample::ImageRef;
 use crate::image::torch::{self, bf16_bits, bf16_value, TorchFilter};

@@ -19,7 +19,7 @@ use crate::memory::recycle;
 use crate::processors::qwen::Patches;
 use crate::processors::{
     Alpha, Deferred, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData,
-    Value,
+    Value, VisionTokens,
 };
 use crate::tensor::wire::Produce;
 
@@ -465,12 +465,17 @@ fn deferred_to_py(
             .collect(),
         Deferred::Patches(patches) => {
             let (grid_name, grid) = patches.grid();
+            let (tokens_name, tokens) = patches.tokens();
             let pending = PyPendingTensor { patches: *patches };
             Ok(vec![
                 (pending.patches.name(), Py::new(py, pending)?.into_any()),
                 (
                     grid_name,
                     Py::new(py, PyTensor::new(grid.shape, grid.data))?.into_any(),
+                ),
+                (
+                    tokens_name,
+                    Py::new(py, PyTensor::new(tokens.shape, tokens.data))?.into_any(),
                 ),
             ])
         }
@@ -485,13 +490,21 @@ struct PyPreprocessor {
 
 #[pymethods]
 impl PyPreprocessor {
-    /// Preprocessor(family, config)
+    /// Preprocessor(family, config, vision_tokens=None)
     /// --
     ///
     /// `family`'s transformers class defaults overridden by `config` (normalised keys: see
-    /// `smg_grpc_proto.vision`). Raises `ValueError(kind, ...)` for a bad value or key.
+    /// `smg_grpc_proto.vision`). `vision_tokens` is `(patch_size, num_additional_image_tokens,
+    /// vision_feature_select_strategy)`, which the CLIP-like families count their tokens with.
+    /// Raises `ValueError(kind, ...)` for a bad value or key.
     #[new]
-    fn new(py: Python<'_>, family: &str, config: &Bound<'_, PyDict>) -> PyResult<Self> {
+    #[pyo3(signature = (family, config, vision_tokens=None))]
+    fn new(
+        py: Python<'_>,
+        family: &str,
+        config: &Bound<'_, PyDict>,
+        vision_tokens: Option<(i64, i64, Option<String>)>,
+    ) -> PyResult<Self> {
         let family = Family::from_name(family).ok_or_else(|| {
             let names: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
             processor_error(
@@ -511,7 +524,13 @@ impl PyPreprocessor {
             let value = value_of(&key, &v)?;
             entries.push((key, value));
         }
-        let inner = Preprocessor::new(family, &entries).map_err(|e| processor_error(py, &e))?;
+        let vision = vision_tokens
+            .map(|(patch, extra, strategy)| VisionTokens::new(patch, extra, strategy.as_deref()))
+            .transpose()
+            .map_err(|e| processor_error(py, &e))?;
+        let inner = Preprocessor::new(family, &entries)
+            .map_err(|e| processor_error(py, &e))?
+            .with_vision_tokens(vision);
         Ok(PyPreprocessor { inner })
     }
 

@@ -41,13 +41,13 @@ pub enum TensorError {
         dst: usize,
         dst_len: usize,
     },
-    /// A nonce that is not exactly [`NONCE_LEN`](super::wire::NONCE_LEN) bytes.
+    /// A nonce that is not exactly [`NONCE_LEN`](super::limits::NONCE_LEN) bytes.
     NonceLength { len: usize },
     /// A plan field number outside `1..=536870911` (`value` as the caller wrote it).
     PlanFieldNumber { path: String, value: String },
     /// The same field number twice in one message plan.
     PlanDuplicateField { path: String, field: u32 },
-    /// A plan nested deeper than [`MAX_DEPTH`](super::wire::MAX_DEPTH): messages below that
+    /// A plan nested deeper than [`MAX_DEPTH`](super::limits::MAX_DEPTH): messages below that
     /// depth are never entered, which bounds the nesting `decode_frames` and `encode_frames`
     /// follow.
     PlanTooDeep { max: usize },
@@ -159,12 +159,12 @@ impl fmt::Display for TensorError {
             NonceLength { len } => write!(
                 f,
                 "nonce: must be exactly {} bytes, got {len}",
-                super::wire::NONCE_LEN
+                super::limits::NONCE_LEN
             ),
             PlanFieldNumber { path, value } => write!(
                 f,
                 "plan: field number {value} at {path} is outside 1..={}",
-                super::wire::MAX_FIELD_NUMBER
+                super::limits::MAX_FIELD_NUMBER
             ),
             PlanDuplicateField { path, field } => {
                 write!(
@@ -189,7 +189,7 @@ impl fmt::Display for TensorError {
             } => write!(
                 f,
                 "{input}: field number {field} in the record at byte {offset} exceeds {}",
-                super::wire::MAX_FIELD_NUMBER
+                super::limits::MAX_FIELD_NUMBER
             ),
             GroupWireType {
                 input,

@@ -5,8 +5,9 @@
 //! need Python:
 //!
 //! - [`dtype`]: the wire vocabulary (`float32`, `bfloat16`, `float16`, `int64`, `uint32`,
-//!   `uint8`), item sizes, the numpy storage dtypes we accept as sources, and `shape × itemsize`
-//!   with checked arithmetic.
+//!   `uint8`) and item sizes; [`checked`]: parsing wire names and the numpy storage dtypes we
+//!   accept as sources, and `shape × itemsize` with checked arithmetic; [`limits`]: the wire
+//!   codec's fixed limits.
 //! - [`convert`]: copying and converting tensor bytes (`float32` → `bfloat16` / `float16`, round
 //!   to nearest even, NaN and Inf preserved), split over threads for large tensors; the result
 //!   never depends on the thread count.
@@ -21,10 +22,13 @@
 //! taken after its bounds were checked) before anything is written; nothing here panics on bad
 //! input.
 
+pub mod checked;
 pub mod convert;
 pub mod dtype;
 pub mod error;
+pub mod limits;
 pub mod wire;
 
-pub use dtype::{byte_len, WireDtype};
+pub use checked::byte_len;
+pub use dtype::WireDtype;
 pub use error::TensorError;

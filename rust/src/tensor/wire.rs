@@ -23,14 +23,9 @@ use super::convert::{as_uninit, default_threads, Conversion};
 use super::dtype::WireDtype;
 use super::error::TensorError;
 
-/// Bytes of the random nonce that starts every token.
-pub const NONCE_LEN: usize = 16;
+pub use super::limits::{MAX_DEPTH, MAX_FIELD_NUMBER, NONCE_LEN};
 /// Bytes of a token: the nonce and a little-endian `u32` index.
 pub const TOKEN_LEN: usize = NONCE_LEN + 4;
-/// The largest protobuf field number (2^29 − 1).
-pub const MAX_FIELD_NUMBER: u32 = (1 << 29) - 1;
-/// Deepest message nesting entered along a plan (the top-level message is depth 0).
-pub const MAX_DEPTH: usize = 100;
 /// Protobuf's message size limit: 2 GiB − 1.
 pub const MAX_MESSAGE_BYTES: usize = i32::MAX as usize;
 

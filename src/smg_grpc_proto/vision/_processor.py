@@ -37,7 +37,7 @@ from smg_grpc_proto.errors import (
     ImageProcessingError,
 )
 from smg_grpc_proto.vision import _config, _inputs, _tokens
-from smg_grpc_proto.vision._config import QWEN, Family
+from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS
 
 __all__ = ["DeferredOutput", "ImageProcessor", "ProcessorOutput"]
@@ -238,8 +238,9 @@ class ImageProcessor:
         vision_tokens: _tokens.VisionTokens | None = None,
     ) -> None:
         normalised = _config.normalise(family, config or {}) if family in _config.FAMILIES else {}
+        native_tokens = vision_tokens.native() if vision_tokens is not None else None
         try:
-            self._native = _native.Preprocessor(family, normalised)
+            self._native = _native.Preprocessor(family, normalised, native_tokens)
         except ValueError as exc:
             raise _raise_native(exc) from None
         if alpha not in ("load_image", "white", "drop"):
@@ -253,8 +254,14 @@ class ImageProcessor:
         self.apply_exif = bool(apply_exif)
         self.alpha: Literal["load_image", "white", "drop"] = alpha
         self.max_pixels = max_pixels
-        self.vision_tokens = vision_tokens
+        self._vision_tokens = vision_tokens
         self._config: dict[str, Any] = self._native.config()
+
+    @property
+    def vision_tokens(self) -> _tokens.VisionTokens | None:
+        """The vision-tower settings the CLIP-like families count tokens with (fixed at
+        construction: the native processor counts them)."""
+        return self._vision_tokens
 
     @property
     def config(self) -> dict[str, Any]:
@@ -404,8 +411,8 @@ class ImageProcessor:
             cols=values.get("cols"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
-            num_image_tokens=self._image_tokens(values),
-            num_video_tokens=self._grid_tokens(values.get("video_grid_thw")),
+            num_image_tokens=_counts(values.get("num_image_tokens")),
+            num_video_tokens=_counts(values.get("num_video_tokens")),
         )
 
     @staticmethod
@@ -419,65 +426,7 @@ class ImageProcessor:
             for name, tensor in tensors
         }
 
-    def _grid_tokens(self, grid: I64Array | None) -> tuple[int, ...] | None:
-        if grid is None:
-            return None
-        merge = int(self._config["merge_size"])
-        return tuple(int(t * h * w) // (merge * merge) for t, h, w in grid.tolist())
 
-    def _image_tokens(self, values: Mapping[str, npt.NDArray[Any]]) -> tuple[int, ...] | None:
-        if "num_img_tokens" in values:  # Phi-3-vision, Phi-4-multimodal: computed natively
-            return tuple(int(n) for n in values["num_img_tokens"].tolist())
-        if self.family == "llama4":
-            ratios = values.get("aspect_ratios")
-            if ratios is None:
-                return None
-            per_tile = _tokens.llama4_tokens_per_tile(
-                int(self._config["size"]["height"]),
-                int(self._config["patch_size"]),
-                float(self._config["pixel_shuffle_ratio"]),
-            )
-            return tuple(_tokens.llama4_tokens(r, c, per_tile) for r, c in ratios.tolist())
-        if self.family in QWEN:
-            return self._grid_tokens(values.get("image_grid_thw"))
-        if self.family == "pixtral":
-            sizes = values.get("image_sizes")
-            if sizes is None:
-                return None
-            merge = int(self._config["spatial_merge_size"])
-            patch = self._config["patch_size"]
-            ph, pw = int(patch["height"]) * merge, int(patch["width"]) * merge
-            return tuple(_tokens.pixtral_tokens(h, w, ph, pw) for h, w in sizes.tolist())
-        if self.family == "gemma3":
-            crops = values.get("num_crops")
-            if crops is None:
-                return None
-            seq = int(self._config["image_seq_length"])
-            return tuple(_tokens.gemma3_tokens(c, seq) for c in crops.tolist())
-        if self.family == "internvl":
-            patches = values.get("num_patches")
-            if patches is None:
-                return None
-            seq = int(self._config["image_seq_length"])
-            return tuple(_tokens.internvl_tokens(n, seq) for n in patches.tolist())
-        if self.family in ("idefics3", "smolvlm"):
-            rows, cols = values.get("rows"), values.get("cols")
-            if rows is None or cols is None:
-                return None
-            seq = int(self._config["image_seq_len"])
-            return tuple(
-                _tokens.idefics3_tokens(r, c, seq)
-                for r, c in zip(rows.reshape(-1).tolist(), cols.reshape(-1).tolist(), strict=True)
-            )
-        pixels = values.get("pixel_values")
-        vision = self.vision_tokens
-        if pixels is None or vision is None:
-            return None
-        height, width = int(pixels.shape[-2]), int(pixels.shape[-1])
-        if self.family == "llava_next":
-            sizes = values["image_sizes"].tolist()
-            pinpoints = self._config["image_grid_pinpoints"]
-            return tuple(
-                _tokens.llava_next_tokens(h, w, height, width, pinpoints, vision) for h, w in sizes
-            )
-        return (_tokens.llava_tokens(height, width, vision),) * int(pixels.shape[0])
+def _counts(tokens: npt.NDArray[Any] | None) -> tuple[int, ...] | None:
+    """The native processor's token counts (``num_image_tokens``, ``num_video_tokens``)."""
+    return None if tokens is None else tuple(int(n) for n in tokens.tolist())

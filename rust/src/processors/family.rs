@@ -1,0 +1,149 @@
+//! What a model family is to the rest of the crate: [`FamilyConfig`], implemented by each
+//! family's configuration in its own module (`qwen.rs`, `clip.rs`, …), which owns its keys, its
+//! preprocessing and its placeholder token count; and [`VisionTokens`], the vision-tower
+//! settings that the CLIP-like families need to count tokens.
+//!
+//! The registry ([`super::config`]) maps family names to these types; families import this
+//! module and [`super::value`], never the registry.
+
+use std::fmt;
+
+use super::error::ProcessorError;
+use super::normalize::Normalize;
+use super::value::{Common, Value};
+use super::{Deferred, Input, Options, Outputs, Tensor, TensorData};
+
+/// The processor settings that turn a processed image into a token count for the families
+/// whose count depends on the vision tower rather than on the image processor (CLIP, LLaVA-1.5,
+/// SigLIP, LLaVA-NeXT): `LlavaProcessor`'s and `LlavaNextProcessor`'s `patch_size`,
+/// `num_additional_image_tokens` and `vision_feature_select_strategy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VisionTokens {
+    /// The vision tower's patch size (14 for the CLIP ViT-L/14 of LLaVA); at least 1.
+    pub patch_size: usize,
+    /// Extra embeddings per image (1 for a CLS token).
+    pub num_additional_image_tokens: i64,
+    /// `vision_feature_select_strategy == "default"`: one token (the CLS) is dropped.
+    pub drop_one: bool,
+}
+
+impl VisionTokens {
+    /// Checks the patch size (`strategy` is `vision_feature_select_strategy`).
+    pub fn new(
+        patch_size: i64,
+        num_additional_image_tokens: i64,
+        strategy: Option<&str>,
+    ) -> Result<Self, ProcessorError> {
+        let patch = usize::try_from(patch_size)
+            .ok()
+            .filter(|&p| (1..=super::MAX_SIDE).contains(&p))
+            .ok_or_else(|| {
+                ProcessorError::config(
+                    "vision_tokens.patch_size",
+                    format!("an integer between 1 and {}", super::MAX_SIDE),
+                    patch_size,
+                )
+            })?;
+        Ok(VisionTokens {
+            patch_size: patch,
+            num_additional_image_tokens,
+            drop_one: strategy == Some("default"),
+        })
+    }
+
+    /// `count`, less the CLS token for the `"default"` strategy.
+    pub fn adjust(&self, count: i64) -> i64 {
+        if self.drop_one {
+            count - 1
+        } else {
+            count
+        }
+    }
+}
+
+/// One family's configuration: its keys over [`Common`], its preprocessing and its token count.
+///
+/// Adding a family: a module with a type implementing this trait, one line in the registry
+/// ([`super::config`]), and the module's `mod` line.
+pub trait FamilyConfig: fmt::Debug + Send + Sync {
+    /// The keys every family shares.
+    fn common(&self) -> &Common;
+    fn common_mut(&mut self) -> &mut Common;
+    /// Sets one of the family's own keys; `Ok(false)` if `key` is not one of them.
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError>;
+    /// The family's own keys and their values (the shared ones are [`Common`]'s).
+    fn entries(&self) -> Vec<(&'static str, Value)>;
+    /// Checks the combination of values (each `set` checked its own).
+    fn validate(&self) -> Result<(), ProcessorError>;
+
+    /// Processes a non-empty batch of images.
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError>;
+
+    /// [`images`](Self::images) with the largest tensor left unwritten where the family can
+    /// (see [`super::Preprocessor::images_deferred`]); computed by default.
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        self.images(normalize, inputs, options).map(Deferred::Done)
+    }
+
+    /// Processes a batch of videos, each a list of frames; `Ok(None)` for a family without
+    /// videos.
+    fn videos(
+        &self,
+        _normalize: &Normalize,
+        _videos: &[Vec<Input<'_>>],
+        _options: &Options,
+    ) -> Option<Result<Outputs, ProcessorError>> {
+        None
+    }
+
+    /// [`videos`](Self::videos) with the largest tensor left unwritten where the family can.
+    fn videos_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        videos: &[Vec<Input<'a>>],
+        options: &Options,
+    ) -> Option<Result<Deferred<'a>, ProcessorError>> {
+        self.videos(normalize, videos, options)
+            .map(|r| r.map(Deferred::Done))
+    }
+
+    /// Placeholder tokens per image of `outputs` (what this family's images returned), as the
+    /// family's transformers processor writes them into the prompt; `None` when they cannot be
+    /// known (the CLIP-like families without [`VisionTokens`]).
+    fn image_tokens(&self, outputs: &Outputs, vision: Option<&VisionTokens>) -> Option<Vec<i64>>;
+
+    /// Placeholder tokens per video of `outputs`; `None` for a family without videos.
+    fn video_tokens(&self, _outputs: &Outputs) -> Option<Vec<i64>> {
+        None
+    }
+}
+
+/// The values of an `int64` tensor of `outputs`, if it has one named `name`.
+pub fn i64_values<'o>(outputs: &'o Outputs, name: &str) -> Option<&'o [i64]> {
+    match outputs.get(name) {
+        Some(Tensor {
+            data: TensorData::I64(values),
+            ..
+        }) => Some(values),
+        _ => None,
+    }
+}
+
+/// The token counts as the `(n,)` `int64` tensor the processors return them in
+/// (`num_image_tokens`, `num_video_tokens`).
+pub fn tokens_tensor(counts: Vec<i64>) -> Tensor {
+    Tensor {
+        shape: vec![counts.len()],
+        data: TensorData::I64(counts),
+    }
+}
