@@ -5,8 +5,10 @@ servicer reads it: expanded ``input_ids``, ``pixel_values`` (float32 unless ``dt
 otherwise), the side tensors in ``model_specific_tensors`` (Qwen ``image_grid_thw``, LLaVA-NeXT
 ``image_sizes``), ``im_token_id``, one ``mm_placeholders`` range per image, and — as the SMG
 gateway does — the encoded files in ``image_data`` when the images came as bytes, with
-``modalities = ["image"]``. SGLang's ``TensorData`` has no shared-memory handle: tensors travel
-inline.
+``modalities = ["image"]``; :func:`fill_mm_inputs` fills the same fields of a request built
+elsewhere whose ``input_ids`` are expanded already. SGLang's ``TensorData`` has no shared-memory
+handle: tensors travel inline. Video raises
+:class:`~smg_grpc_proto.errors.MultimodalNotSupportedError`.
 
 Engine side, :func:`decode_mm_inputs` returns one :class:`DecodedBatch`. The contract carries no
 layout keys, so the split into items follows the tensors: ``pixel_values`` is flat when the

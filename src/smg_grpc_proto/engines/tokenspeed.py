@@ -6,7 +6,8 @@ gateway's derivation, over our digest of content and preprocessing parameters),
 ``encoder_input`` — the item's slice of the pixels in the engine's dtype, ``bfloat16`` unless
 told otherwise — the item's side tensors (Qwen ``image_grid_thw`` ``[1, 3]``), one placeholder
 range and ``placeholder_token_id``. Tensors travel inline, through shared memory, or through
-shared memory from ``shm_min_bytes`` on (``"auto"``).
+shared memory from ``shm_min_bytes`` on (``"auto"``). :func:`fill_mm_inputs` fills the same
+items into a request built elsewhere whose ``input_ids`` are expanded already.
 
 Engine side, :func:`decode_mm_inputs` validates every item as TokenSpeed's servicer does
 (modality set; IMAGE without ``video_grid_thw``; VIDEO with ``video_grid_thw`` and without

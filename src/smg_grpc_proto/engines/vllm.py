@@ -4,7 +4,9 @@ Gateway side, :func:`generate_request` fills a ``GenerateRequest``: expanded ``i
 ``mm_inputs`` (and ``extra_mm_inputs`` for a second modality) with ``pixel_values``, the side
 tensors in ``model_specific_tensors``, ``mm_placeholders`` covering only each placeholder run,
 ``mm_hashes`` (blake3 hex), ``batched_keys``, ``flat_keys`` (Qwen: ``pixel_values`` ->
-``patches_per_image``), ``keep_on_cpu_keys``, ``modality`` and ``im_token_id``.
+``patches_per_image``), ``keep_on_cpu_keys``, ``modality`` and ``im_token_id``;
+:func:`fill_mm_inputs` fills the same fields of a request built elsewhere whose ``input_ids``
+are expanded already.
 
 Engine side, :func:`decode_mm_inputs` reads every batch back into :class:`DecodedBatch` objects
 following the servicer's rules (batched / flat / shared per key; VIDEO renames ``pixel_values``
