@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from smg_grpc_proto import tensors
-from smg_grpc_proto.engines import PreparedMedia, VisionModel, expand_placeholders
+from smg_grpc_proto.engines import PreparedMedia, VisionModel, content_hash, expand_placeholders
 from smg_grpc_proto.engines import mlx as mlx_adapter
 from smg_grpc_proto.engines import sglang as sglang_adapter
 from smg_grpc_proto.engines import tokenspeed as ts_adapter
@@ -201,7 +201,7 @@ def test_tokenspeed_round_trip_exact(family: str, transport: str, dtype: str | N
     for i, (batch, item) in enumerate(zip(batches, items, strict=True)):
         assert item.modality == common_pb2.IMAGE
         assert item.placeholder_token_id == media.token_id
-        assert item.content_hash == ts_adapter.content_hash(media.hex_hashes[i])
+        assert item.content_hash == content_hash(media.hex_hashes[i])
         assert batch.items[0].content_hash == item.content_hash.hex()
         assert batch.items[0].placeholder[1] == media.token_counts[i]
         for name, original in media.item_tensors(i).items():
@@ -325,7 +325,7 @@ def test_trtllm_files_round_trip() -> None:
     assert trt_adapter.decode_mm_inputs(_wire(request), image_token_id=151655) == tuple(files)
     with pytest.raises(PlaceholderError, match=r"holds 2 image anchor token\(s\) \(151655\) for 1"):
         trt_adapter.generate_request("r", prompt, files[:1], max_tokens=8, image_token_id=151655)
-    with pytest.raises(MultimodalError, match=r"images\[1\]: not a JPEG, PNG, GIF, BMP or WebP"):
+    with pytest.raises(MultimodalError, match=r"media\[1\]: not a JPEG, PNG, GIF, BMP or WebP"):
         trt_adapter.generate_request("r", prompt, [files[0], b"hello world"], max_tokens=8)
     with pytest.raises(MultimodalError, match="max_tokens"):
         trt_adapter.generate_request("r", prompt, files, max_tokens=0)

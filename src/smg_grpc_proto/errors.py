@@ -25,6 +25,7 @@ __all__ = [
     "InputFileError",
     "MultimodalError",
     "MultimodalLayoutError",
+    "MultimodalNotSupportedError",
     "PlaceholderError",
     "ProcessingLimitError",
     "ProcessingMemoryError",
@@ -99,6 +100,13 @@ class PlaceholderError(MultimodalError):
 
 class MultimodalLayoutError(MultimodalError):
     """A tensor's shape disagrees with the batch layout: items on dim 0, flat sizes, grids."""
+
+
+class MultimodalNotSupportedError(MultimodalError, NotImplementedError):
+    """The engine's contract has no field for this media: MLX carries none, SGLang's
+    preprocessed input carries images only, TensorRT-LLM carries encoded image files only. The
+    message names the engine and what it cannot carry; ``except NotImplementedError`` and
+    ``except MultimodalError`` both catch it."""
 
 
 class ImageDecodeError(SmgProtoError, ValueError):

@@ -23,8 +23,13 @@ import numpy.typing as npt
 
 from smg_grpc_proto import _native
 from smg_grpc_proto._native import PendingTensor
-from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError, PlaceholderError
-from smg_grpc_proto.vision import DeferredOutput, ImageProcessor, ProcessorOutput
+from smg_grpc_proto.errors import (
+    ImageDecodeError,
+    MultimodalError,
+    MultimodalLayoutError,
+    PlaceholderError,
+)
+from smg_grpc_proto.vision import DeferredOutput, ImageProcessor, ProcessorOutput, decode
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._inputs import flatten_images, flatten_videos, to_native
 from smg_grpc_proto.vision._tokens import VisionTokens
@@ -33,7 +38,10 @@ __all__ = [
     "Modality",
     "PreparedMedia",
     "VisionModel",
+    "content_hash",
     "expand_placeholders",
+    "image_format",
+    "placeholder_ranges",
 ]
 
 Modality = Literal["image", "video"]
@@ -455,3 +463,91 @@ def expand_placeholders(
     starts = np.concatenate([[0], np.cumsum(repeats)[:-1]]) if ids.size else repeats
     ranges = [[(int(starts[p]), int(repeats[p])) for p in where.tolist()] for where in positions]
     return expanded, ranges
+
+
+def placeholder_ranges(
+    input_ids: Sequence[int] | npt.NDArray[Any],
+    media: Sequence[PreparedMedia],
+) -> list[list[tuple[int, int]]]:
+    """The placeholder ranges of an *expanded* prompt: the inverse of
+    :func:`expand_placeholders`, for a request whose ``input_ids`` were expanded already.
+
+    Per media, one ``(offset, length)`` per item: the item's run of ``token_counts[i]``
+    consecutive ``token_id`` tokens, items in prompt order. Any other number of placeholder
+    tokens, or a run split by other tokens, is a :class:`PlaceholderError` naming the numbers.
+    """
+    ids = np.asarray(input_ids)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise PlaceholderError(
+            f"input_ids must be a 1-D sequence of integers, got shape {list(ids.shape)} "
+            f"of {ids.dtype}",
+            field="input_ids",
+        )
+    out: list[list[tuple[int, int]]] = []
+    seen: dict[int, int] = {}
+    for m, item in enumerate(media):
+        if item.token_id in seen:
+            raise PlaceholderError(
+                f"media[{m}] and media[{seen[item.token_id]}] share the placeholder token "
+                f"{item.token_id}; pass the items of one modality as one PreparedMedia",
+                field=f"media[{m}].token_id",
+                actual=item.token_id,
+            )
+        seen[item.token_id] = m
+        where = np.flatnonzero(ids == item.token_id)
+        total = sum(item.token_counts)
+        if where.shape[0] != total:
+            raise PlaceholderError(
+                f"input_ids hold {where.shape[0]} {item.modality} placeholder token(s) "
+                f"({item.token_id}) but media[{m}]'s {item.count} item(s) take {total}; the "
+                "prompt must be expanded (expand_placeholders)",
+                field="input_ids",
+                expected=total,
+                actual=int(where.shape[0]),
+            )
+        ranges: list[tuple[int, int]] = []
+        start = 0
+        for i, count in enumerate(item.token_counts):
+            if count < 1:
+                raise PlaceholderError(
+                    f"media[{m}] item {i}: a token count below 1 ({count})",
+                    field="token_counts",
+                    actual=count,
+                )
+            run = where[start : start + count]
+            offset = int(run[0])
+            if int(run[-1]) - offset != count - 1:
+                raise PlaceholderError(
+                    f"media[{m}] item {i}: its {count} placeholder tokens ({item.token_id}) "
+                    f"from offset {offset} are not one run (the last is at {int(run[-1])})",
+                    field="input_ids",
+                    expected=offset + count - 1,
+                    actual=int(run[-1]),
+                )
+            ranges.append((offset, count))
+            start += count
+        out.append(ranges)
+    return out
+
+
+def content_hash(hex_digest: str) -> bytes:
+    """The 32-byte content hash of an item for contracts that carry bytes (TokenSpeed's
+    ``MultimodalItem.content_hash``): the BLAKE3 of the item's hex digest
+    (:attr:`PreparedMedia.hex_hashes`), the SMG gateway's derivation."""
+    return _native.blake3(hex_digest.encode())
+
+
+def image_format(data: bytes | bytearray | memoryview) -> str | None:
+    """``"jpeg"``, ``"png"``, ``"gif"``, ``"bmp"`` or ``"webp"`` from the file's signature, as
+    Pillow's plugins accept them (a bare DIB counts as BMP; WebP needs its ``VP8``/``VP8L``/
+    ``VP8X`` chunk); ``None`` for anything else — the formats :func:`~smg_grpc_proto.vision.decode`
+    decodes.
+
+    This is the native decoder's own signature check (Rust ``decode::sniff``): the first 16
+    bytes, all any signature needs, go to the decoder with a pixel limit of 0, so it stops at
+    the signature or the header and names the format it recognised; nothing is decoded."""
+    try:
+        decode(bytes(data[:16]), max_pixels=0, apply_exif=False)
+    except ImageDecodeError as exc:
+        return exc.format.lower() if exc.format is not None else None
+    raise AssertionError("16 bytes decoded under a pixel limit of 0")  # pragma: no cover

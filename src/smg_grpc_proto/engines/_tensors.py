@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeAlias, TypeVar
 
 import numpy.typing as npt
@@ -34,6 +35,19 @@ def as_media_list(media: PreparedMedia | Sequence[PreparedMedia]) -> list[Prepar
             f"one PreparedMedia per modality, got {modalities}", field="media", actual=modalities
         )
     return items
+
+
+@contextmanager
+def unlink_on_failure(message: TensorMessage[Any]) -> Iterator[None]:
+    """Unlink the shared-memory segments written inside the block if it fails (segments the
+    message held before are left alone)."""
+    before = len(message.shm_segments)
+    try:
+        yield
+    except BaseException:
+        for name in message.shm_segments[before:]:
+            shm.unlink(name, directory=shm.DEFAULT_DIR)
+        raise
 
 
 def attach(

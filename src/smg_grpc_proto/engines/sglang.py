@@ -5,8 +5,10 @@ servicer reads it: expanded ``input_ids``, ``pixel_values`` (float32 unless ``dt
 otherwise), the side tensors in ``model_specific_tensors`` (Qwen ``image_grid_thw``, LLaVA-NeXT
 ``image_sizes``), ``im_token_id``, one ``mm_placeholders`` range per image, and — as the SMG
 gateway does — the encoded files in ``image_data`` when the images came as bytes, with
-``modalities = ["image"]``. SGLang's ``TensorData`` has no shared-memory handle: tensors travel
-inline.
+``modalities = ["image"]``; :func:`fill_mm_inputs` fills the same fields of a request built
+elsewhere whose ``input_ids`` are expanded already. SGLang's ``TensorData`` has no shared-memory
+handle: tensors travel inline. Video raises
+:class:`~smg_grpc_proto.errors.MultimodalNotSupportedError`.
 
 Engine side, :func:`decode_mm_inputs` returns one :class:`DecodedBatch`. The contract carries no
 layout keys, so the split into items follows the tensors: ``pixel_values`` is flat when the
@@ -24,9 +26,13 @@ import numpy.typing as npt
 
 from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem
-from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders
+from smg_grpc_proto.engines._media import (
+    PreparedMedia,
+    expand_placeholders,
+    placeholder_ranges,
+)
 from smg_grpc_proto.engines._tensors import TensorSource, as_media_list, attach, read_tensor
-from smg_grpc_proto.errors import MultimodalError
+from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.tensors import TensorMessage
 
@@ -71,6 +77,19 @@ def embed_request(
     return message
 
 
+def _images(media: PreparedMedia | Sequence[PreparedMedia]) -> list[PreparedMedia]:
+    items = as_media_list(media)
+    for i, item in enumerate(items):
+        if item.modality != "image":
+            raise MultimodalNotSupportedError(
+                f"media[{i}] is {item.modality}: SGLang's preprocessed input carries images only",
+                field=f"media[{i}].modality",
+                expected="image",
+                actual=item.modality,
+            )
+    return items
+
+
 def _build(
     message: TensorMessage[Any],
     input_ids: Sequence[int] | npt.NDArray[Any],
@@ -78,28 +97,40 @@ def _build(
     dtype: str | None,
     image_data: bool,
 ) -> None:
-    items = as_media_list(media)
-    for i, item in enumerate(items):
-        if item.modality != "image":
-            raise MultimodalError(
-                f"media[{i}] is {item.modality}: SGLang's preprocessed input carries images only",
-                field=f"media[{i}].modality",
-                expected="image",
-                actual=item.modality,
-            )
+    items = _images(media)
     ids, ranges = expand_placeholders(input_ids, items)
     message.message.tokenized.input_ids.extend(ids.tolist())
     if items:
-        fill_mm_inputs(message, items[0], ranges[0], dtype=dtype, image_data=image_data)
+        _fill(message, items[0], ranges[0], dtype, image_data)
 
 
 def fill_mm_inputs(
-    message: TensorMessage[Any],
-    media: PreparedMedia,
-    ranges: Sequence[tuple[int, int]],
+    message: TensorMessage[pb.GenerateRequest] | TensorMessage[pb.EmbedRequest],
+    media: PreparedMedia | Sequence[PreparedMedia],
     *,
     dtype: str | None = None,
     image_data: bool = True,
+) -> None:
+    """Fill ``mm_inputs`` of a ``GenerateRequest`` or ``EmbedRequest`` whose
+    ``tokenized.input_ids`` are expanded already (:func:`expand_placeholders`); the placeholder
+    ranges are read from them (:func:`placeholder_ranges`). Options as for
+    :func:`generate_request`."""
+    items = _images(media)
+    if not items:
+        return
+    request = message.message
+    if request.HasField("mm_inputs"):
+        raise MultimodalError("the request's mm_inputs are filled already", field="mm_inputs")
+    (ranges,) = placeholder_ranges(request.tokenized.input_ids, items)
+    _fill(message, items[0], ranges, dtype, image_data)
+
+
+def _fill(
+    message: TensorMessage[Any],
+    media: PreparedMedia,
+    ranges: Sequence[tuple[int, int]],
+    dtype: str | None,
+    image_data: bool,
 ) -> None:
     """Fill ``message.mm_inputs`` with one batch of images placed at ``ranges``."""
     mm: Any = message.message.mm_inputs

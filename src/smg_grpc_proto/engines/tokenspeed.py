@@ -6,7 +6,8 @@ gateway's derivation, over our digest of content and preprocessing parameters),
 ``encoder_input`` — the item's slice of the pixels in the engine's dtype, ``bfloat16`` unless
 told otherwise — the item's side tensors (Qwen ``image_grid_thw`` ``[1, 3]``), one placeholder
 range and ``placeholder_token_id``. Tensors travel inline, through shared memory, or through
-shared memory from ``shm_min_bytes`` on (``"auto"``).
+shared memory from ``shm_min_bytes`` on (``"auto"``). :func:`fill_mm_inputs` fills the same
+items into a request built elsewhere whose ``input_ids`` are expanded already.
 
 Engine side, :func:`decode_mm_inputs` validates every item as TokenSpeed's servicer does
 (modality set; IMAGE without ``video_grid_thw``; VIDEO with ``video_grid_thw`` and without
@@ -23,23 +24,28 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto import _native
 from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Modality
-from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders
+from smg_grpc_proto.engines._media import (
+    PreparedMedia,
+    content_hash,
+    expand_placeholders,
+    placeholder_ranges,
+)
 from smg_grpc_proto.engines._tensors import (
     TensorSource,
     as_media_list,
     attach,
     read_tensor,
     release_shm,
+    unlink_on_failure,
 )
 from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as pb
 from smg_grpc_proto.tensors import SHM_MIN_BYTES, ShmRead, TensorMessage, Transport
 
-__all__ = ["DEFAULT_DTYPE", "content_hash", "decode_mm_inputs", "generate_request"]
+__all__ = ["DEFAULT_DTYPE", "decode_mm_inputs", "fill_mm_inputs", "generate_request"]
 
 #: The encoder-input dtype TokenSpeed's gateway uses when nothing else is configured.
 DEFAULT_DTYPE = "bfloat16"
@@ -50,12 +56,6 @@ _NAMES: dict[int, tuple[Modality, str]] = {
     common_pb2.VIDEO: ("video", "pixel_values_videos"),
     common_pb2.AUDIO: ("audio", "input_features"),
 }
-
-
-def content_hash(hex_digest: str) -> bytes:
-    """TokenSpeed's ``content_hash``: the 32-byte BLAKE3 of an item's hex digest (the SMG
-    gateway's derivation)."""
-    return _native.blake3(hex_digest.encode())
 
 
 def generate_request(
@@ -80,17 +80,52 @@ def generate_request(
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)
+    _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
+    return message
+
+
+def fill_mm_inputs(
+    message: TensorMessage[pb.GenerateRequest],
+    media: PreparedMedia | Sequence[PreparedMedia],
+    *,
+    transport: Transport = "inline",
+    dtype: str | None = DEFAULT_DTYPE,
+    shm_min_bytes: int = SHM_MIN_BYTES,
+) -> None:
+    """Fill ``mm_inputs.items`` of a request whose ``tokenized.input_ids`` are expanded
+    already (:func:`expand_placeholders`); the placeholder ranges are read from them
+    (:func:`placeholder_ranges`). Options as for :func:`generate_request`; segments written
+    before a failure are unlinked."""
+    batches = as_media_list(media)
+    if not batches:
+        return
+    request = message.message
+    if request.HasField("mm_inputs"):
+        raise MultimodalError("the request's mm_inputs are filled already", field="mm_inputs")
+    ranges = placeholder_ranges(request.tokenized.input_ids, batches)
+    _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
+
+
+def _fill(
+    message: TensorMessage[pb.GenerateRequest],
+    batches: list[PreparedMedia],
+    ranges: Sequence[Sequence[tuple[int, int]]],
+    transport: Transport,
+    dtype: str | None,
+    shm_min_bytes: int,
+) -> None:
+    """One ``MultimodalItem`` per item of every batch, in prompt order."""
     order = sorted(
         (item_ranges[i][0], b, i)
         for b, item_ranges in enumerate(ranges)
         for i in range(len(item_ranges))
     )
     side: Transport = "shm" if transport == "shm" else "inline"
-    try:
+    with unlink_on_failure(message):
         for slot, (offset, b, i) in enumerate(order):
             batch = batches[b]
             at = f"mm_inputs.items[{slot}]"
-            item = request.mm_inputs.items.add(
+            item = message.message.mm_inputs.items.add(
                 modality=_MODALITY[batch.modality],
                 content_hash=content_hash(batch.hex_hashes[i]),
                 placeholder_token_id=batch.token_id,
@@ -108,10 +143,6 @@ def generate_request(
             for name, array in tensors.items():
                 path = f"{at}.model_specific_tensors[{name}]"
                 attach(message, path, array, None, side, shm_min_bytes)
-    except BaseException:
-        message.discard_shm()
-        raise
-    return message
 
 
 def decode_mm_inputs(

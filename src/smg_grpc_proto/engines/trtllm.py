@@ -3,8 +3,10 @@
 Gateway side, :func:`generate_request` puts the prompt — one anchor token per image, *not*
 expanded: TensorRT-LLM's input processor expands, hashes and encodes — in
 ``tokenized.input_token_ids`` and the encoded files, in prompt order, in
-``multimodal_input.image_data``. Images come as bytes, paths or a :class:`PreparedMedia` made
-from encoded inputs; decoded pixels cannot be sent (the contract carries no tensors).
+``multimodal_input.image_data`` (:func:`fill_mm_inputs` adds the files to a request built
+elsewhere). Images come as bytes, paths or a :class:`PreparedMedia` made from encoded inputs;
+decoded pixels cannot be sent (the contract carries no tensors:
+:class:`~smg_grpc_proto.errors.MultimodalNotSupportedError`).
 
 Engine side, :func:`decode_mm_inputs` returns the files after checking that each is a
 non-empty JPEG, PNG, GIF, BMP or WebP file and, given ``image_token_id``, that the prompt holds
@@ -20,56 +22,43 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders
+from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders, image_format
 from smg_grpc_proto.engines._tensors import TensorSource
-from smg_grpc_proto.errors import MultimodalError, PlaceholderError
+from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError, PlaceholderError
 from smg_grpc_proto.generated import trtllm_service_pb2 as pb
 from smg_grpc_proto.tensors import TensorMessage
 from smg_grpc_proto.vision._inputs import read_file
 
-__all__ = ["decode_mm_inputs", "generate_request", "image_format"]
-
-_MAGIC = (
-    (b"\xff\xd8\xff", "jpeg"),
-    (b"\x89PNG\r\n\x1a\n", "png"),
-    (b"GIF87a", "gif"),
-    (b"GIF89a", "gif"),
-    (b"BM", "bmp"),
-)
+__all__ = ["decode_mm_inputs", "fill_mm_inputs", "generate_request"]
 
 
-def image_format(data: bytes) -> str | None:
-    """``"jpeg"``, ``"png"``, ``"gif"``, ``"bmp"`` or ``"webp"`` from the file's signature;
-    ``None`` for anything else."""
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    return next((name for magic, name in _MAGIC if data.startswith(magic)), None)
-
-
-def _files(images: PreparedMedia | Sequence[Any]) -> list[bytes]:
-    if isinstance(images, PreparedMedia):
-        if images.modality != "image":
-            raise MultimodalError(
-                f"TensorRT-LLM takes images, got {images.modality}", field="images.modality"
+def _files(media: PreparedMedia | Sequence[Any]) -> list[bytes]:
+    if isinstance(media, PreparedMedia):
+        if media.modality != "image":
+            raise MultimodalNotSupportedError(
+                f"TensorRT-LLM's contract carries image files only, got {media.modality}",
+                field="media.modality",
+                expected="image",
+                actual=media.modality,
             )
-        if not images.encoded or any(e is None for e in images.encoded):
-            raise MultimodalError(
+        if not media.encoded or any(e is None for e in media.encoded):
+            raise MultimodalNotSupportedError(
                 "TensorRT-LLM needs the encoded files; this PreparedMedia was made from decoded "
                 "pixels (prepare it from bytes or paths)",
-                field="images",
+                field="media",
             )
-        return [e for e in images.encoded if e is not None]
+        return [e for e in media.encoded if e is not None]
     files = []
-    for i, image in enumerate(images):
+    for i, image in enumerate(media):
         if isinstance(image, (bytes, bytearray, memoryview)):
             files.append(bytes(image))
         elif isinstance(image, (str, os.PathLike)):
-            files.append(read_file(image, f"images[{i}]"))
+            files.append(read_file(image, f"media[{i}]"))
         else:
             raise MultimodalError(
-                f"images[{i}] is a {type(image).__name__}; TensorRT-LLM takes encoded files "
+                f"media[{i}] is a {type(image).__name__}; TensorRT-LLM takes encoded files "
                 "(bytes or paths)",
-                field=f"images[{i}]",
+                field=f"media[{i}]",
                 actual=type(image).__name__,
             )
     return files
@@ -105,14 +94,15 @@ def _check_anchors(ids: npt.NDArray[Any], token: int | None, n: int, field: str)
 def generate_request(
     request_id: str,
     input_ids: Sequence[int] | npt.NDArray[Any],
-    images: PreparedMedia | Sequence[Any] = (),
+    media: PreparedMedia | Sequence[Any] = (),
     *,
     max_tokens: int,
     streaming: bool = False,
     sampling_config: pb.SamplingConfig | None = None,
     image_token_id: int | None = None,
 ) -> TensorMessage[pb.GenerateRequest]:
-    """A ``GenerateRequest`` with the prompt as given and the images' encoded files.
+    """A ``GenerateRequest`` with the prompt as given and the images' encoded files (``media``:
+    a :class:`PreparedMedia` made from encoded inputs, or the files as bytes or paths).
     ``image_token_id`` (taken from a :class:`PreparedMedia` when not given) checks one anchor
     per image. TensorRT-LLM requires ``request_id`` and ``max_tokens``."""
     if not request_id:
@@ -124,12 +114,7 @@ def generate_request(
             actual=max_tokens,
         )
     ids = expand_placeholders(input_ids, [])[0]
-    files = _files(images)
-    _check_files(files, "images")
-    if image_token_id is None and isinstance(images, PreparedMedia):
-        image_token_id = images.token_id
-    if files:
-        _check_anchors(ids, image_token_id, len(files), "input_ids")
+    files = _checked_files(media, ids, image_token_id, "input_ids")
     request = pb.GenerateRequest(request_id=request_id, max_tokens=max_tokens, streaming=streaming)
     request.tokenized.input_token_ids.extend(ids.tolist())
     if sampling_config is not None:
@@ -137,6 +122,42 @@ def generate_request(
     if files:
         request.multimodal_input.image_data.extend(files)
     return TensorMessage(request)
+
+
+def fill_mm_inputs(
+    message: TensorMessage[pb.GenerateRequest],
+    media: PreparedMedia | Sequence[Any],
+    *,
+    image_token_id: int | None = None,
+) -> None:
+    """Fill ``multimodal_input.image_data`` of a request whose ``tokenized.input_token_ids``
+    hold the prompt with one anchor per image (TensorRT-LLM expands it itself); files and
+    anchors are checked as in :func:`generate_request`."""
+    request = message.message
+    ids = np.asarray(request.tokenized.input_token_ids, dtype=np.int64)
+    files = _checked_files(media, ids, image_token_id, "tokenized.input_token_ids")
+    if not files:
+        return
+    if request.HasField("multimodal_input"):
+        raise MultimodalError(
+            "the request's multimodal_input is filled already", field="multimodal_input"
+        )
+    request.multimodal_input.image_data.extend(files)
+
+
+def _checked_files(
+    media: PreparedMedia | Sequence[Any],
+    ids: npt.NDArray[Any],
+    image_token_id: int | None,
+    ids_field: str,
+) -> list[bytes]:
+    files = _files(media)
+    _check_files(files, "media")
+    if image_token_id is None and isinstance(media, PreparedMedia):
+        image_token_id = media.token_id
+    if files:
+        _check_anchors(ids, image_token_id, len(files), ids_field)
+    return files
 
 
 def decode_mm_inputs(

@@ -4,7 +4,9 @@ Gateway side, :func:`generate_request` fills a ``GenerateRequest``: expanded ``i
 ``mm_inputs`` (and ``extra_mm_inputs`` for a second modality) with ``pixel_values``, the side
 tensors in ``model_specific_tensors``, ``mm_placeholders`` covering only each placeholder run,
 ``mm_hashes`` (blake3 hex), ``batched_keys``, ``flat_keys`` (Qwen: ``pixel_values`` ->
-``patches_per_image``), ``keep_on_cpu_keys``, ``modality`` and ``im_token_id``.
+``patches_per_image``), ``keep_on_cpu_keys``, ``modality`` and ``im_token_id``;
+:func:`fill_mm_inputs` fills the same fields of a request built elsewhere whose ``input_ids``
+are expanded already.
 
 Engine side, :func:`decode_mm_inputs` reads every batch back into :class:`DecodedBatch` objects
 following the servicer's rules (batched / flat / shared per key; VIDEO renames ``pixel_values``
@@ -24,13 +26,18 @@ import numpy.typing as npt
 
 from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Layout
-from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders
+from smg_grpc_proto.engines._media import (
+    PreparedMedia,
+    expand_placeholders,
+    placeholder_ranges,
+)
 from smg_grpc_proto.engines._tensors import (
     TensorSource,
     as_media_list,
     attach,
     read_tensor,
     release_shm,
+    unlink_on_failure,
 )
 from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
 from smg_grpc_proto.generated import common_pb2
@@ -68,35 +75,56 @@ def generate_request(
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)
-    try:
-        for i, (item, item_ranges) in enumerate(zip(batches, ranges, strict=True)):
-            at = "mm_inputs" if i == 0 else f"extra_mm_inputs[{i - 1}]"
-            if i > 0:
-                request.extra_mm_inputs.add()
-            fill_mm_inputs(
-                message,
-                at,
-                item,
-                item_ranges,
-                transport=transport,
-                dtype=dtype,
-                shm_min_bytes=shm_min_bytes,
-            )
-    except BaseException:
-        message.discard_shm()
-        raise
+    _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
     return message
 
 
 def fill_mm_inputs(
-    message: TensorMessage[Any],
-    at: str,
-    media: PreparedMedia,
-    ranges: Sequence[tuple[int, int]],
+    message: TensorMessage[pb.GenerateRequest],
+    media: PreparedMedia | Sequence[PreparedMedia],
     *,
     transport: Transport = "inline",
     dtype: str | None = None,
     shm_min_bytes: int = SHM_MIN_BYTES,
+) -> None:
+    """Fill ``mm_inputs`` (and ``extra_mm_inputs`` for each further modality) of a request
+    whose ``tokenized.input_ids`` are expanded already (:func:`expand_placeholders`); the
+    placeholder ranges are read from them (:func:`placeholder_ranges`). Options as for
+    :func:`generate_request`; segments written before a failure are unlinked."""
+    batches = as_media_list(media)
+    if not batches:
+        return
+    request = message.message
+    if request.HasField("mm_inputs") or request.extra_mm_inputs:
+        raise MultimodalError("the request's mm_inputs are filled already", field="mm_inputs")
+    ranges = placeholder_ranges(request.tokenized.input_ids, batches)
+    _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
+
+
+def _fill(
+    message: TensorMessage[pb.GenerateRequest],
+    batches: list[PreparedMedia],
+    ranges: Sequence[Sequence[tuple[int, int]]],
+    transport: Transport,
+    dtype: str | None,
+    shm_min_bytes: int,
+) -> None:
+    with unlink_on_failure(message):
+        for i, (item, item_ranges) in enumerate(zip(batches, ranges, strict=True)):
+            at = "mm_inputs" if i == 0 else f"extra_mm_inputs[{i - 1}]"
+            if i > 0:
+                message.message.extra_mm_inputs.add()
+            _fill_batch(message, at, item, item_ranges, transport, dtype, shm_min_bytes)
+
+
+def _fill_batch(
+    message: TensorMessage[pb.GenerateRequest],
+    at: str,
+    media: PreparedMedia,
+    ranges: Sequence[tuple[int, int]],
+    transport: Transport,
+    dtype: str | None,
+    shm_min_bytes: int,
 ) -> None:
     """Fill the ``MultimodalInputs`` at path ``at`` of ``message`` with one batch."""
     mm: Any = message.message
