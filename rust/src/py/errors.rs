@@ -10,9 +10,10 @@
 //! failures to `ProcessingMemoryError`). The classes are imported once per interpreter and kept.
 //!
 //! `_native._error_samples()` returns one converted instance of every variant of every enum, so
-//! the Python tests can check each class and its fields; [`tensor_variant`] and
-//! [`resample_variant`] are exhaustive matches, so a new variant does not compile until it is
-//! named there, and `_error_samples` refuses to run while a named variant has no sample.
+//! the Python tests can check each class and its fields. The variant names come from exhaustive
+//! matches (`variant_names!`, and the `kind()` of `DecodeError` and `ProcessorError`), so a new
+//! variant does not compile until it is named, and `_error_samples` raises while a named variant
+//! has no sample.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -476,67 +477,69 @@ fn processor_fields<'py>(py: Python<'py>, err: &ProcessorError) -> PyResult<Fiel
 
 // ---------------------------------------------------------------------------- samples
 
-/// The variant name of a [`TensorError`]. Exhaustive: a new variant must be named here (and
-/// given a sample in [`tensor_samples`], which `_error_samples` checks).
-fn tensor_variant(err: &TensorError) -> &'static str {
-    use TensorError::*;
-    match err {
-        UnknownDtype { .. } => "UnknownDtype",
-        UnsupportedSourceDtype { .. } => "UnsupportedSourceDtype",
-        UnsupportedConversion { .. } => "UnsupportedConversion",
-        ShapeOverflow { .. } => "ShapeOverflow",
-        PartialItem { .. } => "PartialItem",
-        DestinationSize { .. } => "DestinationSize",
-        NotContiguous { .. } => "NotContiguous",
-        ReadOnly { .. } => "ReadOnly",
-        DestinationDtype { .. } => "DestinationDtype",
-        Overlap { .. } => "Overlap",
-        NonceLength { .. } => "NonceLength",
-        PlanFieldNumber { .. } => "PlanFieldNumber",
-        PlanDuplicateField { .. } => "PlanDuplicateField",
-        PlanTooDeep { .. } => "PlanTooDeep",
-        VarintTruncated { .. } => "VarintTruncated",
-        VarintTooLong { .. } => "VarintTooLong",
-        FieldNumberZero { .. } => "FieldNumberZero",
-        FieldNumberTooLarge { .. } => "FieldNumberTooLarge",
-        GroupWireType { .. } => "GroupWireType",
-        InvalidWireType { .. } => "InvalidWireType",
-        FixedTruncated { .. } => "FixedTruncated",
-        LengthTruncated { .. } => "LengthTruncated",
-        MessageTooLarge { .. } => "MessageTooLarge",
-        TokenIndexOutOfRange { .. } => "TokenIndexOutOfRange",
-        OutOfMemory { .. } => "OutOfMemory",
-    }
+/// `$name(&err)`, the variant name of an error of enum `$enum`, and `$all`, every name in
+/// declaration order, both from one list: the match is exhaustive, so a new variant does not
+/// compile until it is listed here, and once listed `_error_samples` refuses to run until the
+/// samples cover it.
+macro_rules! variant_names {
+    ($enum:ident, $name:ident, $all:ident, [$($variant:ident),+ $(,)?]) => {
+        fn $name(err: &$enum) -> &'static str {
+            match err {
+                $($enum::$variant { .. } => stringify!($variant),)+
+            }
+        }
+        const $all: &[&str] = &[$(stringify!($variant)),+];
+    };
 }
 
-/// Every [`TensorError`] variant name, in declaration order.
-const TENSOR_VARIANTS: [&str; 25] = [
-    "UnknownDtype",
-    "UnsupportedSourceDtype",
-    "UnsupportedConversion",
-    "ShapeOverflow",
-    "PartialItem",
-    "DestinationSize",
-    "NotContiguous",
-    "ReadOnly",
-    "DestinationDtype",
-    "Overlap",
-    "NonceLength",
-    "PlanFieldNumber",
-    "PlanDuplicateField",
-    "PlanTooDeep",
-    "VarintTruncated",
-    "VarintTooLong",
-    "FieldNumberZero",
-    "FieldNumberTooLarge",
-    "GroupWireType",
-    "InvalidWireType",
-    "FixedTruncated",
-    "LengthTruncated",
-    "MessageTooLarge",
-    "TokenIndexOutOfRange",
-    "OutOfMemory",
-];
+variant_names!(
+    TensorError,
+    tensor_variant,
+    TENSOR_VARIANTS,
+    [
+        UnknownDtype,
+        UnsupportedSourceDtype,
+        UnsupportedConversion,
+        ShapeOverflow,
+        PartialItem,
+        DestinationSize,
+        NotContiguous,
+        ReadOnly,
+        DestinationDtype,
+        Overlap,
+        NonceLength,
+        PlanFieldNumber,
+        PlanDuplicateField,
+        PlanTooDeep,
+        VarintTruncated,
+        VarintTooLong,
+        FieldNumberZero,
+        FieldNumberTooLarge,
+        GroupWireType,
+        InvalidWireType,
+        FixedTruncated,
+        LengthTruncated,
+        MessageTooLarge,
+        TokenIndexOutOfRange,
+        OutOfMemory,
+    ]
+);
+
+variant_names!(
+    ResampleError,
+    resample_variant,
+    RESAMPLE_VARIANTS,
+    [
+        Channels,
+        EmptyInput,
+        OutputSize,
+        TooLarge,
+        DataLength,
+        DestinationLength,
+        Region,
+        OutOfMemory,
+    ]
+);
 
 fn tensor_samples() -> Vec<TensorError> {
     use TensorError::*;
@@ -638,31 +641,6 @@ fn tensor_samples() -> Vec<TensorError> {
         },
     ]
 }
-
-/// The variant name of a [`ResampleError`]; exhaustive, like [`tensor_variant`].
-fn resample_variant(err: &ResampleError) -> &'static str {
-    match err {
-        ResampleError::Channels { .. } => "Channels",
-        ResampleError::EmptyInput { .. } => "EmptyInput",
-        ResampleError::OutputSize { .. } => "OutputSize",
-        ResampleError::TooLarge { .. } => "TooLarge",
-        ResampleError::DataLength { .. } => "DataLength",
-        ResampleError::DestinationLength { .. } => "DestinationLength",
-        ResampleError::Region { .. } => "Region",
-        ResampleError::OutOfMemory { .. } => "OutOfMemory",
-    }
-}
-
-const RESAMPLE_VARIANTS: [&str; 8] = [
-    "Channels",
-    "EmptyInput",
-    "OutputSize",
-    "TooLarge",
-    "DataLength",
-    "DestinationLength",
-    "Region",
-    "OutOfMemory",
-];
 
 fn resample_samples() -> Vec<ResampleError> {
     vec![
@@ -813,13 +791,13 @@ fn _error_samples(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 
     let tensors = tensor_samples();
     let names: Vec<_> = tensors.iter().map(tensor_variant).collect();
-    check_covered("TensorError", &names, &TENSOR_VARIANTS)?;
+    check_covered("TensorError", &names, TENSOR_VARIANTS)?;
     for (name, err) in names.iter().zip(&tensors) {
         push(format!("TensorError::{name}"), tensor_error(py, err))?;
     }
     let resamples = resample_samples();
     let names: Vec<_> = resamples.iter().map(resample_variant).collect();
-    check_covered("ResampleError", &names, &RESAMPLE_VARIANTS)?;
+    check_covered("ResampleError", &names, RESAMPLE_VARIANTS)?;
     for (name, err) in names.iter().zip(&resamples) {
         push(format!("ResampleError::{name}"), resample_error(py, err))?;
     }
