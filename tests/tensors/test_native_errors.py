@@ -254,6 +254,12 @@ def test_convert_errors_carry_fields() -> None:
     with pytest.raises(TensorError) as info:
         _native.convert(np.zeros(3, np.float32), "float64")
     assert (info.value.field, info.value.actual) == ("wire_dtype", "float64")
+    with pytest.raises(TensorTypeError) as type_info:
+        _native.convert([1.0, 2.0], "float32")
+    assert type_info.value.field == "src"
+    with pytest.raises(TensorError) as info:
+        _native.convert_into(np.zeros(2, np.float32), np.zeros(8, np.float32), "float32")
+    assert (info.value.field, info.value.expected, info.value.actual) == ("dst", "|u1", "<f4")
 
 
 def test_resize_errors_carry_fields() -> None:

@@ -87,6 +87,17 @@ where
     Ok(bytes)
 }
 
+/// The memory of the numpy array `array`; a non-array is a `TensorTypeError` about `arg`.
+fn numpy_array<'py>(array: &Bound<'py, PyAny>, arg: &str) -> PyResult<NumpyArray<'py>> {
+    NumpyArray::of(array, arg).map_err(|err| {
+        if err.is_instance_of::<PyTypeError>(array.py()) {
+            type_error(err.value(array.py()).to_string(), arg)
+        } else {
+            err
+        }
+    })
+}
+
 /// A tensor source: a C-contiguous numpy array of a dtype we know (little-endian); `error`
 /// raises its [`TensorError`]s.
 fn source<'py>(
@@ -94,7 +105,7 @@ fn source<'py>(
     arg: &'static str,
     error: impl Fn(TensorError) -> PyErr,
 ) -> PyResult<(NumpyArray<'py>, WireDtype)> {
-    let memory = NumpyArray::of(array, arg)?;
+    let memory = numpy_array(array, arg)?;
     let dtype = WireDtype::from_numpy_str(&memory.dtype, arg).map_err(&error)?;
     if !memory.contiguous {
         return Err(error(TensorError::NotContiguous { arg }));
@@ -104,7 +115,7 @@ fn source<'py>(
 
 /// A destination: a writable, C-contiguous `uint8` numpy array.
 fn destination<'py>(array: &Bound<'py, PyAny>, arg: &'static str) -> PyResult<NumpyArray<'py>> {
-    let memory = NumpyArray::of(array, arg)?;
+    let memory = numpy_array(array, arg)?;
     if memory.dtype != "|u1" {
         return Err(value_error(TensorError::DestinationDtype {
             numpy: memory.dtype,
