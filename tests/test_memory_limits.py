@@ -6,7 +6,9 @@ and makes the call. Before the fix these calls aborted the interpreter (a Rust a
 failure), raised a bare ``MemoryError()`` after CPython printed "SystemError: deallocated
 bytearray object has exported buffers", or reported an allocation failure as a size limit
 (``ProcessingLimitError``). Now each raises a ``MemoryError`` whose message gives the byte count
-and what it was for, prints nothing, and the process exits normally.
+and what it was for, prints nothing, and the process exits normally: ``TensorMemoryError`` for
+the tensor codec, ``ProcessingMemoryError`` for vision, both ``smg_grpc_proto.errors`` classes
+with ``field`` (what the buffer was for) and ``actual`` (its size in bytes).
 """
 
 from __future__ import annotations
@@ -93,8 +95,9 @@ def test_interpolate_bicubic_large_output() -> None:
         "vision.interpolate_bicubic(planes, (16000, 11020))",
         headroom_mib=300,
     )
-    assert result["type"] == "MemoryError"
+    assert result["type"] == "ProcessingMemoryError"
     assert_out_of_memory(result, 3 * 16000 * 11020 * 4, "interpolated planes")
+    assert (result["field"], result["actual"]) == ("interpolated planes", 3 * 16000 * 11020 * 4)
 
 
 @pytest.mark.parametrize("function", ["resize", "resize_torch"])
@@ -107,8 +110,9 @@ def test_resize_large_output(function: str) -> None:
         f"vision.{function}(image, (20000, 20000))",
         headroom_mib=300,
     )
-    assert result["type"] == "MemoryError"
+    assert result["type"] == "ProcessingMemoryError"
     assert_out_of_memory(result, 20000 * 20000 * 3, "output bytearray")
+    assert (result["field"], result["actual"]) == ("output bytearray", 20000 * 20000 * 3)
 
 
 _TENSOR_SETUP = """
@@ -125,13 +129,15 @@ def test_pack_large_tensor() -> None:
     result = run_limited(
         _TENSOR_SETUP, "tensors.pack(array, vllm_engine_pb2.TensorData)", headroom_mib=100
     )
-    assert result["type"] == "MemoryError"
+    assert result["type"] == "TensorMemoryError"
+    assert "TensorError" in result["mro"], result
     assert_out_of_memory(result, 200_000_000, "output bytes")
+    assert (result["field"], result["actual"]) == ("output bytes", 200_000_000)
 
 
 def test_serialize_large_request() -> None:
     result = run_limited(_TENSOR_SETUP, "tensors.serialize(request)", headroom_mib=100)
-    assert result["type"] == "MemoryError"
+    assert result["type"] == "TensorMemoryError"
     assert "output bytes" in result["message"], result
     # The whole request: the 200 MB payload plus a few bytes of header.
     nbytes = int(result["message"].split("cannot allocate ")[1].split()[0])

@@ -1,4 +1,16 @@
-"""Type stub of the private Rust extension; checked against the binary by mypy stubtest."""
+"""Type stub of the private Rust extension; checked against the binary by mypy stubtest.
+
+Every error the extension raises is a class of :mod:`smg_grpc_proto.errors`, built in Rust with
+its ``field``, ``expected``, ``actual`` (and ``offset``, ``format`` or ``index``): tensor
+functions raise ``TensorError`` (``TensorTypeError`` for a wrong Python type,
+``TensorMemoryError`` for a failed allocation), the resize functions ``ResizeError``
+(``ProcessingMemoryError``), ``decode_image`` the ``ImageDecodeError`` subclasses and
+``Preprocessor`` the ``ImageProcessingError`` subclasses. Below, ``ValueError``, ``TypeError``
+and ``MemoryError`` name the builtin each of those derives from. Two kinds of argument errors
+stay builtins: a non-array where an array is expected (``TypeError``), and ``decode_image``'s
+``alpha`` or ``max_pixels`` (``ValueError``, so that ``except ImageDecodeError`` catches only
+images that fail to decode).
+"""
 
 from collections.abc import Sequence
 from typing import Any, TypeAlias, final
@@ -15,6 +27,7 @@ __all__ = [
     "Preprocessor",
     "Tensor",
     "__version__",
+    "_error_samples",
     "blake3",
     "buffer_cache",
     "build_info",
@@ -172,8 +185,9 @@ class DecodedImage:
 def decode_image(data: bytes, apply_exif: bool, max_pixels: int | None, alpha: str) -> DecodedImage:
     """Decode a JPEG, PNG, GIF, BMP or WebP file to RGB (``height x width x 3`` bytes).
 
-    ``alpha`` is ``"white"`` or ``"drop"``. Failures raise ``ValueError(kind, message, format,
-    field, expected, actual)``; ``smg_grpc_proto.vision.decode`` maps them to exception classes.
+    ``alpha`` is ``"white"`` or ``"drop"``. Failures raise the ``ImageDecodeError`` subclass
+    of their kind (``smg_grpc_proto.errors.IMAGE_DECODE_ERRORS``), with ``field``, ``expected``,
+    ``actual`` and ``format``; a bad ``alpha`` or ``max_pixels`` raises a plain ``ValueError``.
     """
 
 def decode_error_kinds() -> list[str]:
@@ -217,8 +231,10 @@ class Preprocessor:
     """A model image processor (``rust/src/processors``): a family's transformers class
     defaults overridden by normalised config keys (``smg_grpc_proto.vision._config``).
 
-    Failures raise ``ValueError(kind, message, field, expected, actual, index, decode_kind,
-    format)``; ``smg_grpc_proto.vision.ImageProcessor`` maps them to exception classes.
+    Failures raise the ``ImageProcessingError`` subclass of their kind
+    (``smg_grpc_proto.errors.IMAGE_PROCESSING_ERRORS``) with ``field``, ``expected``,
+    ``actual`` and ``index``, or, for an image that fails to decode, the ``ImageDecodeError``
+    subclass of its kind.
     """
 
     def __new__(
@@ -296,3 +312,8 @@ def processor_error_kinds() -> list[str]:
 
 def processor_families() -> list[str]:
     """The family names ``Preprocessor`` accepts."""
+
+def _error_samples() -> list[tuple[str, Exception]]:
+    """For the tests: one sample of every variant of every native error enum, converted to the
+    exception the extension raises for it, as ``("Enum::Variant", exception)``. Raises
+    ``RuntimeError`` when a variant has no sample."""

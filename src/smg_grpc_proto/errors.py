@@ -34,6 +34,7 @@ __all__ = [
     "ShmError",
     "SmgProtoError",
     "TensorError",
+    "TensorMemoryError",
     "TensorTypeError",
     "TransportNotImplementedError",
     "TruncatedImageError",
@@ -68,7 +69,46 @@ def _rebuild(
 
 
 class TensorError(SmgProtoError, ValueError):
-    """A tensor or its ``TensorData`` message is invalid: dtype, shape, length, payload."""
+    """A tensor or its ``TensorData`` message is invalid: dtype, shape, length, payload.
+
+    For a malformed serialized message, ``field`` is the input that was parsed (``"data"`` or
+    ``"header"``) and ``offset`` the byte within it where the offending record (or varint)
+    starts; ``offset`` is ``None`` otherwise.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str = "",
+        expected: Any = None,
+        actual: Any = None,
+        offset: int | None = None,
+    ) -> None:
+        super().__init__(message, field=field, expected=expected, actual=actual)
+        self.offset = offset
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_tensor,
+            (type(self), str(self), self.field, self.expected, self.actual, self.offset),
+        )
+
+
+def _rebuild_tensor(
+    cls: type[TensorError],
+    message: str,
+    field: str,
+    expected: Any,
+    actual: Any,
+    offset: int | None,
+) -> TensorError:
+    return cls(message, field=field, expected=expected, actual=actual, offset=offset)
+
+
+class TensorMemoryError(TensorError, MemoryError):
+    """A buffer a tensor operation needs (sized by its input) could not be allocated: ``field``
+    names what it was for and ``actual`` its size in bytes. Also a ``MemoryError``."""
 
 
 class TensorTypeError(SmgProtoError, TypeError):
@@ -185,8 +225,9 @@ class ImageTooLargeError(ImageDecodeError):
     kind = "too_many_pixels"
 
 
-class ImageMemoryError(ImageDecodeError):
-    """The pixel buffers could not be allocated."""
+class ImageMemoryError(ImageDecodeError, MemoryError):
+    """The pixel buffers could not be allocated (``actual``: their size in bytes). Also a
+    ``MemoryError``."""
 
     kind = "out_of_memory"
 

@@ -3,66 +3,18 @@
 //! The input is read through `bytes` (the buffer protocol is outside the abi3-py310 API; the
 //! Python wrapper turns bytearray, memoryview and paths into `bytes`). Decoding runs with the
 //! GIL released; the `bytes` object is immutable and our reference keeps it alive meanwhile.
-//! Every [`DecodeError`] is raised as `ValueError(kind, message, format, field, expected,
-//! actual)`, which the wrapper (`smg_grpc_proto.vision._decode`) re-raises as the matching
-//! `ImageDecodeError` subclass.
+//! Every [`DecodeError`] is raised as the `smg_grpc_proto.errors.ImageDecodeError` subclass of
+//! its kind, with its field, numbers and format (see [`super::errors`]). A bad `alpha` or
+//! `max_pixels` is a caller's mistake, not a failure to decode: a plain `ValueError`, which a
+//! handler of bad images (`except ImageDecodeError`) does not swallow.
 
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
-use pyo3::IntoPyObjectExt;
+use pyo3::types::{PyBytes, PyDict};
+
+use super::errors;
 
 use crate::image::decode::{self as core, AlphaMode, DecodeError, DecodeOptions};
-
-fn decode_error(py: Python<'_>, err: &DecodeError) -> PyErr {
-    match error_args(py, err) {
-        Ok(args) => PyValueError::new_err(args.unbind()),
-        Err(e) => e,
-    }
-}
-
-/// `(kind, message, format, field, expected, actual)` for the wrapper's exception.
-fn error_args<'py>(py: Python<'py>, err: &DecodeError) -> PyResult<Bound<'py, PyTuple>> {
-    let none = || py.None();
-    let (field, expected, actual): (&str, Py<PyAny>, Py<PyAny>) = match err {
-        DecodeError::UnknownFormat { head, recognised } => (
-            "format",
-            "JPEG, PNG, GIF, BMP or WebP".into_py_any(py)?,
-            match recognised {
-                Some(name) => name.into_py_any(py)?,
-                None => PyBytes::new(py, head).into_any().unbind(),
-            },
-        ),
-        DecodeError::ZeroSize { width, height, .. } => {
-            ("size", none(), (*width, *height).into_py_any(py)?)
-        }
-        DecodeError::TooManyPixels {
-            width,
-            height,
-            limit,
-            ..
-        } => (
-            "max_pixels",
-            limit.into_py_any(py)?,
-            (u128::from(*width) * u128::from(*height)).into_py_any(py)?,
-        ),
-        DecodeError::OutOfMemory { bytes, .. } => ("size", none(), bytes.into_py_any(py)?),
-        DecodeError::Unsupported { .. }
-        | DecodeError::Truncated { .. }
-        | DecodeError::Corrupt { .. } => ("data", none(), none()),
-    };
-    PyTuple::new(
-        py,
-        [
-            err.kind().into_py_any(py)?,
-            err.to_string().into_py_any(py)?,
-            err.format().map(|f| f.name()).into_py_any(py)?,
-            field.into_py_any(py)?,
-            expected,
-            actual,
-        ],
-    )
-}
 
 /// The pixels of one decoded image, exposed to numpy through `__array_interface__` (zero copy).
 ///
@@ -184,7 +136,7 @@ fn decode_image(
     let input = data.as_bytes();
     let image = py
         .detach(|| core::decode(input, &options))
-        .map_err(|err| decode_error(py, &err))?;
+        .map_err(|err| errors::decode_error(py, &err))?;
     Ok(PyDecodedImage::new(image.pixels, image.height, image.width))
 }
 

@@ -3,28 +3,38 @@
 //! The image is read through [`super::array`] while a strong reference to the array is held;
 //! the result is a new
 //! `bytearray` (writable, so the numpy view the Python wrapper makes of it is writable too),
-//! filled with the GIL released. Every [`ResampleError`] is raised as `ValueError` with its
-//! message; a non-array argument raises `TypeError`.
+//! filled with the GIL released. Every [`ResampleError`] and every bad argument value is raised
+//! as `smg_grpc_proto.errors.ResizeError` (a `ValueError`) with its field and numbers, a failed
+//! allocation as `ProcessingMemoryError` (also a `MemoryError`; see [`super::errors`]); a
+//! non-array argument raises `TypeError`.
 
 use std::mem::MaybeUninit;
 
-use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyInt};
 
 use super::array::{ImageArray, NumpyArray};
+use super::errors::{self, Class};
 use crate::image::resample::{self, ImageRef, PassOrder, ResampleError, ResizeOptions};
 use crate::image::torch::{self, TorchFilter};
 use crate::image::Filter;
 use crate::memory::fallible;
 
-/// `MemoryError` for a failed allocation, `ValueError` for every other [`ResampleError`].
+/// The Python exception of a [`ResampleError`] (called with the GIL held).
 fn value_error(err: ResampleError) -> PyErr {
-    match err {
-        ResampleError::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
-        _ => PyValueError::new_err(err.to_string()),
-    }
+    Python::attach(|py| errors::resample_error(py, &err))
+}
+
+/// A `ResizeError` for a bad argument value: `field` what it expected and got.
+fn bad_value<'py>(
+    py: Python<'py>,
+    message: String,
+    field: &str,
+    expected: impl IntoPyObject<'py>,
+    actual: impl IntoPyObject<'py>,
+) -> PyErr {
+    errors::raise(py, Class::Resize, &message, field, expected, actual)
 }
 
 /// The image of a checked array, as the resampler takes it.
@@ -49,8 +59,10 @@ fn new_bytearray<'py, F>(py: Python<'py>, len: usize, write: F) -> PyResult<Boun
 where
     F: FnOnce(&mut [u8]) -> Result<(), ResampleError> + Send,
 {
-    let size = ffi::Py_ssize_t::try_from(len)
-        .map_err(|_| PyValueError::new_err(format!("output of {len} bytes is too large")))?;
+    let size = ffi::Py_ssize_t::try_from(len).map_err(|_| {
+        let message = format!("output of {len} bytes is too large");
+        bad_value(py, message, "output", isize::MAX, len)
+    })?;
     // SAFETY: `PyByteArray_FromStringAndSize(NULL, 0)` allocates no buffer; it returns a new
     // reference to an empty bytearray, or NULL with an exception set, which
     // `from_owned_ptr_or_err` turns into the error. We take ownership of the new reference.
@@ -61,12 +73,12 @@ where
     // SAFETY: `array` is a bytearray we own and no one else has seen, so it exports no buffer and
     // may be resized; on failure (-1) it is left empty and valid, with an exception set.
     if unsafe { ffi::PyByteArray_Resize(array.as_ptr(), size) } != 0 {
-        return Err(super::memory::named_memory_error(
-            py,
-            PyErr::fetch(py),
-            "output bytearray",
-            len,
-        ));
+        return Err(errors::named_memory_error(py, PyErr::fetch(py), || {
+            value_error(ResampleError::OutOfMemory {
+                what: "output bytearray",
+                bytes: len as u64,
+            })
+        }));
     }
     // SAFETY: `PyByteArray_AsString` returns the object's buffer of `size` bytes (plus a NUL),
     // valid while the object lives and is not resized; `array` holds our reference until we
@@ -110,14 +122,20 @@ fn resize<'py>(
     threads: usize,
 ) -> PyResult<Bound<'py, PyByteArray>> {
     let filter = Filter::from_name(filter).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "unknown filter {filter:?}: expected nearest, box, bilinear, hamming, bicubic or lanczos"
-        ))
+        let expected = "nearest, box, bilinear, hamming, bicubic or lanczos";
+        let message = format!("unknown filter {filter:?}: expected {expected}");
+        bad_value(py, message, "filter", expected, filter)
     })?;
     let pass_order = PassOrder::from_name(pass_order).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "unknown pass_order {pass_order:?}: expected \"pillow13\" or \"pillow12\""
-        ))
+        let message =
+            format!("unknown pass_order {pass_order:?}: expected \"pillow13\" or \"pillow12\"");
+        bad_value(
+            py,
+            message,
+            "pass_order",
+            ("pillow13", "pillow12"),
+            pass_order,
+        )
     })?;
     let (pixels, out_w, out_h, len) = resize_args(image, width, height)?;
     let src = image_ref(&pixels);
@@ -152,10 +170,11 @@ fn resize_torch<'py>(
     threads: usize,
 ) -> PyResult<Bound<'py, PyByteArray>> {
     let filter = TorchFilter::from_name(filter).ok_or_else(|| {
-        PyValueError::new_err(format!(
+        let message = format!(
             "unknown filter {filter:?} for torch's antialiased uint8 resize: expected bilinear or \
              bicubic"
-        ))
+        );
+        bad_value(py, message, "filter", ("bilinear", "bicubic"), filter)
     })?;
     let (pixels, out_w, out_h, len) = resize_args(image, width, height)?;
     let src = image_ref(&pixels);
@@ -183,17 +202,20 @@ fn interpolate_bicubic<'py>(
             .map_err(value_error)?;
     let array = NumpyArray::of(planes, "planes")?;
     let [c, h, w] = array.shape[..] else {
-        return Err(PyValueError::new_err(format!(
+        let message = format!(
             "planes: expected shape (C, H, W), got {} dimensions {:?}",
             array.shape.len(),
             array.shape
-        )));
+        );
+        return Err(bad_value(py, message, "planes", 3, array.shape.len()));
     };
     if array.dtype != "<f4" || !array.contiguous {
-        return Err(PyValueError::new_err(format!(
+        let message = format!(
             "planes: expected a C-contiguous float32 array, got dtype {} (C-contiguous: {})",
             array.dtype, array.contiguous
-        )));
+        );
+        let actual = (array.dtype.as_str(), array.contiguous);
+        return Err(bad_value(py, message, "planes", ("<f4", true), actual));
     }
     for (what, side) in [
         ("input height", h),
@@ -202,10 +224,11 @@ fn interpolate_bicubic<'py>(
         ("width", out_w),
     ] {
         if side > resample::MAX_SIDE {
-            return Err(PyValueError::new_err(format!(
+            let message = format!(
                 "planes: {what} {side} is beyond {} per side",
                 resample::MAX_SIDE
-            )));
+            );
+            return Err(bad_value(py, message, what, resample::MAX_SIDE, side));
         }
     }
     let len = c
@@ -214,16 +237,19 @@ fn interpolate_bicubic<'py>(
         .and_then(|n| n.checked_mul(4))
         .filter(|&n| n <= resample::MAX_BYTES)
         .ok_or_else(|| {
-            PyValueError::new_err(format!(
+            let message = format!(
                 "planes: an output of {c}x{out_h}x{out_w} float32 values is beyond {} bytes",
                 resample::MAX_BYTES
-            ))
+            );
+            let bytes = c as u128 * out_h as u128 * out_w as u128 * 4;
+            bad_value(py, message, "output", resample::MAX_BYTES, bytes)
         })?;
     if len == 0 || h == 0 || w == 0 {
-        return Err(PyValueError::new_err(format!(
+        let message = format!(
             "planes: expected a non-empty (C, H, W) array, got {:?}",
             array.shape
-        )));
+        );
+        return Err(bad_value(py, message, "planes", py.None(), &array.shape));
     }
     // numpy does not promise 4-byte alignment, so the values are read byte-wise (one copy, far
     // cheaper than the interpolation).
@@ -264,10 +290,11 @@ fn resize_args<'py>(
 /// A size argument as `i64`; ints beyond it are refused here, naming the value.
 fn size_arg(v: &Bound<'_, PyInt>, name: &str) -> PyResult<i64> {
     v.extract::<i64>().map_err(|_| {
-        PyValueError::new_err(format!(
+        let message = format!(
             "output {name} {v} is out of range (at most {} per side)",
             resample::MAX_SIDE
-        ))
+        );
+        bad_value(v.py(), message, name, resample::MAX_SIDE, v)
     })
 }
 

@@ -1,23 +1,8 @@
-//! Python view of [`crate::memory`]: the limit of the cache of large buffers, and the
-//! `MemoryError` raised when a buffer cannot be allocated.
+//! Python view of [`crate::memory`]: the limit of the cache of large buffers.
 
-use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 
 use crate::memory::recycle;
-
-/// `MemoryError` naming the bytes and what they were for, for a failed allocation of a Python
-/// object of `bytes` bytes: CPython raises a bare `MemoryError()`, which this replaces; any other
-/// error is returned unchanged.
-pub(crate) fn named_memory_error(py: Python<'_>, err: PyErr, what: &str, bytes: usize) -> PyErr {
-    if err.is_instance_of::<PyMemoryError>(py) {
-        PyMemoryError::new_err(format!(
-            "out of memory: cannot allocate {bytes} bytes for the {what}"
-        ))
-    } else {
-        err
-    }
-}
 
 /// buffer_cache(limit=None) -> tuple[int, int]
 /// --

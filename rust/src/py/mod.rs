@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod array;
 mod build_info;
 mod decode;
+mod errors;
 mod hash;
 mod image;
 mod memory;
@@ -18,6 +19,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     build_info::register(m)?;
     decode::register(m)?;
+    errors::register(m)?;
     hash::register(m)?;
     image::register(m)?;
     memory::register(m)?;

@@ -4,17 +4,16 @@
 //!
 //! Arrays are read through [`super::array`] while strong references to every input are held; all decoding, resizing and
 //! normalisation runs with the GIL released, on all cores unless `threads` says otherwise.
-//! Every [`ProcessorError`] is raised as `ValueError(kind, message, field, expected, actual,
-//! index, decode_kind, format)`, which the wrapper (`smg_grpc_proto.vision._processor`) re-raises
-//! as the matching exception class.
+//! Every [`ProcessorError`] is raised as the `smg_grpc_proto.errors` class of its kind, with its
+//! field, numbers and image index (see [`super::errors`]).
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
 
 use super::array::{is_ndarray, ImageArray};
-use crate::image::decode::DecodeError;
+use super::errors::{self, processor_error, Class};
 use crate::memory::recycle;
 use crate::processors::qwen::Patches;
 use crate::processors::{
@@ -22,109 +21,6 @@ use crate::processors::{
     Value, VisionTokens,
 };
 use crate::tensor::wire::Produce;
-
-fn processor_error(py: Python<'_>, err: &ProcessorError) -> PyErr {
-    match error_args(py, err) {
-        Ok(args) => PyValueError::new_err(args.unbind()),
-        Err(e) => e,
-    }
-}
-
-/// `(kind, message, field, expected, actual, index, decode_kind, format)`.
-fn error_args<'py>(py: Python<'py>, err: &ProcessorError) -> PyResult<Bound<'py, PyTuple>> {
-    let none = || py.None();
-    let mut decode_kind = none();
-    let mut format = none();
-    let (field, expected, actual): (&str, Py<PyAny>, Py<PyAny>) = match err {
-        ProcessorError::AspectRatio { height, width, .. } => (
-            "aspect_ratio",
-            200.0f64.into_py_any(py)?,
-            ProcessorError::ratio(*height, *width).into_py_any(py)?,
-        ),
-        ProcessorError::Config {
-            field,
-            expected,
-            actual,
-        }
-        | ProcessorError::ImageShape {
-            field,
-            expected,
-            actual,
-            ..
-        } => (field, expected.into_py_any(py)?, actual.into_py_any(py)?),
-        ProcessorError::TooLarge {
-            what,
-            limit,
-            actual,
-        } => (what, limit.into_py_any(py)?, actual.into_py_any(py)?),
-        ProcessorError::VideoShape {
-            expected, actual, ..
-        } => (
-            "frame size",
-            expected.into_py_any(py)?,
-            actual.into_py_any(py)?,
-        ),
-        ProcessorError::BatchShape {
-            what,
-            expected,
-            actual,
-        } => (what, expected.into_py_any(py)?, actual.into_py_any(py)?),
-        ProcessorError::Decode { error, .. } => {
-            decode_kind = error.kind().into_py_any(py)?;
-            format = error.format().map(|f| f.name()).into_py_any(py)?;
-            decode_details(py, error)?
-        }
-        ProcessorError::Resample { .. } => ("size", none(), none()),
-        ProcessorError::OutOfMemory { what, bytes } => (what, none(), bytes.into_py_any(py)?),
-    };
-    PyTuple::new(
-        py,
-        [
-            err.kind().into_py_any(py)?,
-            err.to_string().into_py_any(py)?,
-            field.into_py_any(py)?,
-            expected,
-            actual,
-            err.index().into_py_any(py)?,
-            decode_kind,
-            format,
-        ],
-    )
-}
-
-/// `(field, expected, actual)` of a decoding failure, as `smg_grpc_proto.vision.decode` gives them.
-fn decode_details(
-    py: Python<'_>,
-    err: &DecodeError,
-) -> PyResult<(&'static str, Py<PyAny>, Py<PyAny>)> {
-    Ok(match err {
-        DecodeError::UnknownFormat { head, recognised } => (
-            "format",
-            "JPEG, PNG, GIF, BMP or WebP".into_py_any(py)?,
-            match recognised {
-                Some(name) => name.into_py_any(py)?,
-                None => PyBytes::new(py, head).into_any().unbind(),
-            },
-        ),
-        DecodeError::ZeroSize { width, height, .. } => {
-            ("size", py.None(), (*width, *height).into_py_any(py)?)
-        }
-        DecodeError::TooManyPixels {
-            width,
-            height,
-            limit,
-            ..
-        } => (
-            "max_pixels",
-            limit.into_py_any(py)?,
-            (u128::from(*width) * u128::from(*height)).into_py_any(py)?,
-        ),
-        DecodeError::OutOfMemory { bytes, .. } => ("size", py.None(), bytes.into_py_any(py)?),
-        DecodeError::Unsupported { .. }
-        | DecodeError::Truncated { .. }
-        | DecodeError::Corrupt { .. } => ("data", py.None(), py.None()),
-    })
-}
 
 /// A configuration value from Python: bool, int, float, str, None, a list of numbers, a list of
 /// `[h, w]` pairs, or a dict of ints.
@@ -267,9 +163,18 @@ fn options(
         "white" => Alpha::White,
         "drop" => Alpha::Drop,
         other => {
-            return Err(PyValueError::new_err(format!(
-                "alpha must be 'load_image', 'white' or 'drop', got {other:?}"
-            )))
+            let message = format!("alpha must be 'load_image', 'white' or 'drop', got {other:?}");
+            return Err(Python::attach(|py| {
+                let expected = ("load_image", "white", "drop");
+                errors::raise(
+                    py,
+                    Class::ProcessorConfig,
+                    &message,
+                    "alpha",
+                    expected,
+                    other,
+                )
+            }));
         }
     };
     Ok(Options {
@@ -496,7 +401,7 @@ impl PyPreprocessor {
     /// `family`'s transformers class defaults overridden by `config` (normalised keys: see
     /// `smg_grpc_proto.vision`). `vision_tokens` is `(patch_size, num_additional_image_tokens,
     /// vision_feature_select_strategy)`, which the CLIP-like families count their tokens with.
-    /// Raises `ValueError(kind, ...)` for a bad value or key.
+    /// Raises `ProcessorConfigError` for a bad value or key.
     #[new]
     #[pyo3(signature = (family, config, vision_tokens=None))]
     fn new(

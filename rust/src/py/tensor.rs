@@ -2,28 +2,33 @@
 //!
 //! numpy arrays are read through [`super::array`]. Each function holds a strong reference to every array it touches for its
 //! whole duration, releases the GIL around copies, conversions and parsing, and raises every
-//! [`TensorError`] as `ValueError` with its message; wrong Python types raise `TypeError`.
+//! [`TensorError`] as `smg_grpc_proto.errors.TensorError` (a `ValueError`; `TensorMemoryError`,
+//! also a `MemoryError`, for a failed allocation) with its field and numbers (see
+//! [`super::errors`]); wrong Python types raise `TensorTypeError` (a `TypeError`).
 
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyTuple};
 
 use super::array::NumpyArray;
+use super::errors::{self, Class};
 use super::processors::PyPendingTensor;
 use crate::tensor::convert::{self as core_convert, Conversion};
 use crate::tensor::wire::{self, Plan, Source, MAX_DEPTH};
 use crate::tensor::{TensorError, WireDtype};
 
-/// `MemoryError` for a failed allocation, `ValueError` for every other [`TensorError`].
+/// The Python exception of a [`TensorError`] (called with the GIL held).
 fn value_error(err: TensorError) -> PyErr {
-    match err {
-        TensorError::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
-        _ => PyValueError::new_err(err.to_string()),
-    }
+    Python::attach(|py| errors::tensor_error(py, &err))
+}
+
+/// A `TensorTypeError` about `field`, saying what it got.
+fn type_error(message: String, field: &str) -> PyErr {
+    Python::attach(|py| errors::raise(py, Class::TensorType, &message, field, py.None(), py.None()))
 }
 
 /// A new `bytes` object of `len` bytes, filled by `write` with the GIL released.
@@ -52,7 +57,14 @@ where
     let bytes = unsafe {
         Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))
     }
-    .map_err(|e| super::memory::named_memory_error(py, e, "output bytes", len))?
+    .map_err(|e| {
+        errors::named_memory_error(py, e, || {
+            value_error(TensorError::OutOfMemory {
+                what: "output bytes",
+                bytes: len as u64,
+            })
+        })
+    })?
     .cast_into::<PyBytes>()?;
     // SAFETY: `PyBytes_AsString` of a bytes object returns its internal buffer of `size` (+1
     // NUL) bytes, valid while the object lives; `bytes` holds our reference until we return it.
@@ -75,22 +87,35 @@ where
     Ok(bytes)
 }
 
-/// A tensor source: a C-contiguous numpy array of a dtype we know (little-endian).
+/// The memory of the numpy array `array`; a non-array is a `TensorTypeError` about `arg`.
+fn numpy_array<'py>(array: &Bound<'py, PyAny>, arg: &str) -> PyResult<NumpyArray<'py>> {
+    NumpyArray::of(array, arg).map_err(|err| {
+        if err.is_instance_of::<PyTypeError>(array.py()) {
+            type_error(err.value(array.py()).to_string(), arg)
+        } else {
+            err
+        }
+    })
+}
+
+/// A tensor source: a C-contiguous numpy array of a dtype we know (little-endian); `error`
+/// raises its [`TensorError`]s.
 fn source<'py>(
     array: &Bound<'py, PyAny>,
     arg: &'static str,
+    error: impl Fn(TensorError) -> PyErr,
 ) -> PyResult<(NumpyArray<'py>, WireDtype)> {
-    let memory = NumpyArray::of(array, arg)?;
-    let dtype = WireDtype::from_numpy_str(&memory.dtype, arg).map_err(value_error)?;
+    let memory = numpy_array(array, arg)?;
+    let dtype = WireDtype::from_numpy_str(&memory.dtype, arg).map_err(&error)?;
     if !memory.contiguous {
-        return Err(value_error(TensorError::NotContiguous { arg }));
+        return Err(error(TensorError::NotContiguous { arg }));
     }
     Ok((memory, dtype))
 }
 
 /// A destination: a writable, C-contiguous `uint8` numpy array.
 fn destination<'py>(array: &Bound<'py, PyAny>, arg: &'static str) -> PyResult<NumpyArray<'py>> {
-    let memory = NumpyArray::of(array, arg)?;
+    let memory = numpy_array(array, arg)?;
     if memory.dtype != "|u1" {
         return Err(value_error(TensorError::DestinationDtype {
             numpy: memory.dtype,
@@ -138,10 +163,13 @@ fn plan_from_py(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyResult<Pl
         return Ok(Plan::Tensor(field_number(number, path)?));
     }
     let Ok(fields) = obj.cast::<PyTuple>() else {
-        return Err(PyTypeError::new_err(format!(
-            "{path}: expected a tuple of (field_number, child) pairs or an int, got {}",
-            obj.get_type().name()?
-        )));
+        return Err(type_error(
+            format!(
+                "{path}: expected a tuple of (field_number, child) pairs or an int, got {}",
+                obj.get_type().name()?
+            ),
+            path,
+        ));
     };
     let mut plan = Vec::with_capacity(fields.len());
     for (i, pair) in fields.iter().enumerate() {
@@ -151,12 +179,18 @@ fn plan_from_py(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyResult<Pl
             .ok()
             .filter(|p| p.len() == 2)
             .ok_or_else(|| {
-                PyTypeError::new_err(format!("{item}: expected a (field_number, child) pair"))
+                type_error(
+                    format!("{item}: expected a (field_number, child) pair"),
+                    &item,
+                )
             })?;
         let number = pair.get_item(0)?;
-        let number = number
-            .cast::<PyInt>()
-            .map_err(|_| PyTypeError::new_err(format!("{item}[0]: field number must be an int")))?;
+        let number = number.cast::<PyInt>().map_err(|_| {
+            type_error(
+                format!("{item}[0]: field number must be an int"),
+                &format!("{item}[0]"),
+            )
+        })?;
         let number = field_number(number, &format!("{item}[0]"))?;
         let child = plan_from_py(&pair.get_item(1)?, &format!("{item}[1]"), depth + 1)?;
         plan.push((number, child));
@@ -164,24 +198,28 @@ fn plan_from_py(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyResult<Pl
     Ok(Plan::Message(plan))
 }
 
-/// `obj` as `bytes`, or a `TypeError` naming the argument.
+/// `obj` as `bytes`, or a `TensorTypeError` naming the argument.
 fn bytes_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>, arg: &str) -> PyResult<&'a Bound<'py, PyBytes>> {
     obj.cast::<PyBytes>().map_err(|_| {
         let got = obj
             .get_type()
             .name()
             .map_or_else(|_| "?".to_owned(), |n| n.to_string());
-        PyTypeError::new_err(format!("{arg}: expected bytes, got {got}"))
+        type_error(format!("{arg}: expected bytes, got {got}"), arg)
     })
 }
 
-/// Prefixes the message of an error about `sources[i]`, keeping its type for the two we raise.
-fn in_source(py: Python<'_>, i: usize, err: PyErr) -> PyErr {
-    let msg = format!("sources[{i}]: {}", err.value(py));
+/// The exception of a [`TensorError`] about `sources[i]`: the message and the field say so.
+fn in_source(py: Python<'_>, i: usize) -> impl Fn(TensorError) -> PyErr + '_ {
+    move |err| errors::tensor_error_in(py, &err, Some(&format!("sources[{i}]")))
+}
+
+/// A `TypeError` about `sources[i]` (from reading its array) as a `TensorTypeError` whose
+/// message and field say so; any other error unchanged.
+fn type_in_source(py: Python<'_>, i: usize, err: PyErr) -> PyErr {
     if err.is_instance_of::<PyTypeError>(py) {
-        PyTypeError::new_err(msg)
-    } else if err.is_instance_of::<PyValueError>(py) {
-        PyValueError::new_err(msg)
+        let field = format!("sources[{i}]");
+        type_error(format!("{field}: {}", err.value(py)), &field)
     } else {
         err
     }
@@ -219,7 +257,7 @@ fn convert<'py>(
     src: &Bound<'py, PyAny>,
     wire_dtype: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let (memory, from) = source(src, "src")?;
+    let (memory, from) = source(src, "src", value_error)?;
     let to = WireDtype::from_name(wire_dtype, "wire_dtype").map_err(value_error)?;
     let conversion = Conversion::new(from, to).map_err(value_error)?;
     let len = conversion
@@ -246,13 +284,13 @@ fn convert_into(
     let to = WireDtype::from_name(wire_dtype, "wire_dtype").map_err(value_error)?;
     if let Ok(pending) = src.cast::<PyPendingTensor>() {
         let pending = pending.get();
-        check_pending(pending, to)?;
+        check_pending(pending, to, None)?;
         let mut destination = destination(dst, "dst")?;
         let output = core_convert::as_uninit(destination.bytes_mut("dst")?);
         let source = Source::produced(pending.producer());
         return py.detach(|| source.write(output)).map_err(value_error);
     }
-    let (source, from) = source(src, "src")?;
+    let (source, from) = source(src, "src", value_error)?;
     let mut destination = destination(dst, "dst")?;
     if source.overlaps(&destination) {
         return Err(value_error(TensorError::Overlap {
@@ -274,14 +312,25 @@ enum Item<'py> {
     Pending(Bound<'py, PyPendingTensor>),
 }
 
-/// A pending tensor goes on the wire as it is written: `float32`.
-fn check_pending(pending: &PyPendingTensor, to: WireDtype) -> PyResult<()> {
+/// A pending tensor goes on the wire as it is written: `float32`. `context` names the source
+/// (`"sources[2]"`) in the message and the field.
+fn check_pending(pending: &PyPendingTensor, to: WireDtype, context: Option<&str>) -> PyResult<()> {
     if to != WireDtype::Float32 {
-        return Err(PyValueError::new_err(format!(
+        let message = format!(
             "a PendingTensor ({}) is written as float32, not {}; materialize() it to convert",
             pending.name(),
             to.name()
-        )));
+        );
+        let (message, field) = match context {
+            Some(context) => (
+                format!("{context}: {message}"),
+                format!("{context}.wire_dtype"),
+            ),
+            None => (message, "wire_dtype".to_owned()),
+        };
+        return Err(Python::attach(|py| {
+            errors::raise(py, Class::Tensor, &message, &field, "float32", to.name())
+        }));
     }
     Ok(())
 }
@@ -331,10 +380,13 @@ fn encode_frames<'py>(
     } else if let Ok(tuple) = sources.cast::<PyTuple>() {
         tuple.iter().collect()
     } else {
-        return Err(PyTypeError::new_err(format!(
-            "sources: expected a list of (ndarray, wire_dtype) tuples, got {}",
-            sources.get_type().name()?
-        )));
+        return Err(type_error(
+            format!(
+                "sources: expected a list of (ndarray, wire_dtype) tuples, got {}",
+                sources.get_type().name()?
+            ),
+            "sources",
+        ));
     };
     let mut arrays = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
@@ -343,30 +395,36 @@ fn encode_frames<'py>(
             .ok()
             .filter(|p| p.len() == 2)
             .ok_or_else(|| {
-                PyTypeError::new_err(format!(
-                    "sources[{i}]: expected an (ndarray or PendingTensor, wire_dtype) tuple"
-                ))
+                type_error(
+                    format!(
+                        "sources[{i}]: expected an (ndarray or PendingTensor, wire_dtype) tuple"
+                    ),
+                    &format!("sources[{i}]"),
+                )
             })?;
-        let name: String = pair
-            .get_item(1)?
-            .extract()
-            .map_err(|_| PyTypeError::new_err(format!("sources[{i}]: wire_dtype must be a str")))?;
-        let to = WireDtype::from_name(&name, "wire_dtype")
-            .map_err(|e| in_source(py, i, value_error(e)))?;
+        let name: String = pair.get_item(1)?.extract().map_err(|_| {
+            type_error(
+                format!("sources[{i}]: wire_dtype must be a str"),
+                &format!("sources[{i}].wire_dtype"),
+            )
+        })?;
+        let to = WireDtype::from_name(&name, "wire_dtype").map_err(in_source(py, i))?;
         let first = pair.get_item(0)?;
         if let Ok(pending) = first.cast::<PyPendingTensor>() {
-            check_pending(pending.get(), to).map_err(|e| in_source(py, i, e))?;
+            check_pending(pending.get(), to, Some(&format!("sources[{i}]")))?;
             arrays.push(Item::Pending(pending.clone()));
             continue;
         }
-        let (memory, from) = source(&first, "array").map_err(|e| in_source(py, i, e))?;
+        let (memory, from) =
+            source(&first, "array", in_source(py, i)).map_err(|e| type_in_source(py, i, e))?;
         arrays.push(Item::Memory(memory, from, to));
     }
     let mut tensors = Vec::with_capacity(arrays.len());
     for (i, item) in arrays.iter().enumerate() {
         let source = match item {
-            Item::Memory(memory, from, to) => Source::new(memory.bytes(), *from, *to)
-                .map_err(|e| in_source(py, i, value_error(e)))?,
+            Item::Memory(memory, from, to) => {
+                Source::new(memory.bytes(), *from, *to).map_err(in_source(py, i))?
+            }
             Item::Pending(pending) => Source::produced(pending.get().producer()),
         };
         tensors.push(source);

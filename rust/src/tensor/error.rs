@@ -2,7 +2,8 @@
 //!
 //! Messages name the argument (`src`, `dst`, `plan`, `nonce`, the wire input `data` or `header`)
 //! and every number involved, so a caller can tell what to fix without reading code. The Python
-//! bindings raise each of them as `ValueError` with the same message.
+//! bindings raise each of them as `smg_grpc_proto.errors.TensorError` with the same message and
+//! its fields (`src/py/errors.rs`).
 
 use std::fmt;
 

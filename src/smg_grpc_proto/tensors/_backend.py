@@ -1,7 +1,8 @@
 """Chooses the kernels: the Rust extension when it loads, else the pure-numpy fallback.
 
 Set ``SMG_GRPC_PROTO_NATIVE=0`` to force the fallback (both produce identical bytes).
-Errors from either side surface as :class:`~smg_grpc_proto.errors.TensorError`.
+Either side raises :class:`~smg_grpc_proto.errors.TensorError` itself, with the same ``field``,
+``expected``, ``actual`` and ``offset``; nothing here re-wraps an error.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from smg_grpc_proto.errors import SmgProtoError, TensorError
 from smg_grpc_proto.tensors import _fallback
 from smg_grpc_proto.tensors._layout import Plan
 
@@ -41,14 +41,8 @@ _T = TypeVar("_T")
 
 
 def _call(name: str, *args: Any) -> Any:
-    if _NATIVE is None:
-        return getattr(_fallback, name)(*args)
-    try:
-        return getattr(_NATIVE, name)(*args)
-    except SmgProtoError:
-        raise
-    except ValueError as exc:
-        raise TensorError(str(exc), field=name) from None
+    impl = _fallback if _NATIVE is None else _NATIVE
+    return getattr(impl, name)(*args)
 
 
 def _pending_type() -> type | None:

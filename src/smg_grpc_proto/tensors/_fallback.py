@@ -3,7 +3,9 @@
 Used when the Rust extension is unavailable or disabled (``SMG_GRPC_PROTO_NATIVE=0``). Every
 function produces exactly the bytes its native twin produces (tests compare them), just slower:
 conversions go through numpy and the frame codec walks the wire format in Python (it only visits
-record headers, never payload bytes, so it stays cheap for small headers).
+record headers, never payload bytes, so it stays cheap for small headers). Its errors are the
+native ones: the same class, message, ``field``, ``expected``, ``actual`` and ``offset`` (tests
+compare them).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from smg_grpc_proto.errors import TensorError
 from smg_grpc_proto.tensors._layout import Plan
 
 MAX_DEPTH = 100
+MAX_FIELD_NUMBER = 2**29 - 1
 TOKEN_LEN = 20  # 16-byte nonce + u32 little-endian index
+_U64 = 2**64 - 1
 
 
 def _bf16_bits(src: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -57,7 +61,7 @@ def convert_into(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any], wire_dtyp
     data = _converted(src, wire_dtype).view(np.uint8)
     if data.nbytes != dst.nbytes:
         raise TensorError(
-            f"destination holds {dst.nbytes} bytes, the converted tensor needs {data.nbytes}",
+            f"dst: holds {dst.nbytes} bytes, the converted tensor needs exactly {data.nbytes}",
             field="dst",
             expected=data.nbytes,
             actual=dst.nbytes,
@@ -65,19 +69,26 @@ def convert_into(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any], wire_dtyp
     dst[...] = data
 
 
-def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def _varint(buf: bytes, pos: int, end: int, input: str) -> tuple[int, int]:
+    """The varint at ``pos`` (bits beyond 64 dropped, as the native codec and upb do) and the
+    position after it; ``input`` names the argument in errors."""
+    start = pos
     value = shift = 0
     while True:
         if pos >= end:
-            raise TensorError(f"wire: truncated varint at byte {pos}", field="wire", actual=pos)
+            raise TensorError(
+                f"{input}: truncated varint at byte {start}", field=input, offset=start
+            )
         b = buf[pos]
         pos += 1
         value |= (b & 0x7F) << shift
         if b < 0x80:
-            return value, pos
+            return value & _U64, pos
         shift += 7
-        if shift >= 64:
-            raise TensorError(f"wire: varint longer than 10 bytes at byte {pos}", field="wire")
+        if shift >= 70:
+            raise TensorError(
+                f"{input}: varint longer than 10 bytes at byte {start}", field=input, offset=start
+            )
 
 
 def _encode_varint(value: int) -> bytes:
@@ -92,47 +103,67 @@ def _encode_varint(value: int) -> bytes:
 class _Walker:
     """One pass over a message along a plan, rewriting TensorData payload records."""
 
-    def __init__(self, data: bytes, nonce: bytes, replace: Any) -> None:
+    def __init__(self, data: bytes, input: str, nonce: bytes, replace: Any) -> None:
         self.data = data
+        self.input = input  # the argument's name, for errors
         self.nonce = nonce
         self.replace = replace  # callable(body_start, body_len) -> bytes | None (None = keep)
 
     def walk(self, start: int, end: int, plan: Plan, depth: int) -> list[bytes]:
         if depth > MAX_DEPTH:
             raise TensorError(
-                f"wire: nesting deeper than {MAX_DEPTH} at byte {start}",
-                field="wire",
-                expected=MAX_DEPTH,
+                f"plan: nested deeper than {MAX_DEPTH} levels", field="plan", expected=MAX_DEPTH
             )
-        data = self.data
+        data, input = self.data, self.input
         children = dict(plan) if isinstance(plan, tuple) else {}
         payload = plan if isinstance(plan, int) else None
         out: list[bytes] = []
         pos = start
         while pos < end:
             rec = pos
-            key, pos = _varint(data, pos, end)
+            key, pos = _varint(data, pos, end, input)
             number, wire_type = key >> 3, key & 7
             if number == 0:
-                raise TensorError(f"wire: field number 0 at byte {rec}", field="wire", actual=0)
+                raise TensorError(
+                    f"{input}: field number 0 in the record at byte {rec}",
+                    field=input,
+                    actual=0,
+                    offset=rec,
+                )
+            if number > MAX_FIELD_NUMBER:
+                raise TensorError(
+                    f"{input}: field number {number} in the record at byte {rec} exceeds "
+                    f"{MAX_FIELD_NUMBER}",
+                    field=input,
+                    expected=MAX_FIELD_NUMBER,
+                    actual=number,
+                    offset=rec,
+                )
             if wire_type == 0:
-                _, pos = _varint(data, pos, end)
+                _, pos = _varint(data, pos, end, input)
             elif wire_type in (1, 5):
-                pos += 8 if wire_type == 1 else 4
-                if pos > end:
+                needed, available = (8 if wire_type == 1 else 4), end - pos
+                if available < needed:
                     raise TensorError(
-                        f"wire: truncated fixed-width field at byte {rec}", field="wire"
+                        f"{input}: field {number} at byte {rec} needs {needed} bytes, only "
+                        f"{available} remain",
+                        field=input,
+                        expected=needed,
+                        actual=available,
+                        offset=rec,
                     )
+                pos += needed
             elif wire_type == 2:
-                length, body = _varint(data, pos, end)
+                length, body = _varint(data, pos, end, input)
                 pos = body + length
                 if pos > end:
                     raise TensorError(
-                        f"wire: field {number} at byte {rec} claims {length} bytes, "
+                        f"{input}: field {number} at byte {rec} claims {length} bytes, "
                         f"only {end - body} remain",
-                        field="wire",
+                        field=input,
                         expected=length,
                         actual=end - body,
+                        offset=rec,
                     )
                 tag = data[rec : _tag_end(data, rec)]
                 if payload is not None and number == payload:
@@ -146,11 +177,12 @@ class _Walker:
                     out += [tag, _encode_varint(size), *inner]
                     continue
             else:
-                raise TensorError(
-                    f"wire: unsupported wire type {wire_type} (field {number}) at byte {rec}",
-                    field="wire",
-                    actual=wire_type,
+                message = (
+                    f"group wire type {wire_type} (field {number}) at byte {rec} is not supported"
+                    if wire_type in (3, 4)
+                    else f"invalid wire type {wire_type} (field {number}) at byte {rec}"
                 )
+                raise TensorError(f"{input}: {message}", field=input, actual=wire_type, offset=rec)
             out.append(data[rec:pos])
         return out
 
@@ -168,7 +200,7 @@ def decode_frames(data: bytes, plan: Plan, nonce: bytes) -> tuple[bytes, list[tu
         spans.append((body, length))
         return nonce + (len(spans) - 1).to_bytes(4, "little")
 
-    pieces = _Walker(data, nonce, replace).walk(0, len(data), plan, 0)
+    pieces = _Walker(data, "data", nonce, replace).walk(0, len(data), plan, 0)
     return b"".join(pieces), spans
 
 
@@ -181,12 +213,14 @@ def encode_frames(
         index = int.from_bytes(header[body + 16 : body + 20], "little")
         if index >= len(sources):
             raise TensorError(
-                f"wire: token index {index} but only {len(sources)} tensors attached",
-                field="sources",
+                f"header: token at byte {body} names tensor {index}, but only {len(sources)} "
+                "sources are attached",
+                field="header",
                 expected=len(sources),
                 actual=index,
+                offset=body,
             )
         array, wire_dtype = sources[index]
         return convert(array, wire_dtype)
 
-    return b"".join(_Walker(header, nonce, replace).walk(0, len(header), plan, 0))
+    return b"".join(_Walker(header, "header", nonce, replace).walk(0, len(header), plan, 0))

@@ -35,7 +35,6 @@ import numpy as np
 import numpy.typing as npt
 
 from smg_grpc_proto import _native
-from smg_grpc_proto.errors import IMAGE_DECODE_ERRORS, ImageDecodeError
 from smg_grpc_proto.vision._inputs import read_file
 
 __all__ = ["DEFAULT_MAX_PIXELS", "ImageSource", "decode"]
@@ -70,23 +69,13 @@ def decode(
 
     Raises a subclass of :class:`~smg_grpc_proto.errors.ImageDecodeError` (a ``ValueError``):
     ``UnknownImageFormatError``, ``UnsupportedImageError``, ``TruncatedImageError``,
-    ``CorruptImageError``, ``EmptyImageError``, ``ImageTooLargeError`` or ``ImageMemoryError``;
-    ``TypeError`` for an argument of the wrong type, a plain ``ValueError`` for ``max_pixels``
-    past 2**64 - 1, ``OSError`` if a path cannot be read.
+    ``CorruptImageError``, ``EmptyImageError``, ``ImageTooLargeError`` or ``ImageMemoryError``
+    (also a ``MemoryError``), raised by the extension with their fields; ``TypeError`` for an
+    argument of the wrong type, a plain ``ValueError`` for ``max_pixels`` past 2**64 - 1 or an
+    unknown ``alpha``, ``OSError`` if a path cannot be read.
     """
     raw = _to_bytes(data)
     if max_pixels is not None and (isinstance(max_pixels, bool) or max_pixels < 0):
         raise TypeError(f"max_pixels must be a non-negative int or None, got {max_pixels!r}")
-    try:
-        image = _native.decode_image(raw, bool(apply_exif), max_pixels, alpha)
-    except ValueError as exc:
-        raise _decode_error(exc) from None
+    image = _native.decode_image(raw, bool(apply_exif), max_pixels, alpha)
     return np.asarray(image)
-
-
-def _decode_error(exc: ValueError) -> ValueError:
-    if len(exc.args) != 6:  # an argument error, not a decoding failure
-        return exc
-    kind, message, fmt, field, expected, actual = exc.args
-    cls = IMAGE_DECODE_ERRORS.get(kind, ImageDecodeError)
-    return cls(message, field=field, expected=expected, actual=actual, format=fmt)

@@ -30,12 +30,6 @@ import numpy as np
 import numpy.typing as npt
 
 from smg_grpc_proto import _native
-from smg_grpc_proto.errors import (
-    IMAGE_DECODE_ERRORS,
-    IMAGE_PROCESSING_ERRORS,
-    ImageDecodeError,
-    ImageProcessingError,
-)
 from smg_grpc_proto.vision import _config, _inputs, _tokens
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS
@@ -194,17 +188,6 @@ def _as_array(tensor: Any) -> npt.NDArray[Any]:
     return array.view(ml_dtypes.bfloat16)
 
 
-def _raise_native(exc: ValueError) -> Exception:
-    if len(exc.args) != 8:  # an argument error, not a processing failure
-        return exc
-    kind, message, fld, expected, actual, index, decode_kind, fmt = exc.args
-    if kind == "decode":
-        decode_cls = IMAGE_DECODE_ERRORS.get(decode_kind, ImageDecodeError)
-        return decode_cls(message, field=fld, expected=expected, actual=actual, format=fmt)
-    cls = IMAGE_PROCESSING_ERRORS.get(kind, ImageProcessingError)
-    return cls(message, field=fld, expected=expected, actual=actual, index=index)
-
-
 _MAX_U64 = 2**64 - 1  # the native limit's type
 
 
@@ -239,10 +222,7 @@ class ImageProcessor:
     ) -> None:
         normalised = _config.normalise(family, config or {}) if family in _config.FAMILIES else {}
         native_tokens = vision_tokens.native() if vision_tokens is not None else None
-        try:
-            self._native = _native.Preprocessor(family, normalised, native_tokens)
-        except ValueError as exc:
-            raise _raise_native(exc) from None
+        self._native = _native.Preprocessor(family, normalised, native_tokens)
         if alpha not in ("load_image", "white", "drop"):
             raise ValueError(f"alpha must be 'load_image', 'white' or 'drop', got {alpha!r}")
         if max_pixels is not None and (isinstance(max_pixels, bool) or max_pixels < 0):
@@ -417,10 +397,7 @@ class ImageProcessor:
 
     @staticmethod
     def _run(method: Any, items: Any, args: tuple[int, bool, str, int | None]) -> dict[str, Any]:
-        try:
-            tensors = method(items, *args)
-        except ValueError as exc:
-            raise _raise_native(exc) from None
+        tensors = method(items, *args)
         return {
             name: tensor if isinstance(tensor, _native.PendingTensor) else _as_array(tensor)
             for name, tensor in tensors
