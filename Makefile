@@ -78,9 +78,11 @@ $(VPY):
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check "pip>=25.1"
 	$(VPY) -m pip install --quiet --disable-pip-version-check --group test
+	@# maturin's entry point looks for its binary next to the running interpreter: its own copy.
+	$(VPY) -m pip install --quiet --disable-pip-version-check --ignore-installed "maturin>=1.7,<2"
 
 dev: system-deps $(VPY) ## contributor build: the extension in place in .venv ('fast' profile: seconds after an edit)
-	VIRTUAL_ENV=$(abspath $(VENV)) $(PYTHON) -m maturin develop --profile fast --quiet --extras dataclasses
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VPY) -m maturin develop --profile fast --quiet --extras dataclasses
 
 check: ## after `make dev`: lint, types and the fast tests in .venv (under two minutes)
 	@test -x $(VPY) || { echo "run 'make dev' first" >&2; exit 1; }
