@@ -6,9 +6,13 @@ functions raise ``TensorError`` (``TensorTypeError`` for a wrong Python type,
 ``TensorMemoryError`` for a failed allocation), the resize functions ``ResizeError``
 (``ProcessingMemoryError``), ``decode_image`` the ``ImageDecodeError`` subclasses and
 ``Preprocessor`` the ``ImageProcessingError`` subclasses. Below, ``ValueError``, ``TypeError``
-and ``MemoryError`` name the builtin each of those derives from. Two kinds of argument errors
-stay builtins: a non-array where an array is expected (``TypeError``), and ``decode_image``'s
-``alpha`` or ``max_pixels`` (``ValueError``, so that ``except ImageDecodeError`` catches only
+and ``MemoryError`` name the builtin each of those derives from. Argument errors are classes of
+``smg_grpc_proto.errors`` too, each with ``field`` naming the argument (``"images[3]"``,
+``'config["size"]'``, ``"parts[2]"``, ``"dst"``) and ``expected``/``actual``: a wrong Python
+type is ``TensorTypeError`` (tensor functions) or ``ImageTypeError`` (vision and hashing), both
+``TypeError``s; an image array of the wrong dtype, shape or layout is ``ImageShapeError``; and
+``decode_image``'s ``alpha`` or ``max_pixels`` out of range is ``ProcessorConfigError`` (a
+``ValueError`` that is not an ``ImageDecodeError``, so ``except ImageDecodeError`` catches only
 images that fail to decode).
 """
 
@@ -38,6 +42,7 @@ __all__ = [
     "decode_image",
     "dtype_itemsize",
     "encode_frames",
+    "image_format",
     "interpolate_bicubic",
     "media_digest",
     "processor_error_kinds",
@@ -187,8 +192,14 @@ def decode_image(data: bytes, apply_exif: bool, max_pixels: int | None, alpha: s
 
     ``alpha`` is ``"white"`` or ``"drop"``. Failures raise the ``ImageDecodeError`` subclass
     of their kind (``smg_grpc_proto.errors.IMAGE_DECODE_ERRORS``), with ``field``, ``expected``,
-    ``actual`` and ``format``; a bad ``alpha`` or ``max_pixels`` raises a plain ``ValueError``.
+    ``actual`` and ``format``; a bad ``alpha`` or an out-of-range ``max_pixels`` raises
+    ``ProcessorConfigError`` and a non-int ``max_pixels`` ``ImageTypeError``.
     """
+
+def image_format(data: bytes) -> str | None:
+    """The format ``decode_image`` recognises from the signature at the start of ``data`` (16
+    bytes suffice), lower-case (``"jpeg"``, ``"png"``, ``"gif"``, ``"bmp"``, ``"webp"``), or
+    ``None``; nothing is decoded."""
 
 def decode_error_kinds() -> list[str]:
     """The kind of every decoding failure, one per Rust ``DecodeError`` variant."""
@@ -299,7 +310,8 @@ def media_digest(
     parts: list[bytes | npt.NDArray[Any]] | tuple[bytes | npt.NDArray[Any], ...],
 ) -> bytes:
     """The 32-byte BLAKE3 digest of ``parts`` (bytes and C-contiguous arrays, raw memory), each
-    preceded by its length as a little-endian u64. The GIL is released while hashing."""
+    preceded by its length as a little-endian u64. The GIL is released while hashing. Any other
+    part (or a non-contiguous array) raises ``ImageTypeError`` naming ``parts[i]``."""
 
 def blake3(data: bytes) -> bytes:
     """The plain 32-byte BLAKE3 hash of ``data``; the GIL is released while hashing."""

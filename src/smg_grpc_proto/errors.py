@@ -22,6 +22,7 @@ __all__ = [
     "ImageProcessingError",
     "ImageShapeError",
     "ImageTooLargeError",
+    "ImageTypeError",
     "InputFileError",
     "MultimodalError",
     "MultimodalLayoutError",
@@ -245,6 +246,15 @@ IMAGE_DECODE_ERRORS: dict[str, type[ImageDecodeError]] = {
     )
 }
 """Each decoding failure kind (one per Rust ``DecodeError`` variant) and its exception class."""
+
+
+class ImageTypeError(SmgProtoError, TypeError):
+    """An argument of the wrong Python type was passed to the vision or media-hashing API: an
+    image or frame that is neither ``bytes`` nor a numpy array, a batch that is not a list, a
+    processor configuration key or value of a type it cannot hold, a non-contiguous array given
+    to ``media_digest``. ``field`` names the argument (``"images[3]"``, ``'config["size"]'``,
+    ``"parts[2]"``); ``expected`` says what it takes and ``actual`` what it got (a type name, or
+    the value's ``repr``). Also a ``TypeError``."""
 
 
 class ImageProcessingError(SmgProtoError, ValueError):

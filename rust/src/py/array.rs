@@ -7,11 +7,14 @@
 //! and for images a length equal to the product of the shape), and the array stays referenced
 //! for as long as a slice of its memory exists.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
+use pyo3::IntoPyObjectExt;
+
+use super::errors::{self, Class};
+use crate::tensor::TensorError;
 
 /// The memory of one numpy array, kept alive by the strong reference in `_array`.
 pub(crate) struct NumpyArray<'py> {
@@ -33,25 +36,39 @@ pub(crate) fn is_ndarray(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
 
 impl<'py> NumpyArray<'py> {
     /// Reads the address, size, flags, dtype and shape of `obj`, which must be a
-    /// `numpy.ndarray` (`TypeError` naming `what` otherwise).
-    pub fn of(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Self> {
+    /// `numpy.ndarray`: otherwise (or when numpy reports an impossible address) `type_class`
+    /// (`TensorTypeError` or `ImageTypeError`, both `TypeError`s) with `field=what`.
+    pub fn of(obj: &Bound<'py, PyAny>, what: &str, type_class: Class) -> PyResult<Self> {
+        let py = obj.py();
         if !is_ndarray(obj)? {
-            return Err(PyTypeError::new_err(format!(
-                "{what}: expected a numpy.ndarray, got {}",
-                obj.get_type().name()?
-            )));
+            let actual = obj.get_type().name()?;
+            let message = format!("{what}: expected a numpy.ndarray, got {actual}");
+            return Err(errors::raise(
+                py,
+                type_class,
+                &message,
+                what,
+                "numpy.ndarray",
+                actual,
+            ));
         }
         // Interned names: no new Python string per call for each attribute looked up.
-        let py = obj.py();
         let (addr, readonly): (usize, bool) = obj
             .getattr(intern!(py, "__array_interface__"))?
             .get_item(intern!(py, "data"))?
             .extract()?;
         let len: usize = obj.getattr(intern!(py, "nbytes"))?.extract()?;
         if len > 0 && (addr == 0 || isize::try_from(len).is_err()) {
-            return Err(PyTypeError::new_err(format!(
-                "{what}: array reports {len} bytes at address {addr:#x}"
-            )));
+            let message = format!("{what}: array reports {len} bytes at address {addr:#x}");
+            // expected: at most isize::MAX bytes at a non-null address; actual: (bytes, address).
+            return Err(errors::raise(
+                py,
+                type_class,
+                &message,
+                what,
+                isize::MAX,
+                (len, addr),
+            ));
         }
         Ok(NumpyArray {
             _array: obj.clone(),
@@ -102,15 +119,14 @@ impl<'py> NumpyArray<'py> {
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
     }
 
-    /// The array's bytes, writable; `ValueError` naming `what` when numpy marks it read-only.
+    /// The array's bytes, writable; [`TensorError::ReadOnly`] naming `what` when numpy marks it
+    /// read-only (only tensor destinations are written).
     ///
     /// The caller must not read another array's memory that overlaps this one while the slice
     /// lives ([`NumpyArray::overlaps`]).
-    pub fn bytes_mut(&mut self, what: &str) -> PyResult<&mut [u8]> {
+    pub fn bytes_mut(&mut self, what: &'static str) -> Result<&mut [u8], TensorError> {
         if self.readonly {
-            return Err(PyValueError::new_err(format!(
-                "{what}: the array is read-only"
-            )));
+            return Err(TensorError::ReadOnly { arg: what });
         }
         if self.len == 0 {
             return Ok(&mut []);
@@ -130,40 +146,65 @@ pub(crate) struct ImageArray<'py> {
 }
 
 impl<'py> ImageArray<'py> {
-    /// Checks `obj` is an image array (`TypeError` for a non-array, `ValueError` naming `what`
-    /// and the numbers for a wrong dtype, shape, layout or size).
+    /// Checks `obj` is an image array: `ImageTypeError` (a `TypeError`) for a non-array,
+    /// `ImageShapeError` (a `ValueError`) for a wrong dtype, shape, layout or size, each with
+    /// `field=what` and the numbers.
     pub fn of(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Self> {
-        let memory = NumpyArray::of(obj, what)?;
+        let py = obj.py();
+        let memory = NumpyArray::of(obj, what, Class::ImageType)?;
+        let shape_error =
+            |message: String, expected: Bound<'py, PyAny>, actual: Bound<'py, PyAny>| {
+                errors::raise(py, Class::ImageShape, &message, what, expected, actual)
+            };
         if memory.dtype != "|u1" {
-            return Err(PyValueError::new_err(format!(
-                "{what}: expected dtype uint8, got {}",
-                memory.dtype
-            )));
+            let message = format!("{what}: expected dtype uint8, got {}", memory.dtype);
+            return Err(shape_error(
+                message,
+                "|u1".into_bound_py_any(py)?,
+                memory.dtype.as_str().into_bound_py_any(py)?,
+            ));
         }
         let shape = &memory.shape;
         let (height, width, channels) = match shape[..] {
             [h, w] => (h, w, 1),
             [h, w, c] => (h, w, c),
             _ => {
-                return Err(PyValueError::new_err(format!(
+                let message = format!(
                     "{what}: expected shape (H, W) or (H, W, C), got {} dimensions {shape:?}",
                     shape.len()
-                )))
+                );
+                // expected: the numbers of dimensions taken; actual: the array's.
+                return Err(shape_error(
+                    message,
+                    (2, 3).into_bound_py_any(py)?,
+                    shape.len().into_bound_py_any(py)?,
+                ));
             }
         };
         if !memory.contiguous {
-            return Err(PyValueError::new_err(format!(
+            let message = format!(
                 "{what}: array {shape:?} is not C-contiguous (use numpy.ascontiguousarray)"
-            )));
+            );
+            return Err(shape_error(
+                message,
+                py.None().into_bound(py),
+                py.None().into_bound(py),
+            ));
         }
         let expected = height
             .checked_mul(width)
             .and_then(|n| n.checked_mul(channels));
         if expected != Some(memory.len()) {
-            return Err(PyValueError::new_err(format!(
+            let message = format!(
                 "{what}: array reports {} bytes for shape {shape:?}",
                 memory.len()
-            )));
+            );
+            let wanted = height as u128 * width as u128 * channels as u128;
+            return Err(shape_error(
+                message,
+                wanted.into_bound_py_any(py)?,
+                memory.len().into_bound_py_any(py)?,
+            ));
         }
         Ok(ImageArray {
             memory,

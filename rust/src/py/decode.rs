@@ -5,14 +5,16 @@
 //! GIL released; the `bytes` object is immutable and our reference keeps it alive meanwhile.
 //! Every [`DecodeError`] is raised as the `smg_grpc_proto.errors.ImageDecodeError` subclass of
 //! its kind, with its field, numbers and format (see [`super::errors`]). A bad `alpha` or
-//! `max_pixels` is a caller's mistake, not a failure to decode: a plain `ValueError`, which a
-//! handler of bad images (`except ImageDecodeError`) does not swallow.
+//! `max_pixels` is a caller's mistake, not a failure to decode: `ProcessorConfigError` (a
+//! `ValueError`, like the processors' own bad `alpha`) or, for a `max_pixels` that is not an int,
+//! `ImageTypeError` (a `TypeError`), which a handler of bad images (`except ImageDecodeError`)
+//! does not swallow.
 
-use pyo3::exceptions::{PyOverflowError, PyValueError};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyInt};
 
-use super::errors;
+use super::errors::{self, Class};
 
 use crate::image::decode::{self as core, AlphaMode, DecodeError, DecodeOptions};
 
@@ -84,21 +86,44 @@ impl PyDecodedImage {
     }
 }
 
-/// `max_pixels` as a `u64`: an int out of range (negative, or past 2**64 - 1) is a `ValueError`
-/// naming the argument and its range instead of a bare `OverflowError`; a non-int stays a
-/// `TypeError`.
+/// `max_pixels` as a `u64`: an int out of range (negative, or past 2**64 - 1) is a
+/// `ProcessorConfigError` naming the argument and its range instead of a bare `OverflowError`;
+/// a non-int is an `ImageTypeError`.
 fn max_pixels_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     let Some(value) = value else {
         return Ok(None);
     };
+    let py = value.py();
+    if value.cast::<PyInt>().is_err() {
+        let got = value.get_type().name()?.to_string();
+        let message = format!("max_pixels must be an int or None, got {got}");
+        let expected = "int or None";
+        return Err(errors::raise(
+            py,
+            Class::ImageType,
+            &message,
+            "max_pixels",
+            expected,
+            got,
+        ));
+    }
     match value.extract::<u64>() {
         Ok(n) => Ok(Some(n)),
-        Err(err) if err.is_instance_of::<PyOverflowError>(value.py()) => {
-            Err(PyValueError::new_err(format!(
+        Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
+            let message = format!(
                 "max_pixels must be between 0 and {} (2**64 - 1) or None, got {}",
                 u64::MAX,
                 value.repr()?
-            )))
+            );
+            let expected = (0, u64::MAX);
+            Err(errors::raise(
+                py,
+                Class::ProcessorConfig,
+                &message,
+                "max_pixels",
+                expected,
+                value,
+            ))
         }
         Err(err) => Err(err),
     }
@@ -123,9 +148,16 @@ fn decode_image(
         "white" => AlphaMode::White,
         "drop" => AlphaMode::Drop,
         other => {
-            return Err(PyValueError::new_err(format!(
-                "alpha must be 'white' or 'drop', got {other:?}"
-            )))
+            let message = format!("alpha must be 'white' or 'drop', got {other:?}");
+            let expected = ("white", "drop");
+            return Err(errors::raise(
+                py,
+                Class::ProcessorConfig,
+                &message,
+                "alpha",
+                expected,
+                other,
+            ));
         }
     };
     let options = DecodeOptions {
@@ -138,6 +170,17 @@ fn decode_image(
         .detach(|| core::decode(input, &options))
         .map_err(|err| errors::decode_error(py, &err))?;
     Ok(PyDecodedImage::new(image.pixels, image.height, image.width))
+}
+
+/// image_format(data) -> str | None
+/// --
+///
+/// The format `decode_image` recognises from the signature at the start of `data` (the first
+/// 16 bytes are all any signature needs), lower-case (`"jpeg"`, `"png"`, `"gif"`, `"bmp"`,
+/// `"webp"`), or None; nothing is decoded.
+#[pyfunction]
+fn image_format(data: &Bound<'_, PyBytes>) -> Option<String> {
+    core::sniff(data.as_bytes()).map(|format| format.name().to_ascii_lowercase())
 }
 
 /// decode_error_kinds() -> list[str]
@@ -153,5 +196,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_MAX_PIXELS", core::DEFAULT_MAX_PIXELS)?;
     m.add_class::<PyDecodedImage>()?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
+    m.add_function(wrap_pyfunction!(image_format, m)?)?;
     m.add_function(wrap_pyfunction!(decode_error_kinds, m)?)
 }

@@ -40,6 +40,7 @@ pub(crate) enum Class {
     EmptyImage,
     ImageTooLarge,
     ImageMemory,
+    ImageType,
     AspectRatio,
     ProcessorConfig,
     ImageShape,
@@ -50,7 +51,7 @@ pub(crate) enum Class {
     Resize,
 }
 
-const CLASSES: usize = 18;
+const CLASSES: usize = 19;
 // `Resize` is the last class: every `Class as usize` indexes `TYPES`.
 const _: () = assert!(Class::Resize as usize + 1 == CLASSES);
 
@@ -70,6 +71,7 @@ impl Class {
             Self::EmptyImage => "EmptyImageError",
             Self::ImageTooLarge => "ImageTooLargeError",
             Self::ImageMemory => "ImageMemoryError",
+            Self::ImageType => "ImageTypeError",
             Self::AspectRatio => "AspectRatioError",
             Self::ProcessorConfig => "ProcessorConfigError",
             Self::ImageShape => "ImageShapeError",

@@ -1,10 +1,10 @@
 //! Python view of [`crate::hash`]: media content digests with the GIL released.
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use super::array::NumpyArray;
+use super::array::{is_ndarray, NumpyArray};
+use super::errors::{self, Class};
 use crate::hash;
 
 /// One input of a digest, borrowed from its Python object.
@@ -27,17 +27,20 @@ impl Part<'_> {
 ///
 /// The 32-byte BLAKE3 digest of `parts` (a list or tuple of `bytes` and C-contiguous numpy
 /// arrays, read as their raw memory), each part preceded by its length as a little-endian u64.
+/// Anything else (or a non-contiguous array) raises `ImageTypeError` naming `parts[i]`.
 #[pyfunction]
 fn media_digest<'py>(py: Python<'py>, parts: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    let type_error = |message: String, field: &str, expected: &str, actual: String| {
+        errors::raise(py, Class::ImageType, &message, field, expected, actual)
+    };
     let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = parts.cast::<PyList>() {
         list.iter().collect()
     } else if let Ok(tuple) = parts.cast::<PyTuple>() {
         tuple.iter().collect()
     } else {
-        return Err(PyTypeError::new_err(format!(
-            "parts: expected a list or tuple, got {}",
-            parts.get_type().name()?
-        )));
+        let got = parts.get_type().name()?.to_string();
+        let message = format!("parts: expected a list or tuple, got {got}");
+        return Err(type_error(message, "parts", "list or tuple", got));
     };
     let mut borrowed = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
@@ -45,11 +48,23 @@ fn media_digest<'py>(py: Python<'py>, parts: &Bound<'py, PyAny>) -> PyResult<Bou
             borrowed.push(Part::Bytes(b.clone()));
             continue;
         }
-        let array = NumpyArray::of(item, &format!("parts[{i}]"))?;
+        let field = format!("parts[{i}]");
+        if !is_ndarray(item)? {
+            let got = item.get_type().name()?.to_string();
+            let message = format!("{field}: expected bytes or a numpy.ndarray, got {got}");
+            return Err(type_error(message, &field, "bytes or numpy.ndarray", got));
+        }
+        let array = NumpyArray::of(item, &field, Class::ImageType)?;
         if !array.contiguous {
-            return Err(PyTypeError::new_err(format!(
-                "parts[{i}]: the array must be C-contiguous (use numpy.ascontiguousarray)"
-            )));
+            let message =
+                format!("{field}: the array must be C-contiguous (use numpy.ascontiguousarray)");
+            let got = "a non-contiguous numpy.ndarray".to_owned();
+            return Err(type_error(
+                message,
+                &field,
+                "a C-contiguous numpy.ndarray",
+                got,
+            ));
         }
         borrowed.push(Part::Array(array));
     }

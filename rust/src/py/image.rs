@@ -5,8 +5,9 @@
 //! `bytearray` (writable, so the numpy view the Python wrapper makes of it is writable too),
 //! filled with the GIL released. Every [`ResampleError`] and every bad argument value is raised
 //! as `smg_grpc_proto.errors.ResizeError` (a `ValueError`) with its field and numbers, a failed
-//! allocation as `ProcessingMemoryError` (also a `MemoryError`; see [`super::errors`]); a
-//! non-array argument raises `TypeError`.
+//! allocation as `ProcessingMemoryError` (also a `MemoryError`; see [`super::errors`]); an
+//! image array of the wrong dtype, shape or layout raises `ImageShapeError` (a `ValueError`) and
+//! a non-array argument `ImageTypeError` (a `TypeError`), both naming the argument.
 
 use std::mem::MaybeUninit;
 
@@ -200,7 +201,7 @@ fn interpolate_bicubic<'py>(
     let (out_w, out_h) =
         resample::output_size(size_arg(width, "width")?, size_arg(height, "height")?)
             .map_err(value_error)?;
-    let array = NumpyArray::of(planes, "planes")?;
+    let array = NumpyArray::of(planes, "planes", Class::ImageType)?;
     let [c, h, w] = array.shape[..] else {
         let message = format!(
             "planes: expected shape (C, H, W), got {} dimensions {:?}",

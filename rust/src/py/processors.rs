@@ -7,7 +7,6 @@
 //! Every [`ProcessorError`] is raised as the `smg_grpc_proto.errors` class of its kind, with its
 //! field, numbers and image index (see [`super::errors`]).
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
@@ -22,15 +21,26 @@ use crate::processors::{
 };
 use crate::tensor::wire::Produce;
 
+/// What a configuration value may be (`expected` of a refused one).
+const CONFIG_VALUE_TYPES: &str =
+    "bool, int (64-bit), float, str, None, a list of numbers, a list of [h, w] pairs or a dict of ints";
+
 /// A configuration value from Python: bool, int, float, str, None, a list of numbers, a list of
 /// `[h, w]` pairs, or a dict of ints.
+/// Anything else is an `ImageTypeError` with `field='config["key"]'` and the value's `repr` as
+/// `actual`.
 fn value_of(key: &str, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     let bad = || {
-        PyTypeError::new_err(format!(
-            "config[{key:?}]: unsupported value {}",
-            obj.repr()
-                .map_or_else(|_| "?".to_owned(), |r| r.to_string())
-        ))
+        let actual = repr_of(obj);
+        let field = format!("config[{key:?}]");
+        errors::raise(
+            obj.py(),
+            Class::ImageType,
+            &format!("{field}: unsupported value {actual}"),
+            &field,
+            CONFIG_VALUE_TYPES,
+            actual,
+        )
     };
     if obj.is_none() {
         return Ok(Value::None);
@@ -87,6 +97,12 @@ fn value_of(key: &str, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     Err(bad())
 }
 
+/// `repr(obj)`, or `"?"` when it raises.
+fn repr_of(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr()
+        .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+}
+
 fn value_to_py(py: Python<'_>, value: &Value) -> PyResult<Py<PyAny>> {
     match value {
         Value::Bool(b) => b.into_py_any(py),
@@ -121,10 +137,17 @@ impl<'py> Held<'py> {
             return Ok(Held::Bytes(bytes.clone()));
         }
         if !is_ndarray(obj)? {
-            return Err(PyTypeError::new_err(format!(
-                "{what}: expected bytes or a numpy.ndarray, got {}",
-                obj.get_type().name()?
-            )));
+            let got = obj.get_type().name()?.to_string();
+            let message = format!("{what}: expected bytes or a numpy.ndarray, got {got}");
+            let expected = "bytes or numpy.ndarray";
+            return Err(errors::raise(
+                obj.py(),
+                Class::ImageType,
+                &message,
+                what,
+                expected,
+                got,
+            ));
         }
         Ok(Held::Array(ImageArray::of(obj, what)?))
     }
@@ -144,10 +167,17 @@ impl<'py> Held<'py> {
 
 fn items<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
     if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() {
-        return Err(PyTypeError::new_err(format!(
-            "{what}: expected a list, got {}",
-            obj.get_type().name()?
-        )));
+        let got = obj.get_type().name()?.to_string();
+        let message = format!("{what}: expected a list, got {got}");
+        let expected = "list or tuple";
+        return Err(errors::raise(
+            obj.py(),
+            Class::ImageType,
+            &message,
+            what,
+            expected,
+            got,
+        ));
     }
     obj.try_iter()?.collect()
 }
@@ -423,9 +453,14 @@ impl PyPreprocessor {
         })?;
         let mut entries = Vec::with_capacity(config.len());
         for (k, v) in config.iter() {
-            let key: String = k
-                .extract()
-                .map_err(|_| PyTypeError::new_err("config keys must be str"))?;
+            let key: String = k.extract().map_err(|_| {
+                let got = k
+                    .get_type()
+                    .name()
+                    .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+                let message = format!("config keys must be str, got {got} {}", repr_of(&k));
+                errors::raise(py, Class::ImageType, &message, "config", "str", got)
+            })?;
             let value = value_of(&key, &v)?;
             entries.push((key, value));
         }

@@ -89,13 +89,7 @@ where
 
 /// The memory of the numpy array `array`; a non-array is a `TensorTypeError` about `arg`.
 fn numpy_array<'py>(array: &Bound<'py, PyAny>, arg: &str) -> PyResult<NumpyArray<'py>> {
-    NumpyArray::of(array, arg).map_err(|err| {
-        if err.is_instance_of::<PyTypeError>(array.py()) {
-            type_error(err.value(array.py()).to_string(), arg)
-        } else {
-            err
-        }
-    })
+    NumpyArray::of(array, arg, Class::TensorType)
 }
 
 /// A tensor source: a C-contiguous numpy array of a dtype we know (little-endian); `error`
@@ -286,7 +280,7 @@ fn convert_into(
         let pending = pending.get();
         check_pending(pending, to, None)?;
         let mut destination = destination(dst, "dst")?;
-        let output = core_convert::as_uninit(destination.bytes_mut("dst")?);
+        let output = core_convert::as_uninit(destination.bytes_mut("dst").map_err(value_error)?);
         let source = Source::produced(pending.producer());
         return py.detach(|| source.write(output)).map_err(value_error);
     }
@@ -301,7 +295,7 @@ fn convert_into(
         }));
     }
     let input = source.bytes();
-    let output = destination.bytes_mut("dst")?;
+    let output = destination.bytes_mut("dst").map_err(value_error)?;
     py.detach(|| core_convert::convert_into(input, from, output, to))
         .map_err(value_error)
 }

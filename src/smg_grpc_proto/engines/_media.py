@@ -24,12 +24,11 @@ import numpy.typing as npt
 from smg_grpc_proto import _native
 from smg_grpc_proto._native import PendingTensor
 from smg_grpc_proto.errors import (
-    ImageDecodeError,
     MultimodalError,
     MultimodalLayoutError,
     PlaceholderError,
 )
-from smg_grpc_proto.vision import DeferredOutput, ImageProcessor, ProcessorOutput, decode
+from smg_grpc_proto.vision import DeferredOutput, ImageProcessor, ProcessorOutput
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._inputs import flatten_images, flatten_videos, to_native
 from smg_grpc_proto.vision._tokens import VisionTokens
@@ -543,11 +542,7 @@ def image_format(data: bytes | bytearray | memoryview) -> str | None:
     ``VP8X`` chunk); ``None`` for anything else — the formats :func:`~smg_grpc_proto.vision.decode`
     decodes.
 
-    This is the native decoder's own signature check (Rust ``decode::sniff``): the first 16
-    bytes, all any signature needs, go to the decoder with a pixel limit of 0, so it stops at
-    the signature or the header and names the format it recognised; nothing is decoded."""
-    try:
-        decode(bytes(data[:16]), max_pixels=0, apply_exif=False)
-    except ImageDecodeError as exc:
-        return exc.format.lower() if exc.format is not None else None
-    raise AssertionError("16 bytes decoded under a pixel limit of 0")  # pragma: no cover
+    This is the native decoder's own signature check (Rust ``decode::sniff``, exported as
+    ``_native.image_format``) on the first 16 bytes, all any signature needs; nothing is
+    decoded."""
+    return _native.image_format(bytes(data[:16]))
