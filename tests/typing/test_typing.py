@@ -32,7 +32,7 @@ import pytest
 import smg_grpc_proto
 from smg_grpc_proto import vllm_engine_pb2, vllm_engine_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 EXAMPLES = ROOT / "examples"
 EXAMPLE_FILES = ("typed_client.py", "typed_servicer.py")

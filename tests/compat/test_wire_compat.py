@@ -16,7 +16,7 @@ from google.protobuf import descriptor_pb2
 from support.descriptors import file_descriptors
 from support.upstream import upstream_package
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OURS = ROOT / "src" / "smg_grpc_proto" / "generated"
 FILES = [
     "common.proto",

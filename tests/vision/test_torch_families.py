@@ -16,7 +16,7 @@ import pytest
 from smg_grpc_proto import cli, vision
 from smg_grpc_proto.errors import ImageShapeError, ProcessorConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHOTO = ROOT / "src" / "smg_grpc_proto" / "data" / "grace_hopper.jpg"
 
 

@@ -32,7 +32,7 @@ from smg_grpc_proto.compat import Finding, check, load_schema
 from smg_grpc_proto.compat._model import BUF_CATEGORY, LEVELS, Level
 from smg_grpc_proto.compat.rules import RULES
 
-BASE = Path(__file__).parent / "compat" / "base"
+BASE = Path(__file__).parent / "base"
 BUF_VERSION = "1.75.0"
 
 

@@ -3,7 +3,7 @@
 Everything runs for real: schemas are compiled with protoc (grpcio-tools), wheels are real zip
 files (or the published 0.4.28 wheel), requirements go through pip and the wheel cache, git
 revisions come from a scratch repository. The agreement with ``buf breaking`` itself lives in
-``tests/test_compat_buf.py``.
+``tests/compat/test_compat_buf.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from smg_grpc_proto.compat.config import CompatConfig, load_config
 from smg_grpc_proto.compat.report import Report, render
 from smg_grpc_proto.compat.rules import RULES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROTOS = ROOT / "protos"
 FDS = descriptor_pb2.FileDescriptorSet
 
