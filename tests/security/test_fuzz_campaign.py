@@ -44,6 +44,8 @@ TESTS = Path(__file__).resolve().parents[1]
 SECONDS = float(os.environ.get("SMG_FUZZ_SECONDS", "40"))
 SEED = int(os.environ.get("SMG_FUZZ_SEED", "20261202"))
 
+pytestmark = pytest.mark.slow  # each test runs for tens of seconds (SMG_FUZZ_SECONDS)
+
 
 def _campaign(worker: str, tmp_path: Path, headroom_mib: int) -> dict[str, Any]:
     command = [

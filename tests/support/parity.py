@@ -502,6 +502,13 @@ SYNTHETIC = [
     "alpha.webp",
 ]
 IMAGE_NAMES = [*PHOTOS, *SYNTHETIC, *PILLOW_EDGE_CASES]
+# The developer run (``-m "not slow"``) keeps these of the matrix: an odd size, alpha, an EXIF
+# orientation, a palette with transparency; the rest (the photographs too) are marked slow.
+FAST_IMAGES = ("odd-37x23.png", "rgba.png", "exif3.png", "palette-trns.png")
+IMAGE_CASES = [
+    pytest.param(name, marks=() if name in FAST_IMAGES else pytest.mark.slow)
+    for name in IMAGE_NAMES
+]
 
 # A 3x600 image resized to a shortest edge of 336 is 336x67200 before the center crop: wider
 # than the 65536 pixels per side the resampler accepts.

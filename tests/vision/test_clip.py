@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from support.parity import (
-    IMAGE_NAMES,
+    IMAGE_CASES,
     check_batches,
     check_files,
     check_options,
@@ -31,14 +31,14 @@ pytestmark = reference_mark()
 
 
 @pytest.mark.parametrize("config", configs_of("clip", "llava", "siglip"))
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
     """Encoded files: our decoder + processor vs ``load_image`` + the PIL backend."""
     check_files(corpus, config, name)
 
 
 @pytest.mark.parametrize("config", ["clip-336"])
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
     """PIL images and encoded bytes with ``alpha="white"``."""
     check_pil_inputs(corpus, config, name)
@@ -51,6 +51,7 @@ def test_raw_arrays(config: str, channels: int) -> None:
     check_raw_arrays(config, channels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", configs_of("clip", "llava", "siglip"))
 def test_batches(corpus: dict[str, Path], config: str) -> None:
     """Images of mixed sizes and kinds in one call (processed in parallel, in order)."""

@@ -18,7 +18,7 @@ from support.parity import (
     CLIP_MEAN,
     CLIP_STD,
     GEMMA3_HUB,
-    IMAGE_NAMES,
+    IMAGE_CASES,
     assert_matches,
     assert_same,
     check_batches,
@@ -58,14 +58,14 @@ pytestmark = reference_mark()
 
 
 @pytest.mark.parametrize("config", configs_of("gemma3"))
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
     """Encoded files: our decoder + processor vs ``load_image`` + the PIL backend."""
     check_files(corpus, config, name)
 
 
 @pytest.mark.parametrize("config", ["gemma3-pas"])
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
     """PIL images and encoded bytes with ``alpha="white"``."""
     check_pil_inputs(corpus, config, name)
@@ -78,6 +78,7 @@ def test_raw_arrays(config: str, channels: int) -> None:
     check_raw_arrays(config, channels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", configs_of("gemma3"))
 def test_batches(corpus: dict[str, Path], config: str) -> None:
     """Images of mixed sizes and kinds in one call (processed in parallel, in order)."""
@@ -207,6 +208,7 @@ def _gemma3_token_count(ref: Any, index: int, image_seq_length: int) -> int:
     return int(text.count("<image_soft_token>"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("height", "width"), GEMMA3_SIZES)
 def test_gemma3_sizes(height: int, width: int) -> None:
     """Odd sizes, as arrays and as PNG bytes, pan-and-scan off and on (the processor's
@@ -242,6 +244,7 @@ def test_gemma3_empty_crops(height: int, width: int, min_crop: int) -> None:
     assert int(out.num_crops[0]) >= 2  # type: ignore[index]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", GEMMA3_CONFIGS)
 def test_gemma3_batches_and_tokens(corpus: dict[str, Path], config: str) -> None:
     """A batch of mixed sizes and kinds: each image followed by its own crops, in order."""

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from support.parity import (
     IDEFICS3_HUB,
-    IMAGE_NAMES,
+    IMAGE_CASES,
     SMOLVLM_HUB,
     assert_matches,
     assert_same,
@@ -56,14 +56,14 @@ pytestmark = reference_mark()
 
 
 @pytest.mark.parametrize("config", configs_of("idefics3", "smolvlm"))
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
     """Encoded files: our decoder + processor vs ``load_image`` + the PIL backend."""
     check_files(corpus, config, name)
 
 
 @pytest.mark.parametrize("config", ["idefics3-defaults"])
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
     """PIL images and encoded bytes with ``alpha="white"``."""
     check_pil_inputs(corpus, config, name)
@@ -76,17 +76,22 @@ def test_raw_arrays(config: str, channels: int) -> None:
     check_raw_arrays(config, channels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", configs_of("idefics3", "smolvlm"))
 def test_batches(corpus: dict[str, Path], config: str) -> None:
     """Images of mixed sizes and kinds in one call (processed in parallel, in order)."""
     check_batches(corpus, config)
 
 
-OPTIONS: list[tuple[str, dict[str, Any]]] = [
+OPTIONS: list[Any] = [  # (family, options), some as pytest.param(..., marks=slow)
     ("idefics3", {"size": {"longest_edge": 500}, "max_image_size": {"longest_edge": 100}}),
     ("idefics3", {"size": {"longest_edge": 333}, "max_image_size": {"longest_edge": 111}}),
     ("idefics3", {"size": {"longest_edge": 99}, "max_image_size": {"longest_edge": 100}}),
-    ("idefics3", {"size": {"longest_edge": 4500}, "max_image_size": {"longest_edge": 1000}}),
+    pytest.param(
+        "idefics3",
+        {"size": {"longest_edge": 4500}, "max_image_size": {"longest_edge": 1000}},
+        marks=pytest.mark.slow,
+    ),
     ("idefics3", {"do_image_splitting": False}),
     ("idefics3", {"do_image_splitting": False, "max_image_size": {"longest_edge": 97}}),
     ("idefics3", {"do_pad": False, "size": {"longest_edge": 300}}),
@@ -101,7 +106,11 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
         {"rescale_factor": 0.5, "image_mean": [0.1, 0.2, 0.3], "image_std": [2.0, 0.4, 0.9]},
     ),
     ("smolvlm", {}),
-    ("smolvlm", {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}}),
+    pytest.param(
+        "smolvlm",
+        {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}},
+        marks=pytest.mark.slow,
+    ),
     ("smolvlm", {"size": {"longest_edge": 1536}, "max_image_size": {"longest_edge": 384}}),
     ("smolvlm", {"do_image_splitting": False, "max_image_size": {"longest_edge": 384}}),
     ("smolvlm", {"resample": 4, "size": {"longest_edge": 256}}),  # box
@@ -161,6 +170,7 @@ def _idefics3_token_count(ref: Any, index: int, image_seq_len: int) -> int:
     return int(text.count("<image>"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("height", "width"), IDEFICS3_SIZES)
 def test_idefics3_sizes(height: int, width: int) -> None:
     """Odd sizes, as arrays and as PNG bytes, split and not, with transformers' rows/cols and
@@ -177,6 +187,7 @@ def test_idefics3_sizes(height: int, width: int) -> None:
         assert out.num_image_tokens == (_idefics3_token_count(ref, 0, 169),)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", IDEFICS3_CONFIGS)
 def test_idefics3_batches_and_tokens(corpus: dict[str, Path], config: str) -> None:
     """A flat batch of mixed sizes and kinds is one sample: every image's tiles and global

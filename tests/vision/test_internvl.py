@@ -15,7 +15,7 @@ import pytest
 from support.parity import (
     CLIP_MEAN,
     CLIP_STD,
-    IMAGE_NAMES,
+    IMAGE_CASES,
     INTERNVL_HUB,
     assert_matches,
     assert_same,
@@ -57,14 +57,14 @@ pytestmark = reference_mark()
 
 
 @pytest.mark.parametrize("config", configs_of("internvl"))
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
     """Encoded files: our decoder + processor vs ``load_image`` + the PIL backend."""
     check_files(corpus, config, name)
 
 
 @pytest.mark.parametrize("config", ["internvl-defaults"])
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
     """PIL images and encoded bytes with ``alpha="white"``."""
     check_pil_inputs(corpus, config, name)
@@ -77,6 +77,7 @@ def test_raw_arrays(config: str, channels: int) -> None:
     check_raw_arrays(config, channels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", configs_of("internvl"))
 def test_batches(corpus: dict[str, Path], config: str) -> None:
     """Images of mixed sizes and kinds in one call (processed in parallel, in order)."""
@@ -168,6 +169,7 @@ def _internvl_token_count(ref: Any, index: int, image_seq_length: int) -> int:
     return int(text.count("<IMG_CONTEXT>"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("height", "width"), INTERNVL_SIZES)
 def test_internvl_sizes(height: int, width: int) -> None:
     """Odd sizes, as arrays and as PNG bytes, tiled and not, with transformers' ``num_patches``
@@ -206,6 +208,7 @@ def test_internvl_grid_ties() -> None:
         assert out.num_patches.tolist() == [tiles + (tiles > 1)], (h, w, th, lo, hi)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", INTERNVL_CONFIGS)
 def test_internvl_batches_and_tokens(corpus: dict[str, Path], config: str) -> None:
     """A batch of mixed sizes and kinds: each image's tiles and thumbnail, in order."""

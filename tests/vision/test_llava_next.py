@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from support.parity import (
-    IMAGE_NAMES,
+    IMAGE_CASES,
     LLAVA_NEXT_336,
     LLAVA_PAD_336,
     check_batches,
@@ -41,19 +41,20 @@ pytestmark = reference_mark()
 
 
 @pytest.mark.parametrize("config", configs_of("llava_next"))
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
     """Encoded files: our decoder + processor vs ``load_image`` + the PIL backend."""
     check_files(corpus, config, name)
 
 
 @pytest.mark.parametrize("config", ["llava_next-336"])
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
     """PIL images and encoded bytes with ``alpha="white"``."""
     check_pil_inputs(corpus, config, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", configs_of("llava_next"))
 def test_batches(corpus: dict[str, Path], config: str) -> None:
     """Images of mixed sizes and kinds in one call (processed in parallel, in order)."""

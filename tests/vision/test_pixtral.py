@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from support.parity import (
     CONFIGS,
-    IMAGE_NAMES,
+    IMAGE_CASES,
     META,
     PIXTRAL_1540,
     assert_matches,
@@ -57,14 +57,14 @@ pytestmark = reference_mark()
 
 
 @pytest.mark.parametrize("config", configs_of("pixtral"))
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
     """Encoded files: our decoder + processor vs ``load_image`` + the PIL backend."""
     check_files(corpus, config, name)
 
 
 @pytest.mark.parametrize("config", ["pixtral-defaults"])
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
     """PIL images and encoded bytes with ``alpha="white"``."""
     check_pil_inputs(corpus, config, name)
@@ -77,6 +77,7 @@ def test_raw_arrays(config: str, channels: int) -> None:
     check_raw_arrays(config, channels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", configs_of("pixtral"))
 def test_batches(corpus: dict[str, Path], config: str) -> None:
     """Images of mixed sizes and kinds in one call (processed in parallel, in order)."""
@@ -171,6 +172,7 @@ def _pixtral_token_count(ref: Any, index: int, patch_size: int, merge: int) -> i
     return int(text.count("[IMG"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("height", "width"), PIXTRAL_SIZES)
 def test_pixtral_sizes(height: int, width: int) -> None:
     """Odd sizes, as arrays and as PNG bytes, with the default and the 1540 / patch-14 config."""
@@ -198,6 +200,7 @@ def test_pixtral_side_floored_to_zero(height: int, width: int) -> None:
     assert caught.value.field == "resized size"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("merge", [1, 2])
 @pytest.mark.parametrize("config", PIXTRAL_CONFIGS)
 def test_pixtral_batches_and_tokens(corpus: dict[str, Path], config: str, merge: int) -> None:

@@ -43,6 +43,7 @@ pytestmark = reference_mark()
 # ---- large outputs ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_large_outputs_streamed_and_recycled() -> None:
     """Outputs above 8 MiB are written with streaming stores into buffers recycled from earlier
     calls (stale values from another batch in them): every call still equals transformers, and

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.parity import (
-    IMAGE_NAMES,
+    IMAGE_CASES,
     META,
     QWEN3_HUB,
     assert_matches,
@@ -55,14 +55,14 @@ QWEN_CONFIGS = ("qwen2-defaults", "qwen2-hub", "qwen3-hub")
 
 
 @pytest.mark.parametrize("config", configs_of("qwen2_vl"))
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_files(corpus: dict[str, Path], config: str, name: str) -> None:
     """Encoded files: our decoder + processor vs ``load_image`` + the PIL backend."""
     check_files(corpus, config, name)
 
 
 @pytest.mark.parametrize("config", ["qwen2-defaults"])
-@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("name", IMAGE_CASES)
 def test_pil_inputs(corpus: dict[str, Path], config: str, name: str) -> None:
     """PIL images and encoded bytes with ``alpha="white"``."""
     check_pil_inputs(corpus, config, name)
@@ -75,6 +75,7 @@ def test_raw_arrays(config: str, channels: int) -> None:
     check_raw_arrays(config, channels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", configs_of("qwen2_vl"))
 def test_batches(corpus: dict[str, Path], config: str) -> None:
     """Images of mixed sizes and kinds in one call (processed in parallel, in order)."""
@@ -127,7 +128,15 @@ def test_aspect_ratio_at_the_limit(height: int, width: int) -> None:
 
 @pytest.mark.parametrize(
     ("height", "width"),
-    [(70, 70), (600, 512), (1000, 3000), (4000, 3000), (1080, 1920), (10, 10), (28, 28)],
+    [
+        (70, 70),
+        (600, 512),
+        (1000, 3000),
+        pytest.param(4000, 3000, marks=pytest.mark.slow),
+        (1080, 1920),
+        (10, 10),
+        (28, 28),
+    ],
 )
 def test_qwen_sizes_and_tokens(height: int, width: int) -> None:
     """Sizes from the reference table (§5.1) and token counts, via cheap constant images."""
