@@ -126,8 +126,8 @@ def _relative_imports(text: str, modules: set[str]) -> str:
 # that clash with betterproto2.Message methods: `KvEventBatch.load` shadows `Message.load`, and
 # parsing any KvEventBatch then fails with "'NoneType' object is not callable". We rename such
 # fields with a trailing underscore (the compiler's own convention for keywords); the wire is
-# unaffected because betterproto2 maps fields by number. tests/test_dataclasses.py checks that no
-# field of any generated dataclass shadows a Message attribute.
+# unaffected because betterproto2 maps fields by number. tests/stubs/test_dataclasses.py checks
+# that no field of any generated dataclass shadows a Message attribute.
 _BETTERPROTO2_SHADOWED = ("load", "parse", "dump", "to_dict", "from_dict", "to_json", "from_json")
 
 

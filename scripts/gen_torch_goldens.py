@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write ``tests/goldens/torch/goldens.json``: the torch/torchvision references of the Llama 4,
 Phi-4-multimodal and Phi-3-vision image processors and of two raw kernels, on the inputs of
-``tests/support/torch_inputs.py``. ``tests/test_torch_goldens.py`` checks our implementation
+``tests/support/torch_inputs.py``. ``tests/vision/test_torch_goldens.py`` checks our implementation
 against the file without needing torch.
 
 Run it in a separate venv holding the pinned reference (torch is too heavy for the test env)::

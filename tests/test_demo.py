@@ -18,6 +18,7 @@ def _demo(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
 
 
+@pytest.mark.slow
 def test_demo_passes_every_check() -> None:
     run = _demo()
     assert run.returncode == 0, run.stdout + run.stderr
@@ -35,6 +36,7 @@ def test_demo_passes_every_check() -> None:
     assert "image bytes -> engine tensors" in out
 
 
+@pytest.mark.slow
 def test_demo_takes_image_files(tmp_path: Path) -> None:
     photo = tmp_path / "a.jpg"
     photo.write_bytes(grace_hopper())

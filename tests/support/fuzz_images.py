@@ -1,4 +1,4 @@
-"""Fuzz worker for hostile images, run in a child process by tests/test_fuzz_campaign.py.
+"""Fuzz worker for hostile images, run in a child process by tests/security/test_fuzz_campaign.py.
 
 ``python -m support.fuzz_images SEED SECONDS WORKDIR HEADROOM_MIB``: encodes small photos in
 every format (and headers declaring huge images: decompression bombs), then, under an

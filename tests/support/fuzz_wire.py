@@ -1,4 +1,4 @@
-"""Fuzz worker for engine requests, run in a child process by tests/test_fuzz_campaign.py.
+"""Fuzz worker for engine requests, run in a child process by tests/security/test_fuzz_campaign.py.
 
 ``python -m support.fuzz_wire SEED SECONDS WORKDIR HEADROOM_MIB``: builds valid vLLM, TokenSpeed
 and SGLang requests with the real builders (Qwen2-VL media, inline and shared-memory handles),

@@ -1,8 +1,8 @@
 """The deterministic input set of the torch goldens (``tests/goldens/torch/``).
 
 Imported by two environments: ``scripts/gen_torch_goldens.py`` under the torch reference venv,
-and ``tests/test_torch_goldens.py`` under the test environment. So this module needs only numpy
-and Pillow (13.0.0 in both), never torch or smg_grpc_proto.
+and ``tests/vision/test_torch_goldens.py`` under the test environment. So this module needs only
+numpy and Pillow (13.0.0 in both), never torch or smg_grpc_proto.
 
 Nothing here draws random numbers: photographs are decoded by Pillow, cropped or resized by
 Pillow, and the synthetic patterns are integer formulas (``uint32`` arithmetic that wraps the

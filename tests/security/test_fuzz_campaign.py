@@ -40,9 +40,11 @@ from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts_pb
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
 from smg_grpc_proto.testing import ReferenceServer, ToyModel
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 SECONDS = float(os.environ.get("SMG_FUZZ_SECONDS", "40"))
 SEED = int(os.environ.get("SMG_FUZZ_SEED", "20261202"))
+
+pytestmark = pytest.mark.slow  # each test runs for tens of seconds (SMG_FUZZ_SECONDS)
 
 
 def _campaign(worker: str, tmp_path: Path, headroom_mib: int) -> dict[str, Any]:

@@ -105,6 +105,7 @@ def test_deferred_videos_and_other_families() -> None:
     assert done.ready.pixel_values.tobytes() == clip(_images(3, [(50, 70)])).pixel_values.tobytes()  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(300, 200), (960, 1280)], ids=["small", "23MB-streamed"])
 def test_wire_bytes_at_every_payload_alignment(size: tuple[int, int]) -> None:
     """The payload's offset in the message follows the fields before it: request ids of 1..64

@@ -3,7 +3,7 @@
 Everything runs for real: schemas are compiled with protoc (grpcio-tools), wheels are real zip
 files (or the published 0.4.28 wheel), requirements go through pip and the wheel cache, git
 revisions come from a scratch repository. The agreement with ``buf breaking`` itself lives in
-``tests/test_compat_buf.py``.
+``tests/compat/test_compat_buf.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from smg_grpc_proto.compat.config import CompatConfig, load_config
 from smg_grpc_proto.compat.report import Report, render
 from smg_grpc_proto.compat.rules import RULES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROTOS = ROOT / "protos"
 FDS = descriptor_pb2.FileDescriptorSet
 
@@ -399,6 +399,7 @@ def test_every_rule_has_a_case():
     assert len(RULES) == 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule_id", sorted(RULE_CASES))
 def test_rule(rule_id: str, rule_schemas: Compiler):
     """The rule fires at exactly the levels whose buf category contains it, located."""
@@ -601,6 +602,7 @@ def test_renumbered_field_in_a_scratch_copy(tmp_path: Path, capsys: pytest.Captu
     assert lines[1].startswith("1 breaking change at level wire against ")
 
 
+@pytest.mark.slow
 def test_checking_eight_files_against_0_4_28_takes_under_a_second(
     capsys: pytest.CaptureFixture[str],
 ):
@@ -710,6 +712,7 @@ def test_load_the_published_wheel(wheel_0428: FDS):
     assert not any(f.HasField("source_code_info") for f in wheel_0428.file)
 
 
+@pytest.mark.slow
 def test_load_requirement_downloads_once_then_uses_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -724,6 +727,7 @@ def test_load_requirement_downloads_once_then_uses_the_cache(
     )
 
 
+@pytest.mark.slow
 def test_load_requirement_that_does_not_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SMG_PROTO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
@@ -740,6 +744,7 @@ def _git(repo: Path, *args: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_load_git_revision(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     repo = tmp_path / "repo"
     _write(repo / "protos", {"a.proto": P3 + "message A { int32 x = 1; int32 y = 2; }\n"})
@@ -1040,6 +1045,7 @@ def test_github_escaping_and_unlocated_findings():
     ]
 
 
+@pytest.mark.slow
 def test_compatible_output_in_every_format(capsys):
     for fmt, expected in [
         ("text", "compatible: no breaking changes at level wire against protos\n"),
@@ -1060,6 +1066,7 @@ def test_compatible_output_in_every_format(capsys):
 # ------------------------------------------------------------------------------------ exit codes
 
 
+@pytest.mark.slow
 def test_exit_codes_from_a_real_process(breaking_project: Path):
     project = str(breaking_project)
     assert (

@@ -230,6 +230,7 @@ def seeds():
     return [tensors.serialize(small), shm_msg.SerializeToString(), tensors.serialize(tm)[:2000]]
 
 
+@pytest.mark.slow
 def test_fuzz_unpack_and_deserializer_raise_only_documented_errors(tmp_path):
     rng = random.Random(1234)
     corpus = seeds()

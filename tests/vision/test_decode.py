@@ -118,6 +118,7 @@ def _files(root: Path, fmt: str) -> list[Path]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP", "WEBP"])
 def test_pillow_test_images(pillow_images: Path, fmt: str) -> None:
@@ -155,6 +156,7 @@ def test_pillow_test_images(pillow_images: Path, fmt: str) -> None:
     assert checked["identical"] >= {"JPEG": 50, "PNG": 400, "GIF": 35, "BMP": 50, "WEBP": 12}[fmt]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pillow_test_images_alpha_drop_and_no_exif(pillow_images: Path) -> None:
     """``alpha="drop"`` is ``convert("RGB")``; ``apply_exif=False`` skips the transpose."""
@@ -216,6 +218,7 @@ def test_synthetic_jpeg(name: str, data: bytes) -> None:
     assert_same(data)
 
 
+@pytest.mark.slow
 def test_recycled_buffers_hold_no_stale_pixels() -> None:
     """Large decoded images go back to the buffer cache when dropped and the JPEG decoder writes
     the next image into them: each result must still be exactly Pillow's, whatever was there."""
@@ -526,6 +529,7 @@ def test_concurrent_decoding_releases_the_gil() -> None:
 # Fuzzing: mutated files never crash, hang or raise anything but ImageDecodeError
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_fuzz_mutated_files() -> None:
     rng = random.Random(20261130)

@@ -32,7 +32,7 @@ import pytest
 import smg_grpc_proto
 from smg_grpc_proto import vllm_engine_pb2, vllm_engine_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 EXAMPLES = ROOT / "examples"
 EXAMPLE_FILES = ("typed_client.py", "typed_servicer.py")
@@ -157,6 +157,7 @@ def _parsed(run: MypyRun) -> MypyRun:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_examples_pass_mypy_strict(tmp_path: Path):
     for name in EXAMPLE_FILES:
         assert (EXAMPLES / name).is_file(), name
@@ -214,6 +215,7 @@ def test_fail_table_is_complete():
         _expectation(path)  # well-formed header and marker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [_fail_param(p) for p in FAIL_CASES])
 def test_negative_snippet_is_rejected(case: Path, tmp_path: Path, empty_config: Path):
     expected = _expectation(case)
@@ -270,6 +272,7 @@ def _copy_examples(dest: Path, names: tuple[str, ...] | None = None) -> Path:
     return dest
 
 
+@pytest.mark.slow
 def test_installed_package_is_typed(tmp_path: Path, empty_config: Path):
     installed = _installed_or_skip()
     assert (installed / "py.typed").is_file()

@@ -39,7 +39,7 @@ from support.torch_inputs import torch_inputs  # noqa: E402
 
 from smg_grpc_proto import vision  # noqa: E402
 
-GOLDENS_PATH = Path(__file__).resolve().parent / "goldens" / "torch" / "goldens.json"
+GOLDENS_PATH = Path(__file__).resolve().parents[1] / "goldens" / "torch" / "goldens.json"
 GOLDENS: dict[str, Any] = json.loads(GOLDENS_PATH.read_text())
 CASES: list[dict[str, Any]] = GOLDENS["cases"]
 

@@ -64,6 +64,7 @@ def strided(draw):
     return base
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(array=strided(), layout=st.sampled_from(LAYOUTS), shm=st.booleans())
 def test_round_trip_exact(array, layout, shm, tmp_path_factory):
@@ -79,6 +80,7 @@ def test_round_trip_exact(array, layout, shm, tmp_path_factory):
     assert msg.WhichOneof("payload") == transport if layout in SHM_LAYOUTS else True
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(array=strided(), layout=st.sampled_from(LAYOUTS))
 def test_native_and_fallback_pack_identically(array, layout):
@@ -357,6 +359,7 @@ def test_eight_threads_pack_and_unpack_identically():
         assert results[i] == [expected[i]] * 10
 
 
+@pytest.mark.slow
 def test_gil_is_released_during_conversion():
     """A pure-Python thread keeps running while a large conversion is in progress."""
     big = np.ones(64 * 1024 * 1024 // 4 * 4, dtype=np.float32)  # 256 MiB

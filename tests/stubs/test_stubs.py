@@ -14,7 +14,7 @@ import tomllib
 import smg_grpc_proto
 from smg_grpc_proto import generated
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PKG = Path(smg_grpc_proto.__file__).parent
 GEN = PKG / "generated"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

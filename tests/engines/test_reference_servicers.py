@@ -693,6 +693,7 @@ def test_vllm_malformed_multimodal(
     assert list(complete.output_ids) == list(expected)
 
 
+@pytest.mark.slow
 def test_vllm_concurrent_streams(model: ToyModel) -> None:
     """32 concurrent streaming multimodal requests, half through shared memory, for >= 10 s;
     every output checked against the toy model."""

@@ -134,6 +134,7 @@ def _outcomes(total: int, rng_seed: int) -> Iterator[tuple[str, str, int, bytes]
             yield fmt, "agree", n, data
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mutants_agree_with_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", LIMIT // 2)

@@ -100,6 +100,7 @@ def test_interpolate_bicubic_large_output() -> None:
     assert (result["field"], result["actual"]) == ("interpolated planes", 3 * 16000 * 11020 * 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("function", ["resize", "resize_torch"])
 def test_resize_large_output(function: str) -> None:
     result = run_limited(
@@ -125,6 +126,7 @@ tensors.serialize(tensors.TensorMessage(vllm_engine_pb2.GenerateRequest(request_
 """
 
 
+@pytest.mark.slow
 def test_pack_large_tensor() -> None:
     result = run_limited(
         _TENSOR_SETUP, "tensors.pack(array, vllm_engine_pb2.TensorData)", headroom_mib=100
@@ -135,6 +137,7 @@ def test_pack_large_tensor() -> None:
     assert (result["field"], result["actual"]) == ("output bytes", 200_000_000)
 
 
+@pytest.mark.slow
 def test_serialize_large_request() -> None:
     result = run_limited(_TENSOR_SETUP, "tensors.serialize(request)", headroom_mib=100)
     assert result["type"] == "TensorMemoryError"
@@ -151,6 +154,7 @@ processor(np.zeros((64, 64, 3), np.uint8))
 """
 
 
+@pytest.mark.slow
 def test_qwen2_vl_large_image_names_the_allocation() -> None:
     # 8000 x 8000 becomes 8008 x 8008 (multiples of 28); pixel_values holds each patch twice
     # (temporal_patch_size 2): 8008 * 8008 * 3 * 2 float32 values. Before the fix this said
@@ -195,6 +199,7 @@ def test_clip_large_grayscale_image() -> None:
     assert_out_of_memory(result, 10000 * 10000 * 3, "image converted to RGB")
 
 
+@pytest.mark.slow
 def test_llama4_large_rgba_image() -> None:
     # Torch backend; a 4-channel array is composited onto white into an RGB copy (192 MB).
     result = run_limited(
@@ -211,6 +216,7 @@ def test_llama4_large_rgba_image() -> None:
     assert_out_of_memory(result, 8000 * 8000 * 3, "image converted to RGB")
 
 
+@pytest.mark.slow
 def test_phi3_v_large_hd_image() -> None:
     # num_crops 1000: the HD image is 31 tiles of 336 wide, 10416 x 10416 x 3 bytes once
     # resized; before the fix its failed allocation was reported as "too large".

@@ -403,6 +403,7 @@ _KERNEL_DIGESTS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_avx512_and_avx2_kernels_write_the_same_bytes() -> None:
     """On a CPU with AVX-512 the resampler, the processors and the deferred wire writer give the
     same bytes with the AVX-512 kernels turned off (``SMG_GRPC_PROTO_NO_AVX512=1``) as on; each

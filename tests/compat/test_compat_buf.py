@@ -32,7 +32,7 @@ from smg_grpc_proto.compat import Finding, check, load_schema
 from smg_grpc_proto.compat._model import BUF_CATEGORY, LEVELS, Level
 from smg_grpc_proto.compat.rules import RULES
 
-BASE = Path(__file__).parent / "compat" / "base"
+BASE = Path(__file__).parent / "base"
 BUF_VERSION = "1.75.0"
 
 
@@ -752,12 +752,14 @@ def test_corpus_is_large_enough_and_names_are_unique():
     assert len(MUTATIONS) >= 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda mutation: mutation.name)
 def test_agrees_with_buf(mutation: Mutation, corpus: Corpus):
     problems = list(_disagreements(corpus, mutation.name))
     assert not problems, f"{mutation.name}:\n" + "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_rule_categories_are_bufs(corpus: Corpus):
     """Our 64 rules and their levels are exactly buf's v2 rules and categories (CSR aside)."""
     ours = {r.id: {BUF_CATEGORY[level] for level in r.categories} for r in RULES.values()}
@@ -777,6 +779,7 @@ SAMPLED = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SAMPLED)
 def test_one_buf_run_per_case_equals_one_run_per_level(name: str, corpus: Corpus):
     """The corpus runs buf once per case with all four categories and splits the findings by
@@ -792,6 +795,7 @@ def test_one_buf_run_per_case_equals_one_run_per_level(name: str, corpus: Corpus
             assert frozenset(f.rule for f in found) == corpus.buf_at(case, level), (case, level)
 
 
+@pytest.mark.slow
 def test_every_rule_is_exercised_by_the_corpus(corpus: Corpus):
     """Each implemented rule fires somewhere in the corpus, for us and for buf."""
     ours = {f.rule for case in corpus.cases for lvl in LEVELS for f in corpus.ours(case, lvl)}
@@ -811,6 +815,7 @@ SAFE = {
 }
 
 
+@pytest.mark.slow
 def test_every_mutation_breaks_something_somewhere_or_is_known_safe(corpus: Corpus):
     """Guards against mutations that silently stopped changing anything."""
     for mutation in MUTATIONS:
@@ -839,6 +844,7 @@ def _named(f: Finding, current_files: set[str]) -> str | None:
     return None if unnamed else f.file
 
 
+@pytest.mark.slow
 def test_locations_agree_with_buf(corpus: Corpus):
     """Every finding sits where buf puts it, per case. buf names no file for a deleted file or
     package, nor for an element deleted with its file; we name the reference's file, so those
@@ -870,6 +876,7 @@ def test_locations_agree_with_buf(corpus: Corpus):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_documented_differences_are_real(corpus: Corpus):
     for (name, direction, level), (only_ours, only_buf) in DIFFERENCES.items():
         o = corpus.outcome((name, direction), level)

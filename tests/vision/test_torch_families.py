@@ -16,7 +16,7 @@ import pytest
 from smg_grpc_proto import cli, vision
 from smg_grpc_proto.errors import ImageShapeError, ProcessorConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHOTO = ROOT / "src" / "smg_grpc_proto" / "data" / "grace_hopper.jpg"
 
 
@@ -179,6 +179,7 @@ def test_cli_writes_bfloat16(tmp_path: Path) -> None:
         assert np.array_equal(f["pixel_values"], ref.astype(np.float32))
 
 
+@pytest.mark.slow
 def test_random_shapes_give_outputs_or_clear_errors() -> None:
     """Sizes from 1 pixel to extreme strips: every call returns the documented shapes or raises
     an ImageProcessingError (never a crash), and token counts are positive."""

@@ -3,10 +3,16 @@
 Every wire- or API-relevant property of every file, message, field, oneof, enum, service and
 method in 0.4.28 must be present and equal in ours. Elements we add beyond 0.4.28 must be listed
 in the "Additions beyond 0.4.28" table of protos/README.md.
+
+0.4.28's descriptors are read from the committed snapshot ``protos/releases/0.4.28.binpb`` (no
+network). With ``SMG_TEST_DOWNLOAD=1`` they are read from the published wheel instead
+(downloaded once into the wheel cache), after checking that it holds exactly the snapshot's
+files; ``tests/release/test_release.py`` checks that equality on every run as well.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +22,9 @@ from google.protobuf import descriptor_pb2
 from support.descriptors import file_descriptors
 from support.upstream import upstream_package
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OURS = ROOT / "src" / "smg_grpc_proto" / "generated"
+SNAPSHOT = ROOT / "protos" / "releases" / "0.4.28.binpb"
 FILES = [
     "common.proto",
     "sglang_scheduler.proto",
@@ -127,9 +134,20 @@ def documented_additions() -> set[str]:
     return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.MULTILINE))
 
 
+def snapshot_descriptors() -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    """0.4.28's own files from the committed snapshot (without the google/protobuf imports)."""
+    fds = descriptor_pb2.FileDescriptorSet.FromString(SNAPSHOT.read_bytes())
+    return {f.name: f for f in fds.file if not f.name.startswith("google/protobuf/")}
+
+
 @pytest.fixture(scope="module")
 def upstream() -> dict[str, descriptor_pb2.FileDescriptorProto]:
-    return file_descriptors(upstream_package() / "generated")
+    committed = snapshot_descriptors()
+    if os.environ.get("SMG_TEST_DOWNLOAD") != "1":
+        return committed
+    published = file_descriptors(upstream_package() / "generated")
+    assert published == committed, f"{SNAPSHOT} differs from the published 0.4.28 wheel"
+    return published
 
 
 @pytest.fixture(scope="module")

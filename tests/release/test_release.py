@@ -34,7 +34,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from support.descriptors import file_descriptors
 from support.upstream import upstream_package, upstream_wheel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import release  # noqa: E402
 import snapshot_release  # noqa: E402
