@@ -66,8 +66,8 @@ rust-test: ## the crate's own tests (no Python)
 	cd rust && $(CARGO) test --quiet
 
 pytest-fallback: ## the tensor tests again with the pure-numpy kernels (SMG_GRPC_PROTO_NATIVE=0)
-	SMG_GRPC_PROTO_NATIVE=0 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_tensors.py \
-		tests/test_tensor_frames.py tests/test_shm.py -k "not native and not gil"
+	SMG_GRPC_PROTO_NATIVE=0 $(PYTHON) -m pytest -q -p no:cacheprovider tests/tensors/test_tensors.py \
+		tests/tensors/test_tensor_frames.py tests/test_shm.py -k "not native and not gil"
 
 pytest: ## the Python test suite against the installed wheel (no tests collected = failure)
 	$(PYTHON) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc

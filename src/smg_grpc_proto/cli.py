@@ -26,7 +26,7 @@ EXIT_OK, EXIT_BREAKING, EXIT_ERROR = 0, 1, 2
 
 # `preprocess` imports smg_grpc_proto.vision (the native module) only when it runs, so that
 # `compat` stays pure Python; these mirror vision._config.FAMILIES and vision._export.FORMATS
-# (tests/test_preprocess_cli.py checks that they agree).
+# (tests/vision/test_preprocess_cli.py checks that they agree).
 PREPROCESS_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "clip", "llava", "siglip", "llava_next",
     "pixtral", "gemma3", "internvl", "idefics3", "smolvlm", "llama4", "phi4_multimodal", "phi3_v",

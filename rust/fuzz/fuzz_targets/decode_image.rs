@@ -3,7 +3,7 @@
 //! Besides "no panic, no crash, no hang": every accepted input yields `width × height × 3`
 //! bytes within the pixel limit, the EXIF transpose keeps the pixel count, and decoding is
 //! deterministic. The corpus folder is not committed; seed it with small images of each format,
-//! e.g. the fuzz seeds of tests/test_decode.py (from the repository root, with the wheel and
+//! e.g. the fuzz seeds of tests/vision/test_decode.py (from the repository root, with the wheel and
 //! Pillow installed):
 //!   python -c "import sys, hashlib; sys.path[:0] = ['tests']; import test_decode as t;
 //!   [open(f'rust/fuzz/corpus/decode_image/{hashlib.sha1(s).hexdigest()[:16]}', 'wb').write(s)

@@ -44,7 +44,7 @@ def check(
 def additions(current: FileDescriptorSet, against: FileDescriptorSet) -> list[str]:
     """Elements of ``current`` that ``against`` lacks, as sorted readable paths.
 
-    Paths use the vocabulary of ``tests/test_wire_compat.py``: ``file.proto`` for a file,
+    Paths use the vocabulary of ``tests/compat/test_wire_compat.py``: ``file.proto`` for a file,
     ``file.proto:pkg.Message`` for a message, enum or service, then ``/field N``,
     ``/oneof name``, ``/value NAME`` and ``/rpc Name`` for their members (an extension is
     ``file.proto:pkg.name``). Messages, enums, services and extensions are matched by full name,

@@ -1,6 +1,6 @@
 """Placeholder token counts, counted natively by each family's Rust module.
 
-The parity tests (``test_vision_parity.py``, ``test_torch_families.py``, ``test_torch_goldens.py``)
+The parity tests (``test_<family>.py``, ``test_torch_families.py``, ``test_torch_goldens.py``)
 compare the counts with transformers' processors; these check that the native calls return them
 with the tensors, that the deferred path agrees, and that every family's count equals the
 formula its processor uses (the formulas the Python code held before the counts moved to Rust).
