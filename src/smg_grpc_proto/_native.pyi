@@ -25,8 +25,10 @@ __all__ = [
     "decode_image",
     "dtype_itemsize",
     "encode_frames",
+    "families",
     "interpolate_bicubic",
     "media_digest",
+    "normalise_config",
     "processor_error_kinds",
     "processor_families",
     "resize",
@@ -215,7 +217,7 @@ class PendingTensor:
 @final
 class Preprocessor:
     """A model image processor (``rust/src/processors``): a family's transformers class
-    defaults overridden by normalised config keys (``smg_grpc_proto.vision._config``).
+    defaults overridden by normalised config keys (:func:`normalise_config`).
 
     Failures raise ``ValueError(kind, message, field, expected, actual, index, decode_kind,
     format)``; ``smg_grpc_proto.vision.ImageProcessor`` maps them to exception classes.
@@ -296,3 +298,12 @@ def processor_error_kinds() -> list[str]:
 
 def processor_families() -> list[str]:
     """The family names ``Preprocessor`` accepts."""
+
+def families() -> list[tuple[str, list[str], list[str]]]:
+    """Every family in registry order: ``(name, image_classes, video_classes)``, the transformers
+    image and video processor classes that name it (without the ``Fast``/``Pil`` suffix)."""
+
+def normalise_config(family: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a transformers ``preprocessor_config.json`` that ``family`` uses, in the form
+    ``Preprocessor`` takes (each family's reading is in ``rust/src/processors/<family>.rs``).
+    Raises ``ValueError`` for an unknown family or a value that is no size."""
