@@ -54,7 +54,7 @@ def current() -> str:
     """The text the native registry of the installed module gives."""
     from smg_grpc_proto import _native
 
-    return render([name for name, _, _ in _native.families()])
+    return render([name for name, *_ in _native.families()])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -320,3 +320,22 @@ def test_class_names_find_the_same_family() -> None:
         expected = _outcome(_old_family_of, config)
         assert expected[0] == "error"
         assert _outcome(_config.family_of, config) == expected
+
+
+# What ImageProcessor.from_pretrained read from processor_config.json before the table moved to
+# the families' Rust modules (`Hf::processor_keys`, `Hf::processor_forces`).
+_OLD_PROCESSOR_KEYS: dict[str, tuple[tuple[str, int | None], ...]] = {
+    "pixtral": (("patch_size", 16), ("spatial_merge_size", 1)),
+    "gemma3": (("image_seq_length", None),),
+    "internvl": (("image_seq_length", None),),
+    "idefics3": (("image_seq_len", None),),
+    "smolvlm": (("image_seq_len", None),),
+    "llama4": (("patch_size", None), ("pixel_shuffle_ratio", None)),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_processor_settings_are_the_old_table(family: Family) -> None:
+    assert _config.processor_keys(family) == _OLD_PROCESSOR_KEYS.get(family, ())
+    expected = ("InternVLProcessor", "crop_to_patches", True) if family == "internvl" else None
+    assert _config.processor_forces(family) == expected

@@ -32,7 +32,7 @@ def test_generated_module_is_fresh() -> None:
 
 
 def test_families_match_the_registry() -> None:
-    names = tuple(name for name, _, _ in _native.families())
+    names = tuple(name for name, *_ in _native.families())
     assert names == _families.FAMILIES
     assert get_args(_families.Family) == names
     assert tuple(_native.processor_families()) == names
@@ -41,7 +41,7 @@ def test_families_match_the_registry() -> None:
 
 def test_class_names_name_one_family() -> None:
     seen: dict[str, str] = {}
-    for name, images, videos in _native.families():
+    for name, images, videos, _, _ in _native.families():
         for cls in (*images, *videos):
             assert cls not in seen, f"{cls} names {seen[cls]} and {name}"
             assert not cls.endswith(("Fast", "Pil")), cls

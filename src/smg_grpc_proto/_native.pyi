@@ -299,9 +299,14 @@ def processor_error_kinds() -> list[str]:
 def processor_families() -> list[str]:
     """The family names ``Preprocessor`` accepts."""
 
-def families() -> list[tuple[str, list[str], list[str]]]:
-    """Every family in registry order: ``(name, image_classes, video_classes)``, the transformers
-    image and video processor classes that name it (without the ``Fast``/``Pil`` suffix)."""
+def families() -> list[
+    tuple[str, list[str], list[str], list[tuple[str, int | None]], tuple[str, str, bool] | None]
+]:
+    """Every family in registry order: ``(name, image_classes, video_classes, processor_keys,
+    processor_forces)``: the transformers image and video processor classes that name it
+    (without the ``Fast``/``Pil`` suffix), the ``(key, default)`` settings it reads from a
+    model's ``processor_config.json`` (none: the file gives ``VisionTokens``), and the
+    ``(processor_class, key, value)`` that processor class forces, if any."""
 
 def normalise_config(family: str, config: dict[str, Any]) -> dict[str, Any]:
     """The keys of a transformers ``preprocessor_config.json`` that ``family`` uses, in the form

@@ -47,6 +47,8 @@ pub const CLIP: Hf = Hf {
         hf_pad_size(config, &mut out)?;
         Ok(out)
     },
+    processor_keys: &[],
+    processor_forces: None,
 };
 
 /// LLaVA-1.5: `LlavaImageProcessor` (CLIP's keys, without `pad_size`).
@@ -54,6 +56,8 @@ pub const LLAVA: Hf = Hf {
     image_classes: &["LlavaImageProcessor"],
     video_classes: &[],
     normalise: |config| hf_clip_like(config, &CLIP_KEYS, false),
+    processor_keys: &[],
+    processor_forces: None,
 };
 
 /// Which class's meaning `do_pad` has.

@@ -75,6 +75,15 @@ pub struct Hf {
     /// configuration [`FamilyConfig::set`] takes, once converted to [`Value`]s. Keys it does
     /// not use are dropped; `None` values keep the class default.
     pub normalise: Normalise,
+    /// The settings of the family's transformers *processor* that reach its image processor,
+    /// read from a model directory's `processor_config.json` over the
+    /// `preprocessor_config.json`: `(key, default)`, the default applying when the file lacks
+    /// the key (`None`: keep the preprocessor config's value, as for a `None` in the file).
+    /// Empty: the file gives the [`VisionTokens`] instead (CLIP-like families).
+    pub processor_keys: &'static [(&'static str, Option<i64>)],
+    /// `(processor_class, key, value)`: when either config names `processor_class`, that
+    /// processor passes `key = value` to the image processor on every call, over the file.
+    pub processor_forces: Option<(&'static str, &'static str, bool)>,
 }
 
 /// A family's reading of a `preprocessor_config.json` (see [`Hf::normalise`]).

@@ -48,6 +48,9 @@ pub const GEMMA3: Hf = Hf {
             true,
         )
     },
+    // Gemma3Processor's.
+    processor_keys: &[("image_seq_length", None)],
+    processor_forces: None,
 };
 
 /// The configuration of Gemma 3.

@@ -57,6 +57,9 @@ pub const IDEFICS3: Hf = Hf {
     image_classes: &["Idefics3ImageProcessor"],
     video_classes: &[],
     normalise: hf_idefics3,
+    // Idefics3Processor's.
+    processor_keys: &[("image_seq_len", None)],
+    processor_forces: None,
 };
 
 /// SmolVLM: `SmolVLMImageProcessor`.
@@ -64,6 +67,9 @@ pub const SMOLVLM: Hf = Hf {
     image_classes: &["SmolVLMImageProcessor"],
     video_classes: &[],
     normalise: hf_idefics3,
+    // SmolVLMProcessor's.
+    processor_keys: &[("image_seq_len", None)],
+    processor_forces: None,
 };
 
 /// The configuration of Idefics3 and SmolVLM.

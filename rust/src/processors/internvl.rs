@@ -51,6 +51,12 @@ pub const INTERNVL: Hf = Hf {
             true,
         )
     },
+    // InternVLProcessor's.
+    processor_keys: &[("image_seq_length", None)],
+    // InternVLProcessor.images_kwargs = {"crop_to_patches": True}: passed to the image
+    // processor on every call, so it wins over the preprocessor config's value (the published
+    // files say false).
+    processor_forces: Some(("InternVLProcessor", "crop_to_patches", true)),
 };
 
 /// The configuration of InternVL.

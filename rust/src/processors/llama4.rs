@@ -54,6 +54,9 @@ pub const LLAMA4: Hf = Hf {
             true,
         )
     },
+    // Llama4Processor's, for the token count.
+    processor_keys: &[("patch_size", None), ("pixel_shuffle_ratio", None)],
+    processor_forces: None,
 };
 
 /// The configuration of Llama 4.

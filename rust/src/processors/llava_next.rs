@@ -39,6 +39,8 @@ pub const LLAVA_NEXT: Hf = Hf {
             false,
         )
     },
+    processor_keys: &[],
+    processor_forces: None,
 };
 
 /// The configuration of LLaVA-NeXT.

@@ -38,6 +38,8 @@ pub const PHI3_V: Hf = Hf {
     image_classes: &["Phi3VImageProcessor"],
     video_classes: &[],
     normalise: |config| Ok(hf_only(config, &["image_mean", "image_std", "num_crops"])),
+    processor_keys: &[],
+    processor_forces: None,
 };
 
 /// The configuration of Phi-3-vision.

@@ -36,6 +36,8 @@ pub const PHI4_MULTIMODAL: Hf = Hf {
     image_classes: &["Phi4MultimodalImageProcessor"],
     video_classes: &[],
     normalise: |config| hf_keys(config, &["patch_size", "dynamic_hd"], true),
+    processor_keys: &[],
+    processor_forces: None,
 };
 
 /// The configuration of Phi-4-multimodal.

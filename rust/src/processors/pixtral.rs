@@ -72,6 +72,10 @@ pub const PIXTRAL: Hf = Hf {
         }
         Ok(out)
     },
+    // PixtralProcessor._process_images: patch_size = patch_size * spatial_merge_size, with
+    // the processor's defaults 16 and 1.
+    processor_keys: &[("patch_size", Some(16)), ("spatial_merge_size", Some(1))],
+    processor_forces: None,
 };
 
 /// The configuration of Pixtral.

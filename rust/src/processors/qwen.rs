@@ -45,24 +45,32 @@ pub const QWEN2_VL: Hf = Hf {
     image_classes: &["Qwen2VLImageProcessor"],
     video_classes: &["Qwen2VLVideoProcessor"],
     normalise: |config| hf_qwen(config, &QwenConfig::qwen2_vl()),
+    processor_keys: &[],
+    processor_forces: None,
 };
 /// Qwen2.5-VL: `Qwen2_5_VLImageProcessor`.
 pub const QWEN2_5_VL: Hf = Hf {
     image_classes: &["Qwen2_5_VLImageProcessor"],
     video_classes: &[],
     normalise: |config| hf_qwen(config, &QwenConfig::qwen2_vl()),
+    processor_keys: &[],
+    processor_forces: None,
 };
 /// Qwen3-VL (its image processor is Qwen2-VL's class): `Qwen3VLVideoProcessor`.
 pub const QWEN3_VL: Hf = Hf {
     image_classes: &[],
     video_classes: &["Qwen3VLVideoProcessor"],
     normalise: |config| hf_qwen(config, &QwenConfig::qwen3_vl()),
+    processor_keys: &[],
+    processor_forces: None,
 };
 /// Qwen3.5 (Qwen2-VL's class, named by `family=` only).
 pub const QWEN3_5: Hf = Hf {
     image_classes: &[],
     video_classes: &[],
     normalise: |config| hf_qwen(config, &QwenConfig::qwen3_vl()),
+    processor_keys: &[],
+    processor_forces: None,
 };
 
 /// The Qwen keys: an int `size` is a shortest edge; top-level `min_pixels`/`max_pixels`

@@ -18,6 +18,8 @@ pub const SIGLIP: Hf = Hf {
         hf_pad_size(config, &mut out)?;
         Ok(out)
     },
+    processor_keys: &[],
+    processor_forces: None,
 };
 
 impl ClipConfig {

@@ -834,13 +834,25 @@ fn normalise_config<'py>(
     Ok(d)
 }
 
-/// families() -> list[tuple[str, list[str], list[str]]]
+/// The metadata [`families`] returns for one family.
+type FamilyInfo = (
+    &'static str,
+    Vec<&'static str>,
+    Vec<&'static str>,
+    Vec<(&'static str, Option<i64>)>,
+    Option<(&'static str, &'static str, bool)>,
+);
+
+/// families() -> list[tuple[str, list[str], list[str], list[tuple[str, int | None]], tuple[str, str, bool] | None]]
 /// --
 ///
-/// Every family in registry order: `(name, image_classes, video_classes)`, the transformers
-/// image and video processor classes that name it (without the `Fast`/`Pil` suffix).
+/// Every family in registry order: `(name, image_classes, video_classes, processor_keys,
+/// processor_forces)`: the transformers image and video processor classes that name it
+/// (without the `Fast`/`Pil` suffix), the `(key, default)` settings it reads from a model's
+/// `processor_config.json` (none: the file gives `VisionTokens`), and the
+/// `(processor_class, key, value)` that processor class forces, if any.
 #[pyfunction]
-fn families() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
+fn families() -> Vec<FamilyInfo> {
     Family::ALL
         .iter()
         .map(|f| {
@@ -849,6 +861,8 @@ fn families() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
                 f.name(),
                 hf.image_classes.to_vec(),
                 hf.video_classes.to_vec(),
+                hf.processor_keys.to_vec(),
+                hf.processor_forces,
             )
         })
         .collect()

@@ -27,7 +27,16 @@ from typing import Any, cast
 from smg_grpc_proto import _native
 from smg_grpc_proto._families import FAMILIES, Family
 
-__all__ = ["FAMILIES", "Family", "family_of", "from_hf", "load_json", "normalise"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "family_of",
+    "from_hf",
+    "load_json",
+    "normalise",
+    "processor_forces",
+    "processor_keys",
+]
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -38,11 +47,32 @@ def _classes() -> tuple[dict[str, Family], dict[str, Family]]:
     suffix) -> family, from the native registry."""
     images: dict[str, Family] = {}
     videos: dict[str, Family] = {}
-    for name, image_classes, video_classes in _native.families():
+    for name, image_classes, video_classes, _, _ in _native.families():
         family = cast(Family, name)
         images.update(dict.fromkeys(image_classes, family))
         videos.update(dict.fromkeys(video_classes, family))
     return images, videos
+
+
+@functools.cache
+def _processor_settings() -> dict[
+    str, tuple[tuple[tuple[str, int | None], ...], tuple[str, str, bool] | None]
+]:
+    return {name: (tuple(keys), forces) for name, _, _, keys, forces in _native.families()}
+
+
+def processor_keys(family: Family) -> tuple[tuple[str, int | None], ...]:
+    """The settings of ``family``'s transformers processor that reach its image processor, read
+    from a model's ``processor_config.json``: ``(key, default)`` pairs, the default applying
+    when the file lacks the key (``None``: keep the preprocessor config's). Empty: the file
+    gives ``VisionTokens`` instead."""
+    return _processor_settings()[family][0]
+
+
+def processor_forces(family: Family) -> tuple[str, str, bool] | None:
+    """``(processor_class, key, value)``: when a config names ``processor_class``, that
+    processor passes ``key = value`` to ``family``'s image processor on every call."""
+    return _processor_settings()[family][1]
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
