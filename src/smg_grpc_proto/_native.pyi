@@ -42,9 +42,11 @@ __all__ = [
     "decode_image",
     "dtype_itemsize",
     "encode_frames",
+    "families",
     "image_format",
     "interpolate_bicubic",
     "media_digest",
+    "normalise_config",
     "processor_error_kinds",
     "processor_families",
     "resize",
@@ -240,7 +242,7 @@ class PendingTensor:
 @final
 class Preprocessor:
     """A model image processor (``rust/src/processors``): a family's transformers class
-    defaults overridden by normalised config keys (``smg_grpc_proto.vision._config``).
+    defaults overridden by normalised config keys (:func:`normalise_config`).
 
     Failures raise the ``ImageProcessingError`` subclass of their kind
     (``smg_grpc_proto.errors.IMAGE_PROCESSING_ERRORS``) with ``field``, ``expected``,
@@ -329,3 +331,17 @@ def _error_samples() -> list[tuple[str, Exception]]:
     """For the tests: one sample of every variant of every native error enum, converted to the
     exception the extension raises for it, as ``("Enum::Variant", exception)``. Raises
     ``RuntimeError`` when a variant has no sample."""
+
+def families() -> list[
+    tuple[str, list[str], list[str], list[tuple[str, int | None]], tuple[str, str, bool] | None]
+]:
+    """Every family in registry order: ``(name, image_classes, video_classes, processor_keys,
+    processor_forces)``: the transformers image and video processor classes that name it
+    (without the ``Fast``/``Pil`` suffix), the ``(key, default)`` settings it reads from a
+    model's ``processor_config.json`` (none: the file gives ``VisionTokens``), and the
+    ``(processor_class, key, value)`` that processor class forces, if any."""
+
+def normalise_config(family: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a transformers ``preprocessor_config.json`` that ``family`` uses, in the form
+    ``Preprocessor`` takes (each family's reading is in ``rust/src/processors/<family>.rs``).
+    Raises ``ProcessorConfigError`` for an unknown family or a value that is no size."""

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from smg_grpc_proto._families import FAMILIES
 from smg_grpc_proto.compat import CompatError, check, load_schema
 from smg_grpc_proto.compat._model import LEVELS
 from smg_grpc_proto.compat.config import CompatConfig, find_config, load_config
@@ -25,12 +26,10 @@ from smg_grpc_proto.compat.sources import find_protos, packaged_descriptors, sch
 EXIT_OK, EXIT_BREAKING, EXIT_ERROR = 0, 1, 2
 
 # `preprocess` imports smg_grpc_proto.vision (the native module) only when it runs, so that
-# `compat` stays pure Python; these mirror vision._config.FAMILIES and vision._export.FORMATS
-# (tests/vision/test_preprocess_cli.py checks that they agree).
-PREPROCESS_FAMILIES = (
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "clip", "llava", "siglip", "llava_next",
-    "pixtral", "gemma3", "internvl", "idefics3", "smolvlm", "llama4", "phi4_multimodal", "phi3_v",
-)  # fmt: skip
+# `compat` stays pure Python: the families come from the generated, pure-Python
+# smg_grpc_proto._families (scripts/gen_families.py); EXPORT_FORMATS mirrors
+# vision._export.FORMATS (tests/vision/test_preprocess_cli.py checks that they agree).
+PREPROCESS_FAMILIES = FAMILIES
 EXPORT_FORMATS = ("safetensors", "npz")
 
 Handler = Callable[[argparse.Namespace], int]

@@ -11,12 +11,12 @@
 //! 5. CLIP/SigLIP's generic `do_pad` only: pad each image at the bottom and right with `0.0` to
 //!    `pad_size` (or the largest image of the batch).
 
-use super::family::{FamilyConfig, VisionTokens};
+use super::family::{FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::{center_crop_origin, SizeSpec};
 use super::value::{
-    as_bool, as_hw, as_size, check_crop, hw_value, resize_crop_entries, Common, Value, CLIP_MEAN,
-    CLIP_STD,
+    as_bool, as_hw, as_size, check_crop, hf_clip_like, hf_pad_size, hf_put, hw_value,
+    resize_crop_entries, Common, Raw, Value, CLIP_MEAN, CLIP_STD,
 };
 use super::{
     checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer, Outputs,
@@ -24,6 +24,41 @@ use super::{
 };
 use crate::memory::fallible;
 use std::borrow::Cow;
+
+/// The keys of the CLIP-like classes over the shared ones.
+pub const CLIP_KEYS: [&str; 2] = ["do_center_crop", "do_pad"];
+
+/// CLIP: `CLIPImageProcessor`. An int `size` is a shortest edge, an int `crop_size`/`pad_size`
+/// a square; `use_square_size` makes `size` a square of the class's shortest edge, 224 (as
+/// `CLIPImageProcessorPil.__init__` does).
+pub const CLIP: Hf = Hf {
+    image_classes: &["CLIPImageProcessor"],
+    video_classes: &[],
+    normalise: |config| {
+        let mut out = hf_clip_like(config, &CLIP_KEYS, false)?;
+        if config
+            .iter()
+            .any(|(k, v)| k == "use_square_size" && v.truthy())
+        {
+            let side = Raw::Int(224);
+            let square = vec![("height".into(), side.clone()), ("width".into(), side)];
+            hf_put(&mut out, "size", Raw::Map(square));
+        }
+        hf_pad_size(config, &mut out)?;
+        Ok(out)
+    },
+    processor_keys: &[],
+    processor_forces: None,
+};
+
+/// LLaVA-1.5: `LlavaImageProcessor` (CLIP's keys, without `pad_size`).
+pub const LLAVA: Hf = Hf {
+    image_classes: &["LlavaImageProcessor"],
+    video_classes: &[],
+    normalise: |config| hf_clip_like(config, &CLIP_KEYS, false),
+    processor_keys: &[],
+    processor_forces: None,
+};
 
 /// Which class's meaning `do_pad` has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,26 +5,28 @@
 //! keys, its preprocessing and its token count, behind [`FamilyConfig`]. This module only names
 //! them; the families never import it (they use [`super::value`] and [`super::family`]).
 
-use super::clip::ClipConfig;
+use super::clip::{self, ClipConfig};
 use super::error::ProcessorError;
-use super::family::{FamilyConfig, VisionTokens};
-use super::gemma3::Gemma3Config;
-use super::idefics3::Idefics3Config;
-use super::internvl::InternVlConfig;
-use super::llama4::Llama4Config;
-use super::llava_next::LlavaNextConfig;
-use super::phi3v::Phi3VConfig;
-use super::phi4::Phi4Config;
-use super::pixtral::PixtralConfig;
-use super::qwen::QwenConfig;
+use super::family::{FamilyConfig, Hf, VisionTokens};
+use super::gemma3::{self, Gemma3Config};
+use super::idefics3::{self, Idefics3Config};
+use super::internvl::{self, InternVlConfig};
+use super::llama4::{self, Llama4Config};
+use super::llava_next::{self, LlavaNextConfig};
+use super::phi3v::{self, Phi3VConfig};
+use super::phi4::{self, Phi4Config};
+use super::pixtral::{self, PixtralConfig};
+use super::qwen::{self, QwenConfig};
+use super::siglip;
 use super::value::{Common, Value};
 use super::Outputs;
 
 /// `Family` (the model families, by the names transformers' auto classes use) and
 /// `ProcessorConfig` (a complete configuration of one family), from one line per family:
-/// `Variant => "name", ConfigType = defaults;`.
+/// `Variant => "name", ConfigType = defaults, module::HF;` (its [`Hf`]: the transformers classes
+/// that name it and how its `preprocessor_config.json` reads).
 macro_rules! registry {
-    ($($family:ident => $name:literal, $config:ident = $defaults:expr;)+) => {
+    ($($family:ident => $name:literal, $config:ident = $defaults:expr, $hf:path;)+) => {
         /// The model families, by the names transformers' auto classes use.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum Family {
@@ -37,6 +39,13 @@ macro_rules! registry {
             pub fn name(self) -> &'static str {
                 match self {
                     $(Family::$family => $name,)+
+                }
+            }
+
+            /// The family's transformers classes and key normalisation.
+            pub fn hf(self) -> &'static Hf {
+                match self {
+                    $(Family::$family => &$hf,)+
                 }
             }
         }
@@ -80,27 +89,36 @@ macro_rules! registry {
 }
 
 registry! {
-    Qwen2Vl => "qwen2_vl", QwenConfig = QwenConfig::qwen2_vl();
-    Qwen25Vl => "qwen2_5_vl", QwenConfig = QwenConfig::qwen2_vl();
-    Qwen3Vl => "qwen3_vl", QwenConfig = QwenConfig::qwen3_vl();
-    Qwen35 => "qwen3_5", QwenConfig = QwenConfig::qwen3_vl();
-    Clip => "clip", ClipConfig = ClipConfig::clip();
-    Llava => "llava", ClipConfig = ClipConfig::llava();
-    Siglip => "siglip", ClipConfig = ClipConfig::siglip();
-    LlavaNext => "llava_next", LlavaNextConfig = LlavaNextConfig::llava_next();
-    Pixtral => "pixtral", PixtralConfig = PixtralConfig::pixtral();
-    Gemma3 => "gemma3", Gemma3Config = Gemma3Config::gemma3();
-    InternVl => "internvl", InternVlConfig = InternVlConfig::internvl();
-    Idefics3 => "idefics3", Idefics3Config = Idefics3Config::idefics3();
-    SmolVlm => "smolvlm", Idefics3Config = Idefics3Config::smolvlm();
-    Llama4 => "llama4", Llama4Config = Llama4Config::llama4();
-    Phi4Multimodal => "phi4_multimodal", Phi4Config = Phi4Config::phi4_multimodal();
-    Phi3V => "phi3_v", Phi3VConfig = Phi3VConfig::phi3_v();
+    Qwen2Vl => "qwen2_vl", QwenConfig = QwenConfig::qwen2_vl(), qwen::QWEN2_VL;
+    Qwen25Vl => "qwen2_5_vl", QwenConfig = QwenConfig::qwen2_vl(), qwen::QWEN2_5_VL;
+    Qwen3Vl => "qwen3_vl", QwenConfig = QwenConfig::qwen3_vl(), qwen::QWEN3_VL;
+    Qwen35 => "qwen3_5", QwenConfig = QwenConfig::qwen3_vl(), qwen::QWEN3_5;
+    Clip => "clip", ClipConfig = ClipConfig::clip(), clip::CLIP;
+    Llava => "llava", ClipConfig = ClipConfig::llava(), clip::LLAVA;
+    Siglip => "siglip", ClipConfig = ClipConfig::siglip(), siglip::SIGLIP;
+    LlavaNext => "llava_next", LlavaNextConfig = LlavaNextConfig::llava_next(), llava_next::LLAVA_NEXT;
+    Pixtral => "pixtral", PixtralConfig = PixtralConfig::pixtral(), pixtral::PIXTRAL;
+    Gemma3 => "gemma3", Gemma3Config = Gemma3Config::gemma3(), gemma3::GEMMA3;
+    InternVl => "internvl", InternVlConfig = InternVlConfig::internvl(), internvl::INTERNVL;
+    Idefics3 => "idefics3", Idefics3Config = Idefics3Config::idefics3(), idefics3::IDEFICS3;
+    SmolVlm => "smolvlm", Idefics3Config = Idefics3Config::smolvlm(), idefics3::SMOLVLM;
+    Llama4 => "llama4", Llama4Config = Llama4Config::llama4(), llama4::LLAMA4;
+    Phi4Multimodal => "phi4_multimodal", Phi4Config = Phi4Config::phi4_multimodal(), phi4::PHI4_MULTIMODAL;
+    Phi3V => "phi3_v", Phi3VConfig = Phi3VConfig::phi3_v(), phi3v::PHI3_V;
 }
 
 impl Family {
     pub fn from_name(name: &str) -> Option<Family> {
         Family::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The family a transformers image or video processor class names (without the
+    /// `Fast`/`Pil` suffix).
+    pub fn from_class(class: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| {
+            let hf = f.hf();
+            hf.image_classes.contains(&class) || hf.video_classes.contains(&class)
+        })
     }
 }
 
@@ -183,6 +201,82 @@ mod tests {
             assert_eq!(ProcessorConfig::build(family, &entries).unwrap(), config);
         }
         assert_eq!(Family::from_name("gemma"), None);
+    }
+
+    #[test]
+    fn classes_name_one_family() {
+        use super::super::value::Raw;
+        assert_eq!(
+            Family::from_class("Qwen2VLImageProcessor"),
+            Some(Family::Qwen2Vl)
+        );
+        assert_eq!(
+            Family::from_class("Qwen3VLVideoProcessor"),
+            Some(Family::Qwen3Vl)
+        );
+        assert_eq!(Family::from_class("Qwen2VLImageProcessorFast"), None);
+        let mut seen = Vec::new();
+        for family in Family::ALL {
+            let hf = family.hf();
+            for class in hf.image_classes.iter().chain(hf.video_classes) {
+                assert!(!seen.contains(class), "{class}");
+                assert_eq!(Family::from_class(class), Some(family));
+                seen.push(class);
+            }
+            // Every family reads `image_mean` (as floats) and drops unknown keys.
+            let config: Vec<(String, Raw)> = vec![
+                ("image_mean".into(), Raw::List(vec![Raw::Int(1); 3])),
+                ("unknown".into(), Raw::Int(1)),
+            ];
+            let floats = Raw::List(vec![Raw::Float(1.0); 3]);
+            let out = (hf.normalise)(&config).unwrap();
+            assert_eq!(
+                out,
+                vec![("image_mean".into(), floats)],
+                "{}",
+                family.name()
+            );
+        }
+    }
+
+    #[test]
+    fn qwen_partial_sizes() {
+        use super::super::value::Raw;
+        let read = |family: Family, config: Vec<(&str, Raw)>| {
+            let config: Vec<(String, Raw)> =
+                config.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            (family.hf().normalise)(&config).unwrap()
+        };
+        let size = |s: i64, l: i64| {
+            vec![(
+                "size".to_owned(),
+                Raw::Map(vec![
+                    ("shortest_edge".into(), Raw::Int(s)),
+                    ("longest_edge".into(), Raw::Int(l)),
+                ]),
+            )]
+        };
+        assert_eq!(
+            read(Family::Qwen2Vl, vec![("min_pixels", Raw::Int(7))]),
+            size(7, 28 * 28 * 1280)
+        );
+        assert_eq!(
+            read(Family::Qwen35, vec![("max_pixels", Raw::Int(9))]),
+            size(65_536, 9)
+        );
+        assert_eq!(
+            read(
+                Family::Qwen3Vl,
+                vec![("size", Raw::Int(5)), ("max_pixels", Raw::Int(9))]
+            ),
+            size(5, 9)
+        );
+        assert_eq!(
+            read(Family::Qwen3Vl, vec![("size", Raw::Map(vec![]))]),
+            vec![("size".to_owned(), Raw::Map(vec![]))]
+        );
+        let bad = vec![("size".to_owned(), Raw::Str("x".into()))];
+        assert!((Family::Clip.hf().normalise)(&bad).is_err());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::fmt;
 
 use super::error::ProcessorError;
 use super::normalize::Normalize;
-use super::value::{Common, Value};
+use super::value::{BadSize, Common, Raw, RawMap, Value};
 use super::{Deferred, Input, Options, Outputs, Tensor, TensorData};
 
 /// The processor settings that turn a processed image into a token count for the families
@@ -61,10 +61,38 @@ impl VisionTokens {
     }
 }
 
+/// What a family is to transformers' `preprocessor_config.json`: the classes that name it and
+/// how its keys read. Each family's module declares one, named by its registry line.
+#[derive(Clone, Copy, Debug)]
+pub struct Hf {
+    /// The image processor classes (`image_processor_type`) of the family, without the
+    /// `Fast`/`Pil` backend suffix.
+    pub image_classes: &'static [&'static str],
+    /// The video processor classes (`video_processor_type`), likewise.
+    pub video_classes: &'static [&'static str],
+    /// The keys of a `preprocessor_config.json` the family uses, normalised as transformers'
+    /// `__init__`/`_standardize_kwargs` would (an int `size` becomes a dict, …): the
+    /// configuration [`FamilyConfig::set`] takes, once converted to [`Value`]s. Keys it does
+    /// not use are dropped; `None` values keep the class default.
+    pub normalise: Normalise,
+    /// The settings of the family's transformers *processor* that reach its image processor,
+    /// read from a model directory's `processor_config.json` over the
+    /// `preprocessor_config.json`: `(key, default)`, the default applying when the file lacks
+    /// the key (`None`: keep the preprocessor config's value, as for a `None` in the file).
+    /// Empty: the file gives the [`VisionTokens`] instead (CLIP-like families).
+    pub processor_keys: &'static [(&'static str, Option<i64>)],
+    /// `(processor_class, key, value)`: when either config names `processor_class`, that
+    /// processor passes `key = value` to the image processor on every call, over the file.
+    pub processor_forces: Option<(&'static str, &'static str, bool)>,
+}
+
+/// A family's reading of a `preprocessor_config.json` (see [`Hf::normalise`]).
+pub type Normalise = fn(&[(String, Raw)]) -> Result<RawMap, BadSize>;
+
 /// One family's configuration: its keys over [`Common`], its preprocessing and its token count.
 ///
-/// Adding a family: a module with a type implementing this trait, one line in the registry
-/// ([`super::config`]), and the module's `mod` line.
+/// Adding a family: a module with a type implementing this trait and its [`Hf`], one line in
+/// the registry ([`super::config`]), and the module's `mod` line.
 pub trait FamilyConfig: fmt::Debug + Send + Sync {
     /// The keys every family shares.
     fn common(&self) -> &Common;

@@ -16,16 +16,42 @@
 use std::borrow::Cow;
 
 use super::clip::Prepared;
-use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
-use super::value::{as_bool, as_count, as_float, as_size, size_value, Common, Value, HALF};
+use super::value::{
+    as_bool, as_count, as_float, as_size, hf_keys, size_value, Common, Value, HALF,
+};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::image::Filter;
 use crate::memory::fallible;
+
+/// Gemma 3: `Gemma3ImageProcessor` (an int `size` is a square); the pan-and-scan keys and
+/// `image_seq_length` (a `Gemma3Processor` setting); `crop_size`, `do_center_crop` and `do_pad`,
+/// which its `_preprocess` ignores, are ignored.
+pub const GEMMA3: Hf = Hf {
+    image_classes: &["Gemma3ImageProcessor"],
+    video_classes: &[],
+    normalise: |config| {
+        hf_keys(
+            config,
+            &[
+                "do_pan_and_scan",
+                "pan_and_scan_min_crop_size",
+                "pan_and_scan_max_num_crops",
+                "pan_and_scan_min_ratio_to_activate",
+                "image_seq_length",
+            ],
+            true,
+        )
+    },
+    // Gemma3Processor's.
+    processor_keys: &[("image_seq_length", None)],
+    processor_forces: None,
+};
 
 /// The configuration of Gemma 3.
 #[derive(Clone, Debug, PartialEq)]

@@ -22,9 +22,9 @@
 
 use std::borrow::Cow;
 
-use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
-use super::value::{as_bool, as_count, Common, Value};
+use super::value::{as_bool, as_count, hf_keys, BadSize, Common, Raw, RawMap, Value};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -35,6 +35,42 @@ use crate::memory::fallible;
 /// `MAX_IMAGE_SIZE` of transformers' Idefics3/SmolVLM modules.
 pub const MAX_IMAGE_SIZE: usize = 4096;
 const MAX_SEQ: usize = 1 << 20;
+
+/// Idefics3 and SmolVLM: `size` and `max_image_size` are `{"longest_edge": n}` dicts;
+/// `do_image_splitting`, `do_pad` and `image_seq_len` (an `Idefics3Processor`/
+/// `SmolVLMProcessor` setting).
+fn hf_idefics3(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
+    hf_keys(
+        config,
+        &[
+            "max_image_size",
+            "do_image_splitting",
+            "do_pad",
+            "image_seq_len",
+        ],
+        false,
+    )
+}
+
+/// Idefics3: `Idefics3ImageProcessor`.
+pub const IDEFICS3: Hf = Hf {
+    image_classes: &["Idefics3ImageProcessor"],
+    video_classes: &[],
+    normalise: hf_idefics3,
+    // Idefics3Processor's.
+    processor_keys: &[("image_seq_len", None)],
+    processor_forces: None,
+};
+
+/// SmolVLM: `SmolVLMImageProcessor`.
+pub const SMOLVLM: Hf = Hf {
+    image_classes: &["SmolVLMImageProcessor"],
+    video_classes: &[],
+    normalise: hf_idefics3,
+    // SmolVLMProcessor's.
+    processor_keys: &[("image_seq_len", None)],
+    processor_forces: None,
+};
 
 /// The configuration of Idefics3 and SmolVLM.
 #[derive(Clone, Debug, PartialEq)]

@@ -18,10 +18,10 @@
 
 use std::borrow::Cow;
 
-use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
-use super::value::{as_bool, as_count, as_size, size_value, Common, Value};
+use super::value::{as_bool, as_count, as_size, hf_keys, size_value, Common, Value};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -32,6 +32,32 @@ use crate::image::Filter;
 pub const IMAGENET_MEAN: [f64; 3] = [0.485, 0.456, 0.406];
 /// `IMAGENET_DEFAULT_STD`.
 pub const IMAGENET_STD: [f64; 3] = [0.229, 0.224, 0.225];
+
+/// InternVL: `GotOcr2ImageProcessor` (an int `size` is a square); `crop_to_patches`,
+/// `min_patches`, `max_patches` and `image_seq_length` (an `InternVLProcessor` setting);
+/// `crop_size`, `do_center_crop` and `do_pad`, which its `_preprocess` ignores, are ignored.
+pub const INTERNVL: Hf = Hf {
+    image_classes: &["GotOcr2ImageProcessor"],
+    video_classes: &[],
+    normalise: |config| {
+        hf_keys(
+            config,
+            &[
+                "crop_to_patches",
+                "min_patches",
+                "max_patches",
+                "image_seq_length",
+            ],
+            true,
+        )
+    },
+    // InternVLProcessor's.
+    processor_keys: &[("image_seq_length", None)],
+    // InternVLProcessor.images_kwargs = {"crop_to_patches": True}: passed to the image
+    // processor on every call, so it wins over the preprocessor config's value (the published
+    // files say false).
+    processor_forces: Some(("InternVLProcessor", "crop_to_patches", true)),
+};
 
 /// The configuration of InternVL.
 #[derive(Clone, Debug, PartialEq)]

@@ -22,10 +22,10 @@
 //! `patch_size` (14) and `pixel_shuffle_ratio` (0.5) are `Llama4Processor`'s; they count the
 //! `<|patch|>` tokens per tile, `(s / patch)² / round(1 / ratio²)`, and change no pixel.
 
-use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
 use super::torch_backend::{self as tb, bf16_table, Table};
-use super::value::{as_bool, as_count, as_float, as_hw, hw_value, Common, Value, HALF};
+use super::value::{as_bool, as_count, as_float, as_hw, hf_keys, hw_value, Common, Value, HALF};
 use super::{
     check_side, checked_len, parallel, prepare_all, split_lengths, Input, Options, Outputs,
     ProcessorError, Rgb, Tensor, TensorData,
@@ -35,6 +35,29 @@ use crate::memory::fallible;
 
 /// A `bfloat16` output value (its bits) before it is written.
 type Bf16Out = std::mem::MaybeUninit<u16>;
+
+/// Llama 4: `Llama4ImageProcessor` (torchvision: an int `size` is a square); `max_patches`,
+/// `resize_to_max_canvas`, and `Llama4Processor`'s `patch_size`/`pixel_shuffle_ratio` (they
+/// count tokens).
+pub const LLAMA4: Hf = Hf {
+    image_classes: &["Llama4ImageProcessor"],
+    video_classes: &[],
+    normalise: |config| {
+        hf_keys(
+            config,
+            &[
+                "max_patches",
+                "resize_to_max_canvas",
+                "patch_size",
+                "pixel_shuffle_ratio",
+            ],
+            true,
+        )
+    },
+    // Llama4Processor's, for the token count.
+    processor_keys: &[("patch_size", None), ("pixel_shuffle_ratio", None)],
+    processor_forces: None,
+};
 
 /// The configuration of Llama 4.
 #[derive(Clone, Debug, PartialEq)]

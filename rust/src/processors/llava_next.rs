@@ -13,11 +13,12 @@
 //! with `0.0`), `image_sizes` `(B, 2)` int64 = the original `(H, W)`.
 
 use super::clip::{resize_and_crop, Prepared};
-use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
 use super::value::{
-    as_bool, as_hw, as_size, check_crop, resize_crop_entries, Common, Value, CLIP_MEAN, CLIP_STD,
+    as_bool, as_hw, as_size, check_crop, hf_clip_like, resize_crop_entries, Common, Value,
+    CLIP_MEAN, CLIP_STD,
 };
 use super::{
     check_image, check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out,
@@ -25,6 +26,22 @@ use super::{
 };
 use crate::memory::fallible;
 use std::borrow::Cow;
+
+/// LLaVA-NeXT: `LlavaNextImageProcessor` (an int `size` is a shortest edge, an int `crop_size` a
+/// square).
+pub const LLAVA_NEXT: Hf = Hf {
+    image_classes: &["LlavaNextImageProcessor"],
+    video_classes: &[],
+    normalise: |config| {
+        hf_clip_like(
+            config,
+            &["do_center_crop", "do_pad", "image_grid_pinpoints"],
+            false,
+        )
+    },
+    processor_keys: &[],
+    processor_forces: None,
+};
 
 /// The configuration of LLaVA-NeXT.
 #[derive(Clone, Debug, PartialEq)]

@@ -16,10 +16,10 @@
 
 use std::borrow::Cow;
 
-use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
 use super::torch_backend::{self as tb, to_tensor_table};
-use super::value::{as_count, Common, Value, CLIP_MEAN, CLIP_STD};
+use super::value::{as_count, hf_only, Common, Value, CLIP_MEAN, CLIP_STD};
 use super::{
     checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer, Outputs,
     ProcessorError, Rgb, Tensor, TensorData,
@@ -31,6 +31,16 @@ use crate::memory::fallible;
 pub const TILE: usize = 336;
 /// Ours: the output grows by 1.35 MB per crop.
 pub const MAX_CROPS: usize = 4096;
+
+/// Phi-3-vision: the hub's `Phi3VImageProcessor`, which takes only `image_mean`, `image_std`
+/// and `num_crops`.
+pub const PHI3_V: Hf = Hf {
+    image_classes: &["Phi3VImageProcessor"],
+    video_classes: &[],
+    normalise: |config| Ok(hf_only(config, &["image_mean", "image_std", "num_crops"])),
+    processor_keys: &[],
+    processor_forces: None,
+};
 
 /// The configuration of Phi-3-vision.
 #[derive(Clone, Debug, PartialEq)]

@@ -18,10 +18,10 @@
 //! `W / H`, ties as `find_closest_aspect_ratio` breaks them. Images too thin for it (a resized
 //! side under 10 pixels) are refused, as transformers refuses them.
 
-use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
 use super::torch_backend::{self as tb, fused_f32_table};
-use super::value::{as_count, as_hw, hw_value, Common, Value, HALF};
+use super::value::{as_count, as_hw, hf_keys, hw_value, Common, Value, HALF};
 use super::{
     checked_len, parallel, prepare_all, Input, Options, Out, OutBuffer, Outputs, ProcessorError,
     Rgb, Tensor, TensorData,
@@ -29,6 +29,16 @@ use super::{
 use crate::image::torch::TorchFilter;
 use crate::image::Filter;
 use crate::memory::fallible;
+
+/// Phi-4-multimodal: `Phi4MultimodalImageProcessor` (torchvision: an int `size` is a square);
+/// `patch_size` and `dynamic_hd`.
+pub const PHI4_MULTIMODAL: Hf = Hf {
+    image_classes: &["Phi4MultimodalImageProcessor"],
+    video_classes: &[],
+    normalise: |config| hf_keys(config, &["patch_size", "dynamic_hd"], true),
+    processor_keys: &[],
+    processor_forces: None,
+};
 
 /// The configuration of Phi-4-multimodal.
 #[derive(Clone, Debug, PartialEq)]

@@ -18,10 +18,13 @@
 //! Mistral-Small-3.1), so the sizes are the ones the model's placeholder tokens are counted on.
 
 use super::clip::{write_padded, Prepared};
-use super::family::{i64_values, FamilyConfig, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::center_crop_origin;
-use super::value::{as_bool, as_count, as_hw, hw_value, Common, Value, CLIP_MEAN, CLIP_STD};
+use super::value::{
+    as_bool, as_count, as_hw, hf_clip_like, hf_get, hf_put, hf_size, hw_value, Common, Raw, Value,
+    CLIP_MEAN, CLIP_STD,
+};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
     Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -45,6 +48,35 @@ impl PixtralSize {
         }
     }
 }
+
+/// Pixtral: `PixtralImageProcessor` (`default_to_square`: an int `size` is a square). An int or
+/// dict `patch_size` is read as `get_size_dict(patch_size, default_to_square=True)` (anything
+/// else is for the processor to reject); `spatial_merge_size` is a `PixtralProcessor` setting.
+pub const PIXTRAL: Hf = Hf {
+    image_classes: &["PixtralImageProcessor"],
+    video_classes: &[],
+    normalise: |config| {
+        let mut out = hf_clip_like(
+            config,
+            &["do_center_crop", "do_pad", "spatial_merge_size"],
+            true,
+        )?;
+        if let Some(patch) = hf_get(config, "patch_size") {
+            let value = match patch {
+                Raw::Int(_) | Raw::Map(_) | Raw::Other { int: true, .. } => {
+                    Raw::Map(hf_size(patch, true)?)
+                }
+                _ => patch.clone(),
+            };
+            hf_put(&mut out, "patch_size", value);
+        }
+        Ok(out)
+    },
+    // PixtralProcessor._process_images: patch_size = patch_size * spatial_merge_size, with
+    // the processor's defaults 16 and 1.
+    processor_keys: &[("patch_size", Some(16)), ("spatial_merge_size", Some(1))],
+    processor_forces: None,
+};
 
 /// The configuration of Pixtral.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,9 +11,12 @@
 //! are grouped `temporal_patch_size` at a time (the last frame repeated to fill the last group)
 //! and each group is patched like an image whose frames differ.
 
-use super::family::{i64_values, tokens_tensor, FamilyConfig, VisionTokens};
+use super::family::{i64_values, tokens_tensor, FamilyConfig, Hf, VisionTokens};
 use super::normalize::{Normalize, Runs};
-use super::value::{as_count, Common, Value, CLIP_MEAN, CLIP_STD, HALF};
+use super::value::{
+    as_count, hf_get, hf_keys, hf_put, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD,
+    HALF,
+};
 use std::mem::MaybeUninit;
 
 use crate::tensor::wire::Produce;
@@ -35,6 +38,84 @@ pub struct QwenConfig {
     pub min_pixels: u64,
     /// `size["longest_edge"]` (`max_pixels`).
     pub max_pixels: u64,
+}
+
+/// Qwen2-VL: `Qwen2VLImageProcessor`, `Qwen2VLVideoProcessor`.
+pub const QWEN2_VL: Hf = Hf {
+    image_classes: &["Qwen2VLImageProcessor"],
+    video_classes: &["Qwen2VLVideoProcessor"],
+    normalise: |config| hf_qwen(config, &QwenConfig::qwen2_vl()),
+    processor_keys: &[],
+    processor_forces: None,
+};
+/// Qwen2.5-VL: `Qwen2_5_VLImageProcessor`.
+pub const QWEN2_5_VL: Hf = Hf {
+    image_classes: &["Qwen2_5_VLImageProcessor"],
+    video_classes: &[],
+    normalise: |config| hf_qwen(config, &QwenConfig::qwen2_vl()),
+    processor_keys: &[],
+    processor_forces: None,
+};
+/// Qwen3-VL (its image processor is Qwen2-VL's class): `Qwen3VLVideoProcessor`.
+pub const QWEN3_VL: Hf = Hf {
+    image_classes: &[],
+    video_classes: &["Qwen3VLVideoProcessor"],
+    normalise: |config| hf_qwen(config, &QwenConfig::qwen3_vl()),
+    processor_keys: &[],
+    processor_forces: None,
+};
+/// Qwen3.5 (Qwen2-VL's class, named by `family=` only).
+pub const QWEN3_5: Hf = Hf {
+    image_classes: &[],
+    video_classes: &[],
+    normalise: |config| hf_qwen(config, &QwenConfig::qwen3_vl()),
+    processor_keys: &[],
+    processor_forces: None,
+};
+
+/// The Qwen keys: an int `size` is a shortest edge; top-level `min_pixels`/`max_pixels`
+/// override `size["shortest_edge"]`/`size["longest_edge"]` (as
+/// `Qwen2VLImageProcessorPil.__init__` does), and a partial size is completed from the class
+/// default the processor would keep (`defaults`).
+fn hf_qwen(config: &[(String, Raw)], defaults: &QwenConfig) -> Result<RawMap, BadSize> {
+    let mut out = hf_keys(
+        config,
+        &["patch_size", "merge_size", "temporal_patch_size"],
+        false,
+    )?;
+    let mut size = match hf_get(&out, "size") {
+        Some(Raw::Map(size)) => size.clone(),
+        _ => RawMap::new(),
+    };
+    for (key, edge) in [
+        ("min_pixels", "shortest_edge"),
+        ("max_pixels", "longest_edge"),
+    ] {
+        if let Some(value) = hf_get(config, key) {
+            hf_put(&mut size, edge, value.clone());
+            size.retain(|(k, _)| k != key);
+        }
+    }
+    if !size.is_empty() {
+        if size.len() == 1 && matches!(size[0].0.as_str(), "shortest_edge" | "longest_edge") {
+            let mut full = vec![
+                (
+                    "shortest_edge".to_owned(),
+                    Raw::Int(defaults.min_pixels as i64),
+                ),
+                (
+                    "longest_edge".to_owned(),
+                    Raw::Int(defaults.max_pixels as i64),
+                ),
+            ];
+            for (key, value) in size {
+                hf_put(&mut full, &key, value);
+            }
+            size = full;
+        }
+        hf_put(&mut out, "size", Raw::Map(size));
+    }
+    Ok(out)
 }
 
 const MAX_PATCH: usize = 1024;

@@ -4,9 +4,23 @@
 //!
 //! It is the generic `PilBackend` pipeline of [`super::clip`] with these defaults.
 
-use super::clip::{ClipConfig, PadMode};
+use super::clip::{ClipConfig, PadMode, CLIP_KEYS};
+use super::family::Hf;
 use super::sizes::SizeSpec;
-use super::value::{Common, HALF};
+use super::value::{hf_clip_like, hf_pad_size, Common, HALF};
+
+/// SigLIP: `SiglipImageProcessor` (CLIP's keys and `pad_size`).
+pub const SIGLIP: Hf = Hf {
+    image_classes: &["SiglipImageProcessor"],
+    video_classes: &[],
+    normalise: |config| {
+        let mut out = hf_clip_like(config, &CLIP_KEYS, false)?;
+        hf_pad_size(config, &mut out)?;
+        Ok(out)
+    },
+    processor_keys: &[],
+    processor_forces: None,
+};
 
 impl ClipConfig {
     /// `SiglipImageProcessorPil`'s class defaults.

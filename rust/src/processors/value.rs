@@ -317,6 +317,180 @@ pub(crate) fn check_crop(
     Ok(())
 }
 
+/// A value of a transformers `preprocessor_config.json` as read (parsed JSON, or a Python
+/// dict): what a family's [`Hf::normalise`](super::family::Hf) turns into the keys the native
+/// processor reads ([`Value`]s once converted).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Raw {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    /// A list (or a tuple).
+    List(Vec<Raw>),
+    /// A dict with string keys, in order.
+    Map(RawMap),
+    /// Anything else (an integer beyond `i64`, a dict with other keys, any other object),
+    /// passed through untouched: `id` is the caller's handle on it, `int` whether it is an
+    /// integer and `truthy` its truth value.
+    Other {
+        id: usize,
+        int: bool,
+        truthy: bool,
+    },
+}
+
+/// A dict of [`Raw`] values, in order (a key appears once).
+pub type RawMap = Vec<(String, Raw)>;
+
+impl Raw {
+    /// Python's truth value.
+    pub fn truthy(&self) -> bool {
+        match self {
+            Raw::None => false,
+            Raw::Bool(b) => *b,
+            Raw::Int(i) => *i != 0,
+            Raw::Float(f) => *f != 0.0,
+            Raw::Str(s) => !s.is_empty(),
+            Raw::List(v) => !v.is_empty(),
+            Raw::Map(m) => !m.is_empty(),
+            Raw::Other { truthy, .. } => *truthy,
+        }
+    }
+
+    /// An `int` (not a `bool`).
+    fn is_int(&self) -> bool {
+        matches!(self, Raw::Int(_) | Raw::Other { int: true, .. })
+    }
+}
+
+/// A value that is no size (`get_size_dict` would fail on it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BadSize(pub Raw);
+
+/// `config[key]`, unless missing or `None`.
+pub fn hf_get<'a>(config: &'a [(String, Raw)], key: &str) -> Option<&'a Raw> {
+    config
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+        .filter(|v| **v != Raw::None)
+}
+
+/// Sets `key` (in place if present, else at the end).
+pub fn hf_put(out: &mut RawMap, key: &str, value: Raw) {
+    match out.iter_mut().find(|(k, _)| k == key) {
+        Some(slot) => slot.1 = value,
+        None => out.push((key.to_owned(), value)),
+    }
+}
+
+/// The keys every family reads, as transformers names them (plus our `pass_order`).
+pub const HF_COMMON: [&str; 8] = [
+    "do_resize",
+    "resample",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "image_mean",
+    "image_std",
+    "pass_order",
+];
+
+/// The values of `keys` in `config` (missing and `None` ones left out), `image_mean` and
+/// `image_std` lists as floats.
+pub fn hf_only(config: &[(String, Raw)], keys: &[&str]) -> RawMap {
+    let mut out = RawMap::new();
+    for &key in keys {
+        let Some(value) = hf_get(config, key) else {
+            continue;
+        };
+        let value = match (key, value) {
+            ("image_mean" | "image_std", Raw::List(items)) => floats(items)
+                .map(|v| Raw::List(v.into_iter().map(Raw::Float).collect()))
+                .unwrap_or_else(|| value.clone()),
+            _ => value.clone(),
+        };
+        out.push((key.to_owned(), value));
+    }
+    out
+}
+
+/// `[float(v) for v in items]`, when each converts (anything else is left for the processor to
+/// reject).
+fn floats(items: &[Raw]) -> Option<Vec<f64>> {
+    items
+        .iter()
+        .map(|v| match v {
+            Raw::Bool(b) => Some(f64::from(u8::from(*b))),
+            Raw::Int(i) => Some(*i as f64),
+            Raw::Float(f) => Some(*f),
+            Raw::Str(s) => s.trim().parse().ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The [`HF_COMMON`] keys and `own`, then `size` as `get_size_dict` reads it (`square`: the
+/// class's `default_to_square`, an int is a square rather than a shortest edge).
+pub fn hf_keys(config: &[(String, Raw)], own: &[&str], square: bool) -> Result<RawMap, BadSize> {
+    let keys: Vec<&str> = HF_COMMON.iter().chain(own).copied().collect();
+    let mut out = hf_only(config, &keys);
+    if let Some(size) = hf_get(config, "size") {
+        hf_put(&mut out, "size", Raw::Map(hf_size(size, square)?));
+    }
+    Ok(out)
+}
+
+/// A size as `get_size_dict` reads it: a dict (its `None` entries dropped), an int (a square
+/// when `square`, else a shortest edge) or a `[height, width]` pair.
+pub fn hf_size(value: &Raw, square: bool) -> Result<RawMap, BadSize> {
+    match value {
+        Raw::Map(entries) => Ok(entries
+            .iter()
+            .filter(|(_, v)| *v != Raw::None)
+            .cloned()
+            .collect()),
+        v if v.is_int() => Ok(if square {
+            vec![("height".into(), v.clone()), ("width".into(), v.clone())]
+        } else {
+            vec![("shortest_edge".into(), v.clone())]
+        }),
+        Raw::List(pair) if pair.len() == 2 => Ok(vec![
+            ("height".into(), pair[0].clone()),
+            ("width".into(), pair[1].clone()),
+        ]),
+        _ => Err(BadSize(value.clone())),
+    }
+}
+
+/// [`hf_keys`] and the CLIP-like families' `crop_size` (an int is a square). (Their
+/// `image_grid_pinpoints` pairs are lists already: a [`Raw::List`] holds tuples too.)
+pub fn hf_clip_like(
+    config: &[(String, Raw)],
+    own: &[&str],
+    square: bool,
+) -> Result<RawMap, BadSize> {
+    let mut out = hf_keys(config, own, square)?;
+    if let Some(crop) = hf_get(config, "crop_size") {
+        hf_put(&mut out, "crop_size", Raw::Map(hf_size(crop, true)?));
+    }
+    Ok(out)
+}
+
+/// `pad_size` when `config` has the key (`None` included: no fixed pad size).
+pub fn hf_pad_size(config: &[(String, Raw)], out: &mut RawMap) -> Result<(), BadSize> {
+    if let Some((_, pad)) = config.iter().find(|(k, _)| k == "pad_size") {
+        let value = match pad {
+            Raw::None => Raw::None,
+            pad => Raw::Map(hf_size(pad, true)?),
+        };
+        hf_put(out, "pad_size", value);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

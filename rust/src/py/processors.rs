@@ -15,6 +15,7 @@ use super::array::{is_ndarray, ImageArray};
 use super::errors::{self, processor_error, Class};
 use crate::memory::recycle;
 use crate::processors::qwen::Patches;
+use crate::processors::value::{BadSize, Raw};
 use crate::processors::{
     Alpha, Deferred, Family, Input, Options, Outputs, Preprocessor, ProcessorError, TensorData,
     Value, VisionTokens,
@@ -655,7 +656,176 @@ fn processor_families() -> Vec<&'static str> {
     Family::ALL.iter().map(|f| f.name()).collect()
 }
 
+/// How deep [`raw_of`] reads nested lists and dicts; deeper values pass through as
+/// [`Raw::Other`] (no family reads below the second level).
+const RAW_DEPTH: usize = 8;
+
+/// A `preprocessor_config.json` value as [`Raw`]; what it cannot represent is kept in `others`
+/// and passed through as [`Raw::Other`].
+fn raw_of<'py>(
+    obj: &Bound<'py, PyAny>,
+    others: &mut Vec<Bound<'py, PyAny>>,
+    depth: usize,
+) -> PyResult<Raw> {
+    if obj.is_none() {
+        return Ok(Raw::None);
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Raw::Bool(b.is_true()));
+    }
+    if obj.cast::<PyInt>().is_ok() {
+        if let Ok(i) = obj.extract::<i64>() {
+            return Ok(Raw::Int(i));
+        }
+    } else if let Ok(f) = obj.cast::<PyFloat>() {
+        return Ok(Raw::Float(f.value()));
+    } else if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Raw::Str(s.to_str()?.to_owned()));
+    } else if depth < RAW_DEPTH && (obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok()) {
+        let items: Vec<Bound<'py, PyAny>> = obj.try_iter()?.collect::<PyResult<_>>()?;
+        return items
+            .iter()
+            .map(|item| raw_of(item, others, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Raw::List);
+    } else if let Ok(d) = obj.cast::<PyDict>() {
+        if depth < RAW_DEPTH && d.keys().iter().all(|k| k.cast::<PyString>().is_ok()) {
+            let mut entries = Vec::with_capacity(d.len());
+            for (k, v) in d.iter() {
+                entries.push((k.extract::<String>()?, raw_of(&v, others, depth + 1)?));
+            }
+            return Ok(Raw::Map(entries));
+        }
+    }
+    others.push(obj.clone());
+    Ok(Raw::Other {
+        id: others.len() - 1,
+        int: obj.cast::<PyInt>().is_ok(),
+        truthy: obj.is_truthy()?,
+    })
+}
+
+fn raw_to_py<'py>(
+    py: Python<'py>,
+    raw: &Raw,
+    others: &[Bound<'py, PyAny>],
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match raw {
+        Raw::None => py.None().into_bound(py),
+        Raw::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Raw::Int(i) => i.into_bound_py_any(py)?,
+        Raw::Float(f) => f.into_bound_py_any(py)?,
+        Raw::Str(s) => PyString::new(py, s).into_any(),
+        Raw::List(items) => {
+            let items = items
+                .iter()
+                .map(|item| raw_to_py(py, item, others))
+                .collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)?.into_any()
+        }
+        Raw::Map(entries) => {
+            let d = PyDict::new(py);
+            for (k, v) in entries {
+                d.set_item(k, raw_to_py(py, v, others)?)?;
+            }
+            d.into_any()
+        }
+        Raw::Other { id, .. } => others[*id].clone(),
+    })
+}
+
+/// normalise_config(family, config) -> dict[str, Any]
+/// --
+///
+/// The keys of a transformers `preprocessor_config.json` (`config`) that `family` uses, in the
+/// form `Preprocessor` takes (the family's own reading, in `rust/src/processors/<family>.rs`).
+/// Raises `ProcessorConfigError` (a `ValueError`) for an unknown family or a value that is no
+/// size.
+#[pyfunction]
+fn normalise_config<'py>(
+    py: Python<'py>,
+    family: &str,
+    config: &Bound<'py, PyDict>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let Some(family) = Family::from_name(family) else {
+        let names: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
+        return Err(errors::raise(
+            py,
+            Class::ProcessorConfig,
+            &format!(
+                "unknown family {family:?}: expected one of {}",
+                names.join(", ")
+            ),
+            "family",
+            names,
+            family,
+        ));
+    };
+    let mut others = Vec::new();
+    let mut raw = Vec::with_capacity(config.len());
+    for (k, v) in config.iter() {
+        // Keys that are not strings are keys no family reads.
+        if let Ok(key) = k.cast::<PyString>() {
+            raw.push((key.to_str()?.to_owned(), raw_of(&v, &mut others, 0)?));
+        }
+    }
+    let out = (family.hf().normalise)(&raw).map_err(|BadSize(value)| {
+        match raw_to_py(py, &value, &others).and_then(|v| Ok(v.repr()?.to_string())) {
+            Ok(repr) => errors::raise(
+                py,
+                Class::ProcessorConfig,
+                &format!("cannot read a size from {repr}"),
+                "config",
+                "an int, [height, width] or a dict of ints",
+                repr,
+            ),
+            Err(err) => err,
+        }
+    })?;
+    let d = PyDict::new(py);
+    for (k, v) in &out {
+        d.set_item(k, raw_to_py(py, v, &others)?)?;
+    }
+    Ok(d)
+}
+
+/// The metadata [`families`] returns for one family.
+type FamilyInfo = (
+    &'static str,
+    Vec<&'static str>,
+    Vec<&'static str>,
+    Vec<(&'static str, Option<i64>)>,
+    Option<(&'static str, &'static str, bool)>,
+);
+
+/// families() -> list[tuple[str, list[str], list[str], list[tuple[str, int | None]], tuple[str, str, bool] | None]]
+/// --
+///
+/// Every family in registry order: `(name, image_classes, video_classes, processor_keys,
+/// processor_forces)`: the transformers image and video processor classes that name it
+/// (without the `Fast`/`Pil` suffix), the `(key, default)` settings it reads from a model's
+/// `processor_config.json` (none: the file gives `VisionTokens`), and the
+/// `(processor_class, key, value)` that processor class forces, if any.
+#[pyfunction]
+fn families() -> Vec<FamilyInfo> {
+    Family::ALL
+        .iter()
+        .map(|f| {
+            let hf = f.hf();
+            (
+                f.name(),
+                hf.image_classes.to_vec(),
+                hf.video_classes.to_vec(),
+                hf.processor_keys.to_vec(),
+                hf.processor_forces,
+            )
+        })
+        .collect()
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(normalise_config, m)?)?;
+    m.add_function(wrap_pyfunction!(families, m)?)?;
     m.add_class::<PyPreprocessor>()?;
     m.add_class::<PyTensor>()?;
     m.add_class::<PyPendingTensor>()?;

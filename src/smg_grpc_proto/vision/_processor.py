@@ -283,10 +283,8 @@ class ImageProcessor:
         file's value (the published files say ``false``)."""
         chosen, raw = _config.from_hf(source, family)
         data: Any = None
-        wanted = (
-            chosen in ("pixtral", "gemma3", "internvl", "idefics3", "smolvlm", "llama4")
-            or "vision_tokens" not in kwargs
-        )
+        keys = _config.processor_keys(chosen)
+        wanted = bool(keys) or "vision_tokens" not in kwargs
         if wanted and not isinstance(source, Mapping):
             directory = Path(source) if Path(source).is_dir() else Path(source).parent
             processor_config = directory / "processor_config.json"
@@ -294,32 +292,26 @@ class ImageProcessor:
                 with open(processor_config, encoding="utf-8") as f:
                     data = json.load(f)
         if isinstance(data, dict):
-            if chosen == "pixtral":
-                # PixtralProcessor._process_images: patch_size = patch_size * spatial_merge_size.
-                raw["patch_size"] = data.get("patch_size", 16)
-                raw["spatial_merge_size"] = data.get("spatial_merge_size", 1)
-            elif chosen in ("gemma3", "internvl"):
-                if data.get("image_seq_length") is not None:
-                    raw["image_seq_length"] = data["image_seq_length"]
-            elif chosen in ("idefics3", "smolvlm"):
-                if data.get("image_seq_len") is not None:
-                    raw["image_seq_len"] = data["image_seq_len"]
-            elif chosen == "llama4":
-                # Llama4Processor's, for the token count.
-                for key in ("patch_size", "pixel_shuffle_ratio"):
-                    if data.get(key) is not None:
-                        raw[key] = data[key]
-            elif "vision_tokens" not in kwargs:
+            # The family's processor settings (rust/src/processors/<family>.rs, `Hf`), e.g.
+            # Pixtral's patch_size/spatial_merge_size, Gemma 3's image_seq_length.
+            for key, default in keys:
+                if default is not None:
+                    raw[key] = data.get(key, default)
+                elif data.get(key) is not None:
+                    raw[key] = data[key]
+            if not keys and "vision_tokens" not in kwargs:
                 kwargs["vision_tokens"] = _tokens.VisionTokens.from_processor_config(data)
-        if chosen == "internvl":
+        forces = _config.processor_forces(chosen)
+        if forces is not None:
+            owner, key, value = forces
             owners = (
                 raw.get("processor_class"),
                 data.get("processor_class") if isinstance(data, dict) else None,
             )
-            if "InternVLProcessor" in owners:
-                # InternVLProcessor.images_kwargs = {"crop_to_patches": True}: passed to the image
-                # processor on every call, so it wins over the preprocessor config's value.
-                raw["crop_to_patches"] = True
+            if owner in owners:
+                # e.g. InternVLProcessor.images_kwargs = {"crop_to_patches": True}: passed to the
+                # image processor on every call, so it wins over the preprocessor config's value.
+                raw[key] = value
         return cls(chosen, raw, **kwargs)
 
     def __call__(

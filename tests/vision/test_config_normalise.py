@@ -1,0 +1,341 @@
+"""Each family's reading of a transformers ``preprocessor_config.json`` (now in its Rust module,
+``_native.normalise_config``) against the Python ``normalise`` it replaced, kept here verbatim
+as the oracle: equal results (types included) on every family's defaults and on the varied forms
+a config takes (int, list and dict sizes, ``crop_size``/``pad_size``, Qwen's ``min_pixels``/
+``max_pixels`` overrides, ``None`` values, unknown keys), the same error for a value that is no
+size, and the same family for every class name.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from smg_grpc_proto import _native
+from smg_grpc_proto.vision import _config
+from smg_grpc_proto.vision._config import FAMILIES, Family
+
+# ---- the oracle: smg_grpc_proto/vision/_config.py before the families moved to Rust ----------
+
+QWEN: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"})
+
+# transformers class names (without the "Fast"/"Pil" backend suffix) -> family.
+_CLASSES: dict[str, Family] = {
+    "Qwen2VLImageProcessor": "qwen2_vl",
+    "Qwen2_5_VLImageProcessor": "qwen2_5_vl",
+    "CLIPImageProcessor": "clip",
+    "LlavaImageProcessor": "llava",
+    "SiglipImageProcessor": "siglip",
+    "LlavaNextImageProcessor": "llava_next",
+    "PixtralImageProcessor": "pixtral",
+    "Gemma3ImageProcessor": "gemma3",
+    "GotOcr2ImageProcessor": "internvl",
+    "Idefics3ImageProcessor": "idefics3",
+    "SmolVLMImageProcessor": "smolvlm",
+    "Llama4ImageProcessor": "llama4",
+    "Phi4MultimodalImageProcessor": "phi4_multimodal",
+    "Phi3VImageProcessor": "phi3_v",
+}
+
+_COMMON = (
+    "do_resize",
+    "resample",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "image_mean",
+    "image_std",
+    "pass_order",
+)
+_KEYS: dict[str, tuple[str, ...]] = {
+    "qwen": ("patch_size", "merge_size", "temporal_patch_size"),
+    "clip": ("do_center_crop", "do_pad"),
+    "llava_next": ("do_center_crop", "do_pad", "image_grid_pinpoints"),
+    "pixtral": ("do_center_crop", "do_pad", "spatial_merge_size"),
+    "gemma3": (
+        "do_pan_and_scan",
+        "pan_and_scan_min_crop_size",
+        "pan_and_scan_max_num_crops",
+        "pan_and_scan_min_ratio_to_activate",
+        "image_seq_length",
+    ),
+    "internvl": ("crop_to_patches", "min_patches", "max_patches", "image_seq_length"),
+    "idefics3": ("max_image_size", "do_image_splitting", "do_pad", "image_seq_len"),
+    "llama4": ("max_patches", "resize_to_max_canvas", "patch_size", "pixel_shuffle_ratio"),
+    "phi4_multimodal": ("patch_size", "dynamic_hd"),
+    "phi3_v": ("num_crops",),
+}
+# The hub's Phi3VImageProcessor takes only these keys.
+_PHI3_V = ("image_mean", "image_std", "num_crops")
+
+# Families whose class has default_to_square = True: an int size is a square.
+_SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal"})
+# Families whose size, crop and pad keys need none of the CLIP-like handling below.
+_OWN_SIZES: frozenset[str] = frozenset(
+    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v"}
+)
+
+CONFIG_NAME = "preprocessor_config.json"
+
+
+def _kind(family: Family) -> str:
+    if family in QWEN:
+        return "qwen"
+    if family in ("idefics3", "smolvlm"):
+        return "idefics3"
+    own = ("llava_next", "pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "phi3_v")
+    return family if family in own else "clip"
+
+
+def _old_family_of(config: Mapping[str, Any]) -> Family:
+    """The family of a transformers config, from ``image_processor_type``."""
+    name = config.get("image_processor_type") or config.get("video_processor_type")
+    if not isinstance(name, str):
+        raise ValueError(
+            "the config names no image_processor_type; pass family=... "
+            f"(one of {', '.join(FAMILIES)})"
+        )
+    base = name.removesuffix("Fast").removesuffix("Pil")
+    if base in _CLASSES:
+        return _CLASSES[base]
+    if base in ("Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor"):
+        return "qwen3_vl" if base.startswith("Qwen3") else "qwen2_vl"
+    raise ValueError(
+        f"image_processor_type {name!r} is not supported; supported: "
+        f"{', '.join(sorted(_CLASSES))} (pass family=... to force one)"
+    )
+
+
+def _size_dict(value: Any, *, square: bool) -> dict[str, int]:
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items() if v is not None}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"height": value, "width": value} if square else {"shortest_edge": value}
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return {"height": value[0], "width": value[1]}
+    raise ValueError(f"cannot read a size from {value!r}")
+
+
+def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``config`` that ``family`` uses, in the native processor's form."""
+    kind = _kind(family)
+    out: dict[str, Any] = {}
+    keys = _PHI3_V if kind == "phi3_v" else (*_COMMON, *_KEYS[kind])
+    for key in keys:
+        value = config.get(key)
+        if value is not None:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    for key in ("image_mean", "image_std"):
+        if key in out and not isinstance(out[key], (int, float)):
+            out[key] = [float(v) for v in out[key]]
+    if config.get("size") is not None and kind != "phi3_v":
+        out["size"] = _size_dict(config["size"], square=family in _SQUARE)
+    if family == "pixtral" and config.get("patch_size") is not None:
+        # get_size_dict(patch_size, default_to_square=True); anything else is for the native
+        # processor to reject with a precise error.
+        patch = config["patch_size"]
+        is_int = isinstance(patch, int) and not isinstance(patch, bool)
+        out["patch_size"] = (
+            _size_dict(patch, square=True) if is_int or isinstance(patch, Mapping) else patch
+        )
+    if kind == "qwen":
+        size = dict(out.get("size", {}))
+        for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            if config.get(key) is not None:
+                size[edge] = config[key]
+                size.pop(key, None)
+        if size:
+            if set(size) == {"shortest_edge"} or set(size) == {"longest_edge"}:
+                # Complete a partial override from the class default the processor would keep.
+                size = {**_qwen_default_size(family), **size}
+            out["size"] = size
+    elif kind not in _OWN_SIZES:
+        if config.get("crop_size") is not None:
+            out["crop_size"] = _size_dict(config["crop_size"], square=True)
+        if family == "clip" and config.get("use_square_size"):
+            out["size"] = {"height": 224, "width": 224}
+        if family in ("clip", "siglip") and "pad_size" in config:
+            pad = config["pad_size"]
+            out["pad_size"] = None if pad is None else _size_dict(pad, square=True)
+        if "image_grid_pinpoints" in out:
+            out["image_grid_pinpoints"] = [list(p) for p in out["image_grid_pinpoints"]]
+    return out
+
+
+def _qwen_default_size(family: Family) -> dict[str, int]:
+    if family in ("qwen3_vl", "qwen3_5"):
+        return {"shortest_edge": 65536, "longest_edge": 16777216}
+    return {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
+
+
+# ---- the differential tests -------------------------------------------------------------------
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with every leaf tagged by its type (``1 == 1.0 == True`` in Python)."""
+    if isinstance(value, Mapping):
+        return ("dict", sorted((str(k), _typed(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_typed(v) for v in value])
+    return (type(value).__name__, value)
+
+
+def _outcome(function: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    """``("ok", result)``, or ``("error", message)`` for a ``ValueError``."""
+    try:
+        return "ok", _typed(function(*args))
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+def _same(family: Family, config: Mapping[str, Any]) -> None:
+    expected = _outcome(_old_normalise, family, config)
+    assert _outcome(_config.normalise, family, config) == expected, (family, config)
+
+
+SIZES: list[Any] = [
+    336,
+    2**70,
+    [336, 448],
+    (336, 448),
+    {"shortest_edge": 224},
+    {"height": 336, "width": 448},
+    {"shortest_edge": 3136, "longest_edge": 1003520},
+    {"longest_edge": 1536},
+    {"max_height": 4, "max_width": 5},
+    {"height": 336, "width": None},
+    {"shortest_edge": 100, "min_pixels": 7},
+    {},
+    None,
+    # No sizes: the same error.
+    "336",
+    True,
+    [1, 2, 3],
+    3.5,
+]
+
+VARIED: list[dict[str, Any]] = [
+    {},
+    {"image_processor_type": "X", "processor_class": "Y", "unknown": 1},
+    *({"size": size} for size in SIZES),
+    *({"crop_size": size} for size in SIZES),
+    *({"pad_size": size} for size in SIZES),
+    *({"size": size, "crop_size": 224, "pad_size": [8, 9]} for size in SIZES[:8]),
+    {"use_square_size": True},
+    {"use_square_size": 1, "size": {"shortest_edge": 100}},
+    {"use_square_size": False, "size": 300},
+    {"use_square_size": None},
+    {"use_square_size": "", "size": 300},
+    {"min_pixels": 1000},
+    {"max_pixels": 2000},
+    {"min_pixels": 1000, "max_pixels": 2000},
+    {"min_pixels": None, "max_pixels": 2000},
+    {"min_pixels": 1000, "size": {"longest_edge": 9999}},
+    {"max_pixels": 2000, "size": {"shortest_edge": 10, "longest_edge": 20}},
+    {"max_pixels": 2000, "size": {"max_pixels": 5, "min_pixels": 6}},
+    {"min_pixels": 1000, "size": 12},
+    {"size": {"shortest_edge": 10}},
+    {"size": {"longest_edge": 10}},
+    {"max_pixels": 2**70},
+    {"image_mean": [0.5, 0.5, 0.5], "image_std": (1, 2, 3)},
+    {"image_mean": 0.5, "image_std": 2},
+    {"image_mean": [True, 1, 2.5], "image_std": ["0.25", " 0.5", "1e-1"]},
+    {"image_mean": None, "image_std": None, "do_normalize": None},
+    {"do_resize": False, "resample": 2, "do_rescale": True, "rescale_factor": 0.5},
+    {"resample": "bilinear", "pass_order": "pillow12", "do_normalize": False},
+    {"patch_size": 14, "merge_size": 2, "temporal_patch_size": (2,)},
+    {"patch_size": {"height": 16, "width": 16}, "spatial_merge_size": 2},
+    {"patch_size": [16, 16]},
+    {"patch_size": "16"},
+    {"patch_size": 2**70},
+    {"do_center_crop": True, "do_pad": True, "crop_size": {"height": 3, "width": 4}},
+    {"image_grid_pinpoints": [[336, 672], (672, 336)]},
+    {"image_grid_pinpoints": ((336, 672),)},
+    {
+        "do_pan_and_scan": True,
+        "pan_and_scan_min_crop_size": 256,
+        "pan_and_scan_max_num_crops": 4,
+        "pan_and_scan_min_ratio_to_activate": 1.2,
+        "image_seq_length": 256,
+    },
+    {"crop_to_patches": True, "min_patches": 1, "max_patches": 12, "image_seq_length": 256},
+    {
+        "max_image_size": {"longest_edge": 364},
+        "do_image_splitting": True,
+        "do_pad": True,
+        "image_seq_len": 64,
+    },
+    {"max_patches": 16, "resize_to_max_canvas": False, "pixel_shuffle_ratio": 0.5},
+    {"dynamic_hd": 36, "patch_size": 14},
+    {"num_crops": 4, "image_mean": [0.1, 0.2, 0.3], "size": 336, "do_resize": False},
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_defaults_read_the_same(family: Family) -> None:
+    """A family's complete native configuration, fed back as a config."""
+    _same(family, _native.Preprocessor(family, {}).config())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varied_forms_read_the_same(family: Family) -> None:
+    for config in VARIED:
+        _same(family, config)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_key_together(family: Family) -> None:
+    """Every key any family reads, with the values above, combined."""
+    union: dict[str, Any] = {}
+    for config in VARIED[::-1]:
+        union.update({k: v for k, v in config.items() if v is not None})
+    _same(family, union)
+    for a, b in itertools.combinations(VARIED[2:40:3], 2):
+        _same(family, {**a, **b})
+
+
+def test_big_ints_pass_through_unchanged() -> None:
+    big = 2**70
+    out = _config.normalise("clip", {"size": big, "crop_size": big})
+    assert out["size"]["shortest_edge"] is big
+    assert out["crop_size"]["height"] is big
+
+
+def test_class_names_find_the_same_family() -> None:
+    classes = [*_CLASSES, "Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor"]
+    for name in classes:
+        for suffix in ("", "Fast", "Pil"):
+            for key in ("image_processor_type", "video_processor_type"):
+                config = {key: name + suffix}
+                assert _config.family_of(config) == _old_family_of(config)
+    unknown: list[dict[str, Any]] = [
+        {"image_processor_type": "NopeImageProcessor"},
+        {},
+        {"size": 3},
+    ]
+    for config in unknown:
+        expected = _outcome(_old_family_of, config)
+        assert expected[0] == "error"
+        assert _outcome(_config.family_of, config) == expected
+
+
+# What ImageProcessor.from_pretrained read from processor_config.json before the table moved to
+# the families' Rust modules (`Hf::processor_keys`, `Hf::processor_forces`).
+_OLD_PROCESSOR_KEYS: dict[str, tuple[tuple[str, int | None], ...]] = {
+    "pixtral": (("patch_size", 16), ("spatial_merge_size", 1)),
+    "gemma3": (("image_seq_length", None),),
+    "internvl": (("image_seq_length", None),),
+    "idefics3": (("image_seq_len", None),),
+    "smolvlm": (("image_seq_len", None),),
+    "llama4": (("patch_size", None), ("pixel_shuffle_ratio", None)),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_processor_settings_are_the_old_table(family: Family) -> None:
+    assert _config.processor_keys(family) == _OLD_PROCESSOR_KEYS.get(family, ())
+    expected = ("InternVLProcessor", "crop_to_patches", True) if family == "internvl" else None
+    assert _config.processor_forces(family) == expected
