@@ -528,3 +528,41 @@ def test_processor_max_pixels_past_64_bits_is_a_value_error() -> None:
     with pytest.raises(ValueError, match=r"max_pixels must lie in 0\.\.18446744073709551615"):
         ImageProcessor("qwen2_vl", max_pixels=2**70)
     ImageProcessor("qwen2_vl", max_pixels=2**64 - 1)  # the largest value the limit holds
+
+
+# -- a tensor hidden in an unknown field ---------------------------------------------------------
+
+
+def _len_record(number: int, payload: bytes) -> bytes:
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while n >= 0x80:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        out.append(n)
+        return bytes(out)
+
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_map_entry_with_a_stray_field_round_trips_like_protobuf() -> None:
+    """upb keeps a map entry holding a field other than key and value as an unknown field of the
+    map's message, tensor bytes and all; the parsed message and `to_message()` equal protobuf's
+    (found by the fuzz campaign: the unknown field carried our payload token instead)."""
+    tensor = vllm_pb.TensorData(
+        inline=np.arange(6, dtype=np.int64).tobytes(), shape=[2, 3], dtype="int64"
+    )
+    value = _len_record(2, tensor.SerializeToString())
+    good_entry = _len_record(1, b"patches_per_image") + value
+    stray_entry = _len_record(1, b"image_grid_thw") + value + _len_record(3, b"x")  # not key/value
+    mm = _len_record(3, good_entry) + _len_record(3, stray_entry)
+    data = _len_record(1, b"r") + _len_record(7, mm)
+    reference = vllm_pb.GenerateRequest.FromString(data)
+    assert list(reference.mm_inputs.model_specific_tensors) == ["patches_per_image"]
+
+    parsed = tensors.parse(data, vllm_pb.GenerateRequest)
+    assert parsed.to_message() == reference
+    assert parsed.to_message().SerializeToString() == reference.SerializeToString()
+    assert parsed.message.SerializeToString() == reference.SerializeToString()
+    key = "mm_inputs.model_specific_tensors[patches_per_image]"
+    np.testing.assert_array_equal(parsed.arrays[key], np.arange(6).reshape(2, 3))

@@ -377,6 +377,14 @@ def _decode(message_type: type[M], plan: Plan, data: bytes, bf16: Bf16Mode) -> T
         result._spans[path] = (offset, length)
         if left == 0:
             break  # every token found: the rest of the walk can only find payloads without one
+    if left and message.SerializeToString().count(nonce) > len(result._spans):
+        # A token did not surface as a tensor payload but survives in the message: protobuf kept
+        # its record as an unknown field (upb keeps a map entry holding a field other than key
+        # and value whole, as an unknown field of the map's message). The message would carry
+        # the token where the peer sent bytes, so it is parsed from the original bytes instead
+        # (same structure, payloads inline; the arrays found above stay views of `data`). Only
+        # malformed input gets here: tokens that protobuf merged away leave no trace.
+        result.message = message_type.FromString(data)
     return result
 
 
