@@ -16,6 +16,7 @@ __all__ = [
     "AspectRatioError",
     "BatchShapeError",
     "CorruptImageError",
+    "DisaggregationError",
     "EmptyImageError",
     "ImageDecodeError",
     "ImageMemoryError",
@@ -141,6 +142,15 @@ class PlaceholderError(MultimodalError):
 
 class MultimodalLayoutError(MultimodalError):
     """A tensor's shape disagrees with the batch layout: items on dim 0, flat sizes, grids."""
+
+
+class DisaggregationError(MultimodalError):
+    """A pixel-less multimodal batch (the decode side of a disaggregated prefill/decode request)
+    without the KV transfer params it needs: the decoder refuses one that carries side tensors
+    but no ``pixel_values`` when the request has neither ``kv_transfer_params_json`` nor
+    ``kv_transfer_params`` (``field``: the batch's ``pixel_values``), the builder refuses to make
+    one without them, and malformed params (``kv_transfer_params_json`` not a JSON object,
+    ``kv_transfer_params`` without host or port) are refused naming their field."""
 
 
 class MultimodalNotSupportedError(MultimodalError, NotImplementedError):

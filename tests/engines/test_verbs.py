@@ -96,9 +96,11 @@ def test_every_engine_module_has_every_verb(engine: str) -> None:
         assert [(p.name, p.default) for p in positional] == POSITIONAL[verb], (engine, verb)
         assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in positional)
         assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-    # Nothing else: the shared helpers are not engine API (SGLang alone has an Embed with media).
+    # Nothing else: the shared helpers are not engine API (SGLang alone has an Embed with media;
+    # vLLM alone reads KV transfer params, which its disaggregated decode side needs).
+    extra = {"sglang": {"embed_request"}, "vllm": {"kv_transfer_params"}}.get(engine, set())
     functions = {n for n in module.__all__ if inspect.isfunction(getattr(module, n))}
-    assert functions == set(VERBS) | ({"embed_request"} if engine == "sglang" else set())
+    assert functions == set(VERBS) | extra
 
 
 def test_shared_helpers_live_in_one_place() -> None:

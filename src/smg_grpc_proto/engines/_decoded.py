@@ -64,6 +64,11 @@ class DecodedBatch:
     wire_dtypes: Mapping[str, str] = field(default_factory=dict)
     """Each tensor's dtype on the wire (``bfloat16`` arrays are float32 here when ml_dtypes is
     not installed; :meth:`torch` turns them back into ``torch.bfloat16``)."""
+    pixels: bool = True
+    """``False``: the batch carries no encoder input (vLLM: no ``pixel_values``) — the decode
+    side of a disaggregated prefill/decode request, whose KV comes from the prefill worker.
+    ``tensors`` then holds only the side tensors (grid, sizes; none for a hashes-only batch)
+    and the items keep their placeholders, embed masks and hashes."""
 
     @property
     def placeholders(self) -> tuple[tuple[int, int], ...]:

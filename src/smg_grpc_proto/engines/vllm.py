@@ -14,11 +14,20 @@ to ``pixel_values_videos``), zero-copy for inline payloads of a received
 :class:`~smg_grpc_proto.tensors.TensorMessage`, and validates shapes, sizes, grids, placeholder
 ranges and hashes — a bad request raises a :class:`~smg_grpc_proto.errors.MultimodalError` (or
 :class:`~smg_grpc_proto.errors.TensorError`) naming the field and the numbers.
+
+Disaggregated prefill/decode: the decode side receives ``mm_inputs`` without ``pixel_values``
+(hashes, placeholders and the side tensors, e.g. the grid) together with KV transfer params.
+``generate_request(..., pixels=False, kv_transfer_params=...)`` builds it;
+:func:`decode_mm_inputs` accepts it exactly when vLLM's servicer (``smg-grpc-servicer``) does
+— a batch with side tensors but no ``pixel_values`` only when the request carries
+``kv_transfer_params_json`` or ``kv_transfer_params`` (:func:`kv_transfer_params`), a batch
+with neither (hashes only) always — and marks such batches ``DecodedBatch.pixels = False``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,12 +48,12 @@ from smg_grpc_proto.engines._tensors import (
     release_shm,
     unlink_on_failure,
 )
-from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
+from smg_grpc_proto.errors import DisaggregationError, MultimodalError, MultimodalLayoutError
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.tensors import SHM_MIN_BYTES, ShmRead, TensorMessage, Transport
 
-__all__ = ["decode_mm_inputs", "fill_mm_inputs", "generate_request"]
+__all__ = ["decode_mm_inputs", "fill_mm_inputs", "generate_request", "kv_transfer_params"]
 
 _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
 
@@ -59,6 +68,8 @@ def generate_request(
     transport: Transport = "inline",
     dtype: str | None = None,
     shm_min_bytes: int = SHM_MIN_BYTES,
+    pixels: bool = True,
+    kv_transfer_params: Mapping[str, Any] | pb.KvTransferParams | None = None,
 ) -> TensorMessage[pb.GenerateRequest]:
     """A ``GenerateRequest`` for ``input_ids`` holding one anchor token per media item.
 
@@ -67,6 +78,14 @@ def generate_request(
     ``"bfloat16"``); ``transport`` sends it ``"inline"``, through shared memory (``"shm"``) or
     through shared memory from ``shm_min_bytes`` on (``"auto"``). Send the result with
     :func:`smg_grpc_proto.tensors.serialize` as the request serializer (or ``.to_message()``).
+
+    ``kv_transfer_params`` (KV connector params from the prefill worker) goes to
+    ``kv_transfer_params_json`` as JSON when a mapping, to the legacy ``kv_transfer_params``
+    message when a :class:`KvTransferParams`. ``pixels=False`` builds the decode side of a
+    disaggregated request: every batch without ``pixel_values`` (placeholders, hashes, modality,
+    ``im_token_id`` and the side tensors, all inline whatever ``transport``, so no shared memory
+    is used), which requires ``kv_transfer_params`` — without it
+    :class:`~smg_grpc_proto.errors.DisaggregationError` is raised.
     """
     batches = as_media_list(media)
     ids, ranges = expand_placeholders(input_ids, batches)
@@ -74,9 +93,68 @@ def generate_request(
     request.tokenized.input_ids.extend(ids.tolist())
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
+    if isinstance(kv_transfer_params, pb.KvTransferParams):
+        request.kv_transfer_params.CopyFrom(kv_transfer_params)
+    elif kv_transfer_params is not None:
+        try:
+            request.kv_transfer_params_json = json.dumps(dict(kv_transfer_params))
+        except (TypeError, ValueError) as exc:
+            raise DisaggregationError(
+                f"kv_transfer_params is not JSON-serializable: {exc}",
+                field="kv_transfer_params_json",
+            ) from exc
+    if not pixels and batches:
+        _require_kv(request)
     message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)
-    _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
+    _fill(message, batches, ranges, transport, dtype, shm_min_bytes, pixels)
     return message
+
+
+def kv_transfer_params(request: TensorSource[pb.GenerateRequest]) -> dict[str, Any] | None:
+    """The request's KV transfer params as vLLM's servicer reads them (``params_from_request``
+    of ``smg_grpc_servicer.vllm.kv_transfer``): ``kv_transfer_params_json`` when set (it must
+    parse to a JSON object; the legacy field is then not read), else the legacy
+    ``kv_transfer_params`` message as ``{"remote_host", "remote_port"}`` (the host must be set
+    and the port in 1..65535), else ``None``. Malformed params raise
+    :class:`~smg_grpc_proto.errors.DisaggregationError` naming the field."""
+    message: pb.GenerateRequest = request.message if isinstance(request, TensorMessage) else request
+    if message.HasField("kv_transfer_params_json"):
+        try:
+            params = json.loads(message.kv_transfer_params_json)
+        except ValueError as exc:
+            raise DisaggregationError(
+                f"kv_transfer_params_json is not valid JSON: {exc}",
+                field="kv_transfer_params_json",
+            ) from exc
+        if not isinstance(params, dict):
+            raise DisaggregationError(
+                f"kv_transfer_params_json must be a JSON object (got {type(params).__name__})",
+                field="kv_transfer_params_json",
+                actual=type(params).__name__,
+            )
+        return params
+    if message.HasField("kv_transfer_params"):
+        host = message.kv_transfer_params.remote_host
+        port = message.kv_transfer_params.remote_port
+        if not host or not 1 <= port <= 65535:
+            raise DisaggregationError(
+                "kv_transfer_params: remote_host must be set and remote_port must be in "
+                f"[1, 65535] (got {host!r}, {port})",
+                field="kv_transfer_params",
+                actual=(host, port),
+            )
+        return {"remote_host": host, "remote_port": port}
+    return None
+
+
+def _require_kv(request: pb.GenerateRequest) -> None:
+    if kv_transfer_params(request) is None:
+        raise DisaggregationError(
+            "pixels=False builds the decode side of a disaggregated request, which needs the "
+            "prefill worker's KV: pass kv_transfer_params (kv_transfer_params_json or "
+            "kv_transfer_params is not set)",
+            field="kv_transfer_params_json",
+        )
 
 
 def fill_mm_inputs(
@@ -86,19 +164,23 @@ def fill_mm_inputs(
     transport: Transport = "inline",
     dtype: str | None = None,
     shm_min_bytes: int = SHM_MIN_BYTES,
+    pixels: bool = True,
 ) -> None:
     """Fill ``mm_inputs`` (and ``extra_mm_inputs`` for each further modality) of a request
     whose ``tokenized.input_ids`` are expanded already (:func:`expand_placeholders`); the
     placeholder ranges are read from them (:func:`placeholder_ranges`). Options as for
-    :func:`generate_request`; segments written before a failure are unlinked."""
+    :func:`generate_request` (``pixels=False`` needs the request's KV transfer params set
+    already); segments written before a failure are unlinked."""
     batches = as_media_list(media)
     if not batches:
         return
     request = message.message
     if request.HasField("mm_inputs") or request.extra_mm_inputs:
         raise MultimodalError("the request's mm_inputs are filled already", field="mm_inputs")
+    if not pixels:
+        _require_kv(request)
     ranges = placeholder_ranges(request.tokenized.input_ids, batches)
-    _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
+    _fill(message, batches, ranges, transport, dtype, shm_min_bytes, pixels)
 
 
 def _fill(
@@ -108,13 +190,14 @@ def _fill(
     transport: Transport,
     dtype: str | None,
     shm_min_bytes: int,
+    pixels: bool = True,
 ) -> None:
     with unlink_on_failure(message):
         for i, (item, item_ranges) in enumerate(zip(batches, ranges, strict=True)):
             at = "mm_inputs" if i == 0 else f"extra_mm_inputs[{i - 1}]"
             if i > 0:
                 message.message.extra_mm_inputs.add()
-            _fill_batch(message, at, item, item_ranges, transport, dtype, shm_min_bytes)
+            _fill_batch(message, at, item, item_ranges, transport, dtype, shm_min_bytes, pixels)
 
 
 def _fill_batch(
@@ -125,8 +208,11 @@ def _fill_batch(
     transport: Transport,
     dtype: str | None,
     shm_min_bytes: int,
+    pixels: bool = True,
 ) -> None:
-    """Fill the ``MultimodalInputs`` at path ``at`` of ``message`` with one batch."""
+    """Fill the ``MultimodalInputs`` at path ``at`` of ``message`` with one batch; without
+    ``pixels`` everything but the encoder input (``pixel_values``, and the layout naming it),
+    inline."""
     mm: Any = message.message
     for step in at.replace("]", "").split("."):
         name, _, index = step.partition("[")
@@ -134,8 +220,10 @@ def _fill_batch(
     layout = media.layout()
     primary = media.primary_name
     tensors = media.wire_tensors()
-    attach(message, f"{at}.pixel_values", tensors.pop(primary), dtype, transport, shm_min_bytes)
-    side: Transport = "inline" if transport == "inline" else "auto"
+    pixel_values = tensors.pop(primary)
+    if pixels:
+        attach(message, f"{at}.pixel_values", pixel_values, dtype, transport, shm_min_bytes)
+    side: Transport = "inline" if transport == "inline" or not pixels else "auto"
     for name, array in tensors.items():
         attach(message, f"{at}.model_specific_tensors[{name}]", array, None, side, shm_min_bytes)
     wire = {primary: "pixel_values"}  # the primary travels as pixel_values whatever its name
@@ -143,8 +231,13 @@ def _fill_batch(
         sizes_key = "patches_per_video" if media.modality == "video" else "patches_per_image"
         sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
         attach(message, f"{at}.model_specific_tensors[{sizes_key}]", sizes, None, "inline", 0)
-        mm.flat_keys["pixel_values"] = sizes_key
-    mm.batched_keys.extend(wire.get(k, k) for k, kind in layout.items() if kind == "batched")
+        if pixels:
+            mm.flat_keys["pixel_values"] = sizes_key
+    mm.batched_keys.extend(
+        wire.get(k, k)
+        for k, kind in layout.items()
+        if kind == "batched" and (pixels or k != primary)
+    )
     if layout[primary] == "flat":
         # one size per item: batched, as the SMG gateway marks it (vLLM then slices it per item
         # like the grid instead of handing every item the whole tensor)
@@ -173,6 +266,11 @@ def decode_mm_inputs(
     opening unless ``unlink=False``, and mapped read-only (``shm_read="copy"``: copied;
     ``"refuse"``: refused). A refused request's segments are consumed all the same, so a bad
     request leaves nothing behind in ``/dev/shm``.
+
+    A batch without ``pixel_values`` (disaggregated decode side) comes back with
+    ``pixels=False``; one that carries side tensors needs the request's KV transfer params
+    (:func:`kv_transfer_params`), as vLLM's servicer requires, else
+    :class:`~smg_grpc_proto.errors.DisaggregationError` naming its ``pixel_values``.
     """
     message: pb.GenerateRequest = request.message if isinstance(request, TensorMessage) else request
     batches: list[tuple[str, pb.MultimodalInputs]] = []
@@ -216,6 +314,20 @@ def _decode(
         _decoded.check_range_count(field, len(mm.mm_placeholders), ids.shape[0])
         groups.append((field, [(p.offset, p.length) for p in mm.mm_placeholders]))
     _decoded.check_placeholders(groups, ids.shape[0])
+    # vLLM's servicer (smg-grpc-servicer 0.14.1, VllmEngineServicer.Generate): a batch with side
+    # tensors but no pixels is the PD decode side's form and is only decodable with remote KV (a
+    # local recompute would run the encoder with nothing to encode); a batch with neither
+    # (hashes only) takes its cache-salt path and needs none.
+    for at, mm in batches:
+        if not mm.HasField("pixel_values") and mm.model_specific_tensors:
+            if kv_transfer_params(message) is None:
+                raise DisaggregationError(
+                    f"{at}.pixel_values is not set and the request has no kv_transfer_params_json "
+                    "or kv_transfer_params: a batch without its encoder input is the decode side "
+                    "of a disaggregated request and needs the prefill worker's KV",
+                    field=f"{at}.pixel_values",
+                )
+            break
     keys_seen: dict[str, str] = {}
     return tuple(
         _decode_batch(request, at, mm, ranges, ids, keys_seen, merge_size, unlink, shm_read)
@@ -253,14 +365,12 @@ def _decode_batch(
     primary = mm.encoder_input_key if mm.HasField("encoder_input_key") else "pixel_values"
     if not primary:
         raise MultimodalError(f"{at}.encoder_input_key is empty", field=f"{at}.encoder_input_key")
-    if not mm.HasField("pixel_values"):
-        raise MultimodalError(
-            f"{at}.pixel_values is not set: a batch needs its encoder input",
-            field=f"{at}.pixel_values",
+    pixels = mm.HasField("pixel_values")
+    wire: dict[str, npt.NDArray[Any]] = {}
+    if pixels:
+        wire[primary] = read_tensor(
+            request, f"{at}.pixel_values", mm.pixel_values, unlink, shm_read
         )
-    wire: dict[str, npt.NDArray[Any]] = {
-        primary: read_tensor(request, f"{at}.pixel_values", mm.pixel_values, unlink, shm_read)
-    }
     for key in sorted(mm.model_specific_tensors):
         if key == primary:
             raise MultimodalError(
@@ -281,8 +391,13 @@ def _decode_batch(
 
     batched = set(mm.batched_keys)
     flat = dict(mm.flat_keys)
+    if not pixels:
+        # a router that strips the pixels may leave their layout behind (the servicer reads
+        # only the tensors present)
+        batched.discard(primary)
+        flat.pop(primary, None)
     for kind, keys in (
-        ("batched_keys", list(mm.batched_keys)),
+        ("batched_keys", [k for k in mm.batched_keys if k in batched]),
         ("flat_keys", list(flat)),
         ("keep_on_cpu_keys", list(mm.keep_on_cpu_keys)),
     ):
@@ -332,7 +447,7 @@ def _decode_batch(
     for grid_key in _decoded.GRID_KEYS:
         if grid_key in wire:
             patches = sizes.get(primary)
-            if layout[primary] == "shared":
+            if pixels and layout[primary] == "shared":
                 # Without flat_keys every item would get all rows: only one item may.
                 if n > 1:
                     raise MultimodalLayoutError(
@@ -374,4 +489,5 @@ def _decode_batch(
             )
             for k in wire
         },
+        pixels=pixels,
     )

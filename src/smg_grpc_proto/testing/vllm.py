@@ -7,6 +7,10 @@ What it shows an engine maintainer:
   :func:`smg_grpc_proto.engines.vllm.decode_mm_inputs` in a worker thread — inline tensors are
   zero-copy views of the received bytes, shared-memory ones are mapped and unlinked — and turns
   every decoding error into ``INVALID_ARGUMENT`` with the decoder's message.
+* Disaggregated prefill/decode as vLLM's servicer takes it: malformed KV transfer params are
+  refused, and a decode-side batch without ``pixel_values`` is accepted exactly when the
+  request carries KV transfer params (the toy model has no KV to receive: its output follows
+  the placeholders, hashes and side tensors the batch does carry).
 * Responses follow vLLM's servicer: no request id; with ``stream=true`` one chunk per token
   whose ``completion_tokens`` is that chunk's count (a delta), then a ``complete`` repeating
   only the last chunk's tokens; with ``stream=false`` a single ``complete`` with every token.
@@ -21,10 +25,11 @@ from collections.abc import AsyncIterator
 import grpc.aio
 
 from smg_grpc_proto import shm
+from smg_grpc_proto.engines import DecodedBatch
 from smg_grpc_proto.engines import vllm as adapter
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
-from smg_grpc_proto.tensors import TensorMessage
+from smg_grpc_proto.tensors import ShmRead, TensorMessage
 from smg_grpc_proto.testing._base import Context, RejectedRequest, ToyEngineCore, add_service
 from smg_grpc_proto.testing._toy import mm_digest
 
@@ -56,9 +61,7 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
         digest = await self.decode(
             context,
             message.request_id,
-            lambda: adapter.decode_mm_inputs(
-                received, merge_size=merge_size, shm_read=self.shm_read
-            ),
+            lambda: _decode(received, merge_size, self.shm_read),
             mm_digest,
         )
         output = self.model.generate(
@@ -156,6 +159,18 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
         return pb.GetLoadsResponse(
             timestamp=self.timestamp(), version="toy", dp_rank_count=len(loads), loads=loads
         )
+
+
+def _decode(
+    received: pb.GenerateRequest | TensorMessage[pb.GenerateRequest],
+    merge_size: int | None,
+    shm_read: ShmRead | None,
+) -> tuple[DecodedBatch, ...]:
+    """The request's batches; its KV transfer params checked as vLLM's servicer checks them
+    (after decoding, so the request's shared-memory segments are consumed either way)."""
+    batches = adapter.decode_mm_inputs(received, merge_size=merge_size, shm_read=shm_read)
+    adapter.kv_transfer_params(received)
+    return batches
 
 
 def add_to_server(servicer: VllmToyServicer, server: grpc.aio.Server) -> None:
