@@ -500,7 +500,9 @@ impl PyPreprocessor {
     /// `(grid, anchor, embed, tokens)`, the output tensor whose row per image is its grid, the
     /// chat template's anchor token, the token that takes the embeddings, and every token of the
     /// replacement (transformers' spelling). `None` for the other families.
-    fn replacement_spec(&self) -> Option<(&'static str, &'static str, &'static str, Vec<&'static str>)> {
+    fn replacement_spec(
+        &self,
+    ) -> Option<(&'static str, &'static str, &'static str, Vec<&'static str>)> {
         self.inner
             .config()
             .get()

@@ -704,9 +704,7 @@ def placeholder_ranges(
     return out
 
 
-def _find_replacements(
-    ids: npt.NDArray[Any], item: PreparedMedia, m: int
-) -> list[tuple[int, int]]:
+def _find_replacements(ids: npt.NDArray[Any], item: PreparedMedia, m: int) -> list[tuple[int, int]]:
     """Each item's whole replacement, in order, in an expanded prompt; the placeholder tokens
     outside them must be none."""
     ranges: list[tuple[int, int]] = []
