@@ -261,6 +261,18 @@ class Preprocessor:
     def config(self) -> dict[str, Any]:
         """Every key of the configuration and its value (defaults included)."""
 
+    def replacement_spec(self) -> tuple[str, str, str, list[str]] | None:
+        """For a family whose image anchor becomes more than a run of one token (Llama 4):
+        ``(grid, anchor, embed, tokens)`` — the output tensor whose row per image is its grid,
+        the chat template's anchor token, the token that takes the embeddings, and every token
+        of the replacement (transformers' spelling). ``None`` for the other families."""
+
+    def prompt_replacement(
+        self, grid: Sequence[int], token_ids: Sequence[tuple[str, int]]
+    ) -> tuple[list[int], list[bool], int]:
+        """One image's replacement from its grid row: the token ids, which of them take
+        embeddings, and the rows of the primary tensor the image owns."""
+
     def images(
         self,
         images: Sequence[bytes | npt.NDArray[np.uint8]],

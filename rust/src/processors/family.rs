@@ -61,6 +61,50 @@ impl VisionTokens {
     }
 }
 
+/// Token ids by their transformers spelling (`"<|patch|>"` → 200092): what a family whose
+/// prompt replacement is more than a run of one token writes its replacement with.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenIds<'a>(pub &'a [(String, u32)]);
+
+impl TokenIds<'_> {
+    /// The id of `token`, or a configuration error naming it.
+    pub fn get(&self, token: &'static str) -> Result<u32, ProcessorError> {
+        self.0
+            .iter()
+            .find(|(name, _)| name == token)
+            .map(|&(_, id)| id)
+            .ok_or_else(|| ProcessorError::Config {
+                field: "token_ids",
+                expected: format!("the id of {token}"),
+                actual: "none given".to_owned(),
+            })
+    }
+}
+
+/// How a family's images take their place in the prompt when each anchor is replaced by more
+/// than a run of one token (Llama 4's tiles with separators, …): what
+/// [`FamilyConfig::prompt_replacement`] needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplacementSpec {
+    /// The output tensor whose row per image is the image's grid (Llama 4: `aspect_ratios`).
+    pub grid: &'static str,
+    /// The token the chat template writes once per image (Llama 4: `<|image|>`).
+    pub anchor: &'static str,
+    /// The token whose positions take the encoder's embeddings (Llama 4: `<|patch|>`).
+    pub embed: &'static str,
+    /// Every token the replacement is made of, the anchor and embed tokens included.
+    pub tokens: &'static [&'static str],
+}
+
+/// One image's prompt replacement: its tokens, which of them take encoder embeddings (vLLM's
+/// `PlaceholderRange.is_embed`), and the rows of the primary tensor the image owns (tiles).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replacement {
+    pub tokens: Vec<u32>,
+    pub embed: Vec<bool>,
+    pub rows: usize,
+}
+
 /// What a family is to transformers' `preprocessor_config.json`: the classes that name it and
 /// how its keys read. Each family's module declares one, named by its registry line.
 #[derive(Clone, Copy, Debug)]
@@ -152,6 +196,24 @@ pub trait FamilyConfig: fmt::Debug + Send + Sync {
 
     /// Placeholder tokens per video of `outputs`; `None` for a family without videos.
     fn video_tokens(&self, _outputs: &Outputs) -> Option<Vec<i64>> {
+        None
+    }
+
+    /// The family's prompt replacement rule, when an image's anchor becomes more than a run of
+    /// one token (tiled families); `None` for a run of [`image_tokens`](Self::image_tokens)
+    /// copies of the anchor.
+    fn replacement_spec(&self) -> Option<ReplacementSpec> {
+        None
+    }
+
+    /// One image's replacement from its grid (its row of [`ReplacementSpec::grid`]), exactly as
+    /// the family's transformers processor writes it; `None` without a
+    /// [`replacement_spec`](Self::replacement_spec).
+    fn prompt_replacement(
+        &self,
+        _grid: &[i64],
+        _ids: &TokenIds<'_>,
+    ) -> Option<Result<Replacement, ProcessorError>> {
         None
     }
 }

@@ -22,7 +22,9 @@
 //! `patch_size` (14) and `pixel_shuffle_ratio` (0.5) are `Llama4Processor`'s; they count the
 //! `<|patch|>` tokens per tile, `(s / patch)² / round(1 / ratio²)`, and change no pixel.
 
-use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
+use super::family::{
+    i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
+};
 use super::normalize::Normalize;
 use super::torch_backend::{self as tb, bf16_table, Table};
 use super::value::{as_bool, as_count, as_float, as_hw, hf_keys, hw_value, Common, Value, HALF};
@@ -187,6 +189,91 @@ impl FamilyConfig for Llama4Config {
                 .collect(),
         )
     }
+
+    fn replacement_spec(&self) -> Option<ReplacementSpec> {
+        Some(REPLACEMENT)
+    }
+
+    fn prompt_replacement(
+        &self,
+        grid: &[i64],
+        ids: &TokenIds<'_>,
+    ) -> Option<Result<Replacement, ProcessorError>> {
+        Some(prompt_replacement(self, grid, ids))
+    }
+}
+
+/// `Llama4Processor`'s tokens: `<|image|>` is the chat template's anchor (`fake_image_token`)
+/// and the global tile's marker; `<|patch|>` (`image_token_index` of `config.json`) the
+/// positions that take the vision embeddings.
+pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
+    grid: "aspect_ratios",
+    anchor: "<|image|>",
+    embed: "<|patch|>",
+    tokens: &[
+        "<|image_start|>",
+        "<|image_end|>",
+        "<|image|>",
+        "<|patch|>",
+        "<|tile_x_separator|>",
+        "<|tile_y_separator|>",
+    ],
+};
+
+/// `Llama4Processor._prompt_split_image(aspect_ratio, tokens_per_tile)`: `<|image_start|>`;
+/// for an image of more than one tile, per tile row its tiles' `<|patch|>` runs separated by
+/// `<|tile_x_separator|>` and ended by `<|tile_y_separator|>`; then `<|image|>` and the global
+/// tile's `<|patch|>` run; `<|image_end|>`. Only the `<|patch|>` positions take embeddings
+/// (vLLM: `PromptUpdateDetails.select_text(repl, "<|patch|>")`). The image's rows of
+/// `pixel_values` are its tiles plus the global tile when it has more than one.
+pub fn prompt_replacement(
+    config: &Llama4Config,
+    grid: &[i64],
+    ids: &TokenIds<'_>,
+) -> Result<Replacement, ProcessorError> {
+    let (rows, cols) = match grid {
+        &[r, c] if r >= 1 && c >= 1 && (r as u64) * (c as u64) <= MAX_PATCHES as u64 => {
+            (r as usize, c as usize)
+        }
+        _ => {
+            return Err(ProcessorError::Config {
+                field: "aspect_ratios",
+                expected: format!("two tile counts of at most {MAX_PATCHES} tiles in all"),
+                actual: format!("{grid:?}"),
+            })
+        }
+    };
+    let start = ids.get("<|image_start|>")?;
+    let end = ids.get("<|image_end|>")?;
+    let image = ids.get("<|image|>")?;
+    let patch = ids.get("<|patch|>")?;
+    let tile_x = ids.get("<|tile_x_separator|>")?;
+    let tile_y = ids.get("<|tile_y_separator|>")?;
+    let per_tile = tokens_per_tile(config);
+    let tiles = rows * cols;
+    let mut tokens = Vec::with_capacity((tiles + 1) * (per_tile + 1) + rows + 3);
+    let push_run = |tokens: &mut Vec<u32>| tokens.extend(std::iter::repeat_n(patch, per_tile));
+    tokens.push(start);
+    if tiles > 1 {
+        for _ in 0..rows {
+            for x in 0..cols {
+                push_run(&mut tokens);
+                if x + 1 < cols {
+                    tokens.push(tile_x);
+                }
+            }
+            tokens.push(tile_y);
+        }
+    }
+    tokens.push(image);
+    push_run(&mut tokens);
+    tokens.push(end);
+    let embed = tokens.iter().map(|&t| t == patch).collect();
+    Ok(Replacement {
+        tokens,
+        embed,
+        rows: if tiles > 1 { tiles + 1 } else { 1 },
+    })
 }
 
 /// `find_supported_resolutions(max_patches, tile)`: canvases `(height, width)` in transformers'
@@ -496,5 +583,31 @@ mod tests {
         let docs = [(224, 672), (672, 224), (224, 448), (448, 224), (224, 224)];
         assert_eq!(best_fit(200, 300, &docs, false), (224, 448));
         assert_eq!(tokens_per_tile(&Llama4Config::llama4()), 144);
+    }
+
+    #[test]
+    fn replacement_as_llama4_processor() {
+        let names = REPLACEMENT.tokens;
+        let owned: Vec<(String, u32)> = names
+            .iter()
+            .zip([1, 2, 3, 4, 5, 6])
+            .map(|(n, i)| (n.to_string(), i))
+            .collect();
+        let ids = TokenIds(&owned);
+        let config = Llama4Config::llama4();
+        let one = prompt_replacement(&config, &[1, 1], &ids).unwrap();
+        assert_eq!(one.tokens.len(), 147);
+        assert_eq!((one.tokens[0], one.tokens[1], one.tokens[146]), (1, 3, 2));
+        assert_eq!(one.embed.iter().filter(|&&e| e).count(), 144);
+        assert_eq!(one.rows, 1);
+        // 2 rows of 3 tiles: 6 runs, 2 x-separators per row, one y-separator per row, global.
+        let six = prompt_replacement(&config, &[2, 3], &ids).unwrap();
+        assert_eq!(six.tokens.len(), 1 + 6 * 144 + 4 + 2 + 1 + 144 + 1);
+        assert_eq!(six.tokens[1 + 144], 5);
+        assert_eq!(six.tokens[1 + 3 * 144 + 2], 6);
+        assert_eq!(six.embed.iter().filter(|&&e| e).count(), 7 * 144);
+        assert_eq!(six.rows, 7);
+        assert!(prompt_replacement(&config, &[0, 1], &ids).is_err());
+        assert!(prompt_replacement(&config, &[1, 1], &TokenIds(&[])).is_err());
     }
 }

@@ -14,6 +14,7 @@ use pyo3::IntoPyObjectExt;
 use super::array::{is_ndarray, ImageArray};
 use super::errors::{self, processor_error, Class};
 use crate::memory::recycle;
+use crate::processors::family::TokenIds;
 use crate::processors::qwen::Patches;
 use crate::processors::value::{BadSize, Raw};
 use crate::processors::{
@@ -490,6 +491,47 @@ impl PyPreprocessor {
             out.set_item(key, value_to_py(py, &value)?)?;
         }
         Ok(out)
+    }
+
+    /// replacement_spec() -> tuple[str, str, str, list[str]] | None
+    /// --
+    ///
+    /// For a family whose image anchor becomes more than a run of one token (Llama 4):
+    /// `(grid, anchor, embed, tokens)`, the output tensor whose row per image is its grid, the
+    /// chat template's anchor token, the token that takes the embeddings, and every token of the
+    /// replacement (transformers' spelling). `None` for the other families.
+    fn replacement_spec(
+        &self,
+    ) -> Option<(&'static str, &'static str, &'static str, Vec<&'static str>)> {
+        self.inner
+            .config()
+            .get()
+            .replacement_spec()
+            .map(|s| (s.grid, s.anchor, s.embed, s.tokens.to_vec()))
+    }
+
+    /// prompt_replacement(grid, token_ids) -> tuple[list[int], list[bool], int]
+    /// --
+    ///
+    /// One image's replacement from its grid row: the token ids, which take embeddings, and the
+    /// rows of the primary tensor the image owns. `token_ids` maps the spec's tokens to ids.
+    /// Raises `ProcessorConfigError` for a bad grid or a missing id, `ValueError` for a family
+    /// without a replacement rule.
+    fn prompt_replacement(
+        &self,
+        py: Python<'_>,
+        grid: Vec<i64>,
+        token_ids: Vec<(String, u32)>,
+    ) -> PyResult<(Vec<u32>, Vec<bool>, usize)> {
+        let ids = TokenIds(&token_ids);
+        match self.inner.config().get().prompt_replacement(&grid, &ids) {
+            Some(Ok(r)) => Ok((r.tokens, r.embed, r.rows)),
+            Some(Err(e)) => Err(processor_error(py, &e)),
+            None => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{}: the prompt replacement is a run of the placeholder token",
+                self.inner.family().name()
+            ))),
+        }
     }
 
     /// images(images, threads, apply_exif, alpha, max_pixels) -> list[tuple[str, Tensor]]

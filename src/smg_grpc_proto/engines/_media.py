@@ -14,7 +14,7 @@ import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,12 +57,64 @@ _DEFAULT_TOKENS: dict[str, tuple[int, int | None]] = {
     "llava_next": (32000, None),
 }
 
+# The special tokens of the published checkpoints of the families whose prompt replacement is
+# more than a run of one token (see ``_native.Preprocessor.replacement_spec``), by their
+# transformers spelling. Llama 4 Scout/Maverick: LLAMA4_VISION_SPECIAL_TOKENS start at 200080
+# (transformers' convert_llama4_weights_to_hf.py; Llama4Config's boi 200080, eoi 200081,
+# image_token_index 200092).
+_DEFAULT_NAMED_TOKENS: dict[str, dict[str, int]] = {
+    "llama4": {
+        "<|image_start|>": 200080,
+        "<|image_end|>": 200081,
+        "<|tile_x_separator|>": 200084,
+        "<|tile_y_separator|>": 200085,
+        "<|image|>": 200090,
+        "<|patch|>": 200092,
+    },
+}
+
 # The vision tower of the published LLaVA-1.5 / LLaVA-NeXT checkpoints (processor_config.json):
 # CLIP ViT-L/14 with a CLS token that the "default" strategy drops (576 tokens at 336 px).
 _DEFAULT_VISION_TOKENS: dict[str, VisionTokens] = {
     "llava": VisionTokens(14, 1, "default"),
     "llava_next": VisionTokens(14, 1, "default"),
 }
+
+
+def _added_tokens(directory: Path, names: Sequence[str]) -> dict[str, int]:
+    """The ids of ``names`` among the tokenizer's added tokens: ``tokenizer.json``'s
+    ``added_tokens`` and ``tokenizer_config.json``'s ``added_tokens_decoder`` (the first wins)."""
+    found: dict[str, int] = {}
+    wanted = set(names)
+    for file, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "decoder")):
+        path = directory / file
+        if not path.is_file():
+            continue
+        with open(path, encoding="utf-8") as f:
+            loaded = json.load(f)
+        if not isinstance(loaded, dict):
+            continue
+        entries: list[tuple[Any, Any]] = []
+        if key == "added_tokens" and isinstance(loaded.get("added_tokens"), list):
+            entries = [
+                (t.get("content"), t.get("id"))
+                for t in loaded["added_tokens"]
+                if isinstance(t, dict)
+            ]
+        elif key == "decoder" and isinstance(loaded.get("added_tokens_decoder"), dict):
+            for index, t in loaded["added_tokens_decoder"].items():
+                content = t.get("content") if isinstance(t, dict) else None
+                entries.append((content, int(index) if str(index).isdigit() else None))
+        for content, token_id in entries:
+            if (
+                content in wanted
+                and content not in found
+                and isinstance(token_id, int)
+                and not isinstance(token_id, bool)
+                and token_id >= 0
+            ):
+                found[content] = token_id
+    return found
 
 
 def _config_int(config: Mapping[str, Any], *names: str) -> int | None:
@@ -79,15 +131,24 @@ class VisionModel:
     """A vision-language model as the gateway sees it: its image processor and the token ids
     that stand for its media in the prompt.
 
-    ``image_token_id`` is the anchor the chat template writes once per image (Qwen
-    ``<|image_pad|>`` 151655, LLaVA ``<image>`` 32000) and the token the expanded run is made
-    of; ``video_token_id`` the same for videos (Qwen ``<|video_pad|>`` 151656).
+    ``image_token_id`` is the token whose positions take the image embeddings: for most
+    families also the anchor the chat template writes once per image (Qwen ``<|image_pad|>``
+    151655, LLaVA ``<image>`` 32000) and the token the expanded run is made of;
+    ``video_token_id`` the same for videos (Qwen ``<|video_pad|>`` 151656).
+
+    A family whose anchor becomes more than a run of one token (Llama 4: ``<|image|>`` becomes
+    ``<|image_start|>``, the tiles' ``<|patch|>`` runs and separators, ``<|image|>``, the global
+    tile's run, ``<|image_end|>``) writes its replacement with ``token_ids`` (its special tokens
+    by name; the rule is the Rust family's, ``replacement_spec``); ``image_token_id`` is then
+    the embedding token (Llama 4 ``<|patch|>``, ``config.json``'s ``image_token_index``).
     """
 
     processor: ImageProcessor
     image_token_id: int
     video_token_id: int | None = None
     model_type: str = ""
+    token_ids: Mapping[str, int] = field(default_factory=dict)
+    """The special tokens the family's prompt replacement is written with, by name."""
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike[str], **kwargs: Any) -> VisionModel:
@@ -96,6 +157,7 @@ class VisionModel:
         ``kwargs`` go to :class:`~smg_grpc_proto.vision.ImageProcessor`."""
         directory = Path(model_dir)
         processor = ImageProcessor.from_pretrained(directory, **kwargs)
+        spec = processor._native.replacement_spec()
         if processor.vision_tokens is None and processor.family in _DEFAULT_VISION_TOKENS:
             kwargs["vision_tokens"] = _DEFAULT_VISION_TOKENS[processor.family]
             processor = ImageProcessor.from_pretrained(directory, **kwargs)
@@ -106,6 +168,19 @@ class VisionModel:
             if isinstance(loaded, dict):
                 config = loaded
         defaults = _DEFAULT_TOKENS.get(processor.family, (None, None))
+        named: dict[str, int] = {}
+        if spec is not None:
+            named = _added_tokens(directory, spec[3])
+            missing = [t for t in spec[3] if t not in named]
+            fallback = _DEFAULT_NAMED_TOKENS.get(processor.family, {})
+            if any(t not in fallback for t in missing):
+                raise MultimodalError(
+                    f"{directory}: the tokenizer (tokenizer.json added_tokens, "
+                    f"tokenizer_config.json added_tokens_decoder) has no id for {missing}",
+                    field="token_ids",
+                )
+            named.update({t: fallback[t] for t in missing})
+            defaults = (named[spec[2]], None)
         image = _config_int(config, "image_token_id", "image_token_index")
         image = image if image is not None else defaults[0]
         if image is None:
@@ -115,11 +190,14 @@ class VisionModel:
                 field="image_token_id",
             )
         video = _config_int(config, "video_token_id", "video_token_index")
+        if spec is not None:
+            named[spec[2]] = image  # config.json's image_token_index is the embedding token
         return cls(
             processor,
             image,
             video if video is not None else defaults[1],
             str(config.get("model_type", "")),
+            named,
         )
 
     @classmethod
@@ -130,17 +208,32 @@ class VisionModel:
         config: Mapping[str, Any] | None = None,
         image_token_id: int | None = None,
         video_token_id: int | None = None,
+        token_ids: Mapping[str, int] | None = None,
         **kwargs: Any,
     ) -> VisionModel:
         """The family's class defaults and, unless given, its published checkpoints' token ids
-        (Qwen2/2.5/3-VL 151655/151656, LLaVA and LLaVA-NeXT 32000) and, for LLaVA and
+        (Qwen2/2.5/3-VL 151655/151656, LLaVA and LLaVA-NeXT 32000, Llama 4 Scout/Maverick's
+        ``<|image_start|>`` 200080 … ``<|patch|>`` 200092 as ``token_ids``) and, for LLaVA and
         LLaVA-NeXT, their vision tower's token rule (patch 14, one CLS token dropped). CLIP and
         SigLIP towers need ``image_token_id`` and ``vision_tokens``. ``config`` overrides
         transformers config keys; ``kwargs`` go to
         :class:`~smg_grpc_proto.vision.ImageProcessor`."""
         if family in _DEFAULT_VISION_TOKENS:
             kwargs.setdefault("vision_tokens", _DEFAULT_VISION_TOKENS[family])
+        processor = ImageProcessor(family, config, **kwargs)
+        spec = processor._native.replacement_spec()
         defaults = _DEFAULT_TOKENS.get(family, (None, None))
+        named: dict[str, int] = {}
+        if spec is not None:
+            named = {**_DEFAULT_NAMED_TOKENS.get(family, {}), **(token_ids or {})}
+            if image_token_id is not None:
+                named[spec[2]] = image_token_id
+            missing = [t for t in spec[3] if t not in named]
+            if missing:
+                raise MultimodalError(
+                    f"family {family!r}: no id for {missing}; pass token_ids", field="token_ids"
+                )
+            defaults = (named[spec[2]], None)
         image = image_token_id if image_token_id is not None else defaults[0]
         if image is None:
             raise MultimodalError(
@@ -148,7 +241,7 @@ class VisionModel:
                 field="image_token_id",
             )
         video = video_token_id if video_token_id is not None else defaults[1]
-        return cls(ImageProcessor(family, config, **kwargs), image, video, family)
+        return cls(processor, image, video, family, named)
 
     @property
     def family(self) -> Family:
@@ -199,6 +292,29 @@ class VisionModel:
                 "give the processor VisionTokens (processor_config.json)",
                 field="vision_tokens",
             )
+        spec = self.processor._native.replacement_spec() if modality == "image" else None
+        anchor: int | None = None
+        replacements: tuple[tuple[npt.NDArray[np.uint32], npt.NDArray[np.bool_]], ...] = ()
+        rows: tuple[int, ...] = ()
+        if spec is not None:
+            grid_name, anchor_name, _, names = spec
+            grids = getattr(output.ready, grid_name)
+            if grids is None:
+                raise MultimodalError(f"{self.family}: no {grid_name} output", field=grid_name)
+            ids = {n: self.token_ids[n] for n in names if n in self.token_ids}
+            ids[spec[2]] = token
+            anchor = ids.get(anchor_name)
+            made = [
+                self.processor._native.prompt_replacement(
+                    [int(v) for v in row], sorted(ids.items())
+                )
+                for row in np.asarray(grids).reshape(len(items), -1).tolist()
+            ]
+            replacements = tuple(
+                (np.asarray(t, dtype=np.uint32), np.asarray(e, dtype=np.bool_)) for t, e, _ in made
+            )
+            rows = tuple(r for _, _, r in made)
+            counts = tuple(int(e.sum()) for _, e in replacements)
         return PreparedMedia(
             processed=output,
             modality=modality,
@@ -207,6 +323,9 @@ class VisionModel:
             hashes=digests,
             family=self.family,
             encoded=raw,
+            anchor_id=anchor,
+            replacements=replacements,
+            item_rows=rows,
         )
 
     @functools.cached_property
@@ -255,6 +374,16 @@ class PreparedMedia:
     family: str
     encoded: tuple[bytes | None, ...] = ()
     """The encoded file per item when the input was one (TensorRT-LLM, SGLang's image_data)."""
+    anchor_id: int | None = None
+    """The prompt's anchor per item when it is not :attr:`token_id` (Llama 4 ``<|image|>``)."""
+    replacements: tuple[tuple[npt.NDArray[np.uint32], npt.NDArray[np.bool_]], ...] = ()
+    """Per item, the tokens its anchor becomes and which of them take embeddings, when that is
+    more than a run of :attr:`token_id` (Llama 4); empty otherwise. :attr:`token_counts` are
+    then the embedding positions per item."""
+    item_rows: tuple[int, ...] = ()
+    """Per item, its rows of the primary tensor when they are not one per item and no grid
+    gives them (Llama 4: its tiles, plus the global tile); they travel as
+    ``patches_per_image``."""
 
     @classmethod
     def from_output(
@@ -296,6 +425,14 @@ class PreparedMedia:
                 f"the processor output has no {self.modality} tensors", field="output"
             )
         n = len(self.token_counts)
+        for name, values in (("replacements", self.replacements), ("item_rows", self.item_rows)):
+            if values and len(values) != n:
+                raise MultimodalLayoutError(
+                    f"{name}: {len(values)} entries for {n} items",
+                    field=name,
+                    expected=n,
+                    actual=len(values),
+                )
         layout = self.layout()
         for name, array in wire.items():
             if layout[name] == "batched" and array.shape[0] != n:
@@ -341,13 +478,29 @@ class PreparedMedia:
             return dict(self.tensors())
         computed = {k: v for k, v in processed.ready.tensors().items() if k in self._names}
         pending = {k: v for k, v in processed.pending.items() if k in self._names}
-        return {**pending, **computed}
+        return {**pending, **computed, **self._sizes_tensor()}
+
+    def _sizes_tensor(self) -> dict[str, npt.NDArray[np.int64]]:
+        """``patches_per_image`` (one entry per item) when :attr:`item_rows` are set."""
+        if not self.item_rows:
+            return {}
+        return {self.sizes_name: np.asarray(self.item_rows, dtype=np.int64)}
+
+    @property
+    def sizes_name(self) -> str:
+        """The sizes tensor of a flat primary tensor (vLLM's ``flat_keys`` value)."""
+        return "patches_per_video" if self.modality == "video" else "patches_per_image"
+
+    @property
+    def anchor(self) -> int:
+        """The token the prompt holds once per item before expansion."""
+        return self.token_id if self.anchor_id is None else self.anchor_id
 
     @property
     def _names(self) -> tuple[str, ...]:
         if self.modality == "video":
             return ("pixel_values_videos", "video_grid_thw")
-        return ("pixel_values", "image_grid_thw", "image_sizes")
+        return ("pixel_values", "image_grid_thw", "image_sizes", "aspect_ratios")
 
     @property
     def count(self) -> int:
@@ -372,20 +525,26 @@ class PreparedMedia:
         return value
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
-        """The primary tensor and its side tensors for this modality."""
-        return {k: v for k, v in self.output.tensors().items() if k in self._names}
+        """The primary tensor and its side tensors for this modality (and ``patches_per_image``
+        when :attr:`item_rows` are set)."""
+        named = {k: v for k, v in self.output.tensors().items() if k in self._names}
+        return {**named, **self._sizes_tensor()}
 
     def layout(self) -> dict[str, Layout]:
         """How each tensor splits into items: Qwen's patches are flat (rows per item from the
-        grid), everything else has one entry per item on dim 0."""
-        grid = self.grid_name
+        grid), Llama 4's tiles too (rows per item from :attr:`item_rows`); everything else has
+        one entry per item on dim 0."""
+        flat = self.grid_name is not None or bool(self.item_rows)
         return {
-            name: ("flat" if grid is not None and name == self.primary_name else "batched")
+            name: ("flat" if flat and name == self.primary_name else "batched")
             for name in self.wire_tensors()
         }
 
     def flat_sizes(self) -> tuple[int, ...]:
-        """Rows of the primary tensor per item (Qwen: ``t * h * w`` of each grid row)."""
+        """Rows of the primary tensor per item (Qwen: ``t * h * w`` of each grid row; Llama 4:
+        :attr:`item_rows`)."""
+        if self.item_rows:
+            return self.item_rows
         grid = self.grid_name
         if grid is None:
             return tuple(1 for _ in range(self.count))
@@ -399,7 +558,8 @@ class PreparedMedia:
             raise IndexError(f"item {index} of {self.count}")
         layout = self.layout()
         out: dict[str, npt.NDArray[Any]] = {}
-        starts = np.concatenate([[0], np.cumsum(self.flat_sizes())]) if self.grid_name else None
+        flat = self.grid_name is not None or bool(self.item_rows)
+        starts = np.concatenate([[0], np.cumsum(self.flat_sizes())]) if flat else None
         for name, array in self.tensors().items():
             if layout[name] == "flat" and starts is not None:
                 out[name] = array[int(starts[index]) : int(starts[index + 1])]
@@ -412,11 +572,14 @@ def expand_placeholders(
     input_ids: Sequence[int] | npt.NDArray[Any],
     media: Sequence[PreparedMedia],
 ) -> tuple[npt.NDArray[np.uint32], list[list[tuple[int, int]]]]:
-    """Replace each item's anchor token by its run of placeholder tokens.
+    """Replace each item's anchor token by its run of placeholder tokens (or, for a family with
+    a replacement rule, by its :attr:`PreparedMedia.replacements` tokens).
 
-    The prompt must hold exactly one ``media.token_id`` per item of each media, in item order.
-    Returns the expanded ids and, per media, one ``(offset, length)`` range per item covering
-    exactly the run (Qwen's ``<|vision_start|>``/``<|vision_end|>`` stay outside it).
+    The prompt must hold exactly one anchor (:attr:`PreparedMedia.anchor`) per item of each
+    media, in item order. Returns the expanded ids and, per media, one ``(offset, length)``
+    range per item covering exactly the run (Qwen's ``<|vision_start|>``/``<|vision_end|>``
+    stay outside it) or the whole replacement (Llama 4: ``<|image_start|>`` … ``<|image_end|>``,
+    as vLLM's ``PlaceholderRange``; its embed mask is the ``<|patch|>`` positions).
     """
     ids = np.asarray(input_ids)
     if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
@@ -436,30 +599,38 @@ def expand_placeholders(
     positions: list[npt.NDArray[np.intp]] = []
     seen: dict[int, int] = {}
     for m, item in enumerate(media):
-        if item.token_id in seen:
+        anchor = item.anchor
+        if anchor in seen:
             raise PlaceholderError(
-                f"media[{m}] and media[{seen[item.token_id]}] share the placeholder token "
-                f"{item.token_id}; pass the items of one modality as one PreparedMedia",
+                f"media[{m}] and media[{seen[anchor]}] share the placeholder token "
+                f"{anchor}; pass the items of one modality as one PreparedMedia",
                 field=f"media[{m}].token_id",
-                actual=item.token_id,
+                actual=anchor,
             )
-        seen[item.token_id] = m
-        where = np.flatnonzero(ids == item.token_id)
+        seen[anchor] = m
+        where = np.flatnonzero(ids == anchor)
         if where.shape[0] != item.count:
             raise PlaceholderError(
                 f"input_ids hold {where.shape[0]} {item.modality} anchor token(s) "
-                f"({item.token_id}) but media[{m}] has {item.count} item(s); the prompt needs "
+                f"({anchor}) but media[{m}] has {item.count} item(s); the prompt needs "
                 "exactly one anchor per item",
                 field="input_ids",
                 expected=item.count,
                 actual=int(where.shape[0]),
             )
-        repeats[where] = np.asarray(item.token_counts, dtype=np.int64)
+        if item.replacements:
+            repeats[where] = [len(tokens) for tokens, _ in item.replacements]
+        else:
+            repeats[where] = np.asarray(item.token_counts, dtype=np.int64)
         positions.append(where)
     if np.any(repeats < 1):
         raise PlaceholderError("a token count below 1", field="token_counts")
     expanded = np.repeat(ids, repeats).astype(np.uint32)
     starts = np.concatenate([[0], np.cumsum(repeats)[:-1]]) if ids.size else repeats
+    for item, where in zip(media, positions, strict=True):
+        for (tokens, _), p in zip(item.replacements, where.tolist(), strict=False):
+            begin = int(starts[p])
+            expanded[begin : begin + tokens.shape[0]] = tokens
     ranges = [[(int(starts[p]), int(repeats[p])) for p in where.tolist()] for where in positions]
     return expanded, ranges
 
@@ -472,7 +643,8 @@ def placeholder_ranges(
     :func:`expand_placeholders`, for a request whose ``input_ids`` were expanded already.
 
     Per media, one ``(offset, length)`` per item: the item's run of ``token_counts[i]``
-    consecutive ``token_id`` tokens, items in prompt order. Any other number of placeholder
+    consecutive ``token_id`` tokens, items in prompt order (for a family with a replacement
+    rule, the next occurrence of the item's whole replacement). Any other number of placeholder
     tokens, or a run split by other tokens, is a :class:`PlaceholderError` naming the numbers.
     """
     ids = np.asarray(input_ids)
@@ -493,6 +665,9 @@ def placeholder_ranges(
                 actual=item.token_id,
             )
         seen[item.token_id] = m
+        if item.replacements:
+            out.append(_find_replacements(ids, item, m))
+            continue
         where = np.flatnonzero(ids == item.token_id)
         total = sum(item.token_counts)
         if where.shape[0] != total:
@@ -527,6 +702,45 @@ def placeholder_ranges(
             start += count
         out.append(ranges)
     return out
+
+
+def _find_replacements(ids: npt.NDArray[Any], item: PreparedMedia, m: int) -> list[tuple[int, int]]:
+    """Each item's whole replacement, in order, in an expanded prompt; the placeholder tokens
+    outside them must be none."""
+    ranges: list[tuple[int, int]] = []
+    cursor = 0
+    for i, (tokens, _) in enumerate(item.replacements):
+        length = int(tokens.shape[0])
+        starts = np.flatnonzero(ids[cursor:] == tokens[0]) + cursor
+        hit = next(
+            (
+                int(s)
+                for s in starts.tolist()
+                if s + length <= ids.shape[0] and np.array_equal(ids[s : s + length], tokens)
+            ),
+            None,
+        )
+        if hit is None:
+            raise PlaceholderError(
+                f"media[{m}] item {i}: its {length}-token replacement does not occur in "
+                f"input_ids from offset {cursor}; the prompt must be expanded "
+                "(expand_placeholders) with the same images",
+                field="input_ids",
+                expected=length,
+                actual=0,
+            )
+        ranges.append((hit, length))
+        cursor = hit + length
+    total = int(np.count_nonzero(ids == item.token_id))
+    if total != sum(item.token_counts):
+        raise PlaceholderError(
+            f"input_ids hold {total} {item.modality} placeholder token(s) ({item.token_id}) "
+            f"but media[{m}]'s {item.count} item(s) take {sum(item.token_counts)}",
+            field="input_ids",
+            expected=sum(item.token_counts),
+            actual=total,
+        )
+    return ranges
 
 
 def content_hash(hex_digest: str) -> bytes:

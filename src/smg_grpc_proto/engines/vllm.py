@@ -3,7 +3,7 @@
 Gateway side, :func:`generate_request` fills a ``GenerateRequest``: expanded ``input_ids``,
 ``mm_inputs`` (and ``extra_mm_inputs`` for a second modality) with ``pixel_values``, the side
 tensors in ``model_specific_tensors``, ``mm_placeholders`` covering only each placeholder run,
-``mm_hashes`` (blake3 hex), ``batched_keys``, ``flat_keys`` (Qwen: ``pixel_values`` ->
+``mm_hashes`` (blake3 hex), ``batched_keys``, ``flat_keys`` (Qwen and Llama 4: ``pixel_values`` ->
 ``patches_per_image``), ``keep_on_cpu_keys``, ``modality`` and ``im_token_id``;
 :func:`fill_mm_inputs` fills the same fields of a request built elsewhere whose ``input_ids``
 are expanded already.
@@ -227,10 +227,13 @@ def _fill_batch(
     for name, array in tensors.items():
         attach(message, f"{at}.model_specific_tensors[{name}]", array, None, side, shm_min_bytes)
     wire = {primary: "pixel_values"}  # the primary travels as pixel_values whatever its name
+    sizes_key = media.sizes_name
+    sized = sizes_key in layout  # the media carries its sizes tensor (Llama 4)
     if layout[primary] == "flat":
-        sizes_key = "patches_per_video" if media.modality == "video" else "patches_per_image"
-        sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
-        attach(message, f"{at}.model_specific_tensors[{sizes_key}]", sizes, None, "inline", 0)
+        if not sized:
+            sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
+            path = f"{at}.model_specific_tensors[{sizes_key}]"
+            attach(message, path, sizes, None, "inline", 0)
         if pixels:
             mm.flat_keys["pixel_values"] = sizes_key
     mm.batched_keys.extend(
@@ -238,7 +241,7 @@ def _fill_batch(
         for k, kind in layout.items()
         if kind == "batched" and (pixels or k != primary)
     )
-    if layout[primary] == "flat":
+    if layout[primary] == "flat" and not sized:
         # one size per item: batched, as the SMG gateway marks it (vLLM then slices it per item
         # like the grid instead of handing every item the whole tensor)
         mm.batched_keys.append(sizes_key)
