@@ -515,8 +515,8 @@ impl PyPreprocessor {
     ///
     /// One image's replacement from its grid row: the token ids, which take embeddings, and the
     /// rows of the primary tensor the image owns. `token_ids` maps the spec's tokens to ids.
-    /// Raises `ProcessorConfigError` for a bad grid or a missing id, `ValueError` for a family
-    /// without a replacement rule.
+    /// Raises `ProcessorConfigError` for a bad grid, a missing id, or a family without a
+    /// replacement rule.
     fn prompt_replacement(
         &self,
         py: Python<'_>,
@@ -527,10 +527,17 @@ impl PyPreprocessor {
         match self.inner.config().get().prompt_replacement(&grid, &ids) {
             Some(Ok(r)) => Ok((r.tokens, r.embed, r.rows)),
             Some(Err(e)) => Err(processor_error(py, &e)),
-            None => Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "{}: the prompt replacement is a run of the placeholder token",
-                self.inner.family().name()
-            ))),
+            None => Err(errors::raise(
+                py,
+                Class::ProcessorConfig,
+                &format!(
+                    "{}: the prompt replacement is a run of the placeholder token",
+                    self.inner.family().name()
+                ),
+                "family",
+                "a family with a structured prompt replacement",
+                self.inner.family().name(),
+            )),
         }
     }
 
