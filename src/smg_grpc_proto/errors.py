@@ -49,6 +49,9 @@ __all__ = [
 class SmgProtoError(Exception):
     """Base class of every exception raised by smg-grpc-proto."""
 
+    # The keyword arguments of ``__init__``, all kept as attributes: what pickling carries.
+    _fields: tuple[str, ...] = ("field", "expected", "actual")
+
     def __init__(
         self, message: str, *, field: str = "", expected: Any = None, actual: Any = None
     ) -> None:
@@ -58,16 +61,11 @@ class SmgProtoError(Exception):
         self.actual = actual
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild,
-            (type(self), str(self), self.field, self.expected, self.actual),
-        )
+        return (_rebuild, (type(self), str(self), {f: getattr(self, f) for f in self._fields}))
 
 
-def _rebuild(
-    cls: type[SmgProtoError], message: str, field: str, expected: Any, actual: Any
-) -> SmgProtoError:
-    return cls(message, field=field, expected=expected, actual=actual)
+def _rebuild(cls: type[SmgProtoError], message: str, fields: dict[str, Any]) -> SmgProtoError:
+    return cls(message, **fields)
 
 
 class TensorError(SmgProtoError, ValueError):
@@ -77,6 +75,8 @@ class TensorError(SmgProtoError, ValueError):
     ``"header"``) and ``offset`` the byte within it where the offending record (or varint)
     starts; ``offset`` is ``None`` otherwise.
     """
+
+    _fields = (*SmgProtoError._fields, "offset")
 
     def __init__(
         self,
@@ -89,23 +89,6 @@ class TensorError(SmgProtoError, ValueError):
     ) -> None:
         super().__init__(message, field=field, expected=expected, actual=actual)
         self.offset = offset
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_tensor,
-            (type(self), str(self), self.field, self.expected, self.actual, self.offset),
-        )
-
-
-def _rebuild_tensor(
-    cls: type[TensorError],
-    message: str,
-    field: str,
-    expected: Any,
-    actual: Any,
-    offset: int | None,
-) -> TensorError:
-    return cls(message, field=field, expected=expected, actual=actual, offset=offset)
 
 
 class TensorMemoryError(TensorError, MemoryError):
@@ -168,6 +151,8 @@ class ImageDecodeError(SmgProtoError, ValueError):
     ``"WEBP"``); ``field``/``expected``/``actual`` carry the numbers (e.g. ``max_pixels``).
     """
 
+    _fields = (*SmgProtoError._fields, "format")
+
     kind = "image_decode"
 
     def __init__(
@@ -181,23 +166,6 @@ class ImageDecodeError(SmgProtoError, ValueError):
     ) -> None:
         super().__init__(message, field=field, expected=expected, actual=actual)
         self.format = format
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_image,
-            (type(self), str(self), self.field, self.expected, self.actual, self.format),
-        )
-
-
-def _rebuild_image(
-    cls: type[ImageDecodeError],
-    message: str,
-    field: str,
-    expected: Any,
-    actual: Any,
-    format: str | None,
-) -> ImageDecodeError:
-    return cls(message, field=field, expected=expected, actual=actual, format=format)
 
 
 class UnknownImageFormatError(ImageDecodeError):
@@ -277,6 +245,8 @@ class ImageProcessingError(SmgProtoError, ValueError):
     ``ImageDecodeError`` subclasses instead.
     """
 
+    _fields = (*SmgProtoError._fields, "index")
+
     kind = "image_processing"
 
     def __init__(
@@ -290,23 +260,6 @@ class ImageProcessingError(SmgProtoError, ValueError):
     ) -> None:
         super().__init__(message, field=field, expected=expected, actual=actual)
         self.index = index
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_processing,
-            (type(self), str(self), self.field, self.expected, self.actual, self.index),
-        )
-
-
-def _rebuild_processing(
-    cls: type[ImageProcessingError],
-    message: str,
-    field: str,
-    expected: Any,
-    actual: Any,
-    index: int | None,
-) -> ImageProcessingError:
-    return cls(message, field=field, expected=expected, actual=actual, index=index)
 
 
 class AspectRatioError(ImageProcessingError):
