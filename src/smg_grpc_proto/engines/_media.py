@@ -48,13 +48,33 @@ Layout = Literal["batched", "flat", "shared"]
 
 _HASH_DOMAIN = b"smg-grpc-proto/media/v1\x00"
 
-# Placeholder token ids of the published checkpoints, used when no config.json is given.
+# Placeholder token ids (image, video) of the published checkpoints of the families whose
+# replacement is a run of one token, used when no config.json is given:
+# - Qwen2/2.5/3-VL: <|image_pad|> 151655, <|video_pad|> 151656 (their configs' image_token_id /
+#   video_token_id).
+# - Qwen3.5: 248056 / 248057 (transformers' Qwen3_5Config image_token_id / video_token_id, the
+#   published Qwen3.5 checkpoints' values).
+# - LLaVA-1.5 / LLaVA-NeXT: <image> 32000 (LlavaConfig image_token_index).
+# - CLIP: a bare CLIP tower has no prompt; its canonical VLM is LLaVA-1.5
+#   (llava-hf/llava-1.5-7b-hf: CLIP ViT-L/14-336 through CLIPImageProcessor), so <image> 32000.
+# - SigLIP: its canonical VLM is PaliGemma (google/paligemma-3b-pt-224: SiglipImageProcessor,
+#   config.json image_token_index 257152, the tokenizer's <image>).
+# - Phi-4-multimodal: <|image|> 200010 (transformers' Phi4MultimodalVisionConfig image_token_id;
+#   vLLM's phi4_multimodal.py _IMAGE_PLACEHOLDER_TOKEN_ID, "<|endoftext10|>" in the original
+#   vocab); Phi4MultimodalProcessor writes it num_img_tokens times.
+# - Phi-3-vision: <|image|> 32044 (vLLM's phi3v.py _IMAGE_TOKEN_ID; the SMG gateway's phi3_v
+#   spec expands <|image|> into a run of it); the run is num_img_tokens long.
 _DEFAULT_TOKENS: dict[str, tuple[int, int | None]] = {
     "qwen2_vl": (151655, 151656),
     "qwen2_5_vl": (151655, 151656),
     "qwen3_vl": (151655, 151656),
+    "qwen3_5": (248056, 248057),
+    "clip": (32000, None),
     "llava": (32000, None),
     "llava_next": (32000, None),
+    "siglip": (257152, None),
+    "phi4_multimodal": (200010, None),
+    "phi3_v": (32044, None),
 }
 
 # The special tokens of the published checkpoints of the families whose prompt replacement is
@@ -73,12 +93,33 @@ _DEFAULT_NAMED_TOKENS: dict[str, dict[str, int]] = {
     },
 }
 
-# The vision tower of the published LLaVA-1.5 / LLaVA-NeXT checkpoints (processor_config.json):
-# CLIP ViT-L/14 with a CLS token that the "default" strategy drops (576 tokens at 336 px).
+# The vision tower's token rule of the same checkpoints (processor_config.json):
+# - LLaVA-1.5 / LLaVA-NeXT, and CLIP as LLaVA-1.5's tower: CLIP ViT-L/14 with a CLS token that
+#   the "default" strategy drops (576 tokens at 336 px, 256 at the class default 224).
+# - SigLIP as PaliGemma's tower: SigLIP So400m/14, no CLS token, every patch is a token
+#   (PaliGemmaProcessor's image_seq_length 256 at 224 px).
 _DEFAULT_VISION_TOKENS: dict[str, VisionTokens] = {
+    "clip": VisionTokens(14, 1, "default"),
     "llava": VisionTokens(14, 1, "default"),
     "llava_next": VisionTokens(14, 1, "default"),
+    "siglip": VisionTokens(14, 0, "full"),
 }
+
+# Families whose model takes each image's placeholder count as an input tensor, by its name:
+# vLLM's Phi4MultimodalForCausalLM declares num_img_tokens a batched image field and refuses
+# image inputs without it (phi4_multimodal.py _get_mm_fields_config /
+# _parse_and_validate_image_input), though Phi4MultimodalProcessor drops it from its output.
+_COUNT_TENSORS: dict[str, str] = {
+    "phi4_multimodal": "num_img_tokens",
+}
+
+# The primary (encoder input) tensor of each modality: the first of these the output carries
+# (Phi-4-multimodal's pixels are image_pixel_values).
+_PIXEL_TENSORS: dict[str, tuple[str, ...]] = {
+    "image": ("pixel_values", "image_pixel_values"),
+    "video": ("pixel_values_videos",),
+}
+_VIDEO_TENSORS = ("pixel_values_videos", "video_grid_thw")
 
 
 def _added_tokens(directory: Path, names: Sequence[str]) -> dict[str, int]:
@@ -476,15 +517,21 @@ class PreparedMedia:
         processed = self.processed
         if "output" in self.__dict__ or not isinstance(processed, DeferredOutput):
             return dict(self.tensors())
-        computed = {k: v for k, v in processed.ready.tensors().items() if k in self._names}
-        pending = {k: v for k, v in processed.pending.items() if k in self._names}
+        computed = {k: v for k, v in processed.ready.tensors().items() if self._takes(k)}
+        pending = {k: v for k, v in processed.pending.items() if self._takes(k)}
         return {**pending, **computed, **self._sizes_tensor()}
 
     def _sizes_tensor(self) -> dict[str, npt.NDArray[np.int64]]:
-        """``patches_per_image`` (one entry per item) when :attr:`item_rows` are set."""
-        if not self.item_rows:
-            return {}
-        return {self.sizes_name: np.asarray(self.item_rows, dtype=np.int64)}
+        """``patches_per_image`` (one entry per item) when :attr:`item_rows` are set, and the
+        per-item placeholder counts for a model that takes them as a tensor (Phi-4-multimodal's
+        ``num_img_tokens``)."""
+        extra: dict[str, npt.NDArray[np.int64]] = {}
+        if self.item_rows:
+            extra[self.sizes_name] = np.asarray(self.item_rows, dtype=np.int64)
+        counts = _COUNT_TENSORS.get(self.family) if self.modality == "image" else None
+        if counts is not None:
+            extra[counts] = np.asarray(self.token_counts, dtype=np.int64)
+        return extra
 
     @property
     def sizes_name(self) -> str:
@@ -496,11 +543,10 @@ class PreparedMedia:
         """The token the prompt holds once per item before expansion."""
         return self.token_id if self.anchor_id is None else self.anchor_id
 
-    @property
-    def _names(self) -> tuple[str, ...]:
-        if self.modality == "video":
-            return ("pixel_values_videos", "video_grid_thw")
-        return ("pixel_values", "image_grid_thw", "image_sizes", "aspect_ratios")
+    def _takes(self, name: str) -> bool:
+        """Whether the output tensor ``name`` belongs to this modality's media: a video takes
+        its pixels and grid, an image every other tensor of the output."""
+        return (name in _VIDEO_TENSORS) == (self.modality == "video")
 
     @property
     def count(self) -> int:
@@ -512,7 +558,15 @@ class PreparedMedia:
 
     @property
     def primary_name(self) -> str:
-        return "pixel_values_videos" if self.modality == "video" else "pixel_values"
+        """The encoder input's name: the first of the modality's pixel tensors the output
+        carries (``pixel_values``; Phi-4-multimodal ``image_pixel_values``; videos
+        ``pixel_values_videos``)."""
+        names = _PIXEL_TENSORS[self.modality]
+        processed = self.processed
+        present: set[str] = set(self._ready.tensors())
+        if isinstance(processed, DeferredOutput):
+            present.update(processed.pending)
+        return next((n for n in names if n in present), names[0])
 
     @property
     def grid_name(self) -> str | None:
@@ -527,7 +581,7 @@ class PreparedMedia:
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """The primary tensor and its side tensors for this modality (and ``patches_per_image``
         when :attr:`item_rows` are set)."""
-        named = {k: v for k, v in self.output.tensors().items() if k in self._names}
+        named = {k: v for k, v in self.output.tensors().items() if self._takes(k)}
         return {**named, **self._sizes_tensor()}
 
     def layout(self) -> dict[str, Layout]:
