@@ -231,11 +231,14 @@ class VisionModel:
         **kwargs: Any,
     ) -> VisionModel:
         """The family's class defaults and, unless given, its published checkpoints' token ids
-        (Qwen2/2.5/3-VL 151655/151656, LLaVA and LLaVA-NeXT 32000, Llama 4 Scout/Maverick's
-        ``<|image_start|>`` 200080 … ``<|patch|>`` 200092 as ``token_ids``) and, for LLaVA and
-        LLaVA-NeXT, their vision tower's token rule (patch 14, one CLS token dropped). CLIP and
-        SigLIP towers need ``image_token_id`` and ``vision_tokens``. ``config`` overrides
-        transformers config keys; ``kwargs`` go to
+        (Qwen2/2.5/3-VL 151655/151656, Qwen3.5 248056/248057, LLaVA and LLaVA-NeXT 32000,
+        Phi-4-multimodal 200010, Phi-3-vision 32044; a family with a replacement rule takes its
+        ``token_ids`` from the Rust family's ``replacement_spec`` defaults, e.g. Llama 4
+        Scout/Maverick's ``<|image_start|>`` 200080 … ``<|patch|>`` 200092) and, for LLaVA and
+        LLaVA-NeXT, their vision tower's token rule (patch 14, one CLS token dropped). A bare
+        tower counts as its canonical VLM: CLIP as LLaVA-1.5's (``<image>`` 32000, the CLS
+        dropped), SigLIP as PaliGemma's (``<image>`` 257152, every patch a token). ``config``
+        overrides transformers config keys; ``kwargs`` go to
         :class:`~smg_grpc_proto.vision.ImageProcessor`."""
         if family in _DEFAULT_VISION_TOKENS:
             kwargs.setdefault("vision_tokens", _DEFAULT_VISION_TOKENS[family])
