@@ -50,20 +50,53 @@ Layout = Literal["batched", "flat", "shared"]
 _HASH_DOMAIN = b"smg-grpc-proto/media/v1\x00"
 
 
-# Placeholder token ids of the published checkpoints, used when no config.json is given.
+# Placeholder token ids (image, video) of the published checkpoints of the families whose
+# replacement is a run of one token, used when no config.json is given:
+# - Qwen2/2.5/3-VL: <|image_pad|> 151655, <|video_pad|> 151656 (their configs' image_token_id /
+#   video_token_id).
+# - Qwen3.5: 248056 / 248057 (transformers' Qwen3_5Config image_token_id / video_token_id, the
+#   published Qwen3.5 checkpoints' values).
+# - LLaVA-1.5 / LLaVA-NeXT: <image> 32000 (LlavaConfig image_token_index).
+# - CLIP: a bare CLIP tower has no prompt; its canonical VLM is LLaVA-1.5
+#   (llava-hf/llava-1.5-7b-hf: CLIP ViT-L/14-336 through CLIPImageProcessor), so <image> 32000.
+# - SigLIP: its canonical VLM is PaliGemma (google/paligemma-3b-pt-224: SiglipImageProcessor,
+#   config.json image_token_index 257152, the tokenizer's <image>).
+# - Phi-4-multimodal: <|image|> 200010 (transformers' Phi4MultimodalVisionConfig image_token_id;
+#   vLLM's phi4_multimodal.py _IMAGE_PLACEHOLDER_TOKEN_ID, "<|endoftext10|>" in the original
+#   vocab); Phi4MultimodalProcessor writes it num_img_tokens times.
+# - Phi-3-vision: <|image|> 32044 (vLLM's phi3v.py _IMAGE_TOKEN_ID; the SMG gateway's phi3_v
+#   spec expands <|image|> into a run of it); the run is num_img_tokens long.
 _DEFAULT_TOKENS: dict[str, tuple[int, int | None]] = {
     "qwen2_vl": (151655, 151656),
     "qwen2_5_vl": (151655, 151656),
     "qwen3_vl": (151655, 151656),
+    "qwen3_5": (248056, 248057),
+    "clip": (32000, None),
     "llava": (32000, None),
     "llava_next": (32000, None),
+    "siglip": (257152, None),
+    "phi4_multimodal": (200010, None),
+    "phi3_v": (32044, None),
 }
 
-# The vision tower of the published LLaVA-1.5 / LLaVA-NeXT checkpoints (processor_config.json):
-# CLIP ViT-L/14 with a CLS token that the "default" strategy drops (576 tokens at 336 px).
+# The vision tower's token rule of the same checkpoints (processor_config.json):
+# - LLaVA-1.5 / LLaVA-NeXT, and CLIP as LLaVA-1.5's tower: CLIP ViT-L/14 with a CLS token that
+#   the "default" strategy drops (576 tokens at 336 px, 256 at the class default 224).
+# - SigLIP as PaliGemma's tower: SigLIP So400m/14, no CLS token, every patch is a token
+#   (PaliGemmaProcessor's image_seq_length 256 at 224 px).
 _DEFAULT_VISION_TOKENS: dict[str, VisionTokens] = {
+    "clip": VisionTokens(14, 1, "default"),
     "llava": VisionTokens(14, 1, "default"),
     "llava_next": VisionTokens(14, 1, "default"),
+    "siglip": VisionTokens(14, 0, "full"),
+}
+
+# Families whose model takes each image's placeholder count as an input tensor, by its name:
+# vLLM's Phi4MultimodalForCausalLM declares num_img_tokens a batched image field and refuses
+# image inputs without it (phi4_multimodal.py _get_mm_fields_config /
+# _parse_and_validate_image_input), though Phi4MultimodalProcessor drops it from its output.
+_COUNT_TENSORS: dict[str, str] = {
+    "phi4_multimodal": "num_img_tokens",
 }
 
 
@@ -198,11 +231,14 @@ class VisionModel:
         **kwargs: Any,
     ) -> VisionModel:
         """The family's class defaults and, unless given, its published checkpoints' token ids
-        (Qwen2/2.5/3-VL 151655/151656, LLaVA and LLaVA-NeXT 32000, Llama 4 Scout/Maverick's
-        ``<|image_start|>`` 200080 … ``<|patch|>`` 200092 as ``token_ids``) and, for LLaVA and
-        LLaVA-NeXT, their vision tower's token rule (patch 14, one CLS token dropped). CLIP and
-        SigLIP towers need ``image_token_id`` and ``vision_tokens``. ``config`` overrides
-        transformers config keys; ``kwargs`` go to
+        (Qwen2/2.5/3-VL 151655/151656, Qwen3.5 248056/248057, LLaVA and LLaVA-NeXT 32000,
+        Phi-4-multimodal 200010, Phi-3-vision 32044; a family with a replacement rule takes its
+        ``token_ids`` from the Rust family's ``replacement_spec`` defaults, e.g. Llama 4
+        Scout/Maverick's ``<|image_start|>`` 200080 … ``<|patch|>`` 200092) and, for LLaVA and
+        LLaVA-NeXT, their vision tower's token rule (patch 14, one CLS token dropped). A bare
+        tower counts as its canonical VLM: CLIP as LLaVA-1.5's (``<image>`` 32000, the CLS
+        dropped), SigLIP as PaliGemma's (``<image>`` 257152, every patch a token). ``config``
+        overrides transformers config keys; ``kwargs`` go to
         :class:`~smg_grpc_proto.vision.ImageProcessor`."""
         if family in _DEFAULT_VISION_TOKENS:
             kwargs.setdefault("vision_tokens", _DEFAULT_VISION_TOKENS[family])
@@ -505,9 +541,12 @@ class PreparedMedia:
 
     def _sizes_tensor(self, sizes_name: str | None = None) -> dict[str, npt.NDArray[np.int64]]:
         """The rows-per-item tensor (one entry per item) when :attr:`item_rows` are set, under
-        ``sizes_name`` (default :attr:`sizes_name`)."""
+        ``sizes_name`` (default :attr:`sizes_name`), and the per-item placeholder counts of a
+        model that takes them as a tensor (Phi-4-multimodal's ``num_img_tokens``)."""
+        counts = _COUNT_TENSORS.get(self.family) if self.modality == "image" else None
+        extra = {counts: np.asarray(self.token_counts, dtype=np.int64)} if counts else {}
         if not self.item_rows:
-            return {}
+            return extra
         name = sizes_name or self.sizes_name
         sizes = np.asarray(self.item_rows, dtype=np.int64)
         own = self._ready.tensors().get(name)
@@ -520,8 +559,8 @@ class PreparedMedia:
                     expected=list(self.item_rows),
                     actual=own.reshape(-1).tolist(),
                 )
-            return {}
-        return {name: sizes}
+            return extra
+        return {**extra, name: sizes}
 
     @property
     def sizes_name(self) -> str:

@@ -226,7 +226,15 @@ def _fill_batch(
     side: Transport = "inline" if transport == "inline" or not pixels else "auto"
     for name, array in tensors.items():
         attach(message, f"{at}.model_specific_tensors[{name}]", array, None, side, shm_min_bytes)
-    wire = {primary: "pixel_values"}  # the primary travels as pixel_values whatever its name
+    # The primary travels in the pixel_values field. Under the modality's own name (image
+    # pixel_values; video pixel_values_videos, which VIDEO renames from pixel_values) the layout
+    # keys call it pixel_values; under any other name (Phi-4-multimodal image_pixel_values) that
+    # name goes to encoder_input_key, and the layout keys use it, as vLLM's servicer registers it.
+    if primary == ("pixel_values_videos" if media.modality == "video" else "pixel_values"):
+        wire = {primary: "pixel_values"}
+    else:
+        wire = {primary: primary}
+        mm.encoder_input_key = primary
     sizes_key = media.sizes_name
     sized = sizes_key in layout  # the media carries its sizes tensor (the tiled families)
     if layout[primary] == "flat" and not sized:
