@@ -71,7 +71,53 @@ _DEFAULT_NAMED_TOKENS: dict[str, dict[str, int]] = {
         "<|image|>": 200090,
         "<|patch|>": 200092,
     },
+    # google/gemma-3-*-it: Gemma3Config's boi_token_index 255999, eoi_token_index 256000,
+    # image_token_index 262144; "\n\n" is 108 in the Gemma 3 vocabulary ("\n" 107). The
+    # pan-and-scan sentences have no default: from_pretrained reads them from tokenizer.json.
+    "gemma3": {
+        "<start_of_image>": 255999,
+        "<end_of_image>": 256000,
+        "<image_soft_token>": 262144,
+        "\n\n": 108,
+    },
+    # mistral-community/pixtral-12b (tekken special tokens; config.json image_token_index 10).
+    "pixtral": {"[IMG]": 10, "[IMG_BREAK]": 12, "[IMG_END]": 13},
 }
+
+TokenIds = Mapping[str, int | Sequence[int]]
+"""Token ids by name: one id, or the ids of a text piece the tokenizer writes as several."""
+
+
+def _tokenized(directory: Path, names: Sequence[str]) -> dict[str, int | tuple[int, ...]]:
+    """``names`` as the model's ``tokenizer.json`` encodes them (no special tokens added), when
+    the ``tokenizers`` library is importable and the file is a tokenizer; else nothing."""
+    path = directory / "tokenizer.json"
+    if not names or not path.is_file():
+        return {}
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # not importable, or not a complete tokenizer.json
+        return {}
+    out: dict[str, int | tuple[int, ...]] = {}
+    for name in names:
+        ids = tuple(int(i) for i in tokenizer.encode(name, add_special_tokens=False).ids)
+        if ids:
+            out[name] = ids[0] if len(ids) == 1 else ids
+    return out
+
+
+def _id_pairs(names: Sequence[str], ids: TokenIds) -> list[tuple[str, int]]:
+    """``(name, id)`` pairs for the native replacement, a text piece's ids in order."""
+    pairs: list[tuple[str, int]] = []
+    for name in names:
+        value = ids.get(name)
+        if isinstance(value, int):
+            pairs.append((name, value))
+        elif value is not None:
+            pairs.extend((name, int(v)) for v in value)
+    return pairs
 
 # The vision tower of the published LLaVA-1.5 / LLaVA-NeXT checkpoints (processor_config.json):
 # CLIP ViT-L/14 with a CLS token that the "default" strategy drops (576 tokens at 336 px).
@@ -147,8 +193,9 @@ class VisionModel:
     image_token_id: int
     video_token_id: int | None = None
     model_type: str = ""
-    token_ids: Mapping[str, int] = field(default_factory=dict)
-    """The special tokens the family's prompt replacement is written with, by name."""
+    token_ids: TokenIds = field(default_factory=dict)
+    """The special tokens (and text pieces) the family's prompt replacement is written with,
+    by name; a text piece the tokenizer writes as several tokens maps to their ids in order."""
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike[str], **kwargs: Any) -> VisionModel:
@@ -168,19 +215,22 @@ class VisionModel:
             if isinstance(loaded, dict):
                 config = loaded
         defaults = _DEFAULT_TOKENS.get(processor.family, (None, None))
-        named: dict[str, int] = {}
+        named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
-            named = _added_tokens(directory, spec[3])
-            missing = [t for t in spec[3] if t not in named]
+            named = {**_added_tokens(directory, spec[3])}
+            # text pieces (Gemma 3's "\n\n" and pan-and-scan sentences) as the tokenizer writes them
+            named.update(_tokenized(directory, [t for t in spec[3] if t not in named]))
             fallback = _DEFAULT_NAMED_TOKENS.get(processor.family, {})
-            if any(t not in fallback for t in missing):
+            named.update({t: fallback[t] for t in spec[3] if t not in named and t in fallback})
+            missing = [t for t in (spec[1], spec[2]) if t not in named]
+            if missing:
                 raise MultimodalError(
                     f"{directory}: the tokenizer (tokenizer.json added_tokens, "
                     f"tokenizer_config.json added_tokens_decoder) has no id for {missing}",
                     field="token_ids",
                 )
-            named.update({t: fallback[t] for t in missing})
-            defaults = (named[spec[2]], None)
+            embed = named[spec[2]]
+            defaults = (embed if isinstance(embed, int) else None, None)
         image = _config_int(config, "image_token_id", "image_token_index")
         image = image if image is not None else defaults[0]
         if image is None:
@@ -208,7 +258,7 @@ class VisionModel:
         config: Mapping[str, Any] | None = None,
         image_token_id: int | None = None,
         video_token_id: int | None = None,
-        token_ids: Mapping[str, int] | None = None,
+        token_ids: TokenIds | None = None,
         **kwargs: Any,
     ) -> VisionModel:
         """The family's class defaults and, unless given, its published checkpoints' token ids
@@ -223,17 +273,20 @@ class VisionModel:
         processor = ImageProcessor(family, config, **kwargs)
         spec = processor._native.replacement_spec()
         defaults = _DEFAULT_TOKENS.get(family, (None, None))
-        named: dict[str, int] = {}
+        named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
             named = {**_DEFAULT_NAMED_TOKENS.get(family, {}), **(token_ids or {})}
             if image_token_id is not None:
                 named[spec[2]] = image_token_id
-            missing = [t for t in spec[3] if t not in named]
+            # the anchor and embedding tokens are needed always; a missing piece only when a
+            # replacement uses it (Gemma 3's pan-and-scan text), which then names it
+            missing = [t for t in (spec[1], spec[2]) if t not in named]
             if missing:
                 raise MultimodalError(
                     f"family {family!r}: no id for {missing}; pass token_ids", field="token_ids"
                 )
-            defaults = (named[spec[2]], None)
+            embed = named[spec[2]]
+            defaults = (embed if isinstance(embed, int) else None, None)
         image = image_token_id if image_token_id is not None else defaults[0]
         if image is None:
             raise MultimodalError(
@@ -301,13 +354,12 @@ class VisionModel:
             grids = getattr(output.ready, grid_name)
             if grids is None:
                 raise MultimodalError(f"{self.family}: no {grid_name} output", field=grid_name)
-            ids = {n: self.token_ids[n] for n in names if n in self.token_ids}
-            ids[spec[2]] = token
-            anchor = ids.get(anchor_name)
+            ids = {**self.token_ids, spec[2]: token}
+            named_anchor = ids.get(anchor_name)
+            anchor = named_anchor if isinstance(named_anchor, int) else None
+            pairs = _id_pairs(names, ids)
             made = [
-                self.processor._native.prompt_replacement(
-                    [int(v) for v in row], sorted(ids.items())
-                )
+                self.processor._native.prompt_replacement([int(v) for v in row], pairs)
                 for row in np.asarray(grids).reshape(len(items), -1).tolist()
             ]
             replacements = tuple(
