@@ -207,10 +207,18 @@ pub const PAN_BETWEEN: &str = "\n\n \n\n";
 
 /// `Gemma3Processor`'s tokens and text pieces (see [`prompt_replacement`]).
 pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
-    grid: "num_crops",
+    grid: &["num_crops"],
     anchor: BOI,
     embed: SOFT,
     tokens: &[BOI, EOI, SOFT, NEWLINES, PAN_INTRO, PAN_CROPS, PAN_BETWEEN],
+    // google/gemma-3-*-it: Gemma3Config boi_token_index 255999, eoi_token_index 256000,
+    // image_token_index 262144; "\n\n" is 108 in the Gemma 3 vocabulary ("\n" 107). The
+    // pan-and-scan pieces have no default (their ids come from the model's tokenizer.json).
+    defaults: &[(BOI, 255_999), (EOI, 256_000), (SOFT, 262_144), (NEWLINES, 108)],
+    // vLLM's Gemma3ForConditionalGeneration: pixel_values flat by num_patches = num_crops + 1.
+    flat: &["pixel_values"],
+    sizes: "num_patches",
+    per_sample: false,
 };
 
 /// `Gemma3Processor.replace_image_token`: an image without crops becomes

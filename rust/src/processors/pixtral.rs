@@ -211,10 +211,17 @@ impl FamilyConfig for PixtralConfig {
 /// `PixtralProcessor`'s tokens: `[IMG]` is both the chat template's anchor (once per image)
 /// and the token whose positions take the embeddings (`config.json`'s `image_token_index`).
 pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
-    grid: "image_sizes",
+    grid: &["image_sizes"],
     anchor: "[IMG]",
     embed: "[IMG]",
     tokens: &["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+    // mistral-community/pixtral-12b (the tekken special tokens: [IMG] 10, [IMG_BREAK] 12,
+    // [IMG_END] 13; config.json image_token_index 10).
+    defaults: &[("[IMG]", 10), ("[IMG_BREAK]", 12), ("[IMG_END]", 13)],
+    // One (padded) entry of pixel_values per image, image_sizes beside it.
+    flat: &[],
+    sizes: "",
+    per_sample: false,
 };
 
 /// `PixtralProcessor.replace_image_token` for an image whose processed size (its

@@ -228,14 +228,13 @@ def _fill_batch(
         attach(message, f"{at}.model_specific_tensors[{name}]", array, None, side, shm_min_bytes)
     wire = {primary: "pixel_values"}  # the primary travels as pixel_values whatever its name
     sizes_key = media.sizes_name
-    sized = sizes_key in layout  # the media carries its sizes tensor (Llama 4)
-    if layout[primary] == "flat":
-        if not sized:
-            sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
-            path = f"{at}.model_specific_tensors[{sizes_key}]"
-            attach(message, path, sizes, None, "inline", 0)
-        if pixels:
-            mm.flat_keys["pixel_values"] = sizes_key
+    sized = sizes_key in layout  # the media carries its sizes tensor (the tiled families)
+    if layout[primary] == "flat" and not sized:
+        sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
+        attach(message, f"{at}.model_specific_tensors[{sizes_key}]", sizes, None, "inline", 0)
+    for name, kind in layout.items():
+        if kind == "flat" and (pixels or name != primary):
+            mm.flat_keys[wire.get(name, name)] = sizes_key
     mm.batched_keys.extend(
         wire.get(k, k)
         for k, kind in layout.items()
