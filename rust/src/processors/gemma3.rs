@@ -214,7 +214,12 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     // google/gemma-3-*-it: Gemma3Config boi_token_index 255999, eoi_token_index 256000,
     // image_token_index 262144; "\n\n" is 108 in the Gemma 3 vocabulary ("\n" 107). The
     // pan-and-scan pieces have no default (their ids come from the model's tokenizer.json).
-    defaults: &[(BOI, 255_999), (EOI, 256_000), (SOFT, 262_144), (NEWLINES, 108)],
+    defaults: &[
+        (BOI, 255_999),
+        (EOI, 256_000),
+        (SOFT, 262_144),
+        (NEWLINES, 108),
+    ],
     // vLLM's Gemma3ForConditionalGeneration: pixel_values flat by num_patches = num_crops + 1.
     flat: &["pixel_values"],
     sizes: "num_patches",

@@ -195,7 +195,7 @@ class VisionModel:
         if spec is not None:
             names = spec["tokens"]
             named = {**_added_tokens(directory, names)}
-            # text pieces (Gemma 3's "\n\n", its pan-and-scan sentences) as the tokenizer writes them
+            # text pieces (Gemma 3's "\n\n", its pan-and-scan text) as the tokenizer writes them
             named.update(_tokenized(directory, [t for t in names if t not in named]))
             fallback = spec["defaults"]
             named.update({t: fallback[t] for t in names if t not in named and t in fallback})
@@ -209,7 +209,8 @@ class VisionModel:
                     field="token_ids",
                 )
             embed = named[spec["embed"]]
-            defaults = (embed if isinstance(embed, int) else None, None)
+            if isinstance(embed, int):
+                defaults = (embed, None)
         image = _config_int(config, "image_token_id", "image_token_index")
         image = image if image is not None else defaults[0]
         if image is None:
@@ -265,7 +266,8 @@ class VisionModel:
                     f"family {family!r}: no id for {missing}; pass token_ids", field="token_ids"
                 )
             embed = named[spec["embed"]]
-            defaults = (embed if isinstance(embed, int) else None, None)
+            if isinstance(embed, int):
+                defaults = (embed, None)
         image = image_token_id if image_token_id is not None else defaults[0]
         if image is None:
             raise MultimodalError(
