@@ -79,6 +79,27 @@ impl TokenIds<'_> {
                 actual: "none given".to_owned(),
             })
     }
+
+    /// The ids of a piece of *text* the processor writes around its special tokens (Gemma 3's
+    /// `"\n\n"`, its pan-and-scan sentences): every entry named `piece`, in the order given,
+    /// since the tokenizer may write a piece as several tokens. At least one, or a
+    /// configuration error naming the piece.
+    pub fn text(&self, piece: &'static str) -> Result<Vec<u32>, ProcessorError> {
+        let ids: Vec<u32> = self
+            .0
+            .iter()
+            .filter(|(name, _)| name == piece)
+            .map(|&(_, id)| id)
+            .collect();
+        if ids.is_empty() {
+            return Err(ProcessorError::Config {
+                field: "token_ids",
+                expected: format!("the token ids of the text {piece:?}"),
+                actual: "none given".to_owned(),
+            });
+        }
+        Ok(ids)
+    }
 }
 
 /// How a family's images take their place in the prompt when each anchor is replaced by more

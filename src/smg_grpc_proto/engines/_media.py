@@ -100,6 +100,42 @@ _COUNT_TENSORS: dict[str, str] = {
 }
 
 
+TokenIds = Mapping[str, int | Sequence[int]]
+"""Token ids by name: one id, or the ids of a text piece the tokenizer writes as several."""
+
+
+def _tokenized(directory: Path, names: Sequence[str]) -> dict[str, int | tuple[int, ...]]:
+    """``names`` as the model's ``tokenizer.json`` encodes them (no special tokens added), when
+    the ``tokenizers`` library is importable and the file is a whole tokenizer; else nothing."""
+    path = directory / "tokenizer.json"
+    if not names or not path.is_file():
+        return {}
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # not importable, or not a complete tokenizer.json
+        return {}
+    out: dict[str, int | tuple[int, ...]] = {}
+    for name in names:
+        ids = tuple(int(i) for i in tokenizer.encode(name, add_special_tokens=False).ids)
+        if ids:
+            out[name] = ids[0] if len(ids) == 1 else ids
+    return out
+
+
+def _id_pairs(names: Sequence[str], ids: TokenIds) -> list[tuple[str, int]]:
+    """``(name, id)`` pairs for the native replacement, a text piece's ids in order."""
+    pairs: list[tuple[str, int]] = []
+    for name in names:
+        value = ids.get(name)
+        if isinstance(value, int):
+            pairs.append((name, value))
+        elif value is not None:
+            pairs.extend((name, int(v)) for v in value)
+    return pairs
+
+
 def _added_tokens(directory: Path, names: Sequence[str]) -> dict[str, int]:
     """The ids of ``names`` among the tokenizer's added tokens: ``tokenizer.json``'s
     ``added_tokens`` and ``tokenizer_config.json``'s ``added_tokens_decoder`` (the first wins)."""
@@ -166,8 +202,9 @@ class VisionModel:
     image_token_id: int
     video_token_id: int | None = None
     model_type: str = ""
-    token_ids: Mapping[str, int] = field(default_factory=dict)
-    """The special tokens the family's prompt replacement is written with, by name."""
+    token_ids: TokenIds = field(default_factory=dict)
+    """The special tokens (and text pieces) the family's prompt replacement is written with,
+    by name; a text piece the tokenizer writes as several tokens maps to their ids in order."""
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike[str], **kwargs: Any) -> VisionModel:
@@ -187,19 +224,26 @@ class VisionModel:
             if isinstance(loaded, dict):
                 config = loaded
         defaults = _DEFAULT_TOKENS.get(processor.family, (None, None))
-        named: dict[str, int] = {}
+        named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
-            named = _added_tokens(directory, spec["tokens"])
-            missing = [t for t in spec["tokens"] if t not in named]
+            names = spec["tokens"]
+            named = {**_added_tokens(directory, names)}
+            # text pieces (Gemma 3's "\n\n", its pan-and-scan text) as the tokenizer writes them
+            named.update(_tokenized(directory, [t for t in names if t not in named]))
             fallback = spec["defaults"]
-            if any(t not in fallback for t in missing):
+            named.update({t: fallback[t] for t in names if t not in named and t in fallback})
+            # the anchor and embedding tokens are needed always; another piece only when a
+            # replacement uses it (Gemma 3's pan-and-scan text), and the error then names it
+            missing = [t for t in (spec["anchor"], spec["embed"]) if t not in named]
+            if missing:
                 raise MultimodalError(
                     f"{directory}: the tokenizer (tokenizer.json added_tokens, "
                     f"tokenizer_config.json added_tokens_decoder) has no id for {missing}",
                     field="token_ids",
                 )
-            named.update({t: fallback[t] for t in missing})
-            defaults = (named[spec["embed"]], None)
+            embed = named[spec["embed"]]
+            if isinstance(embed, int):
+                defaults = (embed, None)
         image = _config_int(config, "image_token_id", "image_token_index")
         image = image if image is not None else defaults[0]
         if image is None:
@@ -227,7 +271,7 @@ class VisionModel:
         config: Mapping[str, Any] | None = None,
         image_token_id: int | None = None,
         video_token_id: int | None = None,
-        token_ids: Mapping[str, int] | None = None,
+        token_ids: TokenIds | None = None,
         **kwargs: Any,
     ) -> VisionModel:
         """The family's class defaults and, unless given, its published checkpoints' token ids
@@ -245,17 +289,21 @@ class VisionModel:
         processor = ImageProcessor(family, config, **kwargs)
         spec = processor._native.replacement_spec()
         defaults = _DEFAULT_TOKENS.get(family, (None, None))
-        named: dict[str, int] = {}
+        named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
             named = {**spec["defaults"], **(token_ids or {})}
             if image_token_id is not None:
                 named[spec["embed"]] = image_token_id
-            missing = [t for t in spec["tokens"] if t not in named]
+            # a piece without a published id (Gemma 3's pan-and-scan text) is needed only when a
+            # replacement uses it, and the error then names it
+            missing = [t for t in (spec["anchor"], spec["embed"]) if t not in named]
             if missing:
                 raise MultimodalError(
                     f"family {family!r}: no id for {missing}; pass token_ids", field="token_ids"
                 )
-            defaults = (named[spec["embed"]], None)
+            embed = named[spec["embed"]]
+            if isinstance(embed, int):
+                defaults = (embed, None)
         image = image_token_id if image_token_id is not None else defaults[0]
         if image is None:
             raise MultimodalError(
@@ -325,10 +373,10 @@ class VisionModel:
                 if values is None:
                     raise MultimodalError(f"{self.family}: no {name} output", field=name)
                 grids.append(np.asarray(values).reshape(len(items), -1))
-            ids = {n: self.token_ids[n] for n in spec["tokens"] if n in self.token_ids}
-            ids[spec["embed"]] = token
-            anchor = ids.get(spec["anchor"])
-            pairs = sorted(ids.items())
+            ids = {**self.token_ids, spec["embed"]: token}
+            named_anchor = ids.get(spec["anchor"])
+            anchor = named_anchor if isinstance(named_anchor, int) else None
+            pairs = _id_pairs(spec["tokens"], ids)
             made = [
                 self.processor._native.prompt_replacement([int(v) for v in row], pairs)
                 for row in np.concatenate(grids, axis=1).tolist()
