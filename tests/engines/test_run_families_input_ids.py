@@ -25,7 +25,8 @@ from smg_grpc_proto.engines import VisionModel, expand_placeholders
 # Qwen2/2.5/3-VL (Qwen/Qwen2-VL-7B-Instruct's added tokens).
 QWEN = {"<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|image_pad|>": 151655}
 QWEN["<|video_pad|>"] = 151656
-# Qwen3.5 (transformers 5.24 Qwen3_5Config: vision start/end 248053/248054, image 248056, video 248057).
+# Qwen3.5 (transformers 5.24 Qwen3_5Config: vision start/end 248053/248054, image 248056,
+# video 248057).
 QWEN35 = {"<|vision_start|>": 248053, "<|vision_end|>": 248054, "<|image_pad|>": 248056}
 QWEN35["<|video_pad|>"] = 248057
 SHAPES = [(300, 500), (900, 400), (40, 40)]
