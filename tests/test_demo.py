@@ -25,7 +25,12 @@ def test_demo_passes_every_check() -> None:
     out = run.stdout
     assert "demo passed" in out
     assert "gives the same bytes as ours for every tensor" in out
-    assert out.count("as the request must produce") == 2  # inline and shm
+    assert out.count("as the request must produce") == 3  # inline, shm, Llama 4
+    # Llama 4: 512 x 600 -> a 2 x 2 canvas + the global tile = 5 tiles of 144 <|patch|> each
+    assert "tiles 2x2" in out
+    assert "pixel_values [5, 3, 336, 336] bfloat16" in out
+    assert "720 <|patch|> positions" in out
+    assert "engine decoded the same tiles" in out
     assert "1 segment(s) written, 0 left after read" in out
     assert out.count("= sent") == 6
     assert "!= sent" not in out

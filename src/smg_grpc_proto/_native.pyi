@@ -17,7 +17,7 @@ images that fail to decode).
 """
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias, final
+from typing import Any, TypeAlias, TypedDict, final, type_check_only
 
 import numpy as np
 import numpy.typing as npt
@@ -239,6 +239,19 @@ class PendingTensor:
     def materialize(self) -> Tensor:
         """The values written into a new tensor (each call writes them again)."""
 
+@type_check_only
+class ReplacementSpec(TypedDict):
+    """A family's prompt replacement rule and engine layout (``Preprocessor.replacement_spec``)."""
+
+    grid: list[str]
+    anchor: str
+    embed: str
+    tokens: list[str]
+    defaults: dict[str, int]
+    flat: list[str]
+    sizes: str
+    per_sample: bool
+
 @final
 class Preprocessor:
     """A model image processor (``rust/src/processors``): a family's transformers class
@@ -261,11 +274,12 @@ class Preprocessor:
     def config(self) -> dict[str, Any]:
         """Every key of the configuration and its value (defaults included)."""
 
-    def replacement_spec(self) -> tuple[str, str, str, list[str]] | None:
-        """For a family whose image anchor becomes more than a run of one token (Llama 4):
-        ``(grid, anchor, embed, tokens)`` — the output tensor whose row per image is its grid,
-        the chat template's anchor token, the token that takes the embeddings, and every token
-        of the replacement (transformers' spelling). ``None`` for the other families."""
+    def replacement_spec(self) -> ReplacementSpec | None:
+        """For a family whose image anchor becomes more than a run of one token (Llama 4, the
+        tiled families): its grid tensors, anchor and embedding tokens, every token of the
+        replacement and their published ids, the tensors engines take flat and the name of
+        their sizes tensor, and whether the outputs carry a sample dimension of 1. ``None``
+        for the other families."""
 
     def prompt_replacement(
         self, grid: Sequence[int], token_ids: Sequence[tuple[str, int]]

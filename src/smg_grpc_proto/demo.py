@@ -209,6 +209,7 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
                     _generate(ch, again, tensors.serialize)
 
                 rounds[transport] = median_ms(call, repeat)
+            ok &= _llama4(files, ch, recorder, toy, out)
             plain = _plain_path(files, prompt, probe, media, ch, repeat, out)
     timings += [
         ("preprocess (JPEG -> pixel_values) +", t_pre, plain.get("preprocess")),
@@ -233,6 +234,49 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
     ok &= _other_engines(out)
     out("\ndemo " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
+
+
+def _llama4(
+    files: Sequence[bytes],
+    ch: grpc.Channel,
+    recorder: _Recorder,
+    toy: ToyModel,
+    out: Callable[[str], None],
+) -> bool:
+    """The same photos as a Llama 4 request: tiles mapped to items, each ``<|image|>`` expanded
+    as ``Llama4Processor`` writes it, sent to the same engine; the engine's tiles must be ours."""
+    model = VisionModel.for_family("llama4")
+    media = model.prepare(list(files), threads=1)
+    ids = [200000, 17]  # <|begin_of_text|>, then one <|image|> anchor per photo
+    for k in range(media.count):
+        ids += [media.anchor, 30 + k]
+    request = vllm_adapter.generate_request("demo-llama4", ids, media)
+    expanded = list(request.message.tokenized.input_ids)
+    (response,) = _generate(ch, request, tensors.serialize)
+    (decoded,), _ = recorder.seen["demo-llama4"]
+    twin = vllm_adapter.decode_mm_inputs(
+        tensors.parse(tensors.serialize(request), pb.GenerateRequest)
+    )
+    expected = toy.generate(expanded, mm_digest(twin))
+    same = all(
+        np.array_equal(item.tensors["pixel_values"], media.item_tensors(i)["pixel_values"])
+        for i, item in enumerate(decoded.items)
+    )
+    answer = list(response.complete.output_ids)
+    ratios = media.output.aspect_ratios
+    tiles = ", ".join(f"{h}x{w}" for h, w in (ratios.tolist() if ratios is not None else []))
+    out(
+        f"\nLlama 4: {media.count} photo(s) -> tiles {tiles} (+ a global tile each when split), "
+        f"pixel_values {list(media.tensors()['pixel_values'].shape)} bfloat16; prompt of "
+        f"{len(ids)} ids expanded to {len(expanded)} (<|image_start|> ... <|image_end|>, "
+        f"{sum(media.token_counts)} <|patch|> positions)"
+    )
+    match = answer == list(expected.token_ids)
+    out(
+        f"  engine decoded {'the same tiles' if same else 'DIFFERENT tiles'} and answered "
+        f"{len(answer)} tokens: {'as the request must produce' if match else 'WRONG'}"
+    )
+    return same and match
 
 
 def _report(

@@ -203,6 +203,37 @@ mod tests {
         assert_eq!(Family::from_name("gemma"), None);
     }
 
+    /// Every structured replacement rule is complete: its anchor and embed tokens are among its
+    /// tokens, every token has a published default id (distinct names, distinct ids), and flat
+    /// tensors have a sizes tensor.
+    #[test]
+    fn replacement_specs_are_complete() {
+        for family in Family::ALL {
+            let config = ProcessorConfig::defaults(family);
+            let Some(spec) = config.get().replacement_spec() else {
+                continue;
+            };
+            let name = family.name();
+            assert!(!spec.grid.is_empty(), "{name}: no grid tensor");
+            assert!(spec.tokens.contains(&spec.anchor), "{name}: anchor");
+            assert!(spec.tokens.contains(&spec.embed), "{name}: embed");
+            for token in spec.tokens {
+                let ids: Vec<u32> = spec
+                    .defaults
+                    .iter()
+                    .filter(|(t, _)| t == token)
+                    .map(|&(_, id)| id)
+                    .collect();
+                assert_eq!(ids.len(), 1, "{name}: default id of {token}");
+            }
+            let mut ids: Vec<u32> = spec.defaults.iter().map(|&(_, id)| id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), spec.defaults.len(), "{name}: shared default ids");
+            assert_eq!(spec.flat.is_empty(), spec.sizes.is_empty(), "{name}: sizes");
+        }
+    }
+
     #[test]
     fn classes_name_one_family() {
         use super::super::value::Raw;

@@ -79,21 +79,57 @@ impl TokenIds<'_> {
                 actual: "none given".to_owned(),
             })
     }
+
+    /// The ids of a piece of *text* the processor writes around its special tokens (Gemma 3's
+    /// `"\n\n"`, its pan-and-scan sentences): every entry named `piece`, in the order given,
+    /// since the tokenizer may write a piece as several tokens. At least one, or a
+    /// configuration error naming the piece.
+    pub fn text(&self, piece: &'static str) -> Result<Vec<u32>, ProcessorError> {
+        let ids: Vec<u32> = self
+            .0
+            .iter()
+            .filter(|(name, _)| name == piece)
+            .map(|&(_, id)| id)
+            .collect();
+        if ids.is_empty() {
+            return Err(ProcessorError::Config {
+                field: "token_ids",
+                expected: format!("the token ids of the text {piece:?}"),
+                actual: "none given".to_owned(),
+            });
+        }
+        Ok(ids)
+    }
 }
 
 /// How a family's images take their place in the prompt when each anchor is replaced by more
-/// than a run of one token (Llama 4's tiles with separators, …): what
-/// [`FamilyConfig::prompt_replacement`] needs.
+/// than a run of one token (Llama 4's tiles with separators, …), and how its outputs split into
+/// images for an engine: what [`FamilyConfig::prompt_replacement`] and the builders need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplacementSpec {
-    /// The output tensor whose row per image is the image's grid (Llama 4: `aspect_ratios`).
-    pub grid: &'static str,
+    /// The output tensors whose values for one image, concatenated, are that image's grid; each
+    /// is read as `(images, -1)` row-major (Llama 4: `aspect_ratios`; Idefics3: `rows`, `cols`).
+    pub grid: &'static [&'static str],
     /// The token the chat template writes once per image (Llama 4: `<|image|>`).
     pub anchor: &'static str,
     /// The token whose positions take the encoder's embeddings (Llama 4: `<|patch|>`).
     pub embed: &'static str,
-    /// Every token the replacement is made of, the anchor and embed tokens included.
+    /// Every token the replacement is made of, the anchor and embed tokens included (a text
+    /// piece the processor tokenizes, such as `"\n"`, is named like a token).
     pub tokens: &'static [&'static str],
+    /// The published checkpoints' ids of [`tokens`](Self::tokens), for a caller without the
+    /// model's tokenizer.
+    pub defaults: &'static [(&'static str, u32)],
+    /// The output tensors whose dim 0 concatenates the images' rows ([`Replacement::rows`]
+    /// each); engines take them flat, split by [`sizes`](Self::sizes). Empty: every tensor has
+    /// one entry per image.
+    pub flat: &'static [&'static str],
+    /// The name of the 1-D rows-per-image tensor that splits the [`flat`](Self::flat) tensors:
+    /// the engine model's own name for it (vLLM Llama 4: `patches_per_image`).
+    pub sizes: &'static str,
+    /// The outputs carry a leading sample dimension of 1 that engines do not take (Idefics3:
+    /// `pixel_values` `(1, tiles, 3, H, W)`); the builders drop it from every tensor.
+    pub per_sample: bool,
 }
 
 /// One image's prompt replacement: its tokens, which of them take encoder embeddings (vLLM's

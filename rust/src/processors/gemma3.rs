@@ -16,7 +16,9 @@
 use std::borrow::Cow;
 
 use super::clip::Prepared;
-use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
+use super::family::{
+    i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
+};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
 use super::value::{
@@ -174,7 +176,122 @@ impl FamilyConfig for Gemma3Config {
         let crops = i64_values(outputs, "num_crops")?;
         Some(crops.iter().map(|&c| (1 + c) * seq).collect())
     }
+
+    fn replacement_spec(&self) -> Option<ReplacementSpec> {
+        Some(REPLACEMENT)
+    }
+
+    fn prompt_replacement(
+        &self,
+        grid: &[i64],
+        ids: &TokenIds<'_>,
+    ) -> Option<Result<Replacement, ProcessorError>> {
+        Some(prompt_replacement(self, grid, ids))
+    }
 }
+
+/// The begin-of-image token: the chat template's anchor, once per image (`boi_token`).
+pub const BOI: &str = "<start_of_image>";
+/// The end-of-image token (`eoi_token`).
+pub const EOI: &str = "<end_of_image>";
+/// The token whose positions take the embeddings (`image_token`, `config.json`'s
+/// `image_token_index`).
+pub const SOFT: &str = "<image_soft_token>";
+/// The text `Gemma3Processor.full_image_sequence` puts on both sides of an image.
+pub const NEWLINES: &str = "\n\n";
+/// The pan-and-scan text, as the tokenizer meets it between special tokens: before the
+/// original image, between it and the first crop, between two crops.
+pub const PAN_INTRO: &str = "Here is the original image \n\n";
+pub const PAN_CROPS: &str = "\n\n and here are some crops to help you see better \n\n";
+pub const PAN_BETWEEN: &str = "\n\n \n\n";
+
+/// `Gemma3Processor`'s tokens and text pieces (see [`prompt_replacement`]).
+pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
+    grid: &["num_crops"],
+    anchor: BOI,
+    embed: SOFT,
+    tokens: &[BOI, EOI, SOFT, NEWLINES, PAN_INTRO, PAN_CROPS, PAN_BETWEEN],
+    // google/gemma-3-*-it: Gemma3Config boi_token_index 255999, eoi_token_index 256000,
+    // image_token_index 262144; "\n\n" is 108 in the Gemma 3 vocabulary ("\n" 107). The
+    // pan-and-scan pieces have no default (their ids come from the model's tokenizer.json).
+    defaults: &[
+        (BOI, 255_999),
+        (EOI, 256_000),
+        (SOFT, 262_144),
+        (NEWLINES, 108),
+    ],
+    // vLLM's Gemma3ForConditionalGeneration: pixel_values flat by num_patches = num_crops + 1.
+    flat: &["pixel_values"],
+    sizes: "num_patches",
+    per_sample: false,
+};
+
+/// `Gemma3Processor.replace_image_token`: an image without crops becomes
+/// `full_image_sequence` = `"\n\n" <start_of_image> <image_soft_token>×image_seq_length
+/// <end_of_image> "\n\n"`; an image with `n` pan-and-scan crops becomes
+/// `"Here is the original image " + full + " and here are some crops to help you see better "
+/// + " ".join([full] * n)`. The tokenizer splits the special tokens out first, so the text
+/// between two of them is tokenized on its own: the pieces [`PAN_INTRO`], [`PAN_CROPS`] and
+/// [`PAN_BETWEEN`] (their ids come from the model's tokenizer), and the closing
+/// [`NEWLINES`]. Only the `<image_soft_token>` positions take embeddings (vLLM:
+/// `PromptUpdateDetails.select_token_id(repl, image_token_id)`); the image owns `1 + n` rows of
+/// `pixel_values` (vLLM's `num_patches`).
+pub fn prompt_replacement(
+    config: &Gemma3Config,
+    grid: &[i64],
+    ids: &TokenIds<'_>,
+) -> Result<Replacement, ProcessorError> {
+    let crops = match grid {
+        &[n] if n >= 0 && n <= MAX_CROPS as i64 => n as usize,
+        _ => {
+            return Err(ProcessorError::Config {
+                field: "num_crops",
+                expected: format!("one crop count between 0 and {MAX_CROPS}"),
+                actual: format!("{grid:?}"),
+            })
+        }
+    };
+    let boi = ids.get(BOI)?;
+    let eoi = ids.get(EOI)?;
+    let soft = ids.get(SOFT)?;
+    let newlines = ids.text(NEWLINES)?;
+    let seq = config.image_seq_length;
+    let image = |tokens: &mut Vec<u32>| {
+        tokens.push(boi);
+        tokens.extend(std::iter::repeat_n(soft, seq));
+        tokens.push(eoi);
+    };
+    let mut tokens = Vec::new();
+    if crops == 0 {
+        tokens.extend_from_slice(&newlines);
+        image(&mut tokens);
+    } else {
+        let (intro, middle, between) = (
+            ids.text(PAN_INTRO)?,
+            ids.text(PAN_CROPS)?,
+            ids.text(PAN_BETWEEN)?,
+        );
+        tokens.extend_from_slice(&intro);
+        image(&mut tokens);
+        tokens.extend_from_slice(&middle);
+        image(&mut tokens);
+        for _ in 1..crops {
+            tokens.extend_from_slice(&between);
+            image(&mut tokens);
+        }
+    }
+    tokens.extend_from_slice(&newlines);
+    let embed = tokens.iter().map(|&t| t == soft).collect();
+    Ok(Replacement {
+        tokens,
+        embed,
+        rows: 1 + crops,
+    })
+}
+
+/// Ours: more crops than any pan-and-scan setting a model ships with (transformers bounds
+/// `pan_and_scan_max_num_crops` by nothing; the prompt grows with it).
+const MAX_CROPS: usize = 1 << 16;
 
 /// One pan-and-scan crop: `(top, left, height, width)`, already clipped to the image as numpy
 /// slicing clips it (so the last crop may be narrower, or even empty).
@@ -444,6 +561,50 @@ mod tests {
         .unwrap();
         let err = off.images(&inputs, &Options::default()).unwrap_err();
         assert_eq!(err.kind(), "batch_shape");
+    }
+
+    #[test]
+    fn replacement_as_gemma3_processor() {
+        let mut owned: Vec<(String, u32)> = [(BOI, 255_999), (EOI, 256_000), (SOFT, 262_144)]
+            .iter()
+            .map(|&(n, i)| (n.to_owned(), i))
+            .collect();
+        owned.push((NEWLINES.to_owned(), 108));
+        let config = Gemma3Config::gemma3();
+        let plain = prompt_replacement(&config, &[0], &TokenIds(&owned)).unwrap();
+        assert_eq!(plain.tokens.len(), 256 + 4);
+        assert_eq!(&plain.tokens[..2], &[108, 255_999]);
+        assert_eq!(&plain.tokens[258..], &[256_000, 108]);
+        assert_eq!(plain.embed.iter().filter(|&&e| e).count(), 256);
+        assert_eq!(plain.rows, 1);
+        // Crops need the sentence pieces: a configuration error naming the first.
+        let err = prompt_replacement(&config, &[2], &TokenIds(&owned)).unwrap_err();
+        assert!(
+            err.to_string().contains("Here is the original image"),
+            "{err}"
+        );
+        // Pieces of several tokens keep their order.
+        for (piece, ids) in [
+            (PAN_INTRO, [1, 2]),
+            (PAN_CROPS, [3, 4]),
+            (PAN_BETWEEN, [5, 6]),
+        ] {
+            owned.extend(ids.iter().map(|&i| (piece.to_owned(), i)));
+        }
+        let three = prompt_replacement(&config, &[3], &TokenIds(&owned)).unwrap();
+        let block = 258;
+        assert_eq!(
+            three.tokens.len(),
+            2 + block + 2 + block + 2 * (2 + block) + 1
+        );
+        assert_eq!(&three.tokens[..3], &[1, 2, 255_999]);
+        assert_eq!(&three.tokens[2 + block..2 + block + 3], &[3, 4, 255_999]);
+        assert_eq!(three.tokens[4 + 2 * block], 5);
+        assert_eq!(three.tokens.last(), Some(&108));
+        assert_eq!(three.embed.iter().filter(|&&e| e).count(), 4 * 256);
+        assert_eq!(three.rows, 4);
+        assert!(prompt_replacement(&config, &[-1], &TokenIds(&owned)).is_err());
+        assert!(prompt_replacement(&config, &[1, 1], &TokenIds(&owned)).is_err());
     }
 
     #[test]

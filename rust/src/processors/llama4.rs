@@ -207,7 +207,7 @@ impl FamilyConfig for Llama4Config {
 /// and the global tile's marker; `<|patch|>` (`image_token_index` of `config.json`) the
 /// positions that take the vision embeddings.
 pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
-    grid: "aspect_ratios",
+    grid: &["aspect_ratios"],
     anchor: "<|image|>",
     embed: "<|patch|>",
     tokens: &[
@@ -218,6 +218,21 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
         "<|tile_x_separator|>",
         "<|tile_y_separator|>",
     ],
+    // Scout/Maverick: LLAMA4_VISION_SPECIAL_TOKENS from 200080 (transformers'
+    // convert_llama4_weights_to_hf.py; Llama4Config boi 200080, eoi 200081, image_token_index
+    // 200092).
+    defaults: &[
+        ("<|image_start|>", 200080),
+        ("<|image_end|>", 200081),
+        ("<|tile_x_separator|>", 200084),
+        ("<|tile_y_separator|>", 200085),
+        ("<|image|>", 200090),
+        ("<|patch|>", 200092),
+    ],
+    // vLLM's Llama4ForConditionalGeneration: pixel_values flat by patches_per_image.
+    flat: &["pixel_values"],
+    sizes: "patches_per_image",
+    per_sample: false,
 };
 
 /// `Llama4Processor._prompt_split_image(aspect_ratio, tokens_per_tile)`: `<|image_start|>`;

@@ -18,7 +18,9 @@
 //! Mistral-Small-3.1), so the sizes are the ones the model's placeholder tokens are counted on.
 
 use super::clip::{write_padded, Prepared};
-use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
+use super::family::{
+    i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
+};
 use super::normalize::Normalize;
 use super::sizes::center_crop_origin;
 use super::value::{
@@ -192,6 +194,77 @@ impl FamilyConfig for PixtralConfig {
                 .collect(),
         )
     }
+
+    fn replacement_spec(&self) -> Option<ReplacementSpec> {
+        Some(REPLACEMENT)
+    }
+
+    fn prompt_replacement(
+        &self,
+        grid: &[i64],
+        ids: &TokenIds<'_>,
+    ) -> Option<Result<Replacement, ProcessorError>> {
+        Some(prompt_replacement(self, grid, ids))
+    }
+}
+
+/// `PixtralProcessor`'s tokens: `[IMG]` is both the chat template's anchor (once per image)
+/// and the token whose positions take the embeddings (`config.json`'s `image_token_index`).
+pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
+    grid: &["image_sizes"],
+    anchor: "[IMG]",
+    embed: "[IMG]",
+    tokens: &["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+    // mistral-community/pixtral-12b (the tekken special tokens: [IMG] 10, [IMG_BREAK] 12,
+    // [IMG_END] 13; config.json image_token_index 10).
+    defaults: &[("[IMG]", 10), ("[IMG_BREAK]", 12), ("[IMG_END]", 13)],
+    // One (padded) entry of pixel_values per image, image_sizes beside it.
+    flat: &[],
+    sizes: "",
+    per_sample: false,
+};
+
+/// `PixtralProcessor.replace_image_token` for an image whose processed size (its
+/// `image_sizes` row) is `(h, w)`, with `p = patch_size × spatial_merge_size`: `h // p` rows of
+/// `w // p` `[IMG]` each ended by `[IMG_BREAK]`, the last one by `[IMG_END]` instead. Only the
+/// `[IMG]` positions take embeddings (vLLM: `PromptUpdateDetails.select_token_id(tokens,
+/// image_token_id)`); each image is one entry of `pixel_values`.
+pub fn prompt_replacement(
+    config: &PixtralConfig,
+    grid: &[i64],
+    ids: &TokenIds<'_>,
+) -> Result<Replacement, ProcessorError> {
+    let (ph, pw) = config.effective_patch();
+    let (rows, cols) = match grid {
+        &[h, w] if h >= ph as i64 && w >= pw as i64 && h.max(w) <= super::MAX_SIDE as i64 => {
+            (h as usize / ph, w as usize / pw)
+        }
+        _ => {
+            return Err(ProcessorError::Config {
+                field: "image_sizes",
+                expected: format!(
+                    "a processed (height, width) of at least one {ph}x{pw} patch and at most {} \
+                     per side",
+                    super::MAX_SIDE
+                ),
+                actual: format!("{grid:?}"),
+            })
+        }
+    };
+    let image = ids.get("[IMG]")?;
+    let row_break = ids.get("[IMG_BREAK]")?;
+    let end = ids.get("[IMG_END]")?;
+    let mut tokens = Vec::with_capacity(rows * (cols + 1));
+    for r in 0..rows {
+        tokens.extend(std::iter::repeat_n(image, cols));
+        tokens.push(if r + 1 == rows { end } else { row_break });
+    }
+    let embed = tokens.iter().map(|&t| t == image).collect();
+    Ok(Replacement {
+        tokens,
+        embed,
+        rows: 1,
+    })
 }
 
 fn as_pixtral_size(value: &Value) -> Result<PixtralSize, ProcessorError> {
@@ -437,6 +510,33 @@ mod tests {
             .images(&[inputs[0], tall], &Options::default())
             .unwrap_err();
         assert_eq!((err.kind(), err.index()), ("image_shape", Some(1)));
+    }
+
+    #[test]
+    fn replacement_as_pixtral_processor() {
+        let owned: Vec<(String, u32)> = [("[IMG]", 10), ("[IMG_BREAK]", 12), ("[IMG_END]", 13)]
+            .iter()
+            .map(|&(n, i)| (n.to_owned(), i))
+            .collect();
+        let ids = TokenIds(&owned);
+        let config = PixtralConfig::pixtral();
+        // 48 x 32 with patch 16: 3 rows of 2.
+        let r = prompt_replacement(&config, &[48, 32], &ids).unwrap();
+        assert_eq!(r.tokens, [10, 10, 12, 10, 10, 12, 10, 10, 13]);
+        assert_eq!(r.embed.iter().filter(|&&e| e).count(), 6);
+        assert_eq!(r.rows, 1);
+        let one = prompt_replacement(&config, &[16, 16], &ids).unwrap();
+        assert_eq!(one.tokens, [10, 13]);
+        // spatial_merge_size 2: the patch is 32.
+        let merged = PixtralConfig {
+            spatial_merge_size: 2,
+            ..PixtralConfig::pixtral()
+        };
+        let m = prompt_replacement(&merged, &[64, 96], &ids).unwrap();
+        assert_eq!(m.tokens, [10, 10, 10, 12, 10, 10, 10, 13]);
+        assert!(prompt_replacement(&config, &[8, 32], &ids).is_err());
+        assert!(prompt_replacement(&config, &[48], &ids).is_err());
+        assert!(prompt_replacement(&config, &[48, 32], &TokenIds(&[])).is_err());
     }
 
     #[test]

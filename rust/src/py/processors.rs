@@ -493,21 +493,34 @@ impl PyPreprocessor {
         Ok(out)
     }
 
-    /// replacement_spec() -> tuple[str, str, str, list[str]] | None
+    /// replacement_spec() -> ReplacementSpec | None
     /// --
     ///
-    /// For a family whose image anchor becomes more than a run of one token (Llama 4):
-    /// `(grid, anchor, embed, tokens)`, the output tensor whose row per image is its grid, the
-    /// chat template's anchor token, the token that takes the embeddings, and every token of the
-    /// replacement (transformers' spelling). `None` for the other families.
-    fn replacement_spec(
-        &self,
-    ) -> Option<(&'static str, &'static str, &'static str, Vec<&'static str>)> {
-        self.inner
-            .config()
-            .get()
-            .replacement_spec()
-            .map(|s| (s.grid, s.anchor, s.embed, s.tokens.to_vec()))
+    /// For a family whose image anchor becomes more than a run of one token (Llama 4, the tiled
+    /// families): a dict with `grid` (the output tensors whose values per image are its grid),
+    /// `anchor` (the chat template's token), `embed` (the token that takes the embeddings),
+    /// `tokens` (every token of the replacement, transformers' spelling), `defaults` (their
+    /// published ids), `flat` (the tensors engines take flat), `sizes` (the name of their
+    /// rows-per-image tensor) and `per_sample` (the outputs carry a sample dimension of 1).
+    /// `None` for the other families.
+    fn replacement_spec<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(spec) = self.inner.config().get().replacement_spec() else {
+            return Ok(None);
+        };
+        let out = PyDict::new(py);
+        out.set_item("grid", spec.grid.to_vec())?;
+        out.set_item("anchor", spec.anchor)?;
+        out.set_item("embed", spec.embed)?;
+        out.set_item("tokens", spec.tokens.to_vec())?;
+        let defaults = PyDict::new(py);
+        for &(name, id) in spec.defaults {
+            defaults.set_item(name, id)?;
+        }
+        out.set_item("defaults", defaults)?;
+        out.set_item("flat", spec.flat.to_vec())?;
+        out.set_item("sizes", spec.sizes)?;
+        out.set_item("per_sample", spec.per_sample)?;
+        Ok(Some(out))
     }
 
     /// prompt_replacement(grid, token_ids) -> tuple[list[int], list[bool], int]

@@ -379,19 +379,27 @@ def first_dim(array: npt.NDArray[Any], key: str, field: str) -> int:
     return int(array.shape[0])
 
 
+# The rows-per-item tensor of the tiled families in the contracts without layout keys (SGLang,
+# TokenSpeed): the builders send it under this name whatever the engine model calls it.
+SIZES_KEY = "patches_per_image"
+
+
 def infer_layout(
     tensors: Mapping[str, npt.NDArray[Any]], primary: str, n: int, field: str
 ) -> tuple[dict[str, Layout], dict[str, tuple[int, ...]]]:
     """The batch layout of a contract without layout keys (SGLang, TokenSpeed items).
 
     The primary tensor is ``flat`` when the batch has a grid (``image_grid_thw`` /
-    ``video_grid_thw``: rows per item ``t * h * w``) or a ``patches_per_image`` sizes tensor,
-    else ``batched`` when its dim 0 has one entry per item; side tensors are ``batched`` when
-    their dim 0 has ``n`` entries, else ``shared``. Returns the layout and the flat sizes.
+    ``video_grid_thw``: rows per item ``t * h * w``) or a ``patches_per_image`` sizes tensor
+    (the tiled families; then every side tensor whose dim 0 holds the same rows, and not one
+    per item, is flat as well), else ``batched`` when its dim 0 has one entry per item; the
+    other side tensors are ``batched`` when their dim 0 has ``n`` entries, else ``shared``.
+    Returns the layout and the flat sizes.
     """
     layout: dict[str, Layout] = {}
     sizes: dict[str, tuple[int, ...]] = {}
     grid_key = next((k for k in GRID_KEYS if k in tensors), None)
+    tiled: tuple[int, ...] | None = None
     if primary in tensors:
         array = tensors[primary]
         rows = first_dim(array, primary, f"{field}.{primary}")
@@ -407,21 +415,26 @@ def infer_layout(
                     actual=sum(per_item),
                 )
             layout[primary], sizes[primary] = "flat", per_item
-        elif "patches_per_image" in tensors:
-            sizes_field = f"{field}.model_specific_tensors[patches_per_image]"
-            sizes[primary] = sizes_of(tensors["patches_per_image"], n, rows, sizes_field, primary)
-            layout[primary] = "flat"
+        elif SIZES_KEY in tensors:
+            sizes_field = f"{field}.model_specific_tensors[{SIZES_KEY}]"
+            tiled = sizes_of(tensors[SIZES_KEY], n, rows, sizes_field, primary)
+            layout[primary], sizes[primary] = "flat", tiled
         elif rows == n:
             layout[primary] = "batched"
         else:
             raise MultimodalLayoutError(
                 f"{field}.{primary}: {rows} entries on dim 0 for {n} items, and no grid or "
-                "patches_per_image tensor says how they split",
+                f"{SIZES_KEY} tensor says how they split",
                 field=f"{field}.{primary}",
                 expected=n,
                 actual=rows,
             )
     for key, array in tensors.items():
-        if key != primary:
-            layout[key] = "batched" if array.ndim > 0 and array.shape[0] == n else "shared"
+        if key == primary:
+            continue
+        first = array.shape[0] if array.ndim > 0 else None
+        if tiled is not None and first == sum(tiled) and first != n:
+            layout[key], sizes[key] = "flat", tiled
+        else:
+            layout[key] = "batched" if first == n else "shared"
     return layout, sizes

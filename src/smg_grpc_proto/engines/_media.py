@@ -31,6 +31,7 @@ from smg_grpc_proto.errors import (
 from smg_grpc_proto.vision import DeferredOutput, ImageProcessor, ProcessorOutput
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._inputs import flatten_images, flatten_videos, to_native
+from smg_grpc_proto.vision._processor import TENSOR_NAMES
 from smg_grpc_proto.vision._tokens import VisionTokens
 
 __all__ = [
@@ -48,37 +49,91 @@ Layout = Literal["batched", "flat", "shared"]
 
 _HASH_DOMAIN = b"smg-grpc-proto/media/v1\x00"
 
-# Placeholder token ids of the published checkpoints, used when no config.json is given.
+
+# Placeholder token ids (image, video) of the published checkpoints of the families whose
+# replacement is a run of one token, used when no config.json is given:
+# - Qwen2/2.5/3-VL: <|image_pad|> 151655, <|video_pad|> 151656 (their configs' image_token_id /
+#   video_token_id).
+# - Qwen3.5: 248056 / 248057 (transformers' Qwen3_5Config image_token_id / video_token_id, the
+#   published Qwen3.5 checkpoints' values).
+# - LLaVA-1.5 / LLaVA-NeXT: <image> 32000 (LlavaConfig image_token_index).
+# - CLIP: a bare CLIP tower has no prompt; its canonical VLM is LLaVA-1.5
+#   (llava-hf/llava-1.5-7b-hf: CLIP ViT-L/14-336 through CLIPImageProcessor), so <image> 32000.
+# - SigLIP: its canonical VLM is PaliGemma (google/paligemma-3b-pt-224: SiglipImageProcessor,
+#   config.json image_token_index 257152, the tokenizer's <image>).
+# - Phi-4-multimodal: <|image|> 200010 (transformers' Phi4MultimodalVisionConfig image_token_id;
+#   vLLM's phi4_multimodal.py _IMAGE_PLACEHOLDER_TOKEN_ID, "<|endoftext10|>" in the original
+#   vocab); Phi4MultimodalProcessor writes it num_img_tokens times.
+# - Phi-3-vision: <|image|> 32044 (vLLM's phi3v.py _IMAGE_TOKEN_ID; the SMG gateway's phi3_v
+#   spec expands <|image|> into a run of it); the run is num_img_tokens long.
 _DEFAULT_TOKENS: dict[str, tuple[int, int | None]] = {
     "qwen2_vl": (151655, 151656),
     "qwen2_5_vl": (151655, 151656),
     "qwen3_vl": (151655, 151656),
+    "qwen3_5": (248056, 248057),
+    "clip": (32000, None),
     "llava": (32000, None),
     "llava_next": (32000, None),
+    "siglip": (257152, None),
+    "phi4_multimodal": (200010, None),
+    "phi3_v": (32044, None),
 }
 
-# The special tokens of the published checkpoints of the families whose prompt replacement is
-# more than a run of one token (see ``_native.Preprocessor.replacement_spec``), by their
-# transformers spelling. Llama 4 Scout/Maverick: LLAMA4_VISION_SPECIAL_TOKENS start at 200080
-# (transformers' convert_llama4_weights_to_hf.py; Llama4Config's boi 200080, eoi 200081,
-# image_token_index 200092).
-_DEFAULT_NAMED_TOKENS: dict[str, dict[str, int]] = {
-    "llama4": {
-        "<|image_start|>": 200080,
-        "<|image_end|>": 200081,
-        "<|tile_x_separator|>": 200084,
-        "<|tile_y_separator|>": 200085,
-        "<|image|>": 200090,
-        "<|patch|>": 200092,
-    },
-}
-
-# The vision tower of the published LLaVA-1.5 / LLaVA-NeXT checkpoints (processor_config.json):
-# CLIP ViT-L/14 with a CLS token that the "default" strategy drops (576 tokens at 336 px).
+# The vision tower's token rule of the same checkpoints (processor_config.json):
+# - LLaVA-1.5 / LLaVA-NeXT, and CLIP as LLaVA-1.5's tower: CLIP ViT-L/14 with a CLS token that
+#   the "default" strategy drops (576 tokens at 336 px, 256 at the class default 224).
+# - SigLIP as PaliGemma's tower: SigLIP So400m/14, no CLS token, every patch is a token
+#   (PaliGemmaProcessor's image_seq_length 256 at 224 px).
 _DEFAULT_VISION_TOKENS: dict[str, VisionTokens] = {
+    "clip": VisionTokens(14, 1, "default"),
     "llava": VisionTokens(14, 1, "default"),
     "llava_next": VisionTokens(14, 1, "default"),
+    "siglip": VisionTokens(14, 0, "full"),
 }
+
+# Families whose model takes each image's placeholder count as an input tensor, by its name:
+# vLLM's Phi4MultimodalForCausalLM declares num_img_tokens a batched image field and refuses
+# image inputs without it (phi4_multimodal.py _get_mm_fields_config /
+# _parse_and_validate_image_input), though Phi4MultimodalProcessor drops it from its output.
+_COUNT_TENSORS: dict[str, str] = {
+    "phi4_multimodal": "num_img_tokens",
+}
+
+
+TokenIds = Mapping[str, int | Sequence[int]]
+"""Token ids by name: one id, or the ids of a text piece the tokenizer writes as several."""
+
+
+def _tokenized(directory: Path, names: Sequence[str]) -> dict[str, int | tuple[int, ...]]:
+    """``names`` as the model's ``tokenizer.json`` encodes them (no special tokens added), when
+    the ``tokenizers`` library is importable and the file is a whole tokenizer; else nothing."""
+    path = directory / "tokenizer.json"
+    if not names or not path.is_file():
+        return {}
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # not importable, or not a complete tokenizer.json
+        return {}
+    out: dict[str, int | tuple[int, ...]] = {}
+    for name in names:
+        ids = tuple(int(i) for i in tokenizer.encode(name, add_special_tokens=False).ids)
+        if ids:
+            out[name] = ids[0] if len(ids) == 1 else ids
+    return out
+
+
+def _id_pairs(names: Sequence[str], ids: TokenIds) -> list[tuple[str, int]]:
+    """``(name, id)`` pairs for the native replacement, a text piece's ids in order."""
+    pairs: list[tuple[str, int]] = []
+    for name in names:
+        value = ids.get(name)
+        if isinstance(value, int):
+            pairs.append((name, value))
+        elif value is not None:
+            pairs.extend((name, int(v)) for v in value)
+    return pairs
 
 
 def _added_tokens(directory: Path, names: Sequence[str]) -> dict[str, int]:
@@ -184,8 +239,9 @@ class VisionModel:
     image_token_id: int
     video_token_id: int | None = None
     model_type: str = ""
-    token_ids: Mapping[str, int] = field(default_factory=dict)
-    """The special tokens the family's prompt replacement is written with, by name."""
+    token_ids: TokenIds = field(default_factory=dict)
+    """The special tokens (and text pieces) the family's prompt replacement is written with,
+    by name; a text piece the tokenizer writes as several tokens maps to their ids in order."""
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike[str], **kwargs: Any) -> VisionModel:
@@ -205,19 +261,26 @@ class VisionModel:
             if isinstance(loaded, dict):
                 config = loaded
         defaults = _DEFAULT_TOKENS.get(processor.family, (None, None))
-        named: dict[str, int] = {}
+        named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
-            named = _added_tokens(directory, spec[3])
-            missing = [t for t in spec[3] if t not in named]
-            fallback = _DEFAULT_NAMED_TOKENS.get(processor.family, {})
-            if any(t not in fallback for t in missing):
+            names = spec["tokens"]
+            named = {**_added_tokens(directory, names)}
+            # text pieces (Gemma 3's "\n\n", its pan-and-scan text) as the tokenizer writes them
+            named.update(_tokenized(directory, [t for t in names if t not in named]))
+            fallback = spec["defaults"]
+            named.update({t: fallback[t] for t in names if t not in named and t in fallback})
+            # the anchor and embedding tokens are needed always; another piece only when a
+            # replacement uses it (Gemma 3's pan-and-scan text), and the error then names it
+            missing = [t for t in (spec["anchor"], spec["embed"]) if t not in named]
+            if missing:
                 raise MultimodalError(
                     f"{directory}: the tokenizer (tokenizer.json added_tokens, "
                     f"tokenizer_config.json added_tokens_decoder) has no id for {missing}",
                     field="token_ids",
                 )
-            named.update({t: fallback[t] for t in missing})
-            defaults = (named[spec[2]], None)
+            embed = named[spec["embed"]]
+            if isinstance(embed, int):
+                defaults = (embed, None)
         image = _config_int(config, "image_token_id", "image_token_index")
         image = image if image is not None else defaults[0]
         if image is None:
@@ -228,7 +291,7 @@ class VisionModel:
             )
         video = _config_int(config, "video_token_id", "video_token_index")
         if spec is not None:
-            named[spec[2]] = image  # config.json's image_token_index is the embedding token
+            named[spec["embed"]] = image  # config.json's image token is the embedding token
         return cls(
             processor,
             image,
@@ -245,32 +308,39 @@ class VisionModel:
         config: Mapping[str, Any] | None = None,
         image_token_id: int | None = None,
         video_token_id: int | None = None,
-        token_ids: Mapping[str, int] | None = None,
+        token_ids: TokenIds | None = None,
         **kwargs: Any,
     ) -> VisionModel:
         """The family's class defaults and, unless given, its published checkpoints' token ids
-        (Qwen2/2.5/3-VL 151655/151656, LLaVA and LLaVA-NeXT 32000, Llama 4 Scout/Maverick's
-        ``<|image_start|>`` 200080 … ``<|patch|>`` 200092 as ``token_ids``) and, for LLaVA and
-        LLaVA-NeXT, their vision tower's token rule (patch 14, one CLS token dropped). CLIP and
-        SigLIP towers need ``image_token_id`` and ``vision_tokens``. ``config`` overrides
-        transformers config keys; ``kwargs`` go to
+        (Qwen2/2.5/3-VL 151655/151656, Qwen3.5 248056/248057, LLaVA and LLaVA-NeXT 32000,
+        Phi-4-multimodal 200010, Phi-3-vision 32044; a family with a replacement rule takes its
+        ``token_ids`` from the Rust family's ``replacement_spec`` defaults, e.g. Llama 4
+        Scout/Maverick's ``<|image_start|>`` 200080 … ``<|patch|>`` 200092) and, for LLaVA and
+        LLaVA-NeXT, their vision tower's token rule (patch 14, one CLS token dropped). A bare
+        tower counts as its canonical VLM: CLIP as LLaVA-1.5's (``<image>`` 32000, the CLS
+        dropped), SigLIP as PaliGemma's (``<image>`` 257152, every patch a token). ``config``
+        overrides transformers config keys; ``kwargs`` go to
         :class:`~smg_grpc_proto.vision.ImageProcessor`."""
         if family in _DEFAULT_VISION_TOKENS:
             kwargs.setdefault("vision_tokens", _DEFAULT_VISION_TOKENS[family])
         processor = ImageProcessor(family, config, **kwargs)
         spec = processor._native.replacement_spec()
         defaults = _DEFAULT_TOKENS.get(family, (None, None))
-        named: dict[str, int] = {}
+        named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
-            named = {**_DEFAULT_NAMED_TOKENS.get(family, {}), **(token_ids or {})}
+            named = {**spec["defaults"], **(token_ids or {})}
             if image_token_id is not None:
-                named[spec[2]] = image_token_id
-            missing = [t for t in spec[3] if t not in named]
+                named[spec["embed"]] = image_token_id
+            # a piece without a published id (Gemma 3's pan-and-scan text) is needed only when a
+            # replacement uses it, and the error then names it
+            missing = [t for t in (spec["anchor"], spec["embed"]) if t not in named]
             if missing:
                 raise MultimodalError(
                     f"family {family!r}: no id for {missing}; pass token_ids", field="token_ids"
                 )
-            defaults = (named[spec[2]], None)
+            embed = named[spec["embed"]]
+            if isinstance(embed, int):
+                defaults = (embed, None)
         image = image_token_id if image_token_id is not None else defaults[0]
         if image is None:
             raise MultimodalError(
@@ -334,23 +404,24 @@ class VisionModel:
         replacements: tuple[tuple[npt.NDArray[np.uint32], npt.NDArray[np.bool_]], ...] = ()
         rows: tuple[int, ...] = ()
         if spec is not None:
-            grid_name, anchor_name, _, names = spec
-            grids = getattr(output.ready, grid_name)
-            if grids is None:
-                raise MultimodalError(f"{self.family}: no {grid_name} output", field=grid_name)
-            ids = {n: self.token_ids[n] for n in names if n in self.token_ids}
-            ids[spec[2]] = token
-            anchor = ids.get(anchor_name)
+            grids = []
+            for name in spec["grid"]:
+                values = getattr(output.ready, name, None)
+                if values is None:
+                    raise MultimodalError(f"{self.family}: no {name} output", field=name)
+                grids.append(np.asarray(values).reshape(len(items), -1))
+            ids = {**self.token_ids, spec["embed"]: token}
+            named_anchor = ids.get(spec["anchor"])
+            anchor = named_anchor if isinstance(named_anchor, int) else None
+            pairs = _id_pairs(spec["tokens"], ids)
             made = [
-                self.processor._native.prompt_replacement(
-                    [int(v) for v in row], sorted(ids.items())
-                )
-                for row in np.asarray(grids).reshape(len(items), -1).tolist()
+                self.processor._native.prompt_replacement([int(v) for v in row], pairs)
+                for row in np.concatenate(grids, axis=1).tolist()
             ]
             replacements = tuple(
                 (np.asarray(t, dtype=np.uint32), np.asarray(e, dtype=np.bool_)) for t, e, _ in made
             )
-            rows = tuple(r for _, _, r in made)
+            rows = tuple(r for _, _, r in made) if spec["flat"] else ()
             counts = tuple(int(e.sum()) for _, e in replacements)
         return PreparedMedia(
             processed=output,
@@ -363,6 +434,9 @@ class VisionModel:
             anchor_id=anchor,
             replacements=replacements,
             item_rows=rows,
+            flat_names=tuple(spec["flat"]) if spec is not None else (),
+            sizes_key=spec["sizes"] if spec is not None and spec["flat"] else None,
+            per_sample=bool(spec["per_sample"]) if spec is not None else False,
         )
 
     @functools.cached_property
@@ -418,9 +492,18 @@ class PreparedMedia:
     more than a run of :attr:`token_id` (Llama 4); empty otherwise. :attr:`token_counts` are
     then the embedding positions per item."""
     item_rows: tuple[int, ...] = ()
-    """Per item, its rows of the primary tensor when they are not one per item and no grid
-    gives them (Llama 4: its tiles, plus the global tile); they travel as
-    ``patches_per_image``."""
+    """Per item, its rows of the :attr:`flat_names` tensors when they are not one per item and
+    no grid gives them (Llama 4: its tiles, plus the global tile); they travel as the sizes
+    tensor :attr:`sizes_name`."""
+    flat_names: tuple[str, ...] = ()
+    """The tensors whose dim 0 concatenates the items' :attr:`item_rows` (Llama 4:
+    ``pixel_values``; Idefics3: ``pixel_values`` and ``pixel_attention_mask``)."""
+    sizes_key: str | None = None
+    """The engine model's name for the rows-per-item tensor of :attr:`flat_names` (vLLM Llama 4
+    ``patches_per_image``); ``None``: ``patches_per_image`` / ``patches_per_video``."""
+    per_sample: bool = False
+    """The processor's tensors carry a leading sample dimension of 1 (Idefics3, SmolVLM) that
+    engines do not take: :meth:`tensors` drops it."""
 
     @classmethod
     def from_output(
@@ -455,6 +538,13 @@ class PreparedMedia:
         return media
 
     def __post_init__(self) -> None:
+        if self.flat_names and not self.item_rows:
+            raise MultimodalLayoutError(
+                "item_rows: flat tensors need their rows per item",
+                field="item_rows",
+                expected=len(self.token_counts),
+                actual=0,
+            )
         wire = self.wire_tensors()
         primary = wire.get(self.primary_name)
         if primary is None:
@@ -479,15 +569,14 @@ class PreparedMedia:
                     expected=n,
                     actual=int(array.shape[0]),
                 )
-        if layout[self.primary_name] == "flat":
-            sizes = self.flat_sizes()
-            if sum(sizes) != primary.shape[0]:
+        sizes = self.flat_sizes()
+        for name, array in wire.items():
+            if layout[name] == "flat" and sum(sizes) != array.shape[0]:
                 raise MultimodalLayoutError(
-                    f"{self.primary_name}: {primary.shape[0]} rows, but the grids give "
-                    f"{sum(sizes)}",
-                    field=self.primary_name,
+                    f"{name}: {array.shape[0]} rows, but the items' sizes give {sum(sizes)}",
+                    field=name,
                     expected=sum(sizes),
-                    actual=int(primary.shape[0]),
+                    actual=int(array.shape[0]),
                 )
 
     # -- the tensors, by transformers' names --------------------------------------------------
@@ -507,25 +596,63 @@ class PreparedMedia:
         processed = self.processed
         return processed.ready if isinstance(processed, DeferredOutput) else processed
 
-    def wire_tensors(self) -> dict[str, npt.NDArray[Any] | PendingTensor]:
+    def wire_tensors(
+        self, sizes_name: str | None = None
+    ) -> dict[str, npt.NDArray[Any] | PendingTensor]:
         """:meth:`tensors` as the builders attach them: a tensor not written yet stays a
         :class:`~smg_grpc_proto._native.PendingTensor` (shape, dtype, written on serializing)."""
         processed = self.processed
         if "output" in self.__dict__ or not isinstance(processed, DeferredOutput):
-            return dict(self.tensors())
+            return dict(self.tensors(sizes_name))
         computed = {k: v for k, v in processed.ready.tensors().items() if k in self._names}
         pending = {k: v for k, v in processed.pending.items() if k in self._names}
-        return {**pending, **computed, **self._sizes_tensor()}
+        return {**pending, **self._unsampled(computed), **self._sizes_tensor(sizes_name)}
 
-    def _sizes_tensor(self) -> dict[str, npt.NDArray[np.int64]]:
-        """``patches_per_image`` (one entry per item) when :attr:`item_rows` are set."""
+    def _unsampled(self, tensors: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+        """``tensors`` without the leading sample dimension of 1 when :attr:`per_sample`."""
+        if not self.per_sample:
+            return tensors
+        out: dict[str, npt.NDArray[Any]] = {}
+        for name, array in tensors.items():
+            if array.ndim < 2 or array.shape[0] != 1:
+                raise MultimodalLayoutError(
+                    f"{name}: shape {list(array.shape)}, expected a leading sample dimension of 1",
+                    field=name,
+                    expected=1,
+                    actual=int(array.shape[0]) if array.ndim else 0,
+                )
+            out[name] = array[0]
+        return out
+
+    def _sizes_tensor(self, sizes_name: str | None = None) -> dict[str, npt.NDArray[np.int64]]:
+        """The rows-per-item tensor (one entry per item) when :attr:`item_rows` are set, under
+        ``sizes_name`` (default :attr:`sizes_name`), and the per-item placeholder counts of a
+        model that takes them as a tensor (Phi-4-multimodal's ``num_img_tokens``)."""
+        counts = _COUNT_TENSORS.get(self.family) if self.modality == "image" else None
+        extra = {counts: np.asarray(self.token_counts, dtype=np.int64)} if counts else {}
         if not self.item_rows:
-            return {}
-        return {self.sizes_name: np.asarray(self.item_rows, dtype=np.int64)}
+            return extra
+        name = sizes_name or self.sizes_name
+        sizes = np.asarray(self.item_rows, dtype=np.int64)
+        own = self._ready.tensors().get(name)
+        if own is not None and name in self._names:
+            if not np.array_equal(np.asarray(own).reshape(-1), sizes):
+                raise MultimodalLayoutError(
+                    f"{name}: the output's {own.reshape(-1).tolist()} are not the items' rows "
+                    f"{list(self.item_rows)}",
+                    field=name,
+                    expected=list(self.item_rows),
+                    actual=own.reshape(-1).tolist(),
+                )
+            return extra
+        return {**extra, name: sizes}
 
     @property
     def sizes_name(self) -> str:
-        """The sizes tensor of a flat primary tensor (vLLM's ``flat_keys`` value)."""
+        """The sizes tensor of the flat tensors (vLLM's ``flat_keys`` value): the engine model's
+        name for it, else ``patches_per_image`` / ``patches_per_video``."""
+        if self.sizes_key is not None:
+            return self.sizes_key
         return "patches_per_video" if self.modality == "video" else "patches_per_image"
 
     @property
@@ -535,9 +662,10 @@ class PreparedMedia:
 
     @property
     def _names(self) -> tuple[str, ...]:
+        videos = ("pixel_values_videos", "video_grid_thw")
         if self.modality == "video":
-            return ("pixel_values_videos", "video_grid_thw")
-        return ("pixel_values", "image_grid_thw", "image_sizes", "aspect_ratios")
+            return videos
+        return tuple(n for n in TENSOR_NAMES if n not in videos)
 
     @property
     def count(self) -> int:
@@ -549,7 +677,13 @@ class PreparedMedia:
 
     @property
     def primary_name(self) -> str:
-        return "pixel_values_videos" if self.modality == "video" else "pixel_values"
+        """The encoder input's name: ``pixel_values`` (``pixel_values_videos`` for videos;
+        Phi-4-multimodal ``image_pixel_values``)."""
+        if self.modality == "video":
+            return "pixel_values_videos"
+        if getattr(self._ready, "image_pixel_values", None) is not None:
+            return "image_pixel_values"
+        return "pixel_values"
 
     @property
     def grid_name(self) -> str | None:
@@ -561,25 +695,28 @@ class PreparedMedia:
         value: npt.NDArray[Any] | None = getattr(self.output, self.primary_name)
         return value
 
-    def tensors(self) -> dict[str, npt.NDArray[Any]]:
-        """The primary tensor and its side tensors for this modality (and ``patches_per_image``
-        when :attr:`item_rows` are set)."""
+    def tensors(self, sizes_name: str | None = None) -> dict[str, npt.NDArray[Any]]:
+        """The primary tensor and its side tensors for this modality, without a per-sample
+        dimension (:attr:`per_sample`), and the sizes tensor (under ``sizes_name``, default
+        :attr:`sizes_name`) when :attr:`item_rows` are set."""
         named = {k: v for k, v in self.output.tensors().items() if k in self._names}
-        return {**named, **self._sizes_tensor()}
+        return {**self._unsampled(named), **self._sizes_tensor(sizes_name)}
+
+    def _flat(self) -> frozenset[str]:
+        if self.item_rows:
+            return frozenset(self.flat_names or (self.primary_name,))
+        return frozenset((self.primary_name,)) if self.grid_name is not None else frozenset()
 
     def layout(self) -> dict[str, Layout]:
         """How each tensor splits into items: Qwen's patches are flat (rows per item from the
-        grid), Llama 4's tiles too (rows per item from :attr:`item_rows`); everything else has
-        one entry per item on dim 0."""
-        flat = self.grid_name is not None or bool(self.item_rows)
-        return {
-            name: ("flat" if flat and name == self.primary_name else "batched")
-            for name in self.wire_tensors()
-        }
+        grid), the tiled families' :attr:`flat_names` too (rows per item from
+        :attr:`item_rows`); everything else has one entry per item on dim 0."""
+        flat = self._flat()
+        return {name: ("flat" if name in flat else "batched") for name in self.wire_tensors()}
 
     def flat_sizes(self) -> tuple[int, ...]:
-        """Rows of the primary tensor per item (Qwen: ``t * h * w`` of each grid row; Llama 4:
-        :attr:`item_rows`)."""
+        """Rows of the flat tensors per item (Qwen: ``t * h * w`` of each grid row; tiled
+        families: :attr:`item_rows`)."""
         if self.item_rows:
             return self.item_rows
         grid = self.grid_name
@@ -588,17 +725,18 @@ class PreparedMedia:
         rows = getattr(self._ready, grid)
         return tuple(int(t) * int(h) * int(w) for t, h, w in rows.tolist())
 
-    def item_tensors(self, index: int) -> dict[str, npt.NDArray[Any]]:
+    def item_tensors(
+        self, index: int, sizes_name: str | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
         """Item ``index``'s slice of every tensor (views, no copy); batched tensors keep a
         leading dimension of 1."""
         if not 0 <= index < self.count:
             raise IndexError(f"item {index} of {self.count}")
-        layout = self.layout()
+        flat = self._flat()
         out: dict[str, npt.NDArray[Any]] = {}
-        flat = self.grid_name is not None or bool(self.item_rows)
-        starts = np.concatenate([[0], np.cumsum(self.flat_sizes())]) if flat else None
-        for name, array in self.tensors().items():
-            if layout[name] == "flat" and starts is not None:
+        starts = np.concatenate([[0], np.cumsum(self.flat_sizes())])
+        for name, array in self.tensors(sizes_name).items():
+            if name in flat:
                 out[name] = array[int(starts[index]) : int(starts[index + 1])]
             else:
                 out[name] = array[index : index + 1]

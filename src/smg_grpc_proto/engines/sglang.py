@@ -134,7 +134,7 @@ def _fill(
 ) -> None:
     """Fill ``message.mm_inputs`` with one batch of images placed at ``ranges``."""
     mm: Any = message.message.mm_inputs
-    tensors = media.wire_tensors()
+    tensors = media.wire_tensors(_decoded.SIZES_KEY)
     attach(message, "mm_inputs.pixel_values", tensors.pop(media.primary_name), dtype, "inline", 0)
     for name, array in tensors.items():
         attach(message, f"mm_inputs.model_specific_tensors[{name}]", array, None, "inline", 0)

@@ -131,7 +131,7 @@ def _fill(
                 placeholder_token_id=batch.token_id,
             )
             item.placeholders.add(offset=offset, length=ranges[b][i][1])
-            tensors = batch.item_tensors(i)
+            tensors = batch.item_tensors(i, _decoded.SIZES_KEY)
             attach(
                 message,
                 f"{at}.encoder_input",

@@ -226,16 +226,23 @@ def _fill_batch(
     side: Transport = "inline" if transport == "inline" or not pixels else "auto"
     for name, array in tensors.items():
         attach(message, f"{at}.model_specific_tensors[{name}]", array, None, side, shm_min_bytes)
-    wire = {primary: "pixel_values"}  # the primary travels as pixel_values whatever its name
+    # The primary travels in the pixel_values field. Under the modality's own name (image
+    # pixel_values; video pixel_values_videos, which VIDEO renames from pixel_values) the layout
+    # keys call it pixel_values; under any other name (Phi-4-multimodal image_pixel_values) that
+    # name goes to encoder_input_key, and the layout keys use it, as vLLM's servicer registers it.
+    if primary == ("pixel_values_videos" if media.modality == "video" else "pixel_values"):
+        wire = {primary: "pixel_values"}
+    else:
+        wire = {primary: primary}
+        mm.encoder_input_key = primary
     sizes_key = media.sizes_name
-    sized = sizes_key in layout  # the media carries its sizes tensor (Llama 4)
-    if layout[primary] == "flat":
-        if not sized:
-            sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
-            path = f"{at}.model_specific_tensors[{sizes_key}]"
-            attach(message, path, sizes, None, "inline", 0)
-        if pixels:
-            mm.flat_keys["pixel_values"] = sizes_key
+    sized = sizes_key in layout  # the media carries its sizes tensor (the tiled families)
+    if layout[primary] == "flat" and not sized:
+        sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
+        attach(message, f"{at}.model_specific_tensors[{sizes_key}]", sizes, None, "inline", 0)
+    for name, kind in layout.items():
+        if kind == "flat" and (pixels or name != primary):
+            mm.flat_keys[wire.get(name, name)] = sizes_key
     mm.batched_keys.extend(
         wire.get(k, k)
         for k, kind in layout.items()

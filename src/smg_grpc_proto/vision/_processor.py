@@ -43,6 +43,24 @@ PixelArray = npt.NDArray[Any]
 I64Array = npt.NDArray[np.int64]
 
 
+# Every tensor a ProcessorOutput can hold, by transformers' name, in the order tensors() gives.
+TENSOR_NAMES = (
+    "pixel_values",
+    "image_pixel_values",
+    "image_grid_thw",
+    "image_sizes",
+    "image_attention_mask",
+    "aspect_ratios",
+    "num_crops",
+    "num_patches",
+    "pixel_attention_mask",
+    "rows",
+    "cols",
+    "pixel_values_videos",
+    "video_grid_thw",
+)
+
+
 @dataclass(frozen=True)
 class ProcessorOutput:
     """The tensors of one call, under transformers' names, and the placeholder token counts."""
@@ -97,22 +115,7 @@ class ProcessorOutput:
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
-        names = (
-            "pixel_values",
-            "image_pixel_values",
-            "image_grid_thw",
-            "image_sizes",
-            "image_attention_mask",
-            "aspect_ratios",
-            "num_crops",
-            "num_patches",
-            "pixel_attention_mask",
-            "rows",
-            "cols",
-            "pixel_values_videos",
-            "video_grid_thw",
-        )
-        return {n: v for n in names if (v := getattr(self, n)) is not None}
+        return {n: v for n in TENSOR_NAMES if (v := getattr(self, n)) is not None}
 
     def attach(
         self,
