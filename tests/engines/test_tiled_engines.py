@@ -19,7 +19,7 @@ from smg_grpc_proto.engines import PreparedMedia, VisionModel, _decoded, expand_
 from smg_grpc_proto.engines import sglang as sglang_adapter
 from smg_grpc_proto.engines import tokenspeed as ts_adapter
 from smg_grpc_proto.engines import vllm as vllm_adapter
-from smg_grpc_proto.errors import MultimodalError
+from smg_grpc_proto.errors import MultimodalError, ProcessorConfigError
 
 # OpenGVLab/InternVL3-*-hf: Qwen2.5-VL's tokenizer + <img>, </img>, <IMG_CONTEXT>.
 INTERNVL = {"<img>": 151665, "</img>": 151666, "<IMG_CONTEXT>": 151667}
@@ -427,8 +427,11 @@ def test_for_family_uses_the_published_ids() -> None:
     smolvlm = _model("smolvlm")
     assert smolvlm.image_token_id == 49190
     assert dict(smolvlm.token_ids) == {**SMOLVLM, "\n\n": SMOL_DOUBLE_NEWLINE}
-    with pytest.raises(MultimodalError, match="token_ids"):
-        VisionModel.for_family("smolvlm")
+    # without an id for "\n\n", only images that are not split can be expanded
+    bare = VisionModel.for_family("smolvlm", config=CONFIG["smolvlm"])
+    assert bare.prepare(_images(1, [(300, 300)])).item_rows == (1,)
+    with pytest.raises((MultimodalError, ProcessorConfigError), match="\n\n"):
+        bare.prepare(_images(1, [(600, 1100)]))
 
 
 def test_from_pretrained_reads_token_ids(tmp_path: Path) -> None:
