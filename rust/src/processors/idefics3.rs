@@ -22,7 +22,9 @@
 
 use std::borrow::Cow;
 
-use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
+use super::family::{
+    i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
+};
 use super::normalize::Normalize;
 use super::value::{as_bool, as_count, hf_keys, BadSize, Common, Raw, RawMap, Value};
 use super::{
@@ -84,6 +86,17 @@ pub struct Idefics3Config {
     pub do_pad: bool,
     /// Ours: the processor's `image_seq_len` (`<image>` tokens per tile).
     pub image_seq_len: usize,
+    /// Ours: whose tokenizer writes the prompt (the pixels are the same).
+    pub variant: Variant,
+}
+
+/// Idefics3 or SmolVLM: the same pixels and replacement text, but Idefics3's Llama 3
+/// tokenizer spells `<row_r_col_c>` and `<global-img>` in several text tokens where SmolVLM's
+/// has one added token each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Idefics3,
+    SmolVlm,
 }
 
 fn longest_edge(field: &'static str, value: &Value, max: usize) -> Result<usize, ProcessorError> {
@@ -122,13 +135,17 @@ impl Idefics3Config {
             do_image_splitting: true,
             do_pad: true,
             image_seq_len: 169,
+            variant: Variant::Idefics3,
         }
     }
 
     /// `SmolVLMImageProcessorPil`'s class defaults: the same as Idefics3's (the published
     /// SmolVLM configs set other sizes, e.g. 2048 and 512).
     pub fn smolvlm() -> Self {
-        Self::idefics3()
+        Idefics3Config {
+            variant: Variant::SmolVlm,
+            ..Self::idefics3()
+        }
     }
 }
 
@@ -195,6 +212,373 @@ impl FamilyConfig for Idefics3Config {
                 .map(|(&r, &c)| (r * c + 1) * seq)
                 .collect(),
         )
+    }
+
+    fn replacement_spec(&self) -> Option<ReplacementSpec> {
+        Some(match self.variant {
+            Variant::Idefics3 => IDEFICS3_REPLACEMENT,
+            Variant::SmolVlm => SMOLVLM_REPLACEMENT,
+        })
+    }
+
+    fn prompt_replacement(
+        &self,
+        grid: &[i64],
+        ids: &TokenIds<'_>,
+    ) -> Option<Result<Replacement, ProcessorError>> {
+        Some(prompt_replacement(self, grid, ids))
+    }
+}
+
+/// The row and column numbers Idefics3's `<row_r_col_c>` can carry here: Llama 3 spells each
+/// number of up to three digits as one token; these have default ids (16 × 364 > 4096, so any
+/// image of `MAX_IMAGE_SIZE` with the published tile side fits).
+const NUMBERS: [&str; 16] = [
+    "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+];
+
+/// SmolVLM's added `<row_r_col_c>` tokens, row-major, `r, c` in 1..=6.
+const SMOLVLM_MARKERS: [&str; 36] = [
+    "<row_1_col_1>",
+    "<row_1_col_2>",
+    "<row_1_col_3>",
+    "<row_1_col_4>",
+    "<row_1_col_5>",
+    "<row_1_col_6>",
+    "<row_2_col_1>",
+    "<row_2_col_2>",
+    "<row_2_col_3>",
+    "<row_2_col_4>",
+    "<row_2_col_5>",
+    "<row_2_col_6>",
+    "<row_3_col_1>",
+    "<row_3_col_2>",
+    "<row_3_col_3>",
+    "<row_3_col_4>",
+    "<row_3_col_5>",
+    "<row_3_col_6>",
+    "<row_4_col_1>",
+    "<row_4_col_2>",
+    "<row_4_col_3>",
+    "<row_4_col_4>",
+    "<row_4_col_5>",
+    "<row_4_col_6>",
+    "<row_5_col_1>",
+    "<row_5_col_2>",
+    "<row_5_col_3>",
+    "<row_5_col_4>",
+    "<row_5_col_5>",
+    "<row_5_col_6>",
+    "<row_6_col_1>",
+    "<row_6_col_2>",
+    "<row_6_col_3>",
+    "<row_6_col_4>",
+    "<row_6_col_5>",
+    "<row_6_col_6>",
+];
+
+/// `Idefics3Processor`'s tokens for `HuggingFaceM4/Idefics3-8B-Llama3`: its tokenizer adds only
+/// `<fake_token_around_image>`, `<image>` and `<end_of_utterance>` to Llama 3's 128256, so the
+/// text `<row_r_col_c>` is the Llama 3 tokens `<` `row` `_` r `_col` `_` c `>`, `<global-img>`
+/// is `<` `global` `-img` `>`, and the newlines are `\n` and (after the last tile row, where the
+/// row's `\n` meets the global image's) `\n\n`. The chat template writes `<image>` once per
+/// image; the `<image>` positions take the embeddings.
+pub const IDEFICS3_REPLACEMENT: ReplacementSpec = ReplacementSpec {
+    grid: &["rows", "cols"],
+    anchor: "<image>",
+    embed: "<image>",
+    tokens: &[
+        "<fake_token_around_image>",
+        "<image>",
+        "<",
+        ">",
+        "row",
+        "_",
+        "_col",
+        "global",
+        "-img",
+        "\n",
+        "\n\n",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+        "8",
+        "9",
+        "10",
+        "11",
+        "12",
+        "13",
+        "14",
+        "15",
+        "16",
+    ],
+    // Idefics3Config's image_token_id 128257 (convert_idefics3_weights_to_hf.py: vocab_size
+    // + additional_vocab_size 3, less 2); the text pieces are Meta Llama 3's tokenizer ranks
+    // (the llama-models package's llama3/tokenizer.model, with its pre-tokenizer pattern).
+    defaults: &[
+        ("<fake_token_around_image>", 128256),
+        ("<image>", 128257),
+        ("<", 27),
+        (">", 29),
+        ("row", 654),
+        ("_", 62),
+        ("_col", 10422),
+        ("global", 9951),
+        ("-img", 21743),
+        ("\n", 198),
+        ("\n\n", 271),
+        ("1", 16),
+        ("2", 17),
+        ("3", 18),
+        ("4", 19),
+        ("5", 20),
+        ("6", 21),
+        ("7", 22),
+        ("8", 23),
+        ("9", 24),
+        ("10", 605),
+        ("11", 806),
+        ("12", 717),
+        ("13", 1032),
+        ("14", 975),
+        ("15", 868),
+        ("16", 845),
+    ],
+    // vLLM's Idefics3ForConditionalGeneration: pixel_values and pixel_attention_mask flat by
+    // num_patches (its processor squeezes the sample dimension).
+    flat: &["pixel_values", "pixel_attention_mask"],
+    sizes: "num_patches",
+    per_sample: true,
+};
+
+/// `SmolVLMProcessor`'s tokens for the published SmolVLM / SmolVLM2 checkpoints (SmolLM2
+/// tokenizers): `<global-img>` 49152, `<row_1_col_1>` … `<row_6_col_6>` 49153 … 49188
+/// row-major, `<fake_token_around_image>` 49189, `<image>` 49190 (`image_token_id`).
+pub const SMOLVLM_REPLACEMENT: ReplacementSpec = ReplacementSpec {
+    grid: &["rows", "cols"],
+    anchor: "<image>",
+    embed: "<image>",
+    tokens: &[
+        "<fake_token_around_image>",
+        "<image>",
+        "<global-img>",
+        "\n",
+        "\n\n",
+        "<row_1_col_1>",
+        "<row_1_col_2>",
+        "<row_1_col_3>",
+        "<row_1_col_4>",
+        "<row_1_col_5>",
+        "<row_1_col_6>",
+        "<row_2_col_1>",
+        "<row_2_col_2>",
+        "<row_2_col_3>",
+        "<row_2_col_4>",
+        "<row_2_col_5>",
+        "<row_2_col_6>",
+        "<row_3_col_1>",
+        "<row_3_col_2>",
+        "<row_3_col_3>",
+        "<row_3_col_4>",
+        "<row_3_col_5>",
+        "<row_3_col_6>",
+        "<row_4_col_1>",
+        "<row_4_col_2>",
+        "<row_4_col_3>",
+        "<row_4_col_4>",
+        "<row_4_col_5>",
+        "<row_4_col_6>",
+        "<row_5_col_1>",
+        "<row_5_col_2>",
+        "<row_5_col_3>",
+        "<row_5_col_4>",
+        "<row_5_col_5>",
+        "<row_5_col_6>",
+        "<row_6_col_1>",
+        "<row_6_col_2>",
+        "<row_6_col_3>",
+        "<row_6_col_4>",
+        "<row_6_col_5>",
+        "<row_6_col_6>",
+    ],
+    defaults: &[
+        ("<fake_token_around_image>", 49189),
+        ("<image>", 49190),
+        ("<global-img>", 49152),
+        ("\n", 198),
+        ("<row_1_col_1>", 49153),
+        ("<row_1_col_2>", 49154),
+        ("<row_1_col_3>", 49155),
+        ("<row_1_col_4>", 49156),
+        ("<row_1_col_5>", 49157),
+        ("<row_1_col_6>", 49158),
+        ("<row_2_col_1>", 49159),
+        ("<row_2_col_2>", 49160),
+        ("<row_2_col_3>", 49161),
+        ("<row_2_col_4>", 49162),
+        ("<row_2_col_5>", 49163),
+        ("<row_2_col_6>", 49164),
+        ("<row_3_col_1>", 49165),
+        ("<row_3_col_2>", 49166),
+        ("<row_3_col_3>", 49167),
+        ("<row_3_col_4>", 49168),
+        ("<row_3_col_5>", 49169),
+        ("<row_3_col_6>", 49170),
+        ("<row_4_col_1>", 49171),
+        ("<row_4_col_2>", 49172),
+        ("<row_4_col_3>", 49173),
+        ("<row_4_col_4>", 49174),
+        ("<row_4_col_5>", 49175),
+        ("<row_4_col_6>", 49176),
+        ("<row_5_col_1>", 49177),
+        ("<row_5_col_2>", 49178),
+        ("<row_5_col_3>", 49179),
+        ("<row_5_col_4>", 49180),
+        ("<row_5_col_5>", 49181),
+        ("<row_5_col_6>", 49182),
+        ("<row_6_col_1>", 49183),
+        ("<row_6_col_2>", 49184),
+        ("<row_6_col_3>", 49185),
+        ("<row_6_col_4>", 49186),
+        ("<row_6_col_5>", 49187),
+        ("<row_6_col_6>", 49188),
+    ],
+    // vLLM's SmolVLMForConditionalGeneration (Idefics3's processor): as Idefics3.
+    flat: &["pixel_values", "pixel_attention_mask"],
+    sizes: "num_patches",
+    per_sample: true,
+};
+
+/// `get_image_prompt_string` (SmolVLM) / `Idefics3Processor.replace_image_token`, tokenized.
+/// Not split (`rows == cols == 0`): `<fake_token_around_image>`, `<global-img>`, `<image>` ×
+/// `image_seq_len`, `<fake_token_around_image>` (one row of `pixel_values`). Split: per tile
+/// row, per tile `<fake_token_around_image>`, `<row_r_col_c>`, `<image>` × `image_seq_len`,
+/// then `\n`; then `\n` and the unsplit form for the global image (`rows · cols + 1` rows). The
+/// last row's `\n` and the global image's make one `\n\n` token.
+pub fn prompt_replacement(
+    config: &Idefics3Config,
+    grid: &[i64],
+    ids: &TokenIds<'_>,
+) -> Result<Replacement, ProcessorError> {
+    let max = match config.variant {
+        Variant::Idefics3 => NUMBERS.len(),
+        Variant::SmolVlm => 6,
+    };
+    let (rows, cols) = match *grid {
+        [0, 0] => (0, 0),
+        [r, c] if r >= 1 && c >= 1 && r as u64 <= max as u64 && c as u64 <= max as u64 => {
+            (r as usize, c as usize)
+        }
+        _ => {
+            return Err(ProcessorError::Config {
+                field: "rows",
+                expected: format!(
+                    "rows and cols both 0 (not split) or both between 1 and {max} (the \
+                     <row_r_col_c> markers with known token ids)"
+                ),
+                actual: format!("{grid:?}"),
+            })
+        }
+    };
+    let fake = ids.get("<fake_token_around_image>")?;
+    let image = ids.get("<image>")?;
+    let global: Vec<u32> = match config.variant {
+        Variant::Idefics3 => vec![
+            ids.get("<")?,
+            ids.get("global")?,
+            ids.get("-img")?,
+            ids.get(">")?,
+        ],
+        Variant::SmolVlm => vec![ids.get("<global-img>")?],
+    };
+    let seq = config.image_seq_len;
+    let mut out = Built::default();
+    if rows > 0 {
+        let newline = ids.get("\n")?;
+        let double = ids.get("\n\n")?;
+        for r in 1..=rows {
+            for c in 1..=cols {
+                let marker = marker(config.variant, r, c, ids)?;
+                out.text(&[fake]);
+                out.text(&marker);
+                out.images(image, seq);
+            }
+            out.text(&[if r < rows { newline } else { double }]);
+        }
+    }
+    out.text(&[fake]);
+    out.text(&global);
+    out.images(image, seq);
+    out.text(&[fake]);
+    Ok(Replacement {
+        tokens: out.tokens,
+        embed: out.embed,
+        rows: rows * cols + 1,
+    })
+}
+
+/// A replacement being written: its tokens and which take embeddings.
+#[derive(Default)]
+struct Built {
+    tokens: Vec<u32>,
+    embed: Vec<bool>,
+}
+
+impl Built {
+    fn text(&mut self, piece: &[u32]) {
+        self.tokens.extend_from_slice(piece);
+        self.embed.extend(std::iter::repeat_n(false, piece.len()));
+    }
+
+    fn images(&mut self, image: u32, n: usize) {
+        self.tokens.extend(std::iter::repeat_n(image, n));
+        self.embed.extend(std::iter::repeat_n(true, n));
+    }
+}
+
+/// The tokens of `<row_r_col_c>` (1-based `r`, `c` within the variant's markers).
+fn marker(
+    variant: Variant,
+    r: usize,
+    c: usize,
+    ids: &TokenIds<'_>,
+) -> Result<Vec<u32>, ProcessorError> {
+    match variant {
+        Variant::Idefics3 => {
+            let number = |n: usize| -> Result<u32, ProcessorError> {
+                let name = NUMBERS.get(n - 1).ok_or_else(|| ProcessorError::Config {
+                    field: "rows",
+                    expected: format!("at most {} tile rows and columns", NUMBERS.len()),
+                    actual: n.to_string(),
+                })?;
+                ids.get(name)
+            };
+            let under = ids.get("_")?;
+            Ok(vec![
+                ids.get("<")?,
+                ids.get("row")?,
+                under,
+                number(r)?,
+                ids.get("_col")?,
+                under,
+                number(c)?,
+                ids.get(">")?,
+            ])
+        }
+        Variant::SmolVlm => {
+            let name = SMOLVLM_MARKERS.get((r - 1) * 6 + (c - 1)).ok_or_else(|| {
+                ProcessorError::Config {
+                    field: "rows",
+                    expected: "at most 6 tile rows and columns".to_owned(),
+                    actual: format!("{r}x{c}"),
+                }
+            })?;
+            Ok(vec![ids.get(name)?])
+        }
     }
 }
 
@@ -392,6 +776,70 @@ pub fn images(
 mod tests {
     use super::*;
     use crate::processors::{Family, Preprocessor};
+
+    fn default_ids(spec: &ReplacementSpec) -> Vec<(String, u32)> {
+        spec.defaults
+            .iter()
+            .map(|&(n, i)| (n.to_owned(), i))
+            .collect()
+    }
+
+    #[test]
+    fn replacement_as_idefics3_processor() {
+        let owned = default_ids(&IDEFICS3_REPLACEMENT);
+        let ids = TokenIds(&owned);
+        let mut config = Idefics3Config::idefics3();
+        config.image_seq_len = 2;
+        let global = [128256, 27, 9951, 21743, 29, 128257, 128257, 128256];
+        let one = prompt_replacement(&config, &[0, 0], &ids).unwrap();
+        assert_eq!(one.tokens, global);
+        assert_eq!(one.rows, 1);
+        assert_eq!(
+            one.embed,
+            [false, false, false, false, false, true, true, false]
+        );
+        // 2 x 1: <row_1_col_1>, \n, <row_2_col_1>, \n\n, global.
+        let tiles = prompt_replacement(&config, &[2, 1], &ids).unwrap();
+        let row = |r: u32| [128256, 27, 654, 62, r, 10422, 62, 16, 29, 128257, 128257];
+        let want: Vec<u32> = [&row(16)[..], &[198], &row(17)[..], &[271], &global[..]].concat();
+        assert_eq!(tiles.tokens, want);
+        assert_eq!(tiles.rows, 3);
+        assert_eq!(tiles.embed.iter().filter(|&&e| e).count(), 6);
+        let twelve = prompt_replacement(&config, &[12, 16], &ids).unwrap();
+        assert_eq!(twelve.rows, 12 * 16 + 1);
+        assert!(prompt_replacement(&config, &[17, 1], &ids).is_err());
+        assert!(prompt_replacement(&config, &[0, 1], &ids).is_err());
+        assert!(prompt_replacement(&config, &[1], &ids).is_err());
+        assert!(prompt_replacement(&config, &[0, 0], &TokenIds(&[])).is_err());
+    }
+
+    #[test]
+    fn replacement_as_smolvlm_processor() {
+        let owned = default_ids(&SMOLVLM_REPLACEMENT);
+        let mut with_double = owned.clone();
+        with_double.push(("\n\n".to_owned(), 7));
+        let ids = TokenIds(&with_double);
+        let mut config = Idefics3Config::smolvlm();
+        config.image_seq_len = 1;
+        assert_eq!(config.replacement_spec(), Some(SMOLVLM_REPLACEMENT));
+        let one = prompt_replacement(&config, &[0, 0], &ids).unwrap();
+        assert_eq!(one.tokens, [49189, 49152, 49190, 49189]);
+        let tiles = prompt_replacement(&config, &[2, 2], &ids).unwrap();
+        assert_eq!(
+            tiles.tokens,
+            [
+                49189, 49153, 49190, 49189, 49154, 49190, 198, 49189, 49159, 49190, 49189, 49160,
+                49190, 7, 49189, 49152, 49190, 49189
+            ]
+        );
+        assert_eq!(tiles.rows, 5);
+        let six = prompt_replacement(&config, &[6, 6], &ids).unwrap();
+        assert!(six.tokens.contains(&49188));
+        assert!(prompt_replacement(&config, &[7, 1], &ids).is_err());
+        // Split images need the id of \n\n.
+        assert!(prompt_replacement(&config, &[1, 2], &TokenIds(&owned)).is_err());
+        assert!(prompt_replacement(&config, &[0, 0], &TokenIds(&owned)).is_ok());
+    }
 
     #[test]
     fn sizes_as_transformers() {

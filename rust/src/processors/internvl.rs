@@ -18,7 +18,9 @@
 
 use std::borrow::Cow;
 
-use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
+use super::family::{
+    i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
+};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
 use super::value::{as_bool, as_count, as_size, hf_keys, size_value, Common, Value};
@@ -163,6 +165,79 @@ impl FamilyConfig for InternVlConfig {
         let patches = i64_values(outputs, "num_patches")?;
         Some(patches.iter().map(|&n| n * seq).collect())
     }
+
+    fn replacement_spec(&self) -> Option<ReplacementSpec> {
+        Some(REPLACEMENT)
+    }
+
+    fn prompt_replacement(
+        &self,
+        grid: &[i64],
+        ids: &TokenIds<'_>,
+    ) -> Option<Result<Replacement, ProcessorError>> {
+        Some(prompt_replacement(self, grid, ids))
+    }
+}
+
+/// `InternVLProcessor`'s tokens (the tokenizer's `start_image_token`, `end_image_token` and
+/// `context_image_token`): the chat template writes `<IMG_CONTEXT>` once per image, and the
+/// processor replaces it with `<img>`, `image_seq_length · num_patches` `<IMG_CONTEXT>` and
+/// `</img>`; the `<IMG_CONTEXT>` positions take the embeddings (`image_token_id`).
+pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
+    grid: &["num_patches"],
+    anchor: "<IMG_CONTEXT>",
+    embed: "<IMG_CONTEXT>",
+    tokens: &["<img>", "</img>", "<IMG_CONTEXT>"],
+    // OpenGVLab/InternVL3-*-hf (Qwen2.5 tokenizers): transformers' convert_internvl_weights_to_hf.py
+    // appends <img>, </img>, <IMG_CONTEXT>, … to Qwen2.5-VL's 151665 tokens, and writes
+    // image_token_id 151667 into the config (InternVLConfig's default too).
+    defaults: &[
+        ("<img>", 151665),
+        ("</img>", 151666),
+        ("<IMG_CONTEXT>", 151667),
+    ],
+    // vLLM's InternVLForConditionalGeneration (interns1.py): pixel_values flat by
+    // image_num_patches.
+    flat: &["pixel_values"],
+    sizes: "image_num_patches",
+    per_sample: false,
+};
+
+/// `InternVLProcessor.replace_image_token`: `<img>`, `<IMG_CONTEXT>` × `image_seq_length ·
+/// num_patches`, `</img>`; the image owns `num_patches` rows of `pixel_values` (its tiles and
+/// thumbnail).
+pub fn prompt_replacement(
+    config: &InternVlConfig,
+    grid: &[i64],
+    ids: &TokenIds<'_>,
+) -> Result<Replacement, ProcessorError> {
+    // A tiled image has at most max_patches tiles and a thumbnail.
+    let rows = match grid {
+        &[n] if n >= 1 && n as u64 <= MAX_PATCHES as u64 + 1 => n as usize,
+        _ => {
+            return Err(ProcessorError::Config {
+                field: "num_patches",
+                expected: format!("one tile count between 1 and {}", MAX_PATCHES + 1),
+                actual: format!("{grid:?}"),
+            })
+        }
+    };
+    let start = ids.get("<img>")?;
+    let end = ids.get("</img>")?;
+    let context = ids.get("<IMG_CONTEXT>")?;
+    let run = rows.saturating_mul(config.image_seq_length);
+    let mut tokens = Vec::with_capacity(run.saturating_add(2));
+    tokens.push(start);
+    tokens.extend(std::iter::repeat_n(context, run));
+    tokens.push(end);
+    let mut embed = vec![true; tokens.len()];
+    embed[0] = false;
+    embed[run + 1] = false;
+    Ok(Replacement {
+        tokens,
+        embed,
+        rows,
+    })
 }
 
 /// `get_optimal_tiled_canvas` for an image of `height × width` and tiles of
@@ -383,6 +458,35 @@ pub fn images(
 mod tests {
     use super::*;
     use crate::processors::{Family, Preprocessor};
+
+    #[test]
+    fn replacement_as_internvl_processor() {
+        let owned: Vec<(String, u32)> = REPLACEMENT
+            .defaults
+            .iter()
+            .map(|&(n, i)| (n.to_owned(), i))
+            .collect();
+        let ids = TokenIds(&owned);
+        let mut config = InternVlConfig::internvl();
+        let one = prompt_replacement(&config, &[1], &ids).unwrap();
+        assert_eq!(one.tokens.len(), 258);
+        assert_eq!(
+            (one.tokens[0], one.tokens[1], one.tokens[257]),
+            (151665, 151667, 151666)
+        );
+        assert_eq!(one.embed.iter().filter(|&&e| e).count(), 256);
+        assert!(!one.embed[0] && !one.embed[257]);
+        assert_eq!(one.rows, 1);
+        // 6 tiles + thumbnail, 64 tokens per tile (InternVL2-1B's image_seq_length).
+        config.image_seq_length = 64;
+        let seven = prompt_replacement(&config, &[7], &ids).unwrap();
+        assert_eq!(seven.tokens.len(), 7 * 64 + 2);
+        assert_eq!(seven.rows, 7);
+        assert!(seven.tokens[1..=7 * 64].iter().all(|&t| t == 151667));
+        assert!(prompt_replacement(&config, &[0], &ids).is_err());
+        assert!(prompt_replacement(&config, &[1, 1], &ids).is_err());
+        assert!(prompt_replacement(&config, &[1], &TokenIds(&[])).is_err());
+    }
 
     #[test]
     fn grids_as_transformers() {

@@ -169,6 +169,43 @@ def _added_tokens(directory: Path, names: Sequence[str]) -> dict[str, int]:
                 and token_id >= 0
             ):
                 found[content] = token_id
+    missing = [n for n in names if n not in found]
+    if missing:
+        found.update(_vocab_tokens(directory / "tokenizer.json", missing))
+    return found
+
+
+def _byte_level(text: str) -> str:
+    """``text`` as a byte-level BPE vocabulary spells it (GPT-2's ``bytes_to_unicode``:
+    printable bytes stand for themselves, the others map to U+0100 upwards in byte order)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(0x100 + extra)
+            extra += 1
+    return "".join(table[b] for b in text.encode("utf-8"))
+
+
+def _vocab_tokens(path: Path, names: Sequence[str]) -> dict[str, int]:
+    """The ids of ``names`` that are ordinary tokens of a byte-level BPE ``tokenizer.json``
+    (replacement pieces that are text, such as Idefics3's ``\n\n`` or ``_col``)."""
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        loaded = json.load(f)
+    model = loaded.get("model") if isinstance(loaded, dict) else None
+    if not isinstance(model, dict) or model.get("type", "BPE") != "BPE":
+        return {}
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        return {}
+    found: dict[str, int] = {}
+    for name in names:
+        token_id = vocab.get(_byte_level(name))
+        if isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= 0:
+            found[name] = token_id
     return found
 
 
