@@ -43,7 +43,7 @@ IDEFICS3 = {
         )
     },
 }
-# SmolVLM / SmolVLM2 (SmolLM2 tokenizers). "\n\n" has no published default here: tests give one.
+# SmolVLM-256M/500M and SmolVLM2 (SmolLM2 tokenizers; "\n\n" between added tokens is 1116).
 SMOLVLM = {
     "<fake_token_around_image>": 49189,
     "<image>": 49190,
@@ -55,7 +55,7 @@ SMOLVLM = {
         for c in range(1, 7)
     },
 }
-SMOL_DOUBLE_NEWLINE = 271  # a stand-in id for the tests (see the module's note above)
+SMOL_DOUBLE_NEWLINE = 1116
 
 ANCHOR = {"internvl": 151667, "idefics3": 128257, "smolvlm": 49190}
 SIZES = {
@@ -80,8 +80,7 @@ def _images(seed: int, sizes: list[tuple[int, int]]) -> list[np.ndarray[Any, Any
 
 
 def _model(family: str) -> VisionModel:
-    token_ids = {"\n\n": SMOL_DOUBLE_NEWLINE} if family == "smolvlm" else None
-    return VisionModel.for_family(family, config=CONFIG[family], token_ids=token_ids)  # type: ignore[arg-type]
+    return VisionModel.for_family(family, config=CONFIG[family])  # type: ignore[arg-type]
 
 
 def _media(family: str, sizes: list[tuple[int, int]], seed: int = 0) -> PreparedMedia:
@@ -427,8 +426,10 @@ def test_for_family_uses_the_published_ids() -> None:
     smolvlm = _model("smolvlm")
     assert smolvlm.image_token_id == 49190
     assert dict(smolvlm.token_ids) == {**SMOLVLM, "\n\n": SMOL_DOUBLE_NEWLINE}
-    # without an id for "\n\n", only images that are not split can be expanded
+    # a SmolVLM-Instruct (v1) style tokenizer without the id of "\n\n": only images that are
+    # not split can be expanded
     bare = VisionModel.for_family("smolvlm", config=CONFIG["smolvlm"])
+    object.__setattr__(bare, "token_ids", {k: v for k, v in bare.token_ids.items() if k != "\n\n"})
     assert bare.prepare(_images(1, [(300, 300)])).item_rows == (1,)
     with pytest.raises((MultimodalError, ProcessorConfigError), match="\n\n"):
         bare.prepare(_images(1, [(600, 1100)]))

@@ -357,7 +357,11 @@ pub const IDEFICS3_REPLACEMENT: ReplacementSpec = ReplacementSpec {
 
 /// `SmolVLMProcessor`'s tokens for the published SmolVLM / SmolVLM2 checkpoints (SmolLM2
 /// tokenizers): `<global-img>` 49152, `<row_1_col_1>` … `<row_6_col_6>` 49153 … 49188
-/// row-major, `<fake_token_around_image>` 49189, `<image>` 49190 (`image_token_id`).
+/// row-major, `<fake_token_around_image>` 49189, `<image>` 49190 (`image_token_id`), `"\n"` 198
+/// and `"\n\n"` 1116 (the SmolLM2 tokenizer's own token for a blank line standing between two
+/// added tokens, as it does after the last tile row; followed by text it would be 198 198).
+/// SmolVLM-256M/500M-Instruct and every SmolVLM2; not SmolVLM-Instruct (v1, 2.2B), whose
+/// `<global-img>` and row markers are plain text — read its ids with `from_pretrained`.
 pub const SMOLVLM_REPLACEMENT: ReplacementSpec = ReplacementSpec {
     grid: &["rows", "cols"],
     anchor: "<image>",
@@ -410,6 +414,7 @@ pub const SMOLVLM_REPLACEMENT: ReplacementSpec = ReplacementSpec {
         ("<image>", 49190),
         ("<global-img>", 49152),
         ("\n", 198),
+        ("\n\n", 1116),
         ("<row_1_col_1>", 49153),
         ("<row_1_col_2>", 49154),
         ("<row_1_col_3>", 49155),
@@ -816,9 +821,7 @@ mod tests {
     #[test]
     fn replacement_as_smolvlm_processor() {
         let owned = default_ids(&SMOLVLM_REPLACEMENT);
-        let mut with_double = owned.clone();
-        with_double.push(("\n\n".to_owned(), 7));
-        let ids = TokenIds(&with_double);
+        let ids = TokenIds(&owned);
         let mut config = Idefics3Config::smolvlm();
         config.image_seq_len = 1;
         assert_eq!(config.replacement_spec(), Some(SMOLVLM_REPLACEMENT));
@@ -829,7 +832,7 @@ mod tests {
             tiles.tokens,
             [
                 49189, 49153, 49190, 49189, 49154, 49190, 198, 49189, 49159, 49190, 49189, 49160,
-                49190, 7, 49189, 49152, 49190, 49189
+                49190, 1116, 49189, 49152, 49190, 49189
             ]
         );
         assert_eq!(tiles.rows, 5);
@@ -837,7 +840,9 @@ mod tests {
         assert!(six.tokens.contains(&49188));
         assert!(prompt_replacement(&config, &[7, 1], &ids).is_err());
         // Split images need the id of \n\n.
-        assert!(prompt_replacement(&config, &[1, 2], &TokenIds(&owned)).is_err());
+        let without: Vec<(String, u32)> =
+            owned.iter().filter(|(t, _)| t != "\n\n").cloned().collect();
+        assert!(prompt_replacement(&config, &[1, 2], &TokenIds(&without)).is_err());
         assert!(prompt_replacement(&config, &[0, 0], &TokenIds(&owned)).is_ok());
     }
 

@@ -1,0 +1,192 @@
+"""Every vision family reaches every engine: for each of ``_native.families()``,
+``VisionModel.for_family(f).prepare(images)`` → builder → ``tensors.serialize`` →
+``tensors.parse`` → ``decode_mm_inputs`` gives back every item's tensors byte for byte (vLLM
+inline, shared memory, shared memory as bfloat16; SGLang; TokenSpeed inline and shared memory),
+the placeholder ranges cover each item's whole replacement, the embed masks are exactly the
+positions of the embedding token, and no segment of the request is left in ``/dev/shm``.
+
+The family-specific rules (the tokens of each replacement against transformers' processors)
+are tested per family (``test_llama4_engines.py``, …); this is the matrix of the contract.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from smg_grpc_proto import _native, tensors
+from smg_grpc_proto.engines import PreparedMedia, VisionModel, expand_placeholders
+from smg_grpc_proto.engines import sglang as sglang_adapter
+from smg_grpc_proto.engines import tokenspeed as ts_adapter
+from smg_grpc_proto.engines import vllm as vllm_adapter
+from smg_grpc_proto.engines._decoded import SIZES_KEY, DecodedItem
+
+FAMILIES = [name for name, *_ in _native.families()]
+# A landscape photo-sized image (tiled by every tiling family), a portrait strip, a tiny square.
+SHAPES = [(300, 500), (900, 400), (40, 40)]
+
+
+def _images(seed: int, shapes: list[tuple[int, int]]) -> list[np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in shapes]
+
+
+_PREPARED: dict[tuple[str, int], PreparedMedia] = {}
+
+
+def _media(family: str, n: int) -> PreparedMedia:
+    """The family's media for the first ``n`` shapes (cached: the matrix reuses them)."""
+    key = (family, n)
+    if key not in _PREPARED:
+        model = VisionModel.for_family(family)  # type: ignore[arg-type]
+        _PREPARED[key] = model.prepare(_images(n, SHAPES[:n]))
+    return _PREPARED[key]
+
+
+def _prompt(media: PreparedMedia) -> list[int]:
+    ids = [1, 7]
+    for k in range(media.count):
+        ids += [media.anchor, 100 + k]
+    return [*ids, 2]
+
+
+def _wire(request: tensors.TensorMessage[Any]) -> tensors.TensorMessage[Any]:
+    return tensors.parse(tensors.serialize(request), type(request.message))
+
+
+def _same(decoded: np.ndarray[Any, Any], original: np.ndarray[Any, Any], name: str) -> None:
+    assert decoded.dtype == original.dtype, (name, decoded.dtype, original.dtype)
+    assert decoded.shape == original.shape, (name, decoded.shape, original.shape)
+    assert np.ascontiguousarray(decoded).tobytes() == np.ascontiguousarray(original).tobytes(), name
+
+
+def _expected_tokens(media: PreparedMedia, i: int) -> tuple[np.ndarray[Any, Any], Any]:
+    """Item ``i``'s replacement tokens and embed mask by the model's rule."""
+    if media.replacements:
+        return media.replacements[i]
+    count = media.token_counts[i]
+    return np.full(count, media.token_id, dtype=np.uint32), np.ones(count, dtype=bool)
+
+
+def _check_item(
+    media: PreparedMedia,
+    i: int,
+    item: DecodedItem,
+    ids: np.ndarray[Any, Any],
+    *,
+    dtype: Any = None,
+    sizes_name: str | None = None,
+) -> None:
+    want = media.item_tensors(i, sizes_name)
+    primary = want.pop(media.primary_name)
+    if dtype is not None:
+        primary = primary.astype(dtype)
+    got = dict(item.tensors)
+    decoded_primary = got.pop(media.primary_name, None)
+    if decoded_primary is None:
+        decoded_primary = got.pop("pixel_values")
+    _same(decoded_primary, primary, media.primary_name)
+    name = sizes_name or media.sizes_name
+    if name in got and name not in want:
+        # the builder's sizes tensor of a grid-split primary (Qwen): this item's rows
+        assert got.pop(name).tolist() == [media.flat_sizes()[i]]
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+    for name, array in want.items():
+        _same(got[name], array, name)
+    offset, length = item.placeholder
+    tokens, embed = _expected_tokens(media, i)
+    assert length == tokens.shape[0]
+    assert (ids[offset : offset + length] == tokens).all()
+    # no mask: every position of the range takes an embedding
+    mask = np.ones(length, dtype=bool) if item.embed_mask is None else item.embed_mask
+    assert (np.asarray(mask) == embed).all()
+    assert int(np.count_nonzero(embed)) == media.token_counts[i]
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_prepare_maps_tiles_to_items(family: str) -> None:
+    media = _media(family, 3)
+    assert media.count == 3
+    layout = media.layout()
+    sizes = media.flat_sizes()
+    assert len(sizes) == 3
+    assert min(sizes) >= 1
+    for name, array in media.tensors().items():
+        rows = sum(sizes) if layout[name] == "flat" else 3
+        assert array.shape[0] == rows, (name, array.shape, layout[name])
+    # the items' slices put back together are the whole tensors
+    for name, array in media.tensors().items():
+        parts = [media.item_tensors(i)[name] for i in range(3)]
+        _same(np.concatenate(parts), array, name)
+    ids, ranges = expand_placeholders(_prompt(media), [media])
+    for i, (offset, length) in enumerate(ranges[0]):
+        tokens, _ = _expected_tokens(media, i)
+        assert (ids[offset : offset + length] == tokens).all()
+
+
+@pytest.mark.parametrize(
+    ("transport", "dtype"), [("inline", None), ("shm", None), ("shm", "bfloat16")]
+)
+def test_vllm_round_trip_exact(family: str, transport: str, dtype: str | None) -> None:
+    media = _media(family, 3)
+    request = vllm_adapter.generate_request(
+        "r",
+        _prompt(media),
+        media,
+        transport=transport,  # type: ignore[arg-type]
+        dtype=dtype,
+        shm_min_bytes=0,
+    )
+    assert bool(request.shm_segments) == (transport == "shm")
+    mm = request.message.mm_inputs
+    assert mm.im_token_id == media.token_id
+    flat = {k for k, v in media.layout().items() if v == "flat"}
+    wire_name = {media.primary_name: "pixel_values"}
+    assert set(mm.flat_keys) == {wire_name.get(k, k) for k in flat}
+    assert set(mm.flat_keys.values()) <= {media.sizes_name}
+    (batch,) = vllm_adapter.decode_mm_inputs(_wire(request))
+    ids = np.asarray(request.message.tokenized.input_ids)
+    bf16 = ml_dtypes.bfloat16 if dtype else None
+    for i, item in enumerate(batch.items):
+        _check_item(media, i, item, ids, dtype=bf16)
+    assert [s for s in request.shm_segments if os.path.exists(f"/dev/shm/{s}")] == []
+
+
+def test_sglang_round_trip_exact(family: str) -> None:
+    media = _media(family, 3)
+    request = sglang_adapter.generate_request("r", _prompt(media), media)
+    assert request.message.mm_inputs.im_token_id == media.token_id
+    (batch,) = sglang_adapter.decode_mm_inputs(_wire(request))
+    ids = np.asarray(request.message.tokenized.input_ids)
+    for i, item in enumerate(batch.items):
+        _check_item(media, i, item, ids, sizes_name=SIZES_KEY)
+
+
+@pytest.mark.parametrize(("transport", "dtype"), [("inline", None), ("shm", "bfloat16")])
+def test_tokenspeed_round_trip_exact(family: str, transport: str, dtype: str | None) -> None:
+    media = _media(family, 3)
+    request = ts_adapter.generate_request(
+        "r",
+        _prompt(media),
+        media,
+        transport=transport,  # type: ignore[arg-type]
+        dtype=dtype,
+        shm_min_bytes=0,
+    )
+    items = request.message.mm_inputs.items
+    assert [item.placeholder_token_id for item in items] == [media.token_id] * 3
+    batches = ts_adapter.decode_mm_inputs(_wire(request))
+    ids = np.asarray(request.message.tokenized.input_ids)
+    bf16 = ml_dtypes.bfloat16 if dtype else None
+    for i, decoded in enumerate(batches):
+        (item,) = decoded.items
+        _check_item(media, i, item, ids, dtype=bf16, sizes_name=SIZES_KEY)
+    assert [s for s in request.shm_segments if os.path.exists(f"/dev/shm/{s}")] == []
