@@ -395,6 +395,15 @@ def test_vllm_decoder_refuses(mutate: Any, cls: type[Exception], message: str) -
     assert str(info.value.field).startswith("mm_inputs")  # type: ignore[attr-defined]
 
 
+def test_vllm_decoder_ignores_keep_on_cpu_keys_of_absent_tensors() -> None:
+    """smg 1.13.0 sends Qwen3-VL's model-wide keep_on_cpu_keys (image_grid_thw and
+    video_grid_thw) with an image batch; vLLM's servicer consults them only for the tensors
+    present, and so does the decoder."""
+    message = _vllm_case(lambda mm: mm.keep_on_cpu_keys.append("video_grid_thw"))
+    (batch,) = vllm_adapter.decode_mm_inputs(message, merge_size=2)
+    assert batch.keep_on_cpu == frozenset({"image_grid_thw"})
+
+
 def test_vllm_decoder_refuses_exclusive_inputs() -> None:
     request, _ = _vllm_two()
     message = request.to_message()

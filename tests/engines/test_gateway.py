@@ -1,8 +1,12 @@
 """The real SMG gateway end to end: ``smg launch`` (smg 1.13.0 from PyPI, in its own venv) serves
 OpenAI chat completions — text, streamed text, and an image as a data URL, inline and through
 shared memory — to our reference vLLM servicer on loopback, for a weight-less Qwen2-VL model
-directory written here. Our decoder must read the gateway's tensors, and the completion the HTTP
-client gets must be exactly the toy engine's answer to what the gateway sent.
+directory (support/model_dirs.py). Our decoder must read the gateway's tensors, and the
+completion the HTTP client gets must be exactly the toy engine's answer to what the gateway sent.
+
+``TestAgreement`` then holds the gateway's request against our builder's for every vision
+family both serve (one gateway launch per family), and our ``input_ids`` against transformers'
+processor; where the gateway differs, the difference is asserted and explained.
 
 ``HF_ENDPOINT`` points at a loopback port that is bound but never listens, so nothing can leave
 the machine. The gateway's pixel values are compared with ours (bit-exact with transformers);
@@ -23,13 +27,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 from PIL import Image
 from support.images import CACHE, grace_hopper
-from support.qwen2vl_dir import TOKEN_HIGH, TOKEN_LOW, write_model_dir
+from support.model_dirs import FAMILIES, TOKEN_HIGH, TOKEN_LOW, Family, qwen2_vl, write_model_dir
 
 from smg_grpc_proto.engines import VisionModel
 from smg_grpc_proto.tensors import TensorMessage
@@ -82,6 +86,7 @@ class RecordingServicer(VllmToyServicer):
         self.decoded: dict[str, Any] = {}
         super().__init__(model, on_decoded=self._on_decoded)
         self.requests: dict[str, dict[str, Any]] = {}
+        self.raw: dict[str, Any] = {}  # each request as received (the inline ones re-decode)
         self.aborted: list[str] = []
 
     def _on_decoded(self, request_id: str, decoded: Any, seconds: float) -> None:
@@ -94,6 +99,7 @@ class RecordingServicer(VllmToyServicer):
     async def Generate(self, request: Any, context: Any) -> Any:  # type: ignore[override]
         message = request.message if isinstance(request, TensorMessage) else request
         if hasattr(message, "request_id"):
+            self.raw[message.request_id] = request
             self.requests[message.request_id] = {
                 "ids": list(message.tokenized.input_ids),
                 "max_tokens": message.sampling_params.max_tokens,
@@ -107,7 +113,11 @@ class RecordingServicer(VllmToyServicer):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model_dir(tmp_path_factory.mktemp("models") / MODEL)
+    # vision_token_id 151655 (<|image_pad|>, where vLLM's Qwen2-VL merges the embeddings) rather
+    # than the published 151654: smg fills each image's run with it (see TestAgreement), and
+    # these tests need a request a real vLLM would serve.
+    family = qwen2_vl(vision_token_id=151655, name=MODEL)
+    return write_model_dir(family, tmp_path_factory.mktemp("models") / MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +134,7 @@ class Gateway:
     def __init__(self, binary: Path, worker: str, model_dir: Path, hf_port: int, log: Path,
                  *extra: str) -> None:  # fmt: skip
         self.port = _free_port()
+        self.model = model_dir.name  # the worker's served model name (ToyModel.from_dir)
         command = [
             str(binary), "launch", "--host", "127.0.0.1", "--port", str(self.port),
             "--worker-urls", f"grpc://{worker}", "--model-path", str(model_dir),
@@ -169,7 +180,7 @@ class Gateway:
 
     def chat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
         status, body = self.request(
-            "POST", "/v1/chat/completions", {"model": MODEL, "messages": messages, **params}
+            "POST", "/v1/chat/completions", {"model": self.model, "messages": messages, **params}
         )
         assert status == 200, (status, body[:2000], self.tail())
         result: dict[str, Any] = json.loads(body)
@@ -179,7 +190,7 @@ class Gateway:
         status, body = self.request(
             "POST",
             "/v1/chat/completions",
-            {"model": MODEL, "messages": messages, "stream": True, **params},
+            {"model": self.model, "messages": messages, "stream": True, **params},
         )
         assert status == 200, (status, body[:2000], self.tail())
         events = []
@@ -391,3 +402,289 @@ def test_client_disconnect_aborts_the_engine_request(
             assert servicer.active_requests == 0
         finally:
             servicer.model = fast
+
+
+# -- agreement: the gateway's request against our builder's, family by family ------------------
+# For the same chat (text + 1 or 2 images as data URLs) sent to the gateway, our builder makes
+# the request from the same model directory and tokenizer file: VisionModel.from_pretrained,
+# the chat template rendered with the published anchor once per image, and
+# vllm.generate_request. Our input_ids are also checked against transformers' processor of the
+# family (from the same tokenizer file), so that where the gateway differs we know who is right.
+
+#: Families smg 1.13.0 builds requests for (crates/multimodal/src/registry/) and our builders
+#: serve on main: one gateway launch each.
+AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
+#: Families smg 1.13.0 serves whose builder lands with another issue-21 slice; their directory
+#: writer is ready (support/model_dirs.py) and smg serves it (checked: Phi-3-vision reaches the
+#: engine). To enable one, move its name into AGREE (and assert any deviation found below).
+PENDING = {"phi3_v": "builder lands with issue-21 phi3_v slice"}
+# smg 1.13.0 has no spec for Gemma 3, InternVL, Idefics3, SmolVLM, Pixtral or Phi-4-multimodal
+# (its registry: deepseek_v41, gemma4, glm53_flash, inkling, kimi_k3, kimi_k25, llama4,
+# minimax_m3, nemotron_omni, llava_next, llava, qwen3_asr, qwen3_omni, qwen3_vl, qwen_vl,
+# phi3_v), so there is nothing to agree with for them.
+
+#: transformers' processor of each family: (module, class).
+TRANSFORMERS_PROCESSOR = {
+    "qwen2_vl": ("qwen2_vl", "Qwen2VLProcessor"),
+    "qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLProcessor"),
+    "qwen3_vl": ("qwen3_vl", "Qwen3VLProcessor"),
+    "qwen3_5": ("qwen3_vl", "Qwen3VLProcessor"),  # Qwen3.5's processor_config.json names it
+    "llava": ("llava", "LlavaProcessor"),
+    "llava_next": ("llava_next", "LlavaNextProcessor"),
+    "llama4": ("llama4", "Llama4Processor"),
+}
+
+# -- where smg 1.13.0 and we differ, and who matches transformers (asserted below) ------------
+#: smg's Qwen-VL spec (registry/qwen_vl.rs) fills each image's run, and im_token_id, with
+#: config.json's vision_token_id — 151654 <|vision_pad|> in the published Qwen2-VL and
+#: Qwen2.5-VL configs — where transformers' Qwen2VLProcessor / Qwen2_5_VLProcessor and vLLM's
+#: models write image_token_id 151655 <|image_pad|> (as we do).
+VISION_PAD_RUNS = {"qwen2_vl", "qwen2_5_vl"}
+#: smg's Qwen3-VL spec sends its model-wide keep_on_cpu_keys (image_grid_thw and
+#: video_grid_thw) with an image batch; vLLM's servicer consults them only for the tensors
+#: present, so the extra name is harmless (our decoder ignores it the same way).
+EXTRA_CPU_KEYS = {"qwen3_vl": {"video_grid_thw"}, "qwen3_5": {"video_grid_thw"}}
+#: smg's LLaVA-NeXT token count (vision/processors/llava.rs, calculate_num_tokens) unpads with
+#: f32 round() where transformers' LlavaNextProcessor (and vLLM) truncate int(round(x, 7)): for
+#: the 512 x 600 photo on its 2 x 2 grid (48 x 48 features) the width is 512 * 48 / 600 = 40.96
+#: -> smg 41 (padding 3, 42 columns), transformers 40 (padding 4, 40 columns): 48 * 42 + 48 +
+#: 576 = 2640 tokens against 48 * 40 + 48 + 576 = 2544. The 700 x 300 image agrees (1944).
+LLAVA_NEXT_COUNTS = {"smg": (2640, 1944), "transformers": (2544, 1944)}
+#: Pixel gaps beyond normalisation rounding, from resize geometry (ours are transformers'):
+#: LLaVA-1.5's shortest-edge resize of 512 x 600 is 336 x 393 in transformers (int truncation),
+#: 336 x 394 in smg (round), so its center crop is shifted; LLaVA-NeXT's anyres resize of the
+#: 700 x 300 image is 785 x 336 in transformers (ceil(700 * 336 / 300) in float64) and 784 x 336
+#: in smg (float32), so the pad/content boundary of its crops moves by a column.
+PIXEL_BOUND = {"llava": 3.0, "llava_next": 4.0}
+
+
+class Agreement:
+    """One family's gateway, engine and model directory."""
+
+    def __init__(
+        self, family: Family, model_dir: Path, servicer: RecordingServicer, gateway: Gateway
+    ) -> None:
+        self.family = family
+        self.model_dir = model_dir
+        self.servicer = servicer
+        self.gateway = gateway
+
+
+@pytest.fixture(
+    scope="class",
+    params=[
+        *AGREE,
+        *(pytest.param(f, marks=pytest.mark.skip(reason=r)) for f, r in PENDING.items()),
+    ],
+)
+def agreement(
+    request: pytest.FixtureRequest,
+    smg_binary: Path,
+    closed_port: int,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Agreement]:
+    family = FAMILIES[request.param]()
+    model_dir = write_model_dir(family, tmp_path_factory.mktemp("agree") / family.name)
+    # supports_vision: Phi-3-vision's config names its tower img_processor, not vision_config
+    toy = ToyModel.from_dir(
+        model_dir, token_low=TOKEN_LOW, token_high=TOKEN_HIGH, supports_vision=True
+    )
+    servicer = RecordingServicer(toy)
+    log = tmp_path_factory.mktemp("smg-logs") / f"{family.name}.log"
+    with ReferenceServer("vllm", servicer) as server:
+        gateway = Gateway(smg_binary, server.target, model_dir, closed_port, log)
+        try:
+            yield Agreement(family, model_dir, servicer, gateway)
+        finally:
+            gateway.stop()
+
+
+def _render(family: Family, messages: list[dict[str, Any]]) -> str:
+    """The directory's chat template, image parts as ``{"type": "image"}`` (as smg renders)."""
+    import jinja2
+
+    parts = [
+        {
+            **m,
+            "content": [{"type": "image"} if c["type"] == "image_url" else c for c in m["content"]],
+        }
+        for m in messages
+    ]
+    extra = family.tokenizer_extra
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(family.template)
+    return template.render(
+        messages=parts,
+        add_generation_prompt=True,
+        bos_token=extra.get("bos_token") or "",
+        eos_token=extra.get("eos_token") or "",
+    )
+
+
+def _transformers_ids(
+    family: Family, model_dir: Path, text: str, images: list[bytes], outputs: dict[str, Any]
+) -> list[int]:
+    """transformers' processor of the family on ``text``, with a tokenizer built from the
+    directory's tokenizer.json; its image processor hands back our processor's outputs (their
+    bit-exactness with transformers is tests/vision's; Llama 4's is torchvision-only)."""
+    import importlib
+
+    from transformers import BatchFeature, PreTrainedTokenizerFast
+    from transformers.image_processing_utils import BaseImageProcessor
+
+    module, name = TRANSFORMERS_PROCESSOR[family.family]
+    processor_class = getattr(
+        importlib.import_module(f"transformers.models.{module}.processing_{module}"), name
+    )
+
+    class Outputs(BaseImageProcessor):  # type: ignore[misc]
+        model_input_names: ClassVar[list[str]] = list(outputs)
+        merge_size = family.preprocessor.get("merge_size", 2)
+        image_grid_pinpoints = family.preprocessor.get("image_grid_pinpoints")
+        size = family.preprocessor.get("size")
+
+        def __call__(self, images: Any, **kwargs: Any) -> Any:
+            return BatchFeature(outputs)
+
+        preprocess = __call__
+
+    class Processor(processor_class):  # type: ignore[misc, valid-type]
+        # The Qwen processors check their (absent) video processor against transformers'
+        # video-processor registry, which is empty without torchvision; nothing else is changed.
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> None:
+            return None
+
+    specials = {k: v for k, v in family.tokenizer_extra.items() if k.endswith("_token") and v}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(model_dir / "tokenizer.json"), **specials
+    )
+    processor = Processor(
+        image_processor=Outputs(), tokenizer=tokenizer, **(family.processor_config or {})
+    )
+    pil = [Image.open(io.BytesIO(b)) for b in images]
+    ids = processor(text=text, images=pil)["input_ids"]
+    return [int(i) for i in np.asarray(ids).reshape(-1)]
+
+
+def _png_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def _agreement_images() -> list[bytes]:
+    """The photo (512 x 600) and a landscape crop of it resized to 700 x 300."""
+    photo = _photo()
+    wide = photo.crop((0, 100, 512, 320)).resize((700, 300), Image.Resampling.BICUBIC)
+    return [photo_bytes(photo), photo_bytes(wide)]
+
+
+def _without(ids: Any, ranges: Any) -> list[int]:
+    """``ids`` with the placeholder ranges cut out."""
+    keep = np.ones(len(ids), dtype=bool)
+    for offset, length in ranges:
+        keep[offset : offset + length] = False
+    return [int(i) for i in np.asarray(ids)[keep]]
+
+
+class TestAgreement:
+    """The gateway's request as the servicer received it against our builder's."""
+
+    @pytest.mark.parametrize("n", [1, 2])
+    def test_request(self, agreement: Agreement, n: int) -> None:
+        from tokenizers import Tokenizer
+
+        from smg_grpc_proto.engines import vllm
+
+        family, servicer, key = agreement.family, agreement.servicer, agreement.family.name
+        images = _agreement_images()[:n]
+        messages = [
+            {
+                "role": "user",
+                "content": [
+                    *(
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": _png_url(b)},
+                        }
+                        for b in images
+                    ),
+                    {"type": "text", "text": "Compare these two pictures."},
+                ],
+            }
+        ]
+        with _lock:
+            before = set(servicer.requests)
+            agreement.gateway.chat(messages, max_tokens=4)
+            request_id = _only_new(servicer, before)
+        theirs_request = servicer.raw[request_id]
+        (theirs,) = vllm.decode_mm_inputs(theirs_request)  # inline: decodable again
+        (seen,) = servicer.decoded[request_id]  # the engine read it too
+        assert seen.placeholders == theirs.placeholders
+        theirs_mm = theirs_request.message.mm_inputs
+
+        # ours: the same template with the published anchor, the same tokenizer file
+        text = _render(family, messages)
+        assert text.count(family.gateway_anchor) == n
+        text = text.replace(family.gateway_anchor, family.anchor)
+        tokenizer = Tokenizer.from_file(str(agreement.model_dir / "tokenizer.json"))
+        prompt = tokenizer.encode(text, add_special_tokens=False).ids
+        media = VisionModel.from_pretrained(agreement.model_dir).prepare(images)
+        ours_request = vllm.generate_request("ours", prompt, media)
+        (ours,) = vllm.decode_mm_inputs(ours_request)
+        ours_mm = ours_request.message.mm_inputs
+        their_ids = list(theirs_request.message.tokenized.input_ids)
+        our_ids = list(ours_request.message.tokenized.input_ids)
+
+        # we write transformers' input_ids (Phi-3-vision's processor is remote code: none)
+        if family.family in TRANSFORMERS_PROCESSOR:
+            outputs = {k: np.asarray(v) for k, v in media.output.tensors().items()}
+            assert our_ids == _transformers_ids(family, agreement.model_dir, text, images, outputs)
+
+        # layout: the same keys and tensors
+        assert dict(theirs_mm.flat_keys) == dict(ours_mm.flat_keys)
+        assert sorted(theirs_mm.batched_keys) == sorted(ours_mm.batched_keys)
+        for mm in (theirs_mm, ours_mm):
+            assert not mm.HasField("encoder_input_key")  # both: pixel_values
+        extra = EXTRA_CPU_KEYS.get(family.family, set())
+        assert set(theirs_mm.keep_on_cpu_keys) == set(ours_mm.keep_on_cpu_keys) | extra
+        assert {k: v.shape for k, v in theirs.tensors.items()} == {
+            k: v.shape for k, v in ours.tensors.items()
+        }
+        for name, array in ours.tensors.items():  # the side tensors (grids, sizes) exactly
+            if name != "pixel_values":
+                np.testing.assert_array_equal(theirs.tensors[name], array, err_msg=f"{key} {name}")
+
+        # tokens, placeholder ranges, embed masks
+        if family.family in VISION_PAD_RUNS:
+            vision_pad = family.config["vision_token_id"]
+            assert (vision_pad, media.token_id) == (151654, 151655)
+            assert theirs.im_token_id == vision_pad
+            assert ours.im_token_id == media.token_id
+            assert theirs.placeholders == ours.placeholders
+            swapped = [vision_pad if t == media.token_id else t for t in our_ids]
+            assert their_ids == swapped
+        elif family.family == "llava_next":
+            assert theirs.im_token_id == ours.im_token_id
+            assert tuple(p[1] for p in theirs.placeholders) == LLAVA_NEXT_COUNTS["smg"][:n]
+            assert tuple(p[1] for p in ours.placeholders) == LLAVA_NEXT_COUNTS["transformers"][:n]
+            assert _without(their_ids, theirs.placeholders) == _without(our_ids, ours.placeholders)
+        else:
+            assert their_ids == our_ids
+            assert theirs.im_token_id == ours.im_token_id
+            assert theirs.placeholders == ours.placeholders
+            for t, o in zip(theirs.items, ours.items, strict=True):
+                if o.embed_mask is None:
+                    assert t.embed_mask is None
+                else:
+                    assert t.embed_mask is not None
+                    np.testing.assert_array_equal(t.embed_mask, o.embed_mask)
+
+        # pixel values: the same shape, values apart by normalisation and resize rounding (and
+        # for Llama 4 by bfloat16: transformers normalises in bfloat16, as we do; smg in float32)
+        mine = np.asarray(ours.tensors["pixel_values"], dtype=np.float32)
+        gap = np.abs(np.asarray(theirs.tensors["pixel_values"], dtype=np.float32) - mine)
+        print(
+            f"gateway vs ours [{key}, {n} image(s), {list(mine.shape)}, smg "
+            f"{theirs.wire_dtypes['pixel_values']} / ours {ours.wire_dtypes['pixel_values']}]: "
+            f"max |diff| {gap.max():.4f}, mean {gap.mean():.2e}, "
+            f"exactly equal {float(np.mean(gap == 0)):.1%}"
+        )
+        assert float(gap.max()) < PIXEL_BOUND.get(family.family, 0.1)

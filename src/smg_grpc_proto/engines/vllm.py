@@ -406,10 +406,12 @@ def _decode_batch(
         # only the tensors present)
         batched.discard(primary)
         flat.pop(primary, None)
+    # keep_on_cpu_keys may name tensors of another modality: smg 1.13.0 sends its model-wide
+    # list (Qwen3-VL: image_grid_thw and video_grid_thw) with every batch, and vLLM's servicer
+    # consults it only for the tensors present. A layout key naming no tensor is refused.
     for kind, keys in (
         ("batched_keys", [k for k in mm.batched_keys if k in batched]),
         ("flat_keys", list(flat)),
-        ("keep_on_cpu_keys", list(mm.keep_on_cpu_keys)),
     ):
         for key in keys:
             if key not in wire:
@@ -492,7 +494,7 @@ def _decode_batch(
         sizes=named_sizes,
         items=items,
         im_token_id=token,
-        keep_on_cpu=frozenset(rename.get(k, k) for k in mm.keep_on_cpu_keys),
+        keep_on_cpu=frozenset(rename.get(k, k) for k in mm.keep_on_cpu_keys if k in wire),
         wire_dtypes={
             rename.get(k, k): (
                 mm.pixel_values.dtype if k == primary else mm.model_specific_tensors[k].dtype
