@@ -204,8 +204,8 @@ mod tests {
     }
 
     /// Every structured replacement rule is complete: its anchor and embed tokens are among its
-    /// tokens, every token has a published default id (distinct names, distinct ids), and flat
-    /// tensors have a sizes tensor.
+    /// tokens and have a published default id, no token has two (distinct ids), flat tensors
+    /// have a sizes tensor, and its joins are distinct text pieces with their ids.
     #[test]
     fn replacement_specs_are_complete() {
         for family in Family::ALL {
@@ -224,13 +224,35 @@ mod tests {
                     .filter(|(t, _)| t == token)
                     .map(|&(_, id)| id)
                     .collect();
-                assert_eq!(ids.len(), 1, "{name}: default id of {token}");
+                // a text piece may have no published id (Gemma 3's pan-and-scan sentences come
+                // from the model's tokenizer); the anchor and embed tokens always have one
+                let needed = *token == spec.anchor || *token == spec.embed;
+                assert!(ids.len() <= 1, "{name}: default ids of {token}");
+                assert!(!needed || ids.len() == 1, "{name}: default id of {token}");
             }
             let mut ids: Vec<u32> = spec.defaults.iter().map(|&(_, id)| id).collect();
             ids.sort_unstable();
             ids.dedup();
             assert_eq!(ids.len(), spec.defaults.len(), "{name}: shared default ids");
             assert_eq!(spec.flat.is_empty(), spec.sizes.is_empty(), "{name}: sizes");
+            // joins: distinct non-empty text pieces, never the anchor or embed token, each
+            // with at most one default id; a replacement edge piece that joins has its id
+            for (i, join) in spec.joins.iter().enumerate() {
+                assert!(!join.is_empty(), "{name}: empty join piece");
+                assert!(
+                    !spec.joins[..i].contains(join),
+                    "{name}: join {join:?} twice"
+                );
+                assert!(
+                    *join != spec.anchor && *join != spec.embed,
+                    "{name}: join {join:?}"
+                );
+                let ids = spec.defaults.iter().filter(|(t, _)| t == join).count();
+                assert!(ids <= 1, "{name}: default ids of join {join:?}");
+                if spec.tokens.contains(join) {
+                    assert_eq!(ids, 1, "{name}: default id of join {join:?}");
+                }
+            }
         }
     }
 
