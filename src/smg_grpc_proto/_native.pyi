@@ -251,6 +251,9 @@ class ReplacementSpec(TypedDict):
     flat: list[str]
     sizes: str
     per_sample: bool
+    joins: list[str]
+    """Text pieces (named like ``tokens``, ids in ``defaults``) that the processor's tokenizer
+    writes as one token where they meet at a replacement's edge (Gemma 3's newline runs)."""
 
 @final
 class Preprocessor:
@@ -278,8 +281,8 @@ class Preprocessor:
         """For a family whose image anchor becomes more than a run of one token (Llama 4, the
         tiled families): its grid tensors, anchor and embedding tokens, every token of the
         replacement and their published ids, the tensors engines take flat and the name of
-        their sizes tensor, and whether the outputs carry a sample dimension of 1. ``None``
-        for the other families."""
+        their sizes tensor, whether the outputs carry a sample dimension of 1, and the text
+        pieces that merge across a replacement's edge. ``None`` for the other families."""
 
     def prompt_replacement(
         self, grid: Sequence[int], token_ids: Sequence[tuple[str, int]]

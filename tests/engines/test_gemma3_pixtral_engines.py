@@ -64,7 +64,7 @@ def _same(decoded: np.ndarray[Any, Any], original: np.ndarray[Any, Any]) -> None
 
 # -- tokenizers with the special tokens at their real ids -------------------------------------
 def _backend(special: dict[str, int]) -> Any:
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
     vocab = {"<unk>": 3, **NEWLINES, **VOCAB, **special}
     backend = Tokenizer(models.WordLevel(vocab, "<unk>"))
@@ -73,6 +73,11 @@ def _backend(special: dict[str, int]) -> Any:
         Regex(r"\n+|[^\s]+"), behavior="removed", invert=True
     )
     backend.add_special_tokens(list(special))
+    # Gemma's newline runs are pieces the tokenizer takes whole, longest first, wherever they
+    # stand in the text (transformers' SpmConverter makes sentencepiece's user-defined pieces
+    # non-special added tokens): so "\n" + "\n\n" in the substituted text is the one token
+    # "\n\n\n", as in Gemma3Processor's output
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in NEWLINES])
     return backend
 
 
@@ -388,7 +393,7 @@ def test_input_ids_equal_pixtral_processor(
 def test_for_family_uses_the_published_ids() -> None:
     gemma = VisionModel.for_family("gemma3")
     assert gemma.image_token_id == SOFT
-    assert dict(gemma.token_ids) == {**GEMMA, "\n\n": 108}
+    assert dict(gemma.token_ids) == {**GEMMA, **NEWLINES}
     media = gemma.prepare(_images(1, [(300, 700)]))
     assert media.output.tensors()["pixel_values"].shape == (1, 3, 896, 896)
     ids, _ = expand_placeholders([BOI], [media])
@@ -424,6 +429,7 @@ def test_from_pretrained_reads_ids_and_pieces(tmp_path: Path) -> None:
     assert model.image_token_id == special["<image_soft_token>"]
     assert model.token_ids["<start_of_image>"] == special["<start_of_image>"]
     assert model.token_ids["\n\n"] == 108
+    assert {t: model.token_ids[t] for t in NEWLINES} == NEWLINES
     pieces = _piece_ids()
     for piece, ids in pieces.items():
         assert tuple(np.atleast_1d(model.token_ids[piece]).tolist()) == ids
@@ -445,3 +451,139 @@ def test_bad_grids() -> None:
         pixtral.prompt_replacement([32, 32], [("[IMG]", 10)])
     with pytest.raises(ProcessorConfigError, match="num_crops"):
         gemma.prompt_replacement([-1], sorted(GEMMA.items()))
+
+
+# -- newlines next to an anchor merge with the replacement's "\n\n" ------------------------------
+JOIN_TEXTS = {
+    "chat-template": "<start_of_turn>user\n<start_of_image>describe<end_of_turn>\n",
+    "newline-before": "describe \n<start_of_image> compare",
+    "two-newlines-before": "describe \n\n<start_of_image> compare",
+    "newline-after": "describe <start_of_image>\ncompare",
+    "two-newlines-after": "describe <start_of_image>\n\ncompare",
+    "both-sides": "\n<start_of_image>\n",
+    "text-around": "describe <start_of_image> compare",
+    "adjacent-2": "describe\n<start_of_image><start_of_image> compare",
+    "adjacent-3": "<start_of_image><start_of_image><start_of_image>",
+    "prompt-edges": "<start_of_image>",
+}
+TURNS = {"<start_of_turn>": 105, "<end_of_turn>": 106}
+
+
+def _join_tokenizer() -> Any:
+    return _tokenizer(
+        {**GEMMA, **TURNS},
+        boi_token="<start_of_image>",
+        eoi_token="<end_of_image>",
+        image_token="<image_soft_token>",
+    )
+
+
+@pytest.mark.parametrize("case", list(JOIN_TEXTS))
+@pytest.mark.parametrize("pan", [False, True], ids=["plain", "pan-and-scan"])
+def test_joins_equal_gemma3_processor(case: str, pan: bool) -> None:
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+    from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
+
+    text = JOIN_TEXTS[case]
+    n = text.count("<start_of_image>")
+    sizes = [(300, 700), (20, 30), (1200, 300)][:n]
+    media = _gemma(sizes, PAN if pan else SMALL, seed=9)
+    out = media.output.tensors()
+    processor = Gemma3Processor(
+        image_processor=_image_processor(
+            {"pixel_values": out["pixel_values"], "num_crops": out["num_crops"]},
+            Gemma3ImageProcessorPil,
+        ),
+        tokenizer=_join_tokenizer(),
+    )
+    images = [Image.new("RGB", (w, h)) for h, w in sizes]
+    want = processor(text=text, images=images, return_tensors=None)["input_ids"][0]
+    prompt = _join_tokenizer()(text)["input_ids"]
+    ids, ranges = expand_placeholders(prompt, [media])
+    assert ids.tolist() == list(want)
+    # (a pan-and-scan replacement opens with its sentence, not "\n\n")
+    if case in ("chat-template", "newline-before", "newline-after", "both-sides") and not pan:
+        assert NEWLINES["\n\n\n"] in ids.tolist()
+    if case.startswith(("two-newlines", "adjacent")) and not pan:
+        assert NEWLINES["\n\n\n\n"] in ids.tolist()
+    # vLLM's ranges: the replacement's length, from the token that holds its first token; the
+    # interior is the replacement's own, and adjacent images share the merged token between them
+    for (offset, length), (tokens, _) in zip(ranges[0], media.replacements, strict=True):
+        assert length == tokens.shape[0]
+        assert (ids[offset + 1 : offset + length - 1] == tokens[1:-1]).all()
+        opens = (108, 109, 110) if int(tokens[0]) == 108 else (int(tokens[0]),)
+        assert int(ids[offset]) in opens
+        assert int(ids[offset + length - 1]) in (108, 109, 110)
+    starts = [o for o, _ in ranges[0]]
+    ends = [o + n - 1 for o, n in ranges[0]]
+    if case.startswith("adjacent") and not pan:
+        assert all(e == s for e, s in zip(ends, starts[1:], strict=False))
+    assert placeholder_ranges(ids, [media]) == ranges
+    assert int((ids == SOFT).sum()) == sum(media.token_counts)
+
+
+def _vllm_merge(ids: list[int]) -> list[int]:
+    """vLLM's Gemma3MultiModalProcessor._apply_token_matches after the replacement: "\n" "\n\n"
+    and "\n\n" "\n" become "\n\n\n", then "\n\n" "\n\n" becomes "\n\n\n\n" (left to right)."""
+    for pair, merged in (((107, 108), 109), ((108, 107), 109), ((108, 108), 110)):
+        out: list[int] = []
+        i = 0
+        while i < len(ids):
+            if tuple(ids[i : i + 2]) == pair:
+                out.append(merged)
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        ids = out
+    return ids
+
+
+@pytest.mark.parametrize("case", list(JOIN_TEXTS))
+def test_joins_equal_vllm_merges(case: str) -> None:
+    """The same prompts as vLLM merges them after its unmerged replacement."""
+    text = JOIN_TEXTS[case]
+    media = _gemma([(20, 30)] * text.count("<start_of_image>"), SMALL, seed=3)
+    prompt = _join_tokenizer()(text)["input_ids"]
+    unmerged: list[int] = []
+    for t in prompt:
+        unmerged += media.replacements[0][0].tolist() if t == BOI else [t]
+    ids, _ = expand_placeholders(prompt, [media])
+    assert ids.tolist() == _vllm_merge(unmerged)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tokenspeed"])
+@pytest.mark.parametrize("case", ["chat-template", "adjacent-3", "both-sides"])
+def test_joined_round_trips_exact(engine: str, case: str) -> None:
+    text = JOIN_TEXTS[case]
+    n = text.count("<start_of_image>")
+    media = _gemma(GEMMA_SIZES[1 : 1 + n], PAN, seed=4)
+    prompt = _join_tokenizer()(text)["input_ids"]
+    ids, ranges = expand_placeholders(prompt, [media])
+    if engine == "vllm":
+        request = vllm_adapter.generate_request("r", prompt, media)
+        (batch,) = vllm_adapter.decode_mm_inputs(_wire(request))
+        items = list(batch.items)
+    elif engine == "sglang":
+        request = sglang_adapter.generate_request("r", prompt, media)
+        (batch,) = sglang_adapter.decode_mm_inputs(_wire(request))
+        items = list(batch.items)
+    else:
+        request = ts_adapter.generate_request("r", prompt, media)
+        items = [b.items[0] for b in ts_adapter.decode_mm_inputs(_wire(request))]
+    assert list(request.message.tokenized.input_ids) == ids.tolist()
+    assert [tuple(item.placeholder) for item in items] == ranges[0]
+    sizes_as = None if engine == "vllm" else "patches_per_image"
+    for i, item in enumerate(items):
+        for name, original in media.item_tensors(i).items():
+            got = sizes_as if sizes_as is not None and name == media.sizes_key else name
+            # TokenSpeed's default wire dtype for pixel_values is bfloat16
+            bf16 = item.tensors[got].dtype == ml_dtypes.bfloat16
+            _same(item.tensors[got], original.astype(ml_dtypes.bfloat16) if bf16 else original)
+        _, embed = media.replacements[i]
+        assert item.embed_mask is not None
+        assert (item.embed_mask == embed).all()
+        offset, length = item.placeholder
+        # the embedding positions are exactly the image tokens of the expanded prompt
+        assert (ids[offset : offset + length][embed] == SOFT).all()
+        assert int((ids[offset : offset + length] == SOFT).sum()) == media.token_counts[i]

@@ -205,7 +205,8 @@ mod tests {
 
     /// Every structured replacement rule is consistent: its anchor and embed tokens are among its
     /// tokens and have exactly one published default id, every default names one of its tokens
-    /// (a text piece may have several ids, in order), and flat tensors have a sizes tensor.
+    /// (a text piece may have several ids, in order), flat tensors have a sizes tensor, and its
+    /// joins are distinct text pieces with their ids.
     /// Tokens without a default (text only the model's tokenizer knows, such as Gemma 3's
     /// pan-and-scan sentence) are read from the model directory.
     #[test]
@@ -227,7 +228,7 @@ mod tests {
             }
             for (token, _) in spec.defaults {
                 assert!(
-                    spec.tokens.contains(token),
+                    spec.tokens.contains(token) || spec.joins.contains(token),
                     "{name}: default for unknown {token:?}"
                 );
             }
@@ -240,6 +241,24 @@ mod tests {
                 "{name}: a token named twice"
             );
             assert_eq!(spec.flat.is_empty(), spec.sizes.is_empty(), "{name}: sizes");
+            // joins: distinct non-empty text pieces, never the anchor or embed token, each
+            // with at most one default id; a replacement edge piece that joins has its id
+            for (i, join) in spec.joins.iter().enumerate() {
+                assert!(!join.is_empty(), "{name}: empty join piece");
+                assert!(
+                    !spec.joins[..i].contains(join),
+                    "{name}: join {join:?} twice"
+                );
+                assert!(
+                    *join != spec.anchor && *join != spec.embed,
+                    "{name}: join {join:?}"
+                );
+                let ids = spec.defaults.iter().filter(|(t, _)| t == join).count();
+                assert!(ids <= 1, "{name}: default ids of join {join:?}");
+                if spec.tokens.contains(join) {
+                    assert_eq!(ids, 1, "{name}: default id of join {join:?}");
+                }
+            }
         }
     }
 

@@ -130,6 +130,16 @@ pub struct ReplacementSpec {
     /// The outputs carry a leading sample dimension of 1 that engines do not take (Idefics3:
     /// `pixel_values` `(1, tiles, 3, H, W)`); the builders drop it from every tensor.
     pub per_sample: bool,
+    /// Text pieces, named by their text like [`tokens`](Self::tokens), that the processor's
+    /// tokenizer writes as one token when they meet: transformers' processor substitutes the
+    /// replacement into the prompt *text* and tokenizes the whole, so a piece at a
+    /// replacement's edge and a piece of the prompt next to it (or of the next replacement)
+    /// become the token whose text is their concatenation, when that is one of these pieces
+    /// too (Gemma 3: `"\n"` + `"\n\n"` → `"\n\n\n"`). Their ids are in
+    /// [`defaults`](Self::defaults) (or the model's tokenizer); the merges are applied by
+    /// `expand_placeholders`, repeatedly along a run, never to a run longer than the longest
+    /// piece with an id. Empty: the replacement's tokens never merge with the prompt's.
+    pub joins: &'static [&'static str],
 }
 
 /// One image's prompt replacement: its tokens, which of them take encoder embeddings (vLLM's

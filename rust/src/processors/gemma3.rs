@@ -199,6 +199,10 @@ pub const EOI: &str = "<end_of_image>";
 pub const SOFT: &str = "<image_soft_token>";
 /// The text `Gemma3Processor.full_image_sequence` puts on both sides of an image.
 pub const NEWLINES: &str = "\n\n";
+/// The newline runs it merges with (see [`REPLACEMENT`]'s `joins`).
+pub const NEWLINE: &str = "\n";
+pub const NEWLINES_3: &str = "\n\n\n";
+pub const NEWLINES_4: &str = "\n\n\n\n";
 /// The pan-and-scan text, as the tokenizer meets it between special tokens: before the
 /// original image, between it and the first crop, between two crops.
 pub const PAN_INTRO: &str = "Here is the original image \n\n";
@@ -219,11 +223,21 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
         (EOI, 256_000),
         (SOFT, 262_144),
         (NEWLINES, 108),
+        (NEWLINE, 107),
+        (NEWLINES_3, 109),
+        (NEWLINES_4, 110),
     ],
     // vLLM's Gemma3ForConditionalGeneration: pixel_values flat by num_patches = num_crops + 1.
     flat: &["pixel_values"],
     sizes: "num_patches",
     per_sample: false,
+    // Gemma3Processor tokenizes the prompt after substituting `full_image_sequence`, so its
+    // "\n\n" merges with newlines next to the anchor (the chat template's
+    // "<start_of_turn>user\n<start_of_image>" gives "\n\n\n", one token), and two adjacent
+    // images' "\n\n" + "\n\n" give "\n\n\n\n". vLLM's Gemma3MultiModalProcessor
+    // (`_apply_token_matches`) merges exactly these runs of one to four newlines, by their
+    // vocabulary entries; a model's tokenizer.json may give longer runs.
+    joins: &[NEWLINE, NEWLINES, NEWLINES_3, NEWLINES_4],
 };
 
 /// `Gemma3Processor.replace_image_token`: an image without crops becomes

@@ -353,6 +353,7 @@ pub const IDEFICS3_REPLACEMENT: ReplacementSpec = ReplacementSpec {
     flat: &["pixel_values", "pixel_attention_mask"],
     sizes: "num_patches",
     per_sample: true,
+    joins: &[],
 };
 
 /// `SmolVLMProcessor`'s tokens for the published SmolVLM / SmolVLM2 checkpoints (SmolLM2
@@ -456,6 +457,7 @@ pub const SMOLVLM_REPLACEMENT: ReplacementSpec = ReplacementSpec {
     flat: &["pixel_values", "pixel_attention_mask"],
     sizes: "num_patches",
     per_sample: true,
+    joins: &[],
 };
 
 /// `get_image_prompt_string` (SmolVLM) / `Idefics3Processor.replace_image_token`, tokenized.

@@ -201,6 +201,7 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     flat: &["pixel_values"],
     sizes: "image_num_patches",
     per_sample: false,
+    joins: &[],
 };
 
 /// `InternVLProcessor.replace_image_token`: `<img>`, `<IMG_CONTEXT>` × `image_seq_length ·

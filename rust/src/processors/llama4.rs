@@ -233,6 +233,7 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     flat: &["pixel_values"],
     sizes: "patches_per_image",
     per_sample: false,
+    joins: &[],
 };
 
 /// `Llama4Processor._prompt_split_image(aspect_ratio, tokens_per_tile)`: `<|image_start|>`;

@@ -222,6 +222,7 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     flat: &[],
     sizes: "",
     per_sample: false,
+    joins: &[],
 };
 
 /// `PixtralProcessor.replace_image_token` for an image whose processed size (its

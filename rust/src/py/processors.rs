@@ -501,8 +501,9 @@ impl PyPreprocessor {
     /// `anchor` (the chat template's token), `embed` (the token that takes the embeddings),
     /// `tokens` (every token of the replacement, transformers' spelling), `defaults` (their
     /// published ids), `flat` (the tensors engines take flat), `sizes` (the name of their
-    /// rows-per-image tensor) and `per_sample` (the outputs carry a sample dimension of 1).
-    /// `None` for the other families.
+    /// rows-per-image tensor), `per_sample` (the outputs carry a sample dimension of 1) and
+    /// `joins` (text pieces that merge into one token where a replacement meets the prompt,
+    /// e.g. Gemma 3's newline runs; empty for most). `None` for the other families.
     fn replacement_spec<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(spec) = self.inner.config().get().replacement_spec() else {
             return Ok(None);
@@ -520,6 +521,7 @@ impl PyPreprocessor {
         out.set_item("flat", spec.flat.to_vec())?;
         out.set_item("sizes", spec.sizes)?;
         out.set_item("per_sample", spec.per_sample)?;
+        out.set_item("joins", spec.joins.to_vec())?;
         Ok(Some(out))
     }
 

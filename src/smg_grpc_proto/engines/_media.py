@@ -136,6 +136,22 @@ def _id_pairs(names: Sequence[str], ids: TokenIds) -> list[tuple[str, int]]:
     return pairs
 
 
+def _join_table(pieces: Sequence[str], ids: TokenIds) -> tuple[tuple[int, int, int], ...]:
+    """Every ``(left, right, merged)`` of the join ``pieces`` that have one id each: ``left``'s
+    text followed by ``right``'s is ``merged``'s text (the tokenizer writes the pair as it)."""
+    single: dict[str, int] = {}
+    for piece in pieces:
+        value = ids.get(piece)
+        if isinstance(value, int):
+            single[piece] = value
+    return tuple(
+        (left_id, right_id, single[left + right])
+        for left, left_id in single.items()
+        for right, right_id in single.items()
+        if left + right in single
+    )
+
+
 def _added_tokens(directory: Path, names: Sequence[str]) -> dict[str, int]:
     """The ids of ``names`` among the tokenizer's added tokens: ``tokenizer.json``'s
     ``added_tokens`` and ``tokenizer_config.json``'s ``added_tokens_decoder`` (the first wins)."""
@@ -263,7 +279,7 @@ class VisionModel:
         defaults = _DEFAULT_TOKENS.get(processor.family, (None, None))
         named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
-            names = spec["tokens"]
+            names = [*spec["tokens"], *(j for j in spec["joins"] if j not in spec["tokens"])]
             named = {**_added_tokens(directory, names)}
             # text pieces (Gemma 3's "\n\n", its pan-and-scan text) as the tokenizer writes them
             named.update(_tokenized(directory, [t for t in names if t not in named]))
@@ -403,6 +419,7 @@ class VisionModel:
         anchor: int | None = None
         replacements: tuple[tuple[npt.NDArray[np.uint32], npt.NDArray[np.bool_]], ...] = ()
         rows: tuple[int, ...] = ()
+        joins: tuple[tuple[int, int, int], ...] = ()
         if spec is not None:
             grids = []
             for name in spec["grid"]:
@@ -423,6 +440,7 @@ class VisionModel:
             )
             rows = tuple(r for _, _, r in made) if spec["flat"] else ()
             counts = tuple(int(e.sum()) for _, e in replacements)
+            joins = _join_table(spec["joins"], ids)
         return PreparedMedia(
             processed=output,
             modality=modality,
@@ -437,6 +455,7 @@ class VisionModel:
             flat_names=tuple(spec["flat"]) if spec is not None else (),
             sizes_key=spec["sizes"] if spec is not None and spec["flat"] else None,
             per_sample=bool(spec["per_sample"]) if spec is not None else False,
+            joins=joins,
         )
 
     @functools.cached_property
@@ -504,6 +523,11 @@ class PreparedMedia:
     per_sample: bool = False
     """The processor's tensors carry a leading sample dimension of 1 (Idefics3, SmolVLM) that
     engines do not take: :meth:`tensors` drops it."""
+    joins: tuple[tuple[int, int, int], ...] = ()
+    """``(left, right, merged)`` token ids: where a replacement meets the prompt (or the next
+    replacement), ``left`` followed by ``right`` is written as the one token ``merged``, as the
+    processor's tokenizer writes their text (Gemma 3: ``"\\n"`` 107 + ``"\\n\\n"`` 108 →
+    ``"\\n\\n\\n"`` 109); from the family's ``joins`` pieces. Empty for most families."""
 
     @classmethod
     def from_output(
@@ -755,6 +779,12 @@ def expand_placeholders(
     range per item covering exactly the run (Qwen's ``<|vision_start|>``/``<|vision_end|>``
     stay outside it) or the whole replacement (Llama 4: ``<|image_start|>`` … ``<|image_end|>``,
     as vLLM's ``PlaceholderRange``; its embed mask is the ``<|patch|>`` positions).
+
+    A family with joins (Gemma 3) has the pieces at its replacements' edges merged with the
+    prompt's neighbouring tokens, as its processor's tokenizer writes the substituted text
+    (``"\\n"`` + ``"\\n\\n"`` → ``"\\n\\n\\n"``; two adjacent images' ``"\\n\\n"`` +
+    ``"\\n\\n"`` → ``"\\n\\n\\n\\n"``); its ranges keep the replacement's length and start
+    at the token holding its first token (vLLM's), so adjacent images' ranges share one token.
     """
     ids = np.asarray(input_ids)
     if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
@@ -807,7 +837,63 @@ def expand_placeholders(
             begin = int(starts[p])
             expanded[begin : begin + tokens.shape[0]] = tokens
     ranges = [[(int(starts[p]), int(repeats[p])) for p in where.tolist()] for where in positions]
-    return expanded, ranges
+    edges: dict[int, dict[tuple[int, int], int]] = {}
+    for item, spans in zip(media, ranges, strict=True):
+        if item.joins and item.replacements:
+            table = {(left, right): merged for left, right, merged in item.joins}
+            for begin, length in spans:
+                edges.setdefault(begin, table)
+                edges.setdefault(begin + length, table)
+    if not edges:
+        return expanded, ranges
+    return _join_edges(expanded, ranges, edges)
+
+
+def _join_edges(
+    expanded: npt.NDArray[np.uint32],
+    ranges: list[list[tuple[int, int]]],
+    edges: Mapping[int, Mapping[tuple[int, int], int]],
+) -> tuple[npt.NDArray[np.uint32], list[list[tuple[int, int]]]]:
+    """Merge the tokens on both sides of each replacement edge (a position ``x``: between
+    ``x - 1`` and ``x``) into one where the edge's table has the pair, left to right, so that a
+    run of pieces across several edges (``"\\n\\n"`` + ``"\\n"`` + ``"\\n\\n"`` between two
+    images) merges as far as the table goes, as the tokenizer writes the whole text.
+
+    Each range then covers the tokens that hold its replacement, merged ones included: vLLM's
+    Gemma 3 placeholders (``_find_mm_placeholders`` maps the range's start back to the merged
+    token that holds the replacement's first token and keeps the replacement's length), so two
+    adjacent images' ranges share the merged token between them."""
+    n = expanded.shape[0]
+    head = np.ones(n, dtype=np.bool_)
+    value = expanded.astype(np.int64)
+    owner: dict[int, int] = {}  # a merged position -> the head of its token
+    for x in sorted(edges):
+        if not 0 < x < n:
+            continue
+        left = owner.get(x - 1, x - 1)
+        merged = edges[x].get((int(value[left]), int(value[x])))
+        if merged is None:
+            continue
+        value[left] = merged
+        head[x] = False
+        owner[x] = left
+    index = np.cumsum(head) - 1
+    out: list[list[tuple[int, int]]] = []
+    for spans in ranges:
+        moved: list[tuple[int, int]] = []
+        for begin, length in spans:
+            first, last = int(index[begin]), int(index[begin + length - 1])
+            if last - first + 1 != length:
+                raise PlaceholderError(
+                    f"the replacement at offset {begin} merges into {last - first + 1} tokens "
+                    f"but has {length}; a join may only merge its edge tokens",
+                    field="joins",
+                    expected=length,
+                    actual=last - first + 1,
+                )
+            moved.append((first, length))
+        out.append(moved)
+    return value[head].astype(np.uint32), out
 
 
 def placeholder_ranges(
@@ -819,7 +905,8 @@ def placeholder_ranges(
 
     Per media, one ``(offset, length)`` per item: the item's run of ``token_counts[i]``
     consecutive ``token_id`` tokens, items in prompt order (for a family with a replacement
-    rule, the next occurrence of the item's whole replacement). Any other number of placeholder
+    rule, the next occurrence of the item's whole replacement, whose edge tokens may be merged
+    with their neighbours by the family's joins). Any other number of placeholder
     tokens, or a run split by other tokens, is a :class:`PlaceholderError` naming the numbers.
     """
     ids = np.asarray(input_ids)
@@ -884,14 +971,30 @@ def _find_replacements(ids: npt.NDArray[Any], item: PreparedMedia, m: int) -> li
     outside them must be none."""
     ranges: list[tuple[int, int]] = []
     cursor = 0
+    # a merged token at an edge holds the replacement's first (last) token at its end (start)
+    holds_first: dict[int, set[int]] = {}
+    holds_last: dict[int, set[int]] = {}
+    for left, right, merged in item.joins:
+        holds_first.setdefault(right, set()).add(merged)
+        holds_last.setdefault(left, set()).add(merged)
     for i, (tokens, _) in enumerate(item.replacements):
         length = int(tokens.shape[0])
-        starts = np.flatnonzero(ids[cursor:] == tokens[0]) + cursor
+        first, last = int(tokens[0]), int(tokens[-1])
+        firsts = [first, *holds_first.get(first, ())]
+        lasts = [last, *holds_last.get(last, ())]
+        starts = np.flatnonzero(np.isin(ids[cursor:], firsts)) + cursor
         hit = next(
             (
                 int(s)
                 for s in starts.tolist()
-                if s + length <= ids.shape[0] and np.array_equal(ids[s : s + length], tokens)
+                if s + length <= ids.shape[0]
+                and (
+                    np.array_equal(ids[s : s + length], tokens)
+                    or (
+                        int(ids[s + length - 1]) in lasts
+                        and np.array_equal(ids[s + 1 : s + length - 1], tokens[1:-1])
+                    )
+                )
             ),
             None,
         )
@@ -905,7 +1008,8 @@ def _find_replacements(ids: npt.NDArray[Any], item: PreparedMedia, m: int) -> li
                 actual=0,
             )
         ranges.append((hit, length))
-        cursor = hit + length
+        # a merged last token may hold the next replacement's first token as well
+        cursor = hit + length - (int(ids[hit + length - 1]) != last)
     total = int(np.count_nonzero(ids == item.token_id))
     if total != sum(item.token_counts):
         raise PlaceholderError(
