@@ -240,6 +240,15 @@ class PendingTensor:
         """The values written into a new tensor (each call writes them again)."""
 
 @type_check_only
+class Published(TypedDict):
+    """A family's published checkpoints (``Preprocessor.published``)."""
+
+    image: int
+    video: int | None
+    vision_tokens: tuple[int, int, str] | None
+    count_tensor: str | None
+
+@type_check_only
 class ReplacementSpec(TypedDict):
     """A family's prompt replacement rule and engine layout (``Preprocessor.replacement_spec``)."""
 
@@ -283,6 +292,12 @@ class Preprocessor:
         replacement and their published ids, the tensors engines take flat and the name of
         their sizes tensor, whether the outputs carry a sample dimension of 1, and the text
         pieces that merge across a replacement's edge. ``None`` for the other families."""
+
+    def published(self) -> Published | None:
+        """The placeholder tokens of the family's published checkpoints when its replacement is
+        a run of one token (image, video, the CLIP-like tower's token rule, and the per-image
+        count tensor an engine model takes); ``None`` for a family with a structured
+        replacement (its ids are in ``replacement_spec()["defaults"]``)."""
 
     def prompt_replacement(
         self, grid: Sequence[int], token_ids: Sequence[tuple[str, int]]

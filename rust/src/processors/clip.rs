@@ -11,7 +11,7 @@
 //! 5. CLIP/SigLIP's generic `do_pad` only: pad each image at the bottom and right with `0.0` to
 //!    `pad_size` (or the largest image of the batch).
 
-use super::family::{FamilyConfig, Hf, VisionTokens};
+use super::family::{FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::{center_crop_origin, SizeSpec};
 use super::value::{
@@ -49,6 +49,10 @@ pub const CLIP: Hf = Hf {
     },
     processor_keys: &[],
     processor_forces: None,
+    // A bare CLIP tower has no prompt; its canonical VLM is LLaVA-1.5 (llava-hf/llava-1.5-7b-hf:
+    // CLIP ViT-L/14-336 through CLIPImageProcessor).
+    published: Some(Published::LLAVA),
+    count_tensor: None,
 };
 
 /// LLaVA-1.5: `LlavaImageProcessor` (CLIP's keys, without `pad_size`).
@@ -58,6 +62,8 @@ pub const LLAVA: Hf = Hf {
     normalise: |config| hf_clip_like(config, &CLIP_KEYS, false),
     processor_keys: &[],
     processor_forces: None,
+    published: Some(Published::LLAVA),
+    count_tensor: None,
 };
 
 /// Which class's meaning `do_pad` has.

@@ -262,6 +262,21 @@ mod tests {
         }
     }
 
+    /// Every family has published token ids: a run family in its `Hf::published`, a family
+    /// with a structured replacement in its spec's defaults — never both, never neither.
+    #[test]
+    fn every_family_publishes_its_token_ids() {
+        for family in Family::ALL {
+            let spec = ProcessorConfig::defaults(family).get().replacement_spec();
+            let published = family.hf().published;
+            assert!(
+                spec.is_some() != published.is_some(),
+                "{}: published ids in exactly one place",
+                family.name()
+            );
+        }
+    }
+
     #[test]
     fn classes_name_one_family() {
         use super::super::value::Raw;

@@ -174,6 +174,48 @@ pub struct Hf {
     /// `(processor_class, key, value)`: when either config names `processor_class`, that
     /// processor passes `key = value` to the image processor on every call, over the file.
     pub processor_forces: Option<(&'static str, &'static str, bool)>,
+    /// The placeholder tokens of the family's published checkpoints, for a caller without the
+    /// model's `config.json` (`VisionModel.for_family`), when its replacement is a run of one
+    /// token; a family with a [`ReplacementSpec`] publishes its ids there instead.
+    pub published: Option<Published>,
+    /// The name of the per-image placeholder count when the engine's model takes it as an input
+    /// tensor that the transformers processor does not return (vLLM's
+    /// `Phi4MultimodalForCausalLM`: `num_img_tokens`).
+    pub count_tensor: Option<&'static str>,
+}
+
+/// A family's published checkpoints, as far as a request needs them: the placeholder token
+/// ids of `config.json` and the vision tower's token rule of `processor_config.json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// `image_token_id` / `image_token_index`: the anchor the chat template writes once per
+    /// image and the token of its run.
+    pub image: u32,
+    /// `video_token_id`, for a family with videos.
+    pub video: Option<u32>,
+    /// The CLIP-like families' tower (patch size, extra tokens, CLS dropped).
+    pub vision_tokens: Option<VisionTokens>,
+}
+
+impl Published {
+    /// Qwen2/2.5/3-VL's `<|image_pad|>` and `<|video_pad|>`.
+    pub const QWEN: Published = Published {
+        image: 151655,
+        video: Some(151656),
+        vision_tokens: None,
+    };
+    /// The CLIP ViT-L/14 tower of LLaVA-1.5 / LLaVA-NeXT with its CLS token dropped (the
+    /// "default" strategy): 576 tokens at 336 px; `<image>` 32000 (`LlavaConfig`
+    /// `image_token_index`).
+    pub const LLAVA: Published = Published {
+        image: 32000,
+        video: None,
+        vision_tokens: Some(VisionTokens {
+            patch_size: 14,
+            num_additional_image_tokens: 1,
+            drop_one: true,
+        }),
+    };
 }
 
 /// A family's reading of a `preprocessor_config.json` (see [`Hf::normalise`]).

@@ -53,6 +53,8 @@ pub const GEMMA3: Hf = Hf {
     // Gemma3Processor's.
     processor_keys: &[("image_seq_length", None)],
     processor_forces: None,
+    published: None,
+    count_tensor: None,
 };
 
 /// The configuration of Gemma 3.

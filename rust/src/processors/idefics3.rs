@@ -62,6 +62,8 @@ pub const IDEFICS3: Hf = Hf {
     // Idefics3Processor's.
     processor_keys: &[("image_seq_len", None)],
     processor_forces: None,
+    published: None,
+    count_tensor: None,
 };
 
 /// SmolVLM: `SmolVLMImageProcessor`.
@@ -72,6 +74,8 @@ pub const SMOLVLM: Hf = Hf {
     // SmolVLMProcessor's.
     processor_keys: &[("image_seq_len", None)],
     processor_forces: None,
+    published: None,
+    count_tensor: None,
 };
 
 /// The configuration of Idefics3 and SmolVLM.

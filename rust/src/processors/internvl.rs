@@ -59,6 +59,8 @@ pub const INTERNVL: Hf = Hf {
     // processor on every call, so it wins over the preprocessor config's value (the published
     // files say false).
     processor_forces: Some(("InternVLProcessor", "crop_to_patches", true)),
+    published: None,
+    count_tensor: None,
 };
 
 /// The configuration of InternVL.

@@ -59,6 +59,8 @@ pub const LLAMA4: Hf = Hf {
     // Llama4Processor's, for the token count.
     processor_keys: &[("patch_size", None), ("pixel_shuffle_ratio", None)],
     processor_forces: None,
+    published: None,
+    count_tensor: None,
 };
 
 /// The configuration of Llama 4.

@@ -13,7 +13,7 @@
 //! with `0.0`), `image_sizes` `(B, 2)` int64 = the original `(H, W)`.
 
 use super::clip::{resize_and_crop, Prepared};
-use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
 use super::sizes::SizeSpec;
 use super::value::{
@@ -41,6 +41,8 @@ pub const LLAVA_NEXT: Hf = Hf {
     },
     processor_keys: &[],
     processor_forces: None,
+    published: Some(Published::LLAVA),
+    count_tensor: None,
 };
 
 /// The configuration of LLaVA-NeXT.

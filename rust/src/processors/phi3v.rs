@@ -16,7 +16,7 @@
 
 use std::borrow::Cow;
 
-use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
 use super::torch_backend::{self as tb, to_tensor_table};
 use super::value::{as_count, hf_only, Common, Value, CLIP_MEAN, CLIP_STD};
@@ -40,6 +40,14 @@ pub const PHI3_V: Hf = Hf {
     normalise: |config| Ok(hf_only(config, &["image_mean", "image_std", "num_crops"])),
     processor_keys: &[],
     processor_forces: None,
+    // <|image|> 32044 (vLLM's phi3v.py _IMAGE_TOKEN_ID; the SMG gateway's phi3_v spec expands
+    // <|image|> into a run of it).
+    published: Some(Published {
+        image: 32044,
+        video: None,
+        vision_tokens: None,
+    }),
+    count_tensor: None,
 };
 
 /// The configuration of Phi-3-vision.

@@ -18,7 +18,7 @@
 //! `W / H`, ties as `find_closest_aspect_ratio` breaks them. Images too thin for it (a resized
 //! side under 10 pixels) are refused, as transformers refuses them.
 
-use super::family::{i64_values, FamilyConfig, Hf, VisionTokens};
+use super::family::{i64_values, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
 use super::torch_backend::{self as tb, fused_f32_table};
 use super::value::{as_count, as_hw, hf_keys, hw_value, Common, Value, HALF};
@@ -38,6 +38,16 @@ pub const PHI4_MULTIMODAL: Hf = Hf {
     normalise: |config| hf_keys(config, &["patch_size", "dynamic_hd"], true),
     processor_keys: &[],
     processor_forces: None,
+    // <|image|> 200010 (Phi4MultimodalVisionConfig image_token_id; vLLM's phi4_multimodal.py
+    // _IMAGE_PLACEHOLDER_TOKEN_ID, <|endoftext10|> in the original vocab), written num_img_tokens
+    // times by Phi4MultimodalProcessor; vLLM's model refuses images without num_img_tokens, a
+    // batched input the processor drops (its _get_mm_fields_config).
+    published: Some(Published {
+        image: 200010,
+        video: None,
+        vision_tokens: None,
+    }),
+    count_tensor: Some("num_img_tokens"),
 };
 
 /// The configuration of Phi-4-multimodal.

@@ -78,6 +78,8 @@ pub const PIXTRAL: Hf = Hf {
     // the processor's defaults 16 and 1.
     processor_keys: &[("patch_size", Some(16)), ("spatial_merge_size", Some(1))],
     processor_forces: None,
+    published: None,
+    count_tensor: None,
 };
 
 /// The configuration of Pixtral.

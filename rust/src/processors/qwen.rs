@@ -11,7 +11,7 @@
 //! are grouped `temporal_patch_size` at a time (the last frame repeated to fill the last group)
 //! and each group is patched like an image whose frames differ.
 
-use super::family::{i64_values, tokens_tensor, FamilyConfig, Hf, VisionTokens};
+use super::family::{i64_values, tokens_tensor, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::{Normalize, Runs};
 use super::value::{
     as_count, hf_get, hf_keys, hf_put, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD,
@@ -47,6 +47,8 @@ pub const QWEN2_VL: Hf = Hf {
     normalise: |config| hf_qwen(config, &QwenConfig::qwen2_vl()),
     processor_keys: &[],
     processor_forces: None,
+    published: Some(Published::QWEN),
+    count_tensor: None,
 };
 /// Qwen2.5-VL: `Qwen2_5_VLImageProcessor`.
 pub const QWEN2_5_VL: Hf = Hf {
@@ -55,6 +57,8 @@ pub const QWEN2_5_VL: Hf = Hf {
     normalise: |config| hf_qwen(config, &QwenConfig::qwen2_vl()),
     processor_keys: &[],
     processor_forces: None,
+    published: Some(Published::QWEN),
+    count_tensor: None,
 };
 /// Qwen3-VL (its image processor is Qwen2-VL's class): `Qwen3VLVideoProcessor`.
 pub const QWEN3_VL: Hf = Hf {
@@ -63,6 +67,8 @@ pub const QWEN3_VL: Hf = Hf {
     normalise: |config| hf_qwen(config, &QwenConfig::qwen3_vl()),
     processor_keys: &[],
     processor_forces: None,
+    published: Some(Published::QWEN),
+    count_tensor: None,
 };
 /// Qwen3.5 (Qwen2-VL's class, named by `family=` only).
 pub const QWEN3_5: Hf = Hf {
@@ -71,6 +77,14 @@ pub const QWEN3_5: Hf = Hf {
     normalise: |config| hf_qwen(config, &QwenConfig::qwen3_vl()),
     processor_keys: &[],
     processor_forces: None,
+    // Qwen3.5: transformers' Qwen3_5Config image_token_id / video_token_id, the published
+    // checkpoints' values.
+    published: Some(Published {
+        image: 248056,
+        video: Some(248057),
+        vision_tokens: None,
+    }),
+    count_tensor: None,
 };
 
 /// The Qwen keys: an int `size` is a shortest edge; top-level `min_pixels`/`max_pixels`

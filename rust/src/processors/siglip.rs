@@ -5,7 +5,7 @@
 //! It is the generic `PilBackend` pipeline of [`super::clip`] with these defaults.
 
 use super::clip::{ClipConfig, PadMode, CLIP_KEYS};
-use super::family::Hf;
+use super::family::{Hf, Published, VisionTokens};
 use super::sizes::SizeSpec;
 use super::value::{hf_clip_like, hf_pad_size, Common, HALF};
 
@@ -20,6 +20,19 @@ pub const SIGLIP: Hf = Hf {
     },
     processor_keys: &[],
     processor_forces: None,
+    // SigLIP's canonical VLM is PaliGemma (google/paligemma-3b-pt-224: SiglipImageProcessor,
+    // config.json image_token_index 257152, the tokenizer's <image>); SigLIP So400m/14 has no
+    // CLS token, every patch is a token (256 at 224 px).
+    published: Some(Published {
+        image: 257152,
+        video: None,
+        vision_tokens: Some(VisionTokens {
+            patch_size: 14,
+            num_additional_image_tokens: 0,
+            drop_one: false,
+        }),
+    }),
+    count_tensor: None,
 };
 
 impl ClipConfig {

@@ -525,6 +525,32 @@ impl PyPreprocessor {
         Ok(Some(out))
     }
 
+    /// published() -> dict | None
+    /// --
+    ///
+    /// The placeholder tokens of the family's published checkpoints when its replacement is a
+    /// run of one token: `image` (the anchor and the run's token), `video` (or `None`),
+    /// `vision_tokens` (`(patch_size, num_additional_image_tokens, strategy)` of the CLIP-like
+    /// towers, or `None`) and `count_tensor` (the per-image count an engine model takes as an
+    /// input, or `None`). `None` for a family with a structured replacement (its ids are in
+    /// `replacement_spec()["defaults"]`).
+    fn published<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let hf = self.inner.family().hf();
+        let Some(published) = hf.published else {
+            return Ok(None);
+        };
+        let out = PyDict::new(py);
+        out.set_item("image", published.image)?;
+        out.set_item("video", published.video)?;
+        let tower = published.vision_tokens.map(|v| {
+            let strategy = if v.drop_one { "default" } else { "full" };
+            (v.patch_size, v.num_additional_image_tokens, strategy)
+        });
+        out.set_item("vision_tokens", tower)?;
+        out.set_item("count_tensor", hf.count_tensor)?;
+        Ok(Some(out))
+    }
+
     /// prompt_replacement(grid, token_ids) -> tuple[list[int], list[bool], int]
     /// --
     ///

@@ -50,54 +50,30 @@ Layout = Literal["batched", "flat", "shared"]
 _HASH_DOMAIN = b"smg-grpc-proto/media/v1\x00"
 
 
-# Placeholder token ids (image, video) of the published checkpoints of the families whose
-# replacement is a run of one token, used when no config.json is given:
-# - Qwen2/2.5/3-VL: <|image_pad|> 151655, <|video_pad|> 151656 (their configs' image_token_id /
-#   video_token_id).
-# - Qwen3.5: 248056 / 248057 (transformers' Qwen3_5Config image_token_id / video_token_id, the
-#   published Qwen3.5 checkpoints' values).
-# - LLaVA-1.5 / LLaVA-NeXT: <image> 32000 (LlavaConfig image_token_index).
-# - CLIP: a bare CLIP tower has no prompt; its canonical VLM is LLaVA-1.5
-#   (llava-hf/llava-1.5-7b-hf: CLIP ViT-L/14-336 through CLIPImageProcessor), so <image> 32000.
-# - SigLIP: its canonical VLM is PaliGemma (google/paligemma-3b-pt-224: SiglipImageProcessor,
-#   config.json image_token_index 257152, the tokenizer's <image>).
-# - Phi-4-multimodal: <|image|> 200010 (transformers' Phi4MultimodalVisionConfig image_token_id;
-#   vLLM's phi4_multimodal.py _IMAGE_PLACEHOLDER_TOKEN_ID, "<|endoftext10|>" in the original
-#   vocab); Phi4MultimodalProcessor writes it num_img_tokens times.
-# - Phi-3-vision: <|image|> 32044 (vLLM's phi3v.py _IMAGE_TOKEN_ID; the SMG gateway's phi3_v
-#   spec expands <|image|> into a run of it); the run is num_img_tokens long.
-_DEFAULT_TOKENS: dict[str, tuple[int, int | None]] = {
-    "qwen2_vl": (151655, 151656),
-    "qwen2_5_vl": (151655, 151656),
-    "qwen3_vl": (151655, 151656),
-    "qwen3_5": (248056, 248057),
-    "clip": (32000, None),
-    "llava": (32000, None),
-    "llava_next": (32000, None),
-    "siglip": (257152, None),
-    "phi4_multimodal": (200010, None),
-    "phi3_v": (32044, None),
-}
+def _published(processor: ImageProcessor) -> tuple[int | None, int | None, VisionTokens | None]:
+    """The family's published checkpoints (the Rust family's ``Hf.published``): image and video
+    token ids and the CLIP-like tower's token rule; ``None`` each where there is none."""
+    published = processor._native.published()
+    if published is None:
+        return None, None, None
+    tower = published["vision_tokens"]
+    return (
+        published["image"],
+        published["video"],
+        VisionTokens(*tower) if tower is not None else None,
+    )
 
-# The vision tower's token rule of the same checkpoints (processor_config.json):
-# - LLaVA-1.5 / LLaVA-NeXT, and CLIP as LLaVA-1.5's tower: CLIP ViT-L/14 with a CLS token that
-#   the "default" strategy drops (576 tokens at 336 px, 256 at the class default 224).
-# - SigLIP as PaliGemma's tower: SigLIP So400m/14, no CLS token, every patch is a token
-#   (PaliGemmaProcessor's image_seq_length 256 at 224 px).
-_DEFAULT_VISION_TOKENS: dict[str, VisionTokens] = {
-    "clip": VisionTokens(14, 1, "default"),
-    "llava": VisionTokens(14, 1, "default"),
-    "llava_next": VisionTokens(14, 1, "default"),
-    "siglip": VisionTokens(14, 0, "full"),
-}
 
-# Families whose model takes each image's placeholder count as an input tensor, by its name:
-# vLLM's Phi4MultimodalForCausalLM declares num_img_tokens a batched image field and refuses
-# image inputs without it (phi4_multimodal.py _get_mm_fields_config /
-# _parse_and_validate_image_input), though Phi4MultimodalProcessor drops it from its output.
-_COUNT_TENSORS: dict[str, str] = {
-    "phi4_multimodal": "num_img_tokens",
-}
+@functools.cache
+def _count_tensor(family: str) -> str | None:
+    """The per-image placeholder count tensor the family's engine model takes as an input
+    (Phi-4-multimodal ``num_img_tokens``), from the Rust family; ``None`` for other families and
+    names that are not one of ours."""
+    try:
+        published = ImageProcessor(family)._native.published()  # type: ignore[arg-type]
+    except (MultimodalError, ValueError):
+        return None
+    return published["count_tensor"] if published is not None else None
 
 
 TokenIds = Mapping[str, int | Sequence[int]]
@@ -267,8 +243,9 @@ class VisionModel:
         directory = Path(model_dir)
         processor = ImageProcessor.from_pretrained(directory, **kwargs)
         spec = processor._native.replacement_spec()
-        if processor.vision_tokens is None and processor.family in _DEFAULT_VISION_TOKENS:
-            kwargs["vision_tokens"] = _DEFAULT_VISION_TOKENS[processor.family]
+        image_default, video_default, tower = _published(processor)
+        if processor.vision_tokens is None and tower is not None:
+            kwargs["vision_tokens"] = tower
             processor = ImageProcessor.from_pretrained(directory, **kwargs)
         config: dict[str, Any] = {}
         if (directory / "config.json").is_file():
@@ -276,7 +253,7 @@ class VisionModel:
                 loaded = json.load(f)
             if isinstance(loaded, dict):
                 config = loaded
-        defaults = _DEFAULT_TOKENS.get(processor.family, (None, None))
+        defaults = (image_default, video_default)
         named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
             names = [*spec["tokens"], *(j for j in spec["joins"] if j not in spec["tokens"])]
@@ -337,11 +314,12 @@ class VisionModel:
         dropped), SigLIP as PaliGemma's (``<image>`` 257152, every patch a token). ``config``
         overrides transformers config keys; ``kwargs`` go to
         :class:`~smg_grpc_proto.vision.ImageProcessor`."""
-        if family in _DEFAULT_VISION_TOKENS:
-            kwargs.setdefault("vision_tokens", _DEFAULT_VISION_TOKENS[family])
         processor = ImageProcessor(family, config, **kwargs)
+        image_default, video_default, tower = _published(processor)
+        if tower is not None and "vision_tokens" not in kwargs:
+            processor = ImageProcessor(family, config, vision_tokens=tower, **kwargs)
         spec = processor._native.replacement_spec()
-        defaults = _DEFAULT_TOKENS.get(family, (None, None))
+        defaults = (image_default, video_default)
         named: dict[str, int | Sequence[int]] = {}
         if spec is not None:
             named = {**spec["defaults"], **(token_ids or {})}
@@ -652,7 +630,7 @@ class PreparedMedia:
         """The rows-per-item tensor (one entry per item) when :attr:`item_rows` are set, under
         ``sizes_name`` (default :attr:`sizes_name`), and the per-item placeholder counts of a
         model that takes them as a tensor (Phi-4-multimodal's ``num_img_tokens``)."""
-        counts = _COUNT_TENSORS.get(self.family) if self.modality == "image" else None
+        counts = _count_tensor(self.family) if self.modality == "image" else None
         extra = {counts: np.asarray(self.token_counts, dtype=np.int64)} if counts else {}
         if not self.item_rows:
             return extra
