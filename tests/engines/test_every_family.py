@@ -24,6 +24,7 @@ from smg_grpc_proto.engines import sglang as sglang_adapter
 from smg_grpc_proto.engines import tokenspeed as ts_adapter
 from smg_grpc_proto.engines import vllm as vllm_adapter
 from smg_grpc_proto.engines._decoded import SIZES_KEY, DecodedItem
+from smg_grpc_proto.errors import MultimodalError
 
 FAMILIES = [name for name, *_ in _native.families()]
 # A landscape photo-sized image (tiled by every tiling family), a portrait strip, a tiny square.
@@ -190,3 +191,40 @@ def test_tokenspeed_round_trip_exact(family: str, transport: str, dtype: str | N
         (item,) = decoded.items
         _check_item(media, i, item, ids, dtype=bf16, sizes_name=SIZES_KEY)
     assert [s for s in request.shm_segments if os.path.exists(f"/dev/shm/{s}")] == []
+
+
+STRUCTURED = [f for f in FAMILIES if VisionModel.for_family(f).processor._native.replacement_spec()]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("family", STRUCTURED)
+def test_wrap_an_output_made_elsewhere(family: str) -> None:
+    """``VisionModel.wrap`` gives an output computed elsewhere the model's replacement and layout:
+    the same replacements, rows and layout as ``prepare``, and a request that round-trips."""
+    model = VisionModel.for_family(family)  # type: ignore[arg-type]
+    prepared = _media(family, 3)
+    wrapped = model.wrap(prepared.output)
+    assert wrapped.item_rows == prepared.item_rows
+    assert wrapped.token_counts == prepared.token_counts
+    assert wrapped.layout() == prepared.layout()
+    for (a, ma), (b, mb) in zip(wrapped.replacements, prepared.replacements, strict=True):
+        assert a.tolist() == b.tolist()
+        assert ma.tolist() == mb.tolist()
+    assert len(set(wrapped.hashes)) == 3  # hashed from each item's own tensors
+    request = vllm_adapter.generate_request("w", _prompt(wrapped), wrapped)
+    (batch,) = vllm_adapter.decode_mm_inputs(_wire(request))
+    ids = np.asarray(request.message.tokenized.input_ids)
+    for i, item in enumerate(batch.items):
+        _check_item(wrapped, i, item, ids)
+    # PreparedMedia.from_output cannot know the replacement: it refuses rather than send a run
+    with pytest.raises(MultimodalError, match=r"VisionModel\.wrap"):
+        PreparedMedia.from_output(prepared.output, token_id=model.image_token_id, family=family)
+
+
+def test_from_output_keeps_working_for_run_families() -> None:
+    media = _media("qwen2_vl", 2)
+    wrapped = PreparedMedia.from_output(media.output, token_id=151655, family="qwen2_vl")
+    assert wrapped.token_counts == media.token_counts
+    # a family name that is not one of ours is a run family for from_output
+    other = PreparedMedia.from_output(media.output, token_id=151655, family="my_qwen_fork")
+    assert other.token_counts == media.token_counts
+    assert VisionModel.for_family("qwen2_vl").wrap(media.output).token_counts == media.token_counts

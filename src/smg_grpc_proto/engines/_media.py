@@ -65,6 +65,15 @@ def _published(processor: ImageProcessor) -> tuple[int | None, int | None, Visio
 
 
 @functools.cache
+def _structured(family: str) -> bool:
+    """Whether one of our families' image anchor becomes more than a run of one token."""
+    try:
+        return ImageProcessor(family)._native.replacement_spec() is not None  # type: ignore[arg-type]
+    except (MultimodalError, ValueError):
+        return False
+
+
+@functools.cache
 def _count_tensor(family: str) -> str | None:
     """The per-image placeholder count tensor the family's engine model takes as an input
     (Phi-4-multimodal ``num_img_tokens``), from the Rust family; ``None`` for other families and
@@ -393,48 +402,73 @@ class VisionModel:
                 "give the processor VisionTokens (processor_config.json)",
                 field="vision_tokens",
             )
-        spec = self.processor._native.replacement_spec() if modality == "image" else None
-        anchor: int | None = None
-        replacements: tuple[tuple[npt.NDArray[np.uint32], npt.NDArray[np.bool_]], ...] = ()
-        rows: tuple[int, ...] = ()
-        joins: tuple[tuple[int, int, int], ...] = ()
-        if spec is not None:
-            grids = []
-            for name in spec["grid"]:
-                values = getattr(output.ready, name, None)
-                if values is None:
-                    raise MultimodalError(f"{self.family}: no {name} output", field=name)
-                grids.append(np.asarray(values).reshape(len(items), -1))
-            ids = {**self.token_ids, spec["embed"]: token}
-            named_anchor = ids.get(spec["anchor"])
-            anchor = named_anchor if isinstance(named_anchor, int) else None
-            pairs = _id_pairs(spec["tokens"], ids)
-            made = [
-                self.processor._native.prompt_replacement([int(v) for v in row], pairs)
-                for row in np.concatenate(grids, axis=1).tolist()
-            ]
-            replacements = tuple(
-                (np.asarray(t, dtype=np.uint32), np.asarray(e, dtype=np.bool_)) for t, e, _ in made
-            )
-            rows = tuple(r for _, _, r in made) if spec["flat"] else ()
-            counts = tuple(int(e.sum()) for _, e in replacements)
-            joins = _join_table(spec["joins"], ids)
+        structure = self._structure(output.ready, modality, len(digests))
         return PreparedMedia(
             processed=output,
             modality=modality,
             token_id=token,
-            token_counts=tuple(counts),
+            token_counts=structure.pop("token_counts", tuple(counts)),
             hashes=digests,
             family=self.family,
             encoded=raw,
-            anchor_id=anchor,
-            replacements=replacements,
-            item_rows=rows,
-            flat_names=tuple(spec["flat"]) if spec is not None else (),
-            sizes_key=spec["sizes"] if spec is not None and spec["flat"] else None,
-            per_sample=bool(spec["per_sample"]) if spec is not None else False,
-            joins=joins,
+            **structure,
         )
+
+    def wrap(self, output: ProcessorOutput, *, modality: Modality = "image") -> PreparedMedia:
+        """A :class:`PreparedMedia` for a :class:`ProcessorOutput` made elsewhere with this
+        model's processor settings: its items hashed from their tensors (as
+        :meth:`PreparedMedia.from_output` does), and this model's prompt replacement and layout
+        — what a family with a structured replacement (Llama 4, the tiled families) needs."""
+        counts = output.num_video_tokens if modality == "video" else output.num_image_tokens
+        if counts is None:
+            raise MultimodalError(
+                "the output carries no placeholder counts (a CLIP-like tower without "
+                "VisionTokens); use PreparedMedia.from_output(..., token_counts=...)",
+                field="output",
+            )
+        token = self.video_token_id if modality == "video" else self.image_token_id
+        if token is None:
+            raise MultimodalError(
+                f"{self.family}: no video token id; this model takes no videos",
+                field="video_token_id",
+            )
+        structure = self._structure(output, modality, len(counts))
+        counted = structure.pop("token_counts", tuple(int(c) for c in counts))
+        return PreparedMedia._hashed(output, modality, token, counted, self.family, structure)
+
+    def _structure(self, ready: ProcessorOutput, modality: Modality, n: int) -> dict[str, Any]:
+        """For a family with a structured replacement, the :class:`PreparedMedia` fields that
+        carry it (the replacements, the items' rows, the layout, the joins; ``token_counts``
+        become the embedding positions); empty otherwise."""
+        spec = self.processor._native.replacement_spec() if modality == "image" else None
+        if spec is None:
+            return {}
+        grids = []
+        for name in spec["grid"]:
+            values = getattr(ready, name, None)
+            if values is None:
+                raise MultimodalError(f"{self.family}: no {name} output", field=name)
+            grids.append(np.asarray(values).reshape(n, -1))
+        ids = {**self.token_ids, spec["embed"]: self.image_token_id}
+        named_anchor = ids.get(spec["anchor"])
+        pairs = _id_pairs(spec["tokens"], ids)
+        made = [
+            self.processor._native.prompt_replacement([int(v) for v in row], pairs)
+            for row in np.concatenate(grids, axis=1).tolist()
+        ]
+        replacements = tuple(
+            (np.asarray(t, dtype=np.uint32), np.asarray(e, dtype=np.bool_)) for t, e, _ in made
+        )
+        return {
+            "token_counts": tuple(int(e.sum()) for _, e in replacements),
+            "anchor_id": named_anchor if isinstance(named_anchor, int) else None,
+            "replacements": replacements,
+            "item_rows": tuple(r for _, _, r in made) if spec["flat"] else (),
+            "flat_names": tuple(spec["flat"]),
+            "sizes_key": spec["sizes"] if spec["flat"] else None,
+            "per_sample": bool(spec["per_sample"]),
+            "joins": _join_table(spec["joins"], ids),
+        }
 
     @functools.cached_property
     def _parameters(self) -> bytes:
@@ -518,7 +552,15 @@ class PreparedMedia:
         token_counts: Sequence[int] | None = None,
     ) -> PreparedMedia:
         """Wrap a :class:`ProcessorOutput` made elsewhere; items are hashed from their tensors
-        (which already reflect every preprocessing parameter)."""
+        (which already reflect every preprocessing parameter). For a family whose anchor becomes
+        more than a run of one token (Llama 4, the tiled families) use
+        :meth:`VisionModel.wrap`, which knows the model's replacement."""
+        if modality == "image" and _structured(family):
+            raise MultimodalError(
+                f"{family}: its prompt replacement is more than a run of {token_id}; wrap the "
+                "output with VisionModel.wrap(output), which writes the model's replacement",
+                field="family",
+            )
         counts = token_counts or (
             output.num_video_tokens if modality == "video" else output.num_image_tokens
         )
@@ -527,7 +569,20 @@ class PreparedMedia:
                 "token_counts: the output carries no placeholder counts; pass them",
                 field="token_counts",
             )
-        media = cls(output, modality, token_id, tuple(int(c) for c in counts), (), family)
+        return cls._hashed(output, modality, token_id, tuple(int(c) for c in counts), family, {})
+
+    @classmethod
+    def _hashed(
+        cls,
+        output: ProcessorOutput,
+        modality: Modality,
+        token_id: int,
+        counts: tuple[int, ...],
+        family: str,
+        structure: Mapping[str, Any],
+    ) -> PreparedMedia:
+        """The media with each item hashed from its tensors."""
+        media = cls(output, modality, token_id, counts, (), family, **structure)
         digests = []
         for i in range(media.count):
             framed: list[bytes | npt.NDArray[Any]] = [_HASH_DOMAIN, b"tensors", family.encode()]
