@@ -9,7 +9,7 @@ placeholder range, embed mask and content hash.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
@@ -108,9 +108,18 @@ def to_torch(array: npt.NDArray[Any], *, bfloat16: bool = False) -> Any:
     return tensor
 
 
-def check_placeholders(groups: Sequence[tuple[str, Sequence[tuple[int, int]]]], n_ids: int) -> None:
+def check_placeholders(
+    groups: Sequence[tuple[str, Sequence[tuple[int, int]]]],
+    n_ids: int,
+    ids: npt.NDArray[Any] | None = None,
+    tokens: Collection[int] = (),
+) -> None:
     """Every range of every group non-empty, inside ``input_ids`` and disjoint from every other
     range of any group; ``groups`` are ``(field, ranges)`` pairs (one per batch or item).
+
+    Two ranges may share one boundary token when it takes no embedding (given ``ids`` and the
+    embedding ``tokens``): vLLM's Gemma 3 processor reports adjacent images that way, their
+    newlines merged into one token that belongs to both replacements.
 
     Costs O(n log n) in the number of ranges: their count is bounded by ``n_ids`` first (disjoint
     non-empty ranges cannot outnumber the tokens), then one sort finds any overlap.
@@ -143,8 +152,17 @@ def check_placeholders(groups: Sequence[tuple[str, Sequence[tuple[int, int]]]], 
             actual=int(ends[i]),
         )
     order = np.argsort(offsets, kind="stable")
-    # Sorted by start, two ranges overlap only if some neighbouring pair does.
-    clash = np.flatnonzero(offsets[order[1:]] < ends[order[:-1]])
+    # Sorted by start, a range overlaps an earlier one iff it starts before the furthest end so
+    # far; a one-token overlap is a shared boundary token when it takes no embedding.
+    reach = np.maximum.accumulate(ends[order])[:-1]
+    overlap = reach - offsets[order[1:]]
+    shared = overlap == 1
+    if ids is not None and tokens and shared.any():
+        at = offsets[order[1:]][shared]
+        shared[shared] = ~np.isin(ids[at], np.fromiter(tokens, np.int64))
+    else:
+        shared[:] = False
+    clash = np.flatnonzero((overlap > 0) & ~shared)
     if clash.size:
         a, b = int(order[clash[0]]), int(order[clash[0] + 1])
         first, second = (a, b) if a < b else (b, a)

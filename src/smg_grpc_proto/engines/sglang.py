@@ -181,8 +181,9 @@ def decode_mm_inputs(
             f"{at}.mm_placeholders is empty: a batch needs one range per image",
             field=f"{at}.mm_placeholders",
         )
-    _decoded.check_placeholders([(f"{at}.mm_placeholders", ranges)], ids.shape[0])
     token = mm.im_token_id if mm.HasField("im_token_id") else None
+    shared_ok = [token] if token is not None else []
+    _decoded.check_placeholders([(f"{at}.mm_placeholders", ranges)], ids.shape[0], ids, shared_ok)
     masks = _decoded.embed_masks(ids, ranges, token, f"{at}.mm_placeholders")
     if mm.image_data and len(mm.image_data) != n:
         raise MultimodalError(

@@ -192,7 +192,9 @@ def _decode(
             )
         _decoded.check_range_count(at, len(item.placeholders), ids.shape[0])
         groups.append((at, [(p.offset, p.length) for p in item.placeholders]))
-    _decoded.check_placeholders(groups, ids.shape[0])
+    embed = [i.placeholder_token_id for i in items if i.HasField("placeholder_token_id")]
+    shared_ok = embed if len(embed) == len(items) else []  # else every position embeds
+    _decoded.check_placeholders(groups, ids.shape[0], ids, shared_ok)
     remote = {b.item_index for b in message.encode_bootstrap_info.items}
     tokens: dict[Modality, tuple[int, str]] = {}
     return tuple(

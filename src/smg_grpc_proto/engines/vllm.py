@@ -323,7 +323,9 @@ def _decode(
         field = f"{at}.mm_placeholders"
         _decoded.check_range_count(field, len(mm.mm_placeholders), ids.shape[0])
         groups.append((field, [(p.offset, p.length) for p in mm.mm_placeholders]))
-    _decoded.check_placeholders(groups, ids.shape[0])
+    embed = [mm.im_token_id for _, mm in batches if mm.HasField("im_token_id")]
+    shared_ok = embed if len(embed) == len(batches) else []  # else every position embeds
+    _decoded.check_placeholders(groups, ids.shape[0], ids, shared_ok)
     # vLLM's servicer (smg-grpc-servicer 0.14.1, VllmEngineServicer.Generate): a batch with side
     # tensors but no pixels is the PD decode side's form and is only decodable with remote KV (a
     # local recompute would run the encoder with nothing to encode); a batch with neither
