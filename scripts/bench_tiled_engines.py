@@ -118,7 +118,15 @@ def reference(family: str) -> Callable[[list[Any]], dict[str, Any]]:
         return run_idefics
     from transformers import GotOcr2ImageProcessorPil
 
-    got = GotOcr2ImageProcessorPil()
+    # InternVL's published preprocessor_config.json (our family defaults) over GOT-OCR2's class
+    # defaults: 448-px tiles, ImageNet mean/std, 1-12 patches.
+    got = GotOcr2ImageProcessorPil(
+        size={"height": 448, "width": 448},
+        image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+        min_patches=1,
+        max_patches=12,
+    )
 
     def run_internvl(images: list[Any]) -> dict[str, Any]:
         out = got(images=images, return_tensors="np", crop_to_patches=True)
