@@ -27,6 +27,47 @@ CACHE = Path(os.environ.get("SMG_TEST_CACHE", ROOT / ".cache"))
 
 PILLOW_VERSION = "13.0.0"
 MATPLOTLIB_VERSION = "3.11.2"
+SKIMAGE_VERSION = "0.26.0"
+
+# Real photographs (camera or microscope/telescope captures, no drawings or test patterns):
+# Pillow 13.0.0's Tests/images (its sdist) ...
+PILLOW_PHOTOS = (
+    "flower.jpg",
+    "flower2.jpg",
+    "sugarshack_bad_mpo_header.jpg",
+    "xmp_test.jpg",
+    "icc_profile_big.jpg",
+    "junk_jpeg_header.jpg",
+    "exif_gps_typeerror.jpg",
+    "exif-72dpi-int.jpg",
+    "app13-multiple.jpg",
+    "iptc.jpg",
+    "hopper.jpg",
+    "xmp_tags_orientation.png",
+)
+# ... and scikit-image 0.26.0's bundled skimage/data (its wheel; licences in its data README:
+# public domain or CC0 / CC-BY for these).
+SKIMAGE_PHOTOS = (
+    "astronaut.png",
+    "brick.png",
+    "camera.png",
+    "cell.png",
+    "chelsea.png",
+    "clock_motion.png",
+    "coffee.png",
+    "coins.png",
+    "grass.png",
+    "gravel.png",
+    "hubble_deep_field.jpg",
+    "ihc.png",
+    "moon.png",
+    "motorcycle_left.png",
+    "motorcycle_right.png",
+    "retina.jpg",
+    "rocket.jpg",
+    "page.png",
+    "text.png",
+)
 
 
 def _pip_download(spec: str, dest: Path, *, sdist: bool) -> Path:
@@ -96,3 +137,29 @@ def grace_hopper() -> bytes:
         tmp.write_bytes(data)
         os.replace(tmp, out)
     return out.read_bytes()
+
+
+def real_photos() -> dict[str, Path]:
+    """Every real photograph of the parity corpus by name (32: Grace Hopper, 12 of Pillow's
+    test images, 19 of scikit-image's data), as files in the cache; downloaded once."""
+    out = CACHE / f"real-photos-skimage-{SKIMAGE_VERSION}"
+    if not out.is_dir():
+        wheel = _pip_download(
+            f"scikit-image=={SKIMAGE_VERSION}", CACHE / "skimage-wheel", sdist=False
+        )
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp, zipfile.ZipFile(wheel) as zf:
+            for name in SKIMAGE_PHOTOS:
+                (Path(tmp) / name).write_bytes(zf.read(f"skimage/data/{name}"))
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                if not out.is_dir():
+                    raise
+            os.makedirs(tmp, exist_ok=True)
+    grace = CACHE / "test-images" / "grace_hopper.jpg"
+    grace_hopper()
+    pillow = pillow_test_images()
+    photos = {"grace_hopper.jpg": grace}
+    photos.update({name: pillow / name for name in PILLOW_PHOTOS})
+    photos.update({name: out / name for name in SKIMAGE_PHOTOS})
+    return photos
