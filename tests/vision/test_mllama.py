@@ -229,3 +229,24 @@ def test_prompt_as_mllama_processor(text: str, sizes: list[tuple[int, int]]) -> 
     tensors = media.tensors()
     assert tensors["pixel_values"].shape[:2] == (len(sizes), 4)
     assert tensors["num_tiles"].tolist() == [int(n) for n in out.num_tiles[0]]
+
+
+def test_model_directory(tmp_path: Path) -> None:
+    """A Llama 3.2 Vision directory: the published preprocessor config and ``config.json``'s
+    ``image_token_index`` 128256 (``MllamaConfig``'s default)."""
+    import json
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(MLLAMA_HUB))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "mllama", "image_token_index": 128256})
+    )
+    model = VisionModel.from_pretrained(tmp_path)
+    assert model.family == "mllama"
+    assert model.image_token_id == 128256
+    assert model.processor.config["size"] == {"height": 560, "width": 560}
+    media = model.prepare([pattern(300, 500, 1)])
+    assert media.anchor == 128256
+    ref = run_hf(
+        hf_processor("mllama-hub"), [pattern(300, 500, 1)], input_data_format="channels_last"
+    )
+    assert_matches(media.output, ref, "from_pretrained")
