@@ -56,7 +56,22 @@ REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
             "image_std": [0.229, 0.224, 0.225],
         },
     ),
+    # Llama 3.2 Vision's published configuration (tiles of 560, CLIP mean/std), given to ours
+    # as well (CONFIGURED)
+    "mllama": (
+        "MllamaImageProcessorPil",
+        {
+            "size": {"height": 560, "width": 560},
+            "max_image_tiles": 4,
+            "resample": 2,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+        },
+    ),
 }
+# Families whose reference kwargs are not ImageProcessor.for_family's defaults: ours gets them
+# as its configuration.
+CONFIGURED = {"mllama"}
 CASES = ("512x600", "1280x960", "batch of 8")
 
 
@@ -68,7 +83,8 @@ def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
 
     name, kwargs = REFERENCES[family]
     reference = getattr(transformers, name)(**kwargs)
-    ours = ImageProcessor.for_family(family, threads=1)  # type: ignore[arg-type]
+    config = kwargs if family in CONFIGURED else None
+    ours = ImageProcessor(family, config, threads=1)  # type: ignore[arg-type]
     blobs = [p.read_bytes() for p in paths]
     pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
     arrays = [decode(b) for b in blobs]

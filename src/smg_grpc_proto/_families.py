@@ -29,6 +29,7 @@ Family = Literal[
     "llama4",
     "phi4_multimodal",
     "phi3_v",
+    "mllama",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -49,5 +50,6 @@ FAMILIES: tuple[Family, ...] = (
     "llama4",
     "phi4_multimodal",
     "phi3_v",
+    "mllama",
 )
 """Every family, in registry order."""

@@ -22,11 +22,16 @@ from smg_grpc_proto import _native, tensors
 from smg_grpc_proto.engines import PreparedMedia, VisionModel, expand_placeholders
 from smg_grpc_proto.engines import sglang as sglang_adapter
 from smg_grpc_proto.engines import tokenspeed as ts_adapter
+from smg_grpc_proto.engines import trtllm as trtllm_adapter
 from smg_grpc_proto.engines import vllm as vllm_adapter
 from smg_grpc_proto.engines._decoded import SIZES_KEY, DecodedItem
-from smg_grpc_proto.errors import MultimodalError
+from smg_grpc_proto.engines._tensors import CROSS_ATTENTION
+from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError
 
-FAMILIES = [name for name, *_ in _native.families()]
+ALL_FAMILIES = [name for name, *_ in _native.families()]
+# Cross-attention families (Llama 3.2 Vision): processed exactly, but no engine contract here
+# carries their images, and every builder says so (test_cross_attention_refused).
+FAMILIES = [f for f in ALL_FAMILIES if f not in CROSS_ATTENTION]
 # A landscape photo-sized image (tiled by every tiling family), a portrait strip, a tiny square.
 SHAPES = [(300, 500), (900, 400), (40, 40)]
 
@@ -191,6 +196,32 @@ def test_tokenspeed_round_trip_exact(family: str, transport: str, dtype: str | N
         (item,) = decoded.items
         _check_item(media, i, item, ids, dtype=bf16, sizes_name=SIZES_KEY)
     assert [s for s in request.shm_segments if os.path.exists(f"/dev/shm/{s}")] == []
+
+
+@pytest.mark.parametrize("family", sorted(CROSS_ATTENTION))
+def test_cross_attention_refused(family: str) -> None:
+    """Every builder refuses a cross-attention family with MultimodalNotSupportedError naming
+    the engine and the reason; nothing is left in shared memory."""
+    assert family in ALL_FAMILIES
+    media = _media(family, 3)
+    before = set(os.listdir("/dev/shm"))
+    builders: list[Any] = [
+        lambda: vllm_adapter.generate_request("r", _prompt(media), media),
+        lambda: vllm_adapter.generate_request(
+            "r", _prompt(media), media, transport="shm", shm_min_bytes=0
+        ),
+        lambda: sglang_adapter.generate_request("r", _prompt(media), media),
+        lambda: ts_adapter.generate_request("r", _prompt(media), media),
+        lambda: trtllm_adapter.generate_request("r", _prompt(media), media, max_tokens=4),
+    ]
+    for build, engine in zip(
+        builders, ["vLLM", "vLLM", "SGLang", "TokenSpeed", "TensorRT-LLM"], strict=True
+    ):
+        with pytest.raises(MultimodalNotSupportedError, match="cross-attention") as info:
+            build()
+        assert str(info.value).startswith(engine)
+        assert info.value.field.endswith("family")
+    assert set(os.listdir("/dev/shm")) <= before
 
 
 STRUCTURED = [f for f in FAMILIES if VisionModel.for_family(f).processor._native.replacement_spec()]  # type: ignore[arg-type]

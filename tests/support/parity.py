@@ -219,6 +219,23 @@ SMOLVLM_HUB = {
     "size": {"longest_edge": 2048},
 }
 _IDEFICS3_FILE_ONLY = ("do_convert_rgb",)
+# meta-llama/Llama-3.2-11B-Vision(-Instruct)'s preprocessor_config.json: tiles of 560, at most
+# 4, BILINEAR, the OpenAI CLIP mean/std.
+MLLAMA_HUB = {
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": CLIP_MEAN,
+    "image_processor_type": "MllamaImageProcessor",
+    "image_std": CLIP_STD,
+    "max_image_tiles": 4,
+    "processor_class": "MllamaProcessor",
+    "resample": 2,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 560, "width": 560},
+}
 
 
 # ---- the reference processors (transformers imported on first use) --------------------------
@@ -289,6 +306,7 @@ def hf_classes() -> dict[str, Any]:
         Idefics3ImageProcessorPil,
         LlavaImageProcessorPil,
         LlavaNextImageProcessorPil,
+        MllamaImageProcessorPil,
         PixtralImageProcessorPil,
         Qwen2VLImageProcessorPil,
         SiglipImageProcessorPil,
@@ -309,6 +327,7 @@ def hf_classes() -> dict[str, Any]:
         "internvl": internvl_hf,
         "idefics3": _with_rows_cols(Idefics3ImageProcessorPil),
         "smolvlm": _with_rows_cols(SmolVLMImageProcessorPil),
+        "mllama": MllamaImageProcessorPil,
     }
 
 
@@ -340,6 +359,8 @@ CONFIGS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "idefics3-defaults": ("idefics3", None),
     "idefics3-nosplit": ("idefics3", {**IDEFICS3_HUB, "do_image_splitting": False}),
     "smolvlm-hub": ("smolvlm", SMOLVLM_HUB),
+    "mllama-defaults": ("mllama", None),
+    "mllama-hub": ("mllama", MLLAMA_HUB),
 }
 
 

@@ -38,6 +38,7 @@ _CLASSES: dict[str, Family] = {
     "Llama4ImageProcessor": "llama4",
     "Phi4MultimodalImageProcessor": "phi4_multimodal",
     "Phi3VImageProcessor": "phi3_v",
+    "MllamaImageProcessor": "mllama",
 }
 
 _COMMON = (
@@ -67,15 +68,18 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "llama4": ("max_patches", "resize_to_max_canvas", "patch_size", "pixel_shuffle_ratio"),
     "phi4_multimodal": ("patch_size", "dynamic_hd"),
     "phi3_v": ("num_crops",),
+    "mllama": ("max_image_tiles", "do_pad"),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
 _PHI3_V = ("image_mean", "image_std", "num_crops")
 
 # Families whose class has default_to_square = True: an int size is a square.
-_SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal"})
+_SQUARE: frozenset[str] = frozenset(
+    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama"}
+)
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
-    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v"}
+    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama"}
 )
 
 CONFIG_NAME = "preprocessor_config.json"
@@ -86,7 +90,16 @@ def _kind(family: Family) -> str:
         return "qwen"
     if family in ("idefics3", "smolvlm"):
         return "idefics3"
-    own = ("llava_next", "pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "phi3_v")
+    own = (
+        "llava_next",
+        "pixtral",
+        "gemma3",
+        "internvl",
+        "llama4",
+        "phi4_multimodal",
+        "phi3_v",
+        "mllama",
+    )
     return family if family in own else "clip"
 
 

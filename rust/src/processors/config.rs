@@ -13,6 +13,7 @@ use super::idefics3::{self, Idefics3Config};
 use super::internvl::{self, InternVlConfig};
 use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
+use super::mllama::{self, MllamaConfig};
 use super::phi3v::{self, Phi3VConfig};
 use super::phi4::{self, Phi4Config};
 use super::pixtral::{self, PixtralConfig};
@@ -105,6 +106,7 @@ registry! {
     Llama4 => "llama4", Llama4Config = Llama4Config::llama4(), llama4::LLAMA4;
     Phi4Multimodal => "phi4_multimodal", Phi4Config = Phi4Config::phi4_multimodal(), phi4::PHI4_MULTIMODAL;
     Phi3V => "phi3_v", Phi3VConfig = Phi3VConfig::phi3_v(), phi3v::PHI3_V;
+    Mllama => "mllama", MllamaConfig = MllamaConfig::mllama(), mllama::MLLAMA;
 }
 
 impl Family {

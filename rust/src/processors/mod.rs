@@ -45,6 +45,7 @@ pub mod input;
 pub mod internvl;
 pub mod llama4;
 pub mod llava_next;
+pub mod mllama;
 pub mod normalize;
 pub mod parallel;
 pub mod phi3v;

@@ -11,7 +11,12 @@ from google.protobuf.message import Message
 
 from smg_grpc_proto import shm
 from smg_grpc_proto.engines._media import PreparedMedia
-from smg_grpc_proto.errors import MultimodalError, SmgProtoError, TensorError
+from smg_grpc_proto.errors import (
+    MultimodalError,
+    MultimodalNotSupportedError,
+    SmgProtoError,
+    TensorError,
+)
 from smg_grpc_proto.tensors import ShmRead, TensorMessage, Transport, shm_payloads, unpack
 
 M = TypeVar("M", bound=Message)
@@ -19,7 +24,37 @@ TensorSource: TypeAlias = "TensorMessage[M] | M"
 """A request as received: a :class:`TensorMessage` (zero-copy frames) or a plain message."""
 
 
-def as_media_list(media: PreparedMedia | Sequence[PreparedMedia]) -> list[PreparedMedia]:
+CROSS_ATTENTION: dict[str, str] = {
+    "mllama": (
+        "Llama 3.2 Vision (mllama) is a cross-attention model: MllamaProcessor keeps each "
+        "<|image|> as one prompt token and the image reaches the decoder's cross-attention "
+        "layers, not prompt embeddings; no engine contract here carries that (vLLM removed "
+        "MllamaForConditionalGeneration in v0.10.2 with its V0 encoder-decoder path; SGLang's "
+        "MllamaForConditionalGeneration takes the request's whole processor output as one item "
+        "and reserves the encoder length in the prompt itself; TensorRT-LLM runs it only as a "
+        "TensorRT encoder-decoder engine, not through its PyTorch multimodal input processors)"
+    ),
+}
+"""Families whose images are not prompt embeddings, and why no builder sends them."""
+
+
+def refuse_cross_attention(item: PreparedMedia, engine: str, field: str) -> None:
+    """Raise :class:`MultimodalNotSupportedError` for a :data:`CROSS_ATTENTION` family."""
+    reason = CROSS_ATTENTION.get(item.family)
+    if reason is not None:
+        raise MultimodalNotSupportedError(
+            f"{engine}: {reason}",
+            field=field,
+            expected="a prompt-embedding family",
+            actual=item.family,
+        )
+
+
+def as_media_list(
+    media: PreparedMedia | Sequence[PreparedMedia], engine: str
+) -> list[PreparedMedia]:
+    """``media`` as a list of :class:`PreparedMedia`, one per modality, for ``engine``'s
+    builder; a :data:`CROSS_ATTENTION` family is refused."""
     items = [media] if isinstance(media, PreparedMedia) else list(media)
     for i, item in enumerate(items):
         if not isinstance(item, PreparedMedia):
@@ -29,6 +64,7 @@ def as_media_list(media: PreparedMedia | Sequence[PreparedMedia]) -> list[Prepar
                 field=f"media[{i}]",
                 actual=type(item).__name__,
             )
+        refuse_cross_attention(item, engine, f"media[{i}].family")
     modalities = [m.modality for m in items]
     if len(set(modalities)) != len(modalities):
         raise MultimodalError(

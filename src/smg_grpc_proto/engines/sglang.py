@@ -78,7 +78,7 @@ def embed_request(
 
 
 def _images(media: PreparedMedia | Sequence[PreparedMedia]) -> list[PreparedMedia]:
-    items = as_media_list(media)
+    items = as_media_list(media, "SGLang")
     for i, item in enumerate(items):
         if item.modality != "image":
             raise MultimodalNotSupportedError(

@@ -73,7 +73,7 @@ def generate_request(
     one :class:`PreparedMedia` per modality. ``dtype=None`` keeps the processor's float32.
     Side tensors go inline unless ``transport="shm"``. Shared-memory segments written before a
     failure are unlinked."""
-    batches = as_media_list(media)
+    batches = as_media_list(media, "TokenSpeed")
     ids, ranges = expand_placeholders(input_ids, batches)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
     request.tokenized.input_ids.extend(ids.tolist())
@@ -96,7 +96,7 @@ def fill_mm_inputs(
     already (:func:`expand_placeholders`); the placeholder ranges are read from them
     (:func:`placeholder_ranges`). Options as for :func:`generate_request`; segments written
     before a failure are unlinked."""
-    batches = as_media_list(media)
+    batches = as_media_list(media, "TokenSpeed")
     if not batches:
         return
     request = message.message

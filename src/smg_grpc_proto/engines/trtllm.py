@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders, image_format
-from smg_grpc_proto.engines._tensors import TensorSource
+from smg_grpc_proto.engines._tensors import TensorSource, refuse_cross_attention
 from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError, PlaceholderError
 from smg_grpc_proto.generated import trtllm_service_pb2 as pb
 from smg_grpc_proto.tensors import TensorMessage
@@ -34,6 +34,7 @@ __all__ = ["decode_mm_inputs", "fill_mm_inputs", "generate_request"]
 
 def _files(media: PreparedMedia | Sequence[Any]) -> list[bytes]:
     if isinstance(media, PreparedMedia):
+        refuse_cross_attention(media, "TensorRT-LLM", "media.family")
         if media.modality != "image":
             raise MultimodalNotSupportedError(
                 f"TensorRT-LLM's contract carries image files only, got {media.modality}",

@@ -87,7 +87,7 @@ def generate_request(
     is used), which requires ``kv_transfer_params`` — without it
     :class:`~smg_grpc_proto.errors.DisaggregationError` is raised.
     """
-    batches = as_media_list(media)
+    batches = as_media_list(media, "vLLM")
     ids, ranges = expand_placeholders(input_ids, batches)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
     request.tokenized.input_ids.extend(ids.tolist())
@@ -171,7 +171,7 @@ def fill_mm_inputs(
     placeholder ranges are read from them (:func:`placeholder_ranges`). Options as for
     :func:`generate_request` (``pixels=False`` needs the request's KV transfer params set
     already); segments written before a failure are unlinked."""
-    batches = as_media_list(media)
+    batches = as_media_list(media, "vLLM")
     if not batches:
         return
     request = message.message

@@ -56,6 +56,9 @@ TENSOR_NAMES = (
     "pixel_attention_mask",
     "rows",
     "cols",
+    "aspect_ratio_ids",
+    "aspect_ratio_mask",
+    "num_tiles",
     "pixel_values_videos",
     "video_grid_thw",
 )
@@ -112,6 +115,13 @@ class ProcessorOutput:
     image_attention_mask: F32Array | None = None
     """Phi-4-multimodal: ``(B, n, 32, 32)`` float32, 1 over image patches and 0 over whole
     patches of padding (all 1 for the global image and the padding crops)."""
+    aspect_ratio_ids: I64Array | None = None
+    """Llama 3.2 Vision: ``(1, B)`` = each image's canvas, its index from 1 in the tile
+    arrangements of at most ``max_image_tiles`` tiles."""
+    aspect_ratio_mask: I64Array | None = None
+    """Llama 3.2 Vision: ``(1, B, max_image_tiles)`` int64, 1 for each tile an image has."""
+    num_tiles: I64Array | None = None
+    """Llama 3.2 Vision: ``(1, B)`` = tiles per image (transformers' nested list, as a tensor)."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
@@ -150,6 +160,9 @@ class ProcessorOutput:
                 "pixel_attention_mask",
                 "rows",
                 "cols",
+                "aspect_ratio_ids",
+                "aspect_ratio_mask",
+                "num_tiles",
             )
         )
         for name in keep:
@@ -384,6 +397,9 @@ class ImageProcessor:
             pixel_attention_mask=values.get("pixel_attention_mask"),
             rows=values.get("rows"),
             cols=values.get("cols"),
+            aspect_ratio_ids=values.get("aspect_ratio_ids"),
+            aspect_ratio_mask=values.get("aspect_ratio_mask"),
+            num_tiles=values.get("num_tiles"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
             num_image_tokens=_counts(values.get("num_image_tokens")),
