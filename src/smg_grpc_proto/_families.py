@@ -29,6 +29,7 @@ Family = Literal[
     "llama4",
     "phi4_multimodal",
     "phi3_v",
+    "gemma4",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -49,5 +50,6 @@ FAMILIES: tuple[Family, ...] = (
     "llama4",
     "phi4_multimodal",
     "phi3_v",
+    "gemma4",
 )
 """Every family, in registry order."""

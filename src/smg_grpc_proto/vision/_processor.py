@@ -56,6 +56,8 @@ TENSOR_NAMES = (
     "pixel_attention_mask",
     "rows",
     "cols",
+    "image_position_ids",
+    "num_soft_tokens_per_image",
     "pixel_values_videos",
     "video_grid_thw",
 )
@@ -76,7 +78,8 @@ class ProcessorOutput:
     row-major order, then its global image when it is split; Llama 4: ``(sum of tiles, 3, 336,
     336)`` **bfloat16**, each image's tiles in row-major order, then its global tile when it has
     more than one; Phi-3-vision: ``(B, num_crops + 1, 3, 336, 336)``, the global image, the HD
-    tiles, zero crops. ``None`` when the call had only videos (and for Phi-4-multimodal, whose
+    tiles, zero crops; Gemma 4: ``(B, max_patches, 3 * ps * ps)``, each image's patches in
+    row-major order (each patch channels-last), zero patches up to ``max_patches``. ``None`` when the call had only videos (and for Phi-4-multimodal, whose
     pixels are :attr:`image_pixel_values`)."""
     image_grid_thw: I64Array | None = None
     """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
@@ -112,6 +115,11 @@ class ProcessorOutput:
     image_attention_mask: F32Array | None = None
     """Phi-4-multimodal: ``(B, n, 32, 32)`` float32, 1 over image patches and 0 over whole
     patches of padding (all 1 for the global image and the padding crops)."""
+    image_position_ids: I64Array | None = None
+    """Gemma 4: ``(B, max_patches, 2)`` = each patch's ``(x, y)`` in the patch grid, ``(-1, -1)``
+    for the padding patches (vLLM's ``pixel_position_ids``)."""
+    num_soft_tokens_per_image: I64Array | None = None
+    """Gemma 4: ``(B,)`` = soft tokens per image (patches / ``pooling_kernel_size ** 2``)."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
@@ -150,6 +158,8 @@ class ProcessorOutput:
                 "pixel_attention_mask",
                 "rows",
                 "cols",
+                "image_position_ids",
+                "num_soft_tokens_per_image",
             )
         )
         for name in keep:
@@ -384,6 +394,8 @@ class ImageProcessor:
             pixel_attention_mask=values.get("pixel_attention_mask"),
             rows=values.get("rows"),
             cols=values.get("cols"),
+            image_position_ids=values.get("image_position_ids"),
+            num_soft_tokens_per_image=values.get("num_soft_tokens_per_image"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
             num_image_tokens=_counts(values.get("num_image_tokens")),
