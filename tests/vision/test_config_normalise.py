@@ -38,6 +38,7 @@ _CLASSES: dict[str, Family] = {
     "Llama4ImageProcessor": "llama4",
     "Phi4MultimodalImageProcessor": "phi4_multimodal",
     "Phi3VImageProcessor": "phi3_v",
+    "Gemma4ImageProcessor": "gemma4",
 }
 
 _COMMON = (
@@ -67,6 +68,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "llama4": ("max_patches", "resize_to_max_canvas", "patch_size", "pixel_shuffle_ratio"),
     "phi4_multimodal": ("patch_size", "dynamic_hd"),
     "phi3_v": ("num_crops",),
+    "gemma4": ("patch_size", "max_soft_tokens", "pooling_kernel_size"),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
 _PHI3_V = ("image_mean", "image_std", "num_crops")
@@ -75,8 +77,10 @@ _PHI3_V = ("image_mean", "image_std", "num_crops")
 _SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal"})
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
-    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v"}
+    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "gemma4"}
 )
+# Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
+_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4"})
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -86,7 +90,16 @@ def _kind(family: Family) -> str:
         return "qwen"
     if family in ("idefics3", "smolvlm"):
         return "idefics3"
-    own = ("llava_next", "pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "phi3_v")
+    own = (
+        "llava_next",
+        "pixtral",
+        "gemma3",
+        "internvl",
+        "llama4",
+        "phi4_multimodal",
+        "phi3_v",
+        "gemma4",
+    )
     return family if family in own else "clip"
 
 
@@ -131,7 +144,7 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("image_mean", "image_std"):
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
-    if config.get("size") is not None and kind != "phi3_v":
+    if config.get("size") is not None and kind not in _NO_SIZE:
         out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:
         # get_size_dict(patch_size, default_to_square=True); anything else is for the native

@@ -16,7 +16,7 @@ use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
-use super::value::{as_count, hf_keys, Common, Value};
+use super::value::{as_count, hf_only, Common, Value, HF_COMMON};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options,
     Out, OutBuffer, Outputs, ProcessorError, Rgb, Tensor, TensorData,
@@ -28,15 +28,14 @@ use crate::memory::fallible;
 pub const GEMMA4: Hf = Hf {
     image_classes: &["Gemma4ImageProcessor"],
     video_classes: &[],
+    // `size` is not read: `_validate_preprocess_kwargs` turns it off, `_preprocess` ignores it.
     normalise: |config| {
-        let mut out = hf_keys(
-            config,
-            &["patch_size", "max_soft_tokens", "pooling_kernel_size"],
-            true,
-        )?;
-        // `_validate_preprocess_kwargs` turns `size` off; `_preprocess` never reads it.
-        out.retain(|(key, _)| key != "size");
-        Ok(out)
+        let keys: Vec<&str> = HF_COMMON
+            .iter()
+            .chain(&["patch_size", "max_soft_tokens", "pooling_kernel_size"])
+            .copied()
+            .collect();
+        Ok(hf_only(config, &keys))
     },
     // Gemma4Processor's `image_seq_length` changes no count: each image's is computed.
     processor_keys: &[],
