@@ -203,6 +203,19 @@ def test_videos_are_refused() -> None:
         ImageProcessor.for_family("gemma4")(videos=[frames])
 
 
+def test_gemma4_unified_is_refused(tmp_path: Path) -> None:
+    """``Gemma4UnifiedImageProcessor`` (torchvision-only, merging k x k patch groups) is not
+    reproduced: its config is refused, naming the class, rather than read as Gemma 4's."""
+    import json
+
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps({"image_processor_type": "Gemma4UnifiedImageProcessor", "patch_size": 16})
+    )
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4_unified"}))
+    with pytest.raises(ValueError, match="Gemma4UnifiedImageProcessor"):
+        VisionModel.from_pretrained(tmp_path)
+
+
 def test_from_pretrained_file(tmp_path: Path) -> None:
     import json
 
@@ -233,9 +246,7 @@ def _tokenizer() -> Any:
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.WordLevel({**VOCAB, **SPECIAL}, "<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(
-        Regex(r"[^\s]+"), behavior="removed", invert=True
-    )
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\s]+"), behavior="removed", invert=True)
     backend.add_special_tokens(list(SPECIAL))
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -316,7 +327,8 @@ def test_input_ids_equal_gemma4_processor(sizes: list[tuple[int, int]], budget: 
     assert list(media.token_counts) == counts
     for (offset, length), n in zip(ranges[0], counts, strict=True):
         assert length == n + 2
-        assert ids[offset] == BOI and ids[offset + length - 1] == EOI
+        assert ids[offset] == BOI
+        assert ids[offset + length - 1] == EOI
 
 
 def test_for_family_uses_the_published_ids() -> None:

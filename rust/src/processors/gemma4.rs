@@ -18,8 +18,8 @@ use super::family::{
 use super::normalize::Normalize;
 use super::value::{as_count, hf_only, Common, Value, HF_COMMON};
 use super::{
-    check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options,
-    Out, OutBuffer, Outputs, ProcessorError, Rgb, Tensor, TensorData,
+    check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
+    Outputs, ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::memory::fallible;
 
@@ -97,9 +97,7 @@ impl FamilyConfig for Gemma4Config {
             }
             "max_soft_tokens" => {
                 self.max_soft_tokens = match value {
-                    Value::Int(v) => SUPPORTED_SOFT_TOKENS
-                        .into_iter()
-                        .find(|&s| s as i64 == *v),
+                    Value::Int(v) => SUPPORTED_SOFT_TOKENS.into_iter().find(|&s| s as i64 == *v),
                     _ => None,
                 }
                 .ok_or_else(|| {
@@ -293,7 +291,10 @@ fn prepare<'a>(
     if patches > config.max_patches() {
         return Err(ProcessorError::shape(
             "image",
-            format!("at most {} patches (do_resize is off)", config.max_patches()),
+            format!(
+                "at most {} patches (do_resize is off)",
+                config.max_patches()
+            ),
             format!("{patches} patches of a {}x{} image", rgb.height, rgb.width),
         ));
     }

@@ -79,8 +79,9 @@ class ProcessorOutput:
     336)`` **bfloat16**, each image's tiles in row-major order, then its global tile when it has
     more than one; Phi-3-vision: ``(B, num_crops + 1, 3, 336, 336)``, the global image, the HD
     tiles, zero crops; Gemma 4: ``(B, max_patches, 3 * ps * ps)``, each image's patches in
-    row-major order (each patch channels-last), zero patches up to ``max_patches``. ``None`` when the call had only videos (and for Phi-4-multimodal, whose
-    pixels are :attr:`image_pixel_values`)."""
+    row-major order (each patch channels-last), zero patches up to ``max_patches``. ``None``
+    when the call had only videos (and for Phi-4-multimodal, whose pixels are
+    :attr:`image_pixel_values`)."""
     image_grid_thw: I64Array | None = None
     """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
     image_sizes: I64Array | None = None
