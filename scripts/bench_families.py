@@ -41,6 +41,7 @@ REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
     "llava_next": ("LlavaNextImageProcessorPil", {}),
     "pixtral": ("PixtralImageProcessorPil", {}),
     "gemma3": ("Gemma3ImageProcessorPil", {"size": {"height": 896, "width": 896}}),
+    "gemma4": ("Gemma4ImageProcessorPil", {}),
     "idefics3": ("Idefics3ImageProcessorPil", {}),
     "smolvlm": ("SmolVLMImageProcessorPil", {}),
     # InternVL's published configuration of GOT-OCR 2's processor (tiling on, as the processor

@@ -30,6 +30,7 @@ Family = Literal[
     "phi4_multimodal",
     "phi3_v",
     "mllama",
+    "gemma4",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -51,5 +52,6 @@ FAMILIES: tuple[Family, ...] = (
     "phi4_multimodal",
     "phi3_v",
     "mllama",
+    "gemma4",
 )
 """Every family, in registry order."""

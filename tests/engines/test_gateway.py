@@ -414,7 +414,7 @@ def test_client_disconnect_aborts_the_engine_request(
 #: Families smg 1.13.0 builds requests for (crates/multimodal/src/registry/) and our builders
 #: serve on main: one gateway launch each.
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
-AGREE += ["phi3_v"]
+AGREE += ["phi3_v", "gemma4"]
 #: Families smg 1.13.0 serves that our builders do not yet (none today): they would be skipped
 #: with the reason given here until they are moved into AGREE.
 PENDING: dict[str, str] = {}
@@ -444,6 +444,14 @@ VISION_PAD_RUNS = {"qwen2_vl", "qwen2_5_vl"}
 #: video_grid_thw) with an image batch; vLLM's servicer consults them only for the tensors
 #: present, so the extra name is harmless (our decoder ignores it the same way).
 EXTRA_CPU_KEYS = {"qwen3_vl": {"video_grid_thw"}, "qwen3_5": {"video_grid_thw"}}
+#: Gemma 4 agrees on everything but pixels: smg's Gemma 4 processor (vision/processors/gemma4.rs)
+#: resizes with its own torch-style antialiased bicubic where transformers'
+#: Gemma4ImageProcessorPil (and we) use Pillow's, up to 2/255 apart; the tokens (boi, one
+#: <|image|> per soft token, eoi), the placeholder ranges over the whole replacement with only
+#: the soft tokens embedded, and pixel_position_ids (transformers' image_position_ids, renamed
+#: as vLLM's Gemma4MultiModalProcessor does) are identical. Our input_ids against
+#: Gemma4Processor: tests/vision/test_gemma4.py (its constructor needs an audio feature
+#: extractor and a torch-only video processor, so it is not in TRANSFORMERS_PROCESSOR).
 #: smg's Phi-3-vision spec (registry/phi3_v.rs) also sends the hub processor's num_img_tokens,
 #: unlisted in batched_keys (so "shared"); vLLM's Phi3VForCausalLM takes pixel_values and
 #: image_sizes only (its _get_mm_fields_config), as we send, so the extra tensor goes unused.

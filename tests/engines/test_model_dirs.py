@@ -24,6 +24,7 @@ PUBLISHED = {
     "llava": (32000, 32000),
     "llava_next": (32000, 32000),
     "llama4": (200092, 200090),  # <|patch|>, anchored on <|image|>
+    "gemma4": (258880, 258880),  # <|image|>, wrapped in <|image> ... <image|>
 }
 
 

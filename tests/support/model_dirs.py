@@ -222,6 +222,25 @@ LLAMA4_SPECIALS = (
     ("<|image|>", 200090),
     ("<|patch|>", 200092),
 )
+# Gemma 4: Gemma4Config's defaults (transformers 5.24) for the media tokens; <pad> 0, <eos> 1,
+# <bos> 2 are Gemma4TextConfig's pad/eos/bos ids; the turn markers are Gemma 3's published
+# <start_of_turn> 105 / <end_of_turn> 106 (any ids serve the agreement: both sides read them
+# from this tokenizer).
+GEMMA4_SPECIALS = (
+    ("<pad>", 0),
+    ("<eos>", 1),
+    ("<bos>", 2),
+    ("<unk>", 3),
+    ("<start_of_turn>", 105),
+    ("<end_of_turn>", 106),
+    ("<|image>", 255999),
+    ("<|audio>", 256000),
+    ("<|image|>", 258880),
+    ("<|audio|>", 258881),
+    ("<image|>", 258882),
+    ("<audio|>", 258883),
+    ("<|video|>", 258884),
+)
 PHI3_SPECIALS = (
     ("<unk>", 0),
     ("<s>", 1),
@@ -232,6 +251,23 @@ PHI3_SPECIALS = (
     ("<|end|>", 32007),
     ("<|user|>", 32010),
     ("<|image|>", 32044),
+)
+
+# Gemma's turns; one <|image|> per image where the user wrote it (smg's Gemma 4 spec renders the
+# parts in the order authored).
+GEMMA4_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) -}}"
+    "{{- '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for content in message['content'] -%}"
+    "{%- if content['type'] in ('image', 'image_url') -%}{{- '<|image|>' -}}"
+    "{%- elif 'text' in content -%}{{- content['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
 )
 
 _QWEN_TOKENIZER = {
@@ -392,6 +428,21 @@ LLAMA4_PREPROCESSOR = {  # meta-llama/Llama-4-Scout-17B-16E-Instruct
     "rescale_factor": 0.00392156862745098,
     "resize_to_max_canvas": False,
     "size": {"height": 336, "width": 336},
+}
+GEMMA4_PREPROCESSOR = {  # Gemma4ImageProcessor's defaults, as the published file writes them
+    "do_convert_rgb": True,
+    "do_normalize": False,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.0, 0.0, 0.0],
+    "image_std": [1.0, 1.0, 1.0],
+    "image_processor_type": "Gemma4ImageProcessor",
+    "max_soft_tokens": 280,
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+    "processor_class": "Gemma4Processor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
 }
 PHI3V_PREPROCESSOR = {  # microsoft/Phi-3-vision-128k-instruct
     "do_convert_rgb": True,
@@ -594,6 +645,41 @@ def phi3_v() -> Family:
     )
 
 
+def gemma4() -> Family:
+    return Family(
+        "gemma4",
+        "gemma-4-tiny",
+        GEMMA4_SPECIALS,
+        {
+            "architectures": ["Gemma4ForConditionalGeneration"],
+            "model_type": "gemma4",
+            "boi_token_id": 255999,
+            "eoi_token_id": 258882,
+            "image_token_id": 258880,
+            "video_token_id": 258884,
+            "text_config": {"model_type": "gemma4_text", **_text(262144, 2, 1)},
+            "vision_config": {
+                "model_type": "gemma4_vision",
+                "patch_size": 16,
+                "pooling_kernel_size": 3,
+                "default_output_length": 280,
+            },
+        },
+        GEMMA4_PREPROCESSOR,
+        GEMMA4_TEMPLATE,
+        "<|image|>",
+        "<|image|>",
+        {
+            "bos_token": "<bos>",
+            "eos_token": "<eos>",
+            "pad_token": "<pad>",
+            "unk_token": "<unk>",
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        generation={"bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0},
+    )
+
+
 #: Every family a directory can be written for, by our family name... and by the name the
 #: agreement test uses (``llava`` for the LLaVA-1.5 checkpoint whose image processor is CLIP's).
 FAMILIES = {
@@ -605,6 +691,7 @@ FAMILIES = {
     "llava_next": llava_next,
     "llama4": llama4,
     "phi3_v": phi3_v,
+    "gemma4": gemma4,
 }
 
 

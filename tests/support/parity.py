@@ -170,6 +170,25 @@ GEMMA3_HUB = {  # the values quoted for google/gemma-3-{4b,12b,27b}-it's preproc
     "size": {"height": 896, "width": 896},
 }
 
+# Gemma 4's preprocessor_config.json as Gemma4ImageProcessorPil's class defaults write it (the
+# published checkpoints ship these values: patch 16, 280 soft tokens, pooling kernel 3, BICUBIC,
+# rescale only).
+GEMMA4_FILE = {
+    "do_convert_rgb": True,
+    "do_normalize": False,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.0, 0.0, 0.0],
+    "image_std": [1.0, 1.0, 1.0],
+    "image_processor_type": "Gemma4ImageProcessor",
+    "max_soft_tokens": 280,
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+    "processor_class": "Gemma4Processor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+}
+
 # The values quoted for OpenGVLab/InternVL3-{1B,2B,8B}-hf's preprocessor_config.json.
 INTERNVL_HUB = {
     "crop_size": None,
@@ -303,6 +322,7 @@ def hf_classes() -> dict[str, Any]:
     that runs it as the published checkpoints do)."""
     from transformers import (
         CLIPImageProcessorPil,
+        Gemma4ImageProcessorPil,
         Idefics3ImageProcessorPil,
         LlavaImageProcessorPil,
         LlavaNextImageProcessorPil,
@@ -324,6 +344,7 @@ def hf_classes() -> dict[str, Any]:
         "llava_next": LlavaNextImageProcessorPil,
         "pixtral": PixtralImageProcessorPil,
         "gemma3": gemma3_hf,
+        "gemma4": Gemma4ImageProcessorPil,
         "internvl": internvl_hf,
         "idefics3": _with_rows_cols(Idefics3ImageProcessorPil),
         "smolvlm": _with_rows_cols(SmolVLMImageProcessorPil),
@@ -350,6 +371,10 @@ CONFIGS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "gemma3-defaults": ("gemma3", None),
     "gemma3-hub": ("gemma3", GEMMA3_HUB),
     "gemma3-pas": ("gemma3", {**GEMMA3_HUB, "do_pan_and_scan": True}),
+    "gemma4-defaults": ("gemma4", None),
+    "gemma4-file": ("gemma4", GEMMA4_FILE),
+    "gemma4-70": ("gemma4", {**GEMMA4_FILE, "max_soft_tokens": 70}),
+    "gemma4-1120": ("gemma4", {**GEMMA4_FILE, "max_soft_tokens": 1120}),
     "internvl-defaults": ("internvl", None),
     # The hub file read alone (no InternVLProcessor): one 448 x 448 image, no tiles.
     "internvl-single": (

@@ -39,6 +39,7 @@ _CLASSES: dict[str, Family] = {
     "Phi4MultimodalImageProcessor": "phi4_multimodal",
     "Phi3VImageProcessor": "phi3_v",
     "MllamaImageProcessor": "mllama",
+    "Gemma4ImageProcessor": "gemma4",
 }
 
 _COMMON = (
@@ -69,6 +70,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "phi4_multimodal": ("patch_size", "dynamic_hd"),
     "phi3_v": ("num_crops",),
     "mllama": ("max_image_tiles", "do_pad"),
+    "gemma4": ("patch_size", "max_soft_tokens", "pooling_kernel_size"),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
 _PHI3_V = ("image_mean", "image_std", "num_crops")
@@ -79,8 +81,10 @@ _SQUARE: frozenset[str] = frozenset(
 )
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
-    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama"}
+    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
 )
+# Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
+_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4"})
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -99,6 +103,7 @@ def _kind(family: Family) -> str:
         "phi4_multimodal",
         "phi3_v",
         "mllama",
+        "gemma4",
     )
     return family if family in own else "clip"
 
@@ -144,7 +149,7 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("image_mean", "image_std"):
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
-    if config.get("size") is not None and kind != "phi3_v":
+    if config.get("size") is not None and kind not in _NO_SIZE:
         out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:
         # get_size_dict(patch_size, default_to_square=True); anything else is for the native

@@ -94,6 +94,10 @@ def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) 
     if family == "mllama":
         # MllamaProcessor keeps each <|image|> as one token (cross-attention).
         return (1,) * int(out.num_tiles.size)
+    if family == "gemma4":
+        # patches (all but the (-1, -1) padding rows) over the pooling kernel's area
+        real = (out.image_position_ids[..., 0] >= 0).sum(axis=1)
+        return tuple(int(n) // cfg["pooling_kernel_size"] ** 2 for n in real)
     raise AssertionError(family)
 
 

@@ -9,6 +9,7 @@ use super::clip::{self, ClipConfig};
 use super::error::ProcessorError;
 use super::family::{FamilyConfig, Hf, VisionTokens};
 use super::gemma3::{self, Gemma3Config};
+use super::gemma4::{self, Gemma4Config};
 use super::idefics3::{self, Idefics3Config};
 use super::internvl::{self, InternVlConfig};
 use super::llama4::{self, Llama4Config};
@@ -107,6 +108,7 @@ registry! {
     Phi4Multimodal => "phi4_multimodal", Phi4Config = Phi4Config::phi4_multimodal(), phi4::PHI4_MULTIMODAL;
     Phi3V => "phi3_v", Phi3VConfig = Phi3VConfig::phi3_v(), phi3v::PHI3_V;
     Mllama => "mllama", MllamaConfig = MllamaConfig::mllama(), mllama::MLLAMA;
+    Gemma4 => "gemma4", Gemma4Config = Gemma4Config::gemma4(), gemma4::GEMMA4;
 }
 
 impl Family {

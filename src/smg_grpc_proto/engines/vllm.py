@@ -53,9 +53,25 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.tensors import SHM_MIN_BYTES, ShmRead, TensorMessage, Transport
 
-__all__ = ["decode_mm_inputs", "fill_mm_inputs", "generate_request", "kv_transfer_params"]
+__all__ = [
+    "MODEL_TENSOR_NAMES",
+    "decode_mm_inputs",
+    "fill_mm_inputs",
+    "generate_request",
+    "kv_transfer_params",
+]
 
 _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
+
+#: Per family, the image tensors vLLM's model takes under another name than transformers'
+#: processor returns them (``None``: vLLM's model does not take it, so it is not sent). Gemma 4:
+#: vLLM's ``Gemma4MultiModalProcessor`` renames ``image_position_ids`` to
+#: ``pixel_position_ids`` (its ``_get_mm_fields_config``: ``pixel_values`` and
+#: ``pixel_position_ids``, batched) and drops ``num_soft_tokens_per_image``, as the SMG gateway
+#: sends them.
+MODEL_TENSOR_NAMES: Mapping[str, Mapping[str, str | None]] = {
+    "gemma4": {"image_position_ids": "pixel_position_ids", "num_soft_tokens_per_image": None},
+}
 
 
 def generate_request(
@@ -220,6 +236,11 @@ def _fill_batch(
     layout = media.layout()
     primary = media.primary_name
     tensors = media.wire_tensors()
+    names = MODEL_TENSOR_NAMES.get(media.family, {}) if media.modality == "image" else {}
+    if names:
+        renamed = {k: names.get(k, k) for k in tensors}
+        tensors = {n: tensors[k] for k, n in renamed.items() if n is not None}
+        layout = {n: layout[k] for k, n in renamed.items() if n is not None}
     pixel_values = tensors.pop(primary)
     if pixels:
         attach(message, f"{at}.pixel_values", pixel_values, dtype, transport, shm_min_bytes)

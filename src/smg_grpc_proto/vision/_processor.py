@@ -59,6 +59,8 @@ TENSOR_NAMES = (
     "aspect_ratio_ids",
     "aspect_ratio_mask",
     "num_tiles",
+    "image_position_ids",
+    "num_soft_tokens_per_image",
     "pixel_values_videos",
     "video_grid_thw",
 )
@@ -79,8 +81,10 @@ class ProcessorOutput:
     row-major order, then its global image when it is split; Llama 4: ``(sum of tiles, 3, 336,
     336)`` **bfloat16**, each image's tiles in row-major order, then its global tile when it has
     more than one; Phi-3-vision: ``(B, num_crops + 1, 3, 336, 336)``, the global image, the HD
-    tiles, zero crops. ``None`` when the call had only videos (and for Phi-4-multimodal, whose
-    pixels are :attr:`image_pixel_values`)."""
+    tiles, zero crops; Gemma 4: ``(B, max_patches, 3 * ps * ps)``, each image's patches in
+    row-major order (each patch channels-last), zero patches up to ``max_patches``. ``None``
+    when the call had only videos (and for Phi-4-multimodal, whose pixels are
+    :attr:`image_pixel_values`)."""
     image_grid_thw: I64Array | None = None
     """Qwen: ``(B, 3)`` = ``[1, grid_h, grid_w]`` per image."""
     image_sizes: I64Array | None = None
@@ -122,6 +126,11 @@ class ProcessorOutput:
     """Llama 3.2 Vision: ``(1, B, max_image_tiles)`` int64, 1 for each tile an image has."""
     num_tiles: I64Array | None = None
     """Llama 3.2 Vision: ``(1, B)`` = tiles per image (transformers' nested list, as a tensor)."""
+    image_position_ids: I64Array | None = None
+    """Gemma 4: ``(B, max_patches, 2)`` = each patch's ``(x, y)`` in the patch grid, ``(-1, -1)``
+    for the padding patches (vLLM's ``pixel_position_ids``)."""
+    num_soft_tokens_per_image: I64Array | None = None
+    """Gemma 4: ``(B,)`` = soft tokens per image (patches / ``pooling_kernel_size ** 2``)."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
@@ -163,6 +172,8 @@ class ProcessorOutput:
                 "aspect_ratio_ids",
                 "aspect_ratio_mask",
                 "num_tiles",
+                "image_position_ids",
+                "num_soft_tokens_per_image",
             )
         )
         for name in keep:
@@ -400,6 +411,8 @@ class ImageProcessor:
             aspect_ratio_ids=values.get("aspect_ratio_ids"),
             aspect_ratio_mask=values.get("aspect_ratio_mask"),
             num_tiles=values.get("num_tiles"),
+            image_position_ids=values.get("image_position_ids"),
+            num_soft_tokens_per_image=values.get("num_soft_tokens_per_image"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
             num_image_tokens=_counts(values.get("num_image_tokens")),

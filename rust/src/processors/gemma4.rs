@@ -1,0 +1,481 @@
+//! Gemma 4 (`Gemma4ImageProcessorPil`, transformers 5.24): each image is resized with its aspect
+//! ratio kept ([`target_size`]: the largest size whose sides are multiples of
+//! `pooling_kernel_size · patch_size` within `max_soft_tokens · pooling_kernel_size²` patches)
+//! with BICUBIC, rescaled by 1/255 (no normalization by default), cut into
+//! `patch_size × patch_size` patches in row-major order, each patch flattened channels-last
+//! (`(py, px, c)`), and zero-padded to the patch budget:
+//!
+//! `pixel_values` `(B, max_patches, patch_size² · 3)` float32, `image_position_ids`
+//! `(B, max_patches, 2)` int64 (each patch's `(x, y)` in the patch grid, `(-1, -1)` for the
+//! padding), `num_soft_tokens_per_image` `(B,)` int64 (patches / `pooling_kernel_size²`: the
+//! vision tower pools each `k × k` block into one soft token).
+//!
+//! Videos (`Gemma4VideoProcessor`, torchvision-only) are not reproduced here.
+
+use super::family::{
+    i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
+};
+use super::normalize::Normalize;
+use super::value::{as_count, hf_only, Common, Value, HF_COMMON};
+use super::{
+    check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
+    Outputs, ProcessorError, Rgb, Tensor, TensorData,
+};
+use crate::memory::fallible;
+
+/// Gemma 4: `Gemma4ImageProcessor` (its `size` is unused: the resize is driven by the patch
+/// budget); `patch_size`, `max_soft_tokens`, `pooling_kernel_size`.
+pub const GEMMA4: Hf = Hf {
+    image_classes: &["Gemma4ImageProcessor"],
+    video_classes: &[],
+    // `size` is not read: `_validate_preprocess_kwargs` turns it off, `_preprocess` ignores it.
+    normalise: |config| {
+        let keys: Vec<&str> = HF_COMMON
+            .iter()
+            .chain(&["patch_size", "max_soft_tokens", "pooling_kernel_size"])
+            .copied()
+            .collect();
+        Ok(hf_only(config, &keys))
+    },
+    // Gemma4Processor's `image_seq_length` changes no count: each image's is computed.
+    processor_keys: &[],
+    processor_forces: None,
+    published: None,
+    count_tensor: None,
+};
+
+/// `_SUPPORTED_SOFT_TOKENS`: the soft-token budgets the processor accepts.
+pub const SUPPORTED_SOFT_TOKENS: [usize; 5] = [70, 140, 280, 560, 1120];
+
+/// Ours: a patch or pooling kernel side no model approaches (transformers bounds neither).
+const MAX_KERNEL: usize = 1024;
+
+/// The configuration of Gemma 4.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma4Config {
+    pub common: Common,
+    pub patch_size: usize,
+    pub max_soft_tokens: usize,
+    pub pooling_kernel_size: usize,
+}
+
+impl Gemma4Config {
+    /// `Gemma4ImageProcessorPil`'s class defaults (those of the published
+    /// `preprocessor_config.json`): BICUBIC, rescale 1/255, no normalization (mean 0, std 1),
+    /// patch 16, 280 soft tokens, pooling kernel 3.
+    pub fn gemma4() -> Self {
+        let mut common = Common::new([0.0; 3], [1.0; 3]);
+        common.do_normalize = false;
+        Gemma4Config {
+            common,
+            patch_size: 16,
+            max_soft_tokens: 280,
+            pooling_kernel_size: 3,
+        }
+    }
+
+    /// `max_soft_tokens · pooling_kernel_size²`.
+    pub fn max_patches(&self) -> usize {
+        self.max_soft_tokens * self.pooling_kernel_size * self.pooling_kernel_size
+    }
+}
+
+impl FamilyConfig for Gemma4Config {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+        match key {
+            "patch_size" => self.patch_size = as_count("patch_size", value, MAX_KERNEL)?,
+            "pooling_kernel_size" => {
+                self.pooling_kernel_size = as_count("pooling_kernel_size", value, MAX_KERNEL)?
+            }
+            "max_soft_tokens" => {
+                self.max_soft_tokens = match value {
+                    Value::Int(v) => SUPPORTED_SOFT_TOKENS.into_iter().find(|&s| s as i64 == *v),
+                    _ => None,
+                }
+                .ok_or_else(|| {
+                    ProcessorError::config(
+                        "max_soft_tokens",
+                        format!("one of {SUPPORTED_SOFT_TOKENS:?}"),
+                        value,
+                    )
+                })?
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn entries(&self) -> Vec<(&'static str, Value)> {
+        vec![
+            ("patch_size", Value::Int(self.patch_size as i64)),
+            ("max_soft_tokens", Value::Int(self.max_soft_tokens as i64)),
+            (
+                "pooling_kernel_size",
+                Value::Int(self.pooling_kernel_size as i64),
+            ),
+        ]
+    }
+
+    fn validate(&self) -> Result<(), ProcessorError> {
+        Ok(())
+    }
+
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        images(self, normalize, inputs, options)
+    }
+
+    /// `Gemma4Processor`: `num_soft_tokens_per_image` soft tokens per image.
+    fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        i64_values(outputs, "num_soft_tokens_per_image").map(<[i64]>::to_vec)
+    }
+
+    fn replacement_spec(&self) -> Option<ReplacementSpec> {
+        Some(REPLACEMENT)
+    }
+
+    fn prompt_replacement(
+        &self,
+        grid: &[i64],
+        ids: &TokenIds<'_>,
+    ) -> Option<Result<Replacement, ProcessorError>> {
+        Some(prompt_replacement(self, grid, ids))
+    }
+}
+
+/// The begin-of-image token (`boi_token`).
+pub const BOI: &str = "<|image>";
+/// The end-of-image token (`eoi_token`).
+pub const EOI: &str = "<image|>";
+/// The image token (`image_token`): the chat template's anchor, once per image, and the token
+/// whose positions take the soft tokens' embeddings.
+pub const IMAGE: &str = "<|image|>";
+
+/// `Gemma4Processor`'s tokens.
+pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
+    grid: &["num_soft_tokens_per_image"],
+    anchor: IMAGE,
+    embed: IMAGE,
+    tokens: &[BOI, EOI, IMAGE],
+    // Gemma4Config's defaults (transformers 5.24 configuration_gemma4.py): boi_token_id 255999,
+    // eoi_token_id 258882, image_token_id 258880.
+    defaults: &[(BOI, 255_999), (EOI, 258_882), (IMAGE, 258_880)],
+    // One (padded) entry of pixel_values and image_position_ids per image.
+    flat: &[],
+    sizes: "",
+    per_sample: false,
+    // The replacement starts and ends with special tokens, which the tokenizer splits out
+    // before anything else: nothing merges.
+    joins: &[],
+};
+
+/// `Gemma4Processor.replace_image_token`: `boi + image_token × n + eoi`, `n` the image's
+/// `num_soft_tokens_per_image`. Only the image tokens take embeddings (vLLM:
+/// `PromptUpdateDetails.select_token_id(tokens, image_token_id)`); each image is one entry of
+/// `pixel_values`.
+pub fn prompt_replacement(
+    config: &Gemma4Config,
+    grid: &[i64],
+    ids: &TokenIds<'_>,
+) -> Result<Replacement, ProcessorError> {
+    let n = match grid {
+        &[n] if n >= 0 && n <= config.max_soft_tokens as i64 => n as usize,
+        _ => {
+            return Err(ProcessorError::Config {
+                field: "num_soft_tokens_per_image",
+                expected: format!("one count between 0 and {}", config.max_soft_tokens),
+                actual: format!("{grid:?}"),
+            })
+        }
+    };
+    let boi = ids.get(BOI)?;
+    let eoi = ids.get(EOI)?;
+    let image = ids.get(IMAGE)?;
+    let mut tokens = Vec::with_capacity(n + 2);
+    tokens.push(boi);
+    tokens.extend(std::iter::repeat_n(image, n));
+    tokens.push(eoi);
+    let mut embed = vec![true; n + 2];
+    embed[0] = false;
+    embed[n + 1] = false;
+    Ok(Replacement {
+        tokens,
+        embed,
+        rows: 1,
+    })
+}
+
+/// `get_aspect_ratio_preserving_size(height, width, patch, max_patches, pool)`: the
+/// `(height, width)` an image is resized to, in Python's arithmetic (`f64` division and
+/// `math.sqrt`, `int(math.floor(..))`). Errors as transformers raises them.
+pub fn target_size(
+    height: usize,
+    width: usize,
+    patch: usize,
+    max_patches: usize,
+    pool: usize,
+) -> Result<(usize, usize), ProcessorError> {
+    let total_px = (height as f64) * (width as f64);
+    let target_px = max_patches as u128 * (patch as u128 * patch as u128);
+    let factor = (target_px as f64 / total_px).sqrt();
+    let side = pool * patch;
+    let round_down = |ideal: f64| (ideal / side as f64).floor() as usize * side;
+    let mut target_h = round_down(factor * height as f64);
+    let mut target_w = round_down(factor * width as f64);
+    if target_h == 0 && target_w == 0 {
+        return Err(ProcessorError::shape(
+            "resized image",
+            format!("sides divisible by pooling_kernel_size * patch_size = {side}"),
+            format!("0x0 for a {height}x{width} (HxW) image"),
+        ));
+    }
+    let max_side = (max_patches / (pool * pool)) * side;
+    if target_h == 0 {
+        target_h = side;
+        target_w = ((width as f64 / height as f64).floor() as usize * side).min(max_side);
+    } else if target_w == 0 {
+        target_w = side;
+        target_h = ((height as f64 / width as f64).floor() as usize * side).min(max_side);
+    }
+    if (target_h as u128) * (target_w as u128) > target_px {
+        return Err(ProcessorError::shape(
+            "resized image",
+            format!("at most {max_patches} patches of {patch}x{patch}"),
+            format!("{target_h}x{target_w} (HxW) for a {height}x{width} image"),
+        ));
+    }
+    Ok((target_h, target_w))
+}
+
+/// One image, resized (or as it is, with `do_resize` off: then its sides must be multiples of
+/// the patch size and its patches within the budget, as transformers' reshape and stack need).
+fn prepare<'a>(
+    config: &Gemma4Config,
+    rgb: Rgb<'a>,
+    threads: usize,
+) -> Result<Rgb<'a>, ProcessorError> {
+    let patch = config.patch_size;
+    let rgb = if config.common.do_resize {
+        let (h, w) = target_size(
+            rgb.height,
+            rgb.width,
+            patch,
+            config.max_patches(),
+            config.pooling_kernel_size,
+        )?;
+        check_side("resized image", h, w)?;
+        resize_rgb(rgb, h, w, &config.common, threads)?
+    } else {
+        rgb
+    };
+    if rgb.height % patch != 0 || rgb.width % patch != 0 {
+        return Err(ProcessorError::shape(
+            "image",
+            format!("sides divisible by patch_size {patch} (do_resize is off)"),
+            format!("{}x{} (HxW)", rgb.height, rgb.width),
+        ));
+    }
+    let patches = (rgb.height / patch) * (rgb.width / patch);
+    if patches > config.max_patches() {
+        return Err(ProcessorError::shape(
+            "image",
+            format!(
+                "at most {} patches (do_resize is off)",
+                config.max_patches()
+            ),
+            format!("{patches} patches of a {}x{} image", rgb.height, rgb.width),
+        ));
+    }
+    Ok(rgb)
+}
+
+/// Writes one image's patches (channels-last within a patch) and the zero padding after them.
+fn write_patches(normalize: &Normalize, rgb: &Rgb<'_>, patch: usize, out: &mut [Out]) {
+    let row_len = patch * 3;
+    let (rows, cols) = (rgb.height / patch, rgb.width / patch);
+    let stride = rgb.width * 3;
+    let mut chunks = out.chunks_exact_mut(patch * row_len);
+    for gy in 0..rows {
+        for gx in 0..cols {
+            let Some(dst) = chunks.next() else { return };
+            for (py, dst_row) in dst.chunks_exact_mut(row_len).enumerate() {
+                let start = (gy * patch + py) * stride + gx * row_len;
+                let src = &rgb.data[start..start + row_len];
+                for (i, (slot, &value)) in dst_row.iter_mut().zip(src).enumerate() {
+                    slot.write(normalize.value(i % 3, value));
+                }
+            }
+        }
+    }
+    for dst in chunks {
+        dst.fill(Out::new(0.0));
+    }
+}
+
+/// Gemma 4 on a batch (see the module docs).
+pub fn images(
+    config: &Gemma4Config,
+    normalize: &Normalize,
+    inputs: &[Input<'_>],
+    options: &Options,
+) -> Result<Outputs, ProcessorError> {
+    let prepared = prepare_all(inputs, options, |rgb, threads| {
+        prepare(config, rgb, threads)
+    })?;
+    if prepared.is_empty() {
+        return Err(ProcessorError::shape(
+            "images",
+            "at least one image",
+            "an empty batch",
+        ));
+    }
+    let patch = config.patch_size;
+    let max_patches = config.max_patches();
+    let pool2 = (config.pooling_kernel_size * config.pooling_kernel_size) as i64;
+    let batch = prepared.len();
+    let patch_len = patch * patch * 3;
+    let per_image = checked_len("pixel_values", &[max_patches, patch_len], 4)?;
+    let len = checked_len("pixel_values", &[batch, max_patches, patch_len], 4)?;
+    let mut pixel_values = OutBuffer::new("pixel_values", len)?;
+    let slices = pixel_values.slices(&vec![per_image; batch]);
+    let jobs: Vec<(&Rgb<'_>, &mut [Out])> = prepared.iter().zip(slices).collect();
+    let workers = parallel::workers(options.threads, jobs.len());
+    parallel::map(jobs, workers, |_, (rgb, out)| {
+        write_patches(normalize, rgb, patch, out)
+    });
+    // SAFETY: one slice of max_patches · patch_len values per image covers the buffer, and
+    // `write_patches` writes every value of its slice: its patches (at most max_patches,
+    // checked by `prepare`), then zeros for every remaining patch.
+    let pixel_values = unsafe { pixel_values.finish() };
+
+    let positions_len = checked_len("image_position_ids", &[batch, max_patches, 2], 8)?;
+    let mut positions = fallible::with_capacity(positions_len)
+        .map_err(ProcessorError::oom("image_position_ids"))?;
+    let mut soft = Vec::with_capacity(batch);
+    for rgb in &prepared {
+        let (rows, cols) = (rgb.height / patch, rgb.width / patch);
+        for y in 0..rows {
+            for x in 0..cols {
+                positions.extend_from_slice(&[x as i64, y as i64]);
+            }
+        }
+        let n = rows * cols;
+        positions.extend(std::iter::repeat_n(-1i64, (max_patches - n) * 2));
+        soft.push(n as i64 / pool2);
+    }
+    super::recycle_images(prepared);
+    Ok(Outputs {
+        tensors: vec![
+            (
+                "pixel_values",
+                Tensor {
+                    shape: vec![batch, max_patches, patch_len],
+                    data: TensorData::F32(pixel_values),
+                },
+            ),
+            (
+                "image_position_ids",
+                Tensor::i64(vec![batch, max_patches, 2], positions),
+            ),
+            ("num_soft_tokens_per_image", Tensor::i64(vec![batch], soft)),
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::processors::{Family, Preprocessor};
+
+    #[test]
+    fn sizes_as_transformers() {
+        // Square: 16 x 16 blocks of 48 px = 256 soft tokens.
+        assert_eq!(target_size(1000, 1000, 16, 2520, 3).unwrap(), (768, 768));
+        assert_eq!(target_size(1, 1, 16, 2520, 3).unwrap(), (768, 768));
+        // A strip: one block high, the budget's width.
+        assert_eq!(target_size(1, 5000, 16, 2520, 3).unwrap(), (48, 13440));
+        assert_eq!(target_size(5000, 1, 16, 2520, 3).unwrap(), (13440, 48));
+        assert_eq!(target_size(10, 200, 16, 2520, 3).unwrap(), (144, 3552));
+        assert_eq!(target_size(3, 900, 16, 2520, 3).unwrap(), (48, 13440));
+    }
+
+    #[test]
+    fn patches_positions_and_padding() {
+        let data: Vec<u8> = (0..96 * 48 * 3).map(|i| (i % 251) as u8).collect();
+        let input = Input::Pixels {
+            data: &data,
+            width: 96,
+            height: 48,
+            channels: 3,
+        };
+        let entries = [
+            ("max_soft_tokens".to_owned(), Value::Int(70)),
+            ("do_resize".to_owned(), Value::Bool(false)),
+        ];
+        let p = Preprocessor::new(Family::Gemma4, &entries).unwrap();
+        let out = p.images(&[input], &Options::default()).unwrap();
+        let pv = out.get("pixel_values").unwrap();
+        assert_eq!(pv.shape, [1, 630, 768]);
+        let TensorData::F32(values) = &pv.data else {
+            panic!("f32 expected");
+        };
+        // Patch (x 1, y 0) row 1 starts at pixel (16, 1).
+        let at = 768 + 16 * 3;
+        let src = (96 + 16) * 3;
+        assert_eq!(values[at], (f64::from(data[src]) / 255.0) as f32);
+        assert!(values[18 * 768..].iter().all(|&v| v == 0.0));
+        let ids = out.get("image_position_ids").unwrap();
+        let TensorData::I64(ids) = &ids.data else {
+            panic!("i64 expected");
+        };
+        assert_eq!(&ids[..6], &[0, 0, 1, 0, 2, 0]);
+        assert_eq!(&ids[12..14], &[0, 1]);
+        assert!(ids[36..].iter().all(|&v| v == -1));
+        assert_eq!(
+            out.get("num_soft_tokens_per_image").unwrap().data,
+            TensorData::I64(vec![2])
+        );
+    }
+
+    #[test]
+    fn replacement_and_bad_configs() {
+        let owned: Vec<(String, u32)> = REPLACEMENT
+            .defaults
+            .iter()
+            .map(|&(n, i)| (n.to_owned(), i))
+            .collect();
+        let config = Gemma4Config::gemma4();
+        let r = prompt_replacement(&config, &[3], &TokenIds(&owned)).unwrap();
+        assert_eq!(
+            r.tokens,
+            [255_999, 258_880, 258_880, 258_880, 258_882].to_vec()
+        );
+        assert_eq!(r.embed, [false, true, true, true, false].to_vec());
+        assert!(prompt_replacement(&config, &[281], &TokenIds(&owned)).is_err());
+        assert!(prompt_replacement(&config, &[1, 1], &TokenIds(&owned)).is_err());
+        for (key, bad) in [
+            ("max_soft_tokens", Value::Int(100)),
+            ("max_soft_tokens", Value::Float(280.0)),
+            ("patch_size", Value::Int(0)),
+            ("pooling_kernel_size", Value::Int(-1)),
+        ] {
+            let err = Preprocessor::new(Family::Gemma4, &[(key.to_owned(), bad)]).unwrap_err();
+            assert!(
+                err.to_string().starts_with(&format!("config {key}:")),
+                "{err}"
+            );
+        }
+    }
+}
