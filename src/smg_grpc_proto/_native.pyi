@@ -385,6 +385,14 @@ def families() -> list[
     model's ``processor_config.json`` (none: the file gives ``VisionTokens``), and the
     ``(processor_class, key, value)`` that processor class forces, if any."""
 
+def family_of_model_type(model_type: str) -> str | None:
+    """The family a ``config.json`` ``model_type`` names (its own name or an alias its module
+    lists, e.g. ``qwen4_exp`` -> ``qwen3_5``), or ``None``."""
+
+def family_of_processor_class(name: str) -> str | None:
+    """The family a transformers ``processor_class`` names over its image processor class (e.g.
+    ``Qwen3OmniMoeProcessor`` -> ``qwen3_omni_moe``), or ``None``."""
+
 def normalise_config(family: str, config: dict[str, Any]) -> dict[str, Any]:
     """The keys of a transformers ``preprocessor_config.json`` that ``family`` uses, in the form
     ``Preprocessor`` takes (each family's reading is in ``rust/src/processors/<family>.rs``).

@@ -211,7 +211,8 @@ def _vocab_tokens(path: Path, names: Sequence[str]) -> dict[str, int]:
 
 
 def _config_int(config: Mapping[str, Any], *names: str) -> int | None:
-    for source in (config, config.get("text_config") or {}):
+    # Qwen3-Omni keeps its token ids in ``thinker_config`` (the model the media go to).
+    for source in (config, config.get("text_config") or {}, config.get("thinker_config") or {}):
         for name in names:
             value = source.get(name) if isinstance(source, Mapping) else None
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
