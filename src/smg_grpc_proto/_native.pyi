@@ -43,6 +43,8 @@ __all__ = [
     "dtype_itemsize",
     "encode_frames",
     "families",
+    "family_of_model_type",
+    "family_of_processor_class",
     "image_format",
     "interpolate_bicubic",
     "media_digest",

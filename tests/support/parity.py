@@ -358,6 +358,7 @@ def qwen_video_reference(
     patches = patches.transpose(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
     return patches.reshape(gt * gh * gw, c * t * ps * ps), np.array([[gt, gh, gw]])
 
+
 # name -> (family, config or None for the family's class defaults)
 CONFIGS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "qwen2-defaults": ("qwen2_vl", None),

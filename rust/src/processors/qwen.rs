@@ -15,8 +15,8 @@
 use super::family::{i64_values, tokens_tensor, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::{Normalize, Runs};
 use super::value::{
-    as_count, hf_get, hf_keys, hf_put, hf_size, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD,
-    HALF,
+    as_count, hf_get, hf_keys, hf_put, hf_size, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN,
+    CLIP_STD, HALF,
 };
 use std::mem::MaybeUninit;
 
