@@ -161,11 +161,9 @@ def test_input_ids_equal_qwen3_omni_processor(n_images: int, video_frames: list[
     processor, videos = _processor(image_out, video_out)
     pieces = ["describe", *([IMAGE] * n_images), *([VIDEO] * len(clips)), "compare"]
     text = " and ".join(pieces)
-    want = processor(
-        text=text,
-        images=[a for a in arrays] or None,
-        videos=clips or None,
-    )["input_ids"][0]
+    result = processor(text=text, images=list(arrays) or None, videos=clips or None)
+    want = result["input_ids"][0]
+    want_seconds = np.asarray(result.get("video_second_per_grid", []), dtype=np.float32)
     prompt = _tokenizer()(text)["input_ids"]
     ids, ranges = expand_placeholders(prompt, prepared)
     assert ids.tolist() == list(want)
@@ -178,6 +176,9 @@ def test_input_ids_equal_qwen3_omni_processor(n_images: int, video_frames: list[
         (call,) = videos.calls
         assert call["size"] == model.processor.config["video_size"]
         assert call["size"] == {"shortest_edge": 131072, "longest_edge": 786432}
+        # and the timing tensor is the processor's (temporal_patch_size / fps, fps 1.0)
+        got = prepared[-1].output.video_second_per_grid
+        assert got.tolist() == want_seconds.tolist()
 
 
 def _wire(request: Any) -> Any:
@@ -196,7 +197,7 @@ def test_engines_round_trip_images_and_video() -> None:
     for name in ("pixel_values", "image_grid_thw"):
         got = first.tensors[name]
         assert got.tobytes() == np.asarray(getattr(images.output, name)).tobytes()
-    for name in ("pixel_values_videos", "video_grid_thw"):
+    for name in ("pixel_values_videos", "video_grid_thw", "video_second_per_grid"):
         got = second.tensors[name]
         assert got.tobytes() == np.asarray(getattr(video.output, name)).tobytes()
     assert second.items[0].placeholder[1] == video.token_counts[0]

@@ -157,6 +157,8 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
         if family == "qwen3_omni_moe" and config.get("video_size") is not None:
             # Qwen3-Omni's processor video size (ours; absent from transformers' files)
             out["video_size"] = _size_dict(config["video_size"], square=False)
+        if family == "qwen3_omni_moe" and config.get("fps") is not None:
+            out["fps"] = config["fps"]  # the caller's video fps (video_second_per_grid)
     elif kind not in _OWN_SIZES:
         if config.get("crop_size") is not None:
             out["crop_size"] = _size_dict(config["crop_size"], square=True)
@@ -241,6 +243,8 @@ VARIED: list[dict[str, Any]] = [
     {"video_size": {"shortest_edge": 10, "longest_edge": 20}},
     {"video_size": 12},
     {"video_size": "12"},
+    {"fps": 2.5},
+    {"fps": 2},
     {"min_pixels": 1000, "max_pixels": 2000},
     {"min_pixels": None, "max_pixels": 2000},
     {"min_pixels": 1000, "size": {"longest_edge": 9999}},

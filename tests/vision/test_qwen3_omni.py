@@ -188,9 +188,30 @@ def test_video_size_override_and_errors() -> None:
         ImageProcessor.for_family("qwen3_omni_moe")(videos=[pattern(60, 60, 1), pattern(61, 60, 2)])
 
 
+def test_video_second_per_grid() -> None:
+    """``Qwen3OmniMoeProcessor`` returns ``video_second_per_grid`` = ``temporal_patch_size / fps``
+    per video (``fps`` 1.0 unless the caller gives one): float32, deferred or not."""
+    frames = [pattern(64, 64, s) for s in range(3)]
+    out = ImageProcessor.for_family("qwen3_omni_moe")(videos=[frames, frames[:1]])
+    assert_same(out.video_second_per_grid, np.array([2.0, 2.0], np.float32), "default fps 1")
+    fast = ImageProcessor("qwen3_omni_moe", {"fps": 2})(videos=[frames])
+    assert_same(fast.video_second_per_grid, np.array([1.0], np.float32), "fps 2")
+    odd = ImageProcessor("qwen3_omni_moe", {"fps": 3.0})
+    assert_same(odd(videos=[frames]).video_second_per_grid, np.array([2 / 3], np.float32), "")
+    deferred = odd.deferred(videos=[frames])
+    assert_same(deferred.ready.video_second_per_grid, np.array([2 / 3], np.float32), "deferred")
+    assert ImageProcessor.for_family("qwen3_omni_moe")(frames[0]).video_second_per_grid is None
+    for bad in (0, -1.0, float("inf"), "2"):
+        with pytest.raises(ProcessorConfigError, match="fps"):
+            ImageProcessor("qwen3_omni_moe", {"fps": bad})
+
+
 def test_other_qwen_families_have_no_video_size() -> None:
     for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"):
-        assert "video_size" not in ImageProcessor.for_family(family).config  # type: ignore[arg-type]
+        processor = ImageProcessor.for_family(family)  # type: ignore[arg-type]
+        assert "video_size" not in processor.config
+        assert "fps" not in processor.config
+        assert processor(videos=[pattern(64, 64, 1)]).video_second_per_grid is None
 
 
 # ---- recognition ----------------------------------------------------------------------------

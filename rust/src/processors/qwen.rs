@@ -43,6 +43,10 @@ pub struct QwenConfig {
     /// video processor on every call, over the preprocessor config's pixel bounds
     /// (`Qwen3OmniMoeProcessor.videos_kwargs`); `None`: videos use `min_pixels`/`max_pixels`.
     pub video_pixels: Option<(u64, u64)>,
+    /// The frame rate a video's frames were sampled at, for `video_second_per_grid`
+    /// (`temporal_patch_size / fps` per video, Qwen3-Omni's M-RoPE timing): `Some` for a family
+    /// whose processor returns it (`Qwen3OmniMoeProcessor`: the caller's `fps`, else 1.0).
+    pub video_fps: Option<f64>,
 }
 
 /// Qwen2-VL: `Qwen2VLImageProcessor`, `Qwen2VLVideoProcessor`.
@@ -182,6 +186,9 @@ fn hf_qwen3_omni(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
     if let Some(size) = hf_get(config, "video_size") {
         hf_put(&mut out, "video_size", Raw::Map(hf_size(size, false)?));
     }
+    if let Some(fps) = hf_get(config, "fps") {
+        hf_put(&mut out, "fps", fps.clone());
+    }
     Ok(out)
 }
 
@@ -200,6 +207,7 @@ impl QwenConfig {
             min_pixels: 56 * 56,
             max_pixels: 28 * 28 * 1280,
             video_pixels: None,
+            video_fps: None,
         }
     }
 
@@ -213,6 +221,7 @@ impl QwenConfig {
             min_pixels: 65_536,
             max_pixels: 16_777_216,
             video_pixels: None,
+            video_fps: None,
         }
     }
 
@@ -228,6 +237,7 @@ impl QwenConfig {
             min_pixels: 3_136,
             max_pixels: 12_845_056,
             video_pixels: Some((128 * 32 * 32, 768 * 32 * 32)),
+            video_fps: Some(1.0),
         }
     }
 
@@ -239,6 +249,13 @@ impl QwenConfig {
             config.max_pixels = max;
         }
         config
+    }
+
+    /// `video_second_per_grid` of each video: `temporal_patch_size / fps`, as
+    /// `Qwen3OmniMoeProcessor._process_videos` computes it (in `f64`), stored as `f32`.
+    pub fn second_per_grid(&self) -> Option<f32> {
+        self.video_fps
+            .map(|fps| (self.temporal_patch_size as f64 / fps) as f32)
     }
 
     /// `patch_size × merge_size`.
@@ -262,6 +279,22 @@ impl FamilyConfig for QwenConfig {
             "merge_size" => self.merge_size = as_count("merge_size", value, MAX_MERGE)?,
             "temporal_patch_size" => {
                 self.temporal_patch_size = as_count("temporal_patch_size", value, MAX_TEMPORAL)?
+            }
+            "fps" if self.video_fps.is_some() => {
+                // the caller's `fps` (Qwen3-Omni's processor: 1.0 when none is given)
+                let fps = match value {
+                    Value::Int(v) => *v as f64,
+                    Value::Float(v) => *v,
+                    _ => f64::NAN,
+                };
+                if !(fps.is_finite() && fps > 0.0) {
+                    return Err(ProcessorError::config(
+                        "fps",
+                        "a finite number above 0",
+                        value,
+                    ));
+                }
+                self.video_fps = Some(fps);
             }
             "video_size" => {
                 // The processor's video size (`Qwen3OmniMoeProcessor.videos_kwargs["size"]`).
@@ -293,6 +326,9 @@ impl FamilyConfig for QwenConfig {
             ),
             ("size", size),
         ];
+        if let Some(fps) = self.video_fps {
+            out.push(("fps", Value::Float(fps)));
+        }
         if let Some((min, max)) = self.video_pixels {
             out.push((
                 "video_size",
@@ -604,6 +640,8 @@ pub struct Patches<'a> {
     /// One `[t, h, w]` row per image or video.
     grid: Vec<[i64; 3]>,
     video: bool,
+    /// `video_second_per_grid` of every video, for a family whose processor returns it.
+    second_per_grid: Option<f32>,
     patch_size: usize,
     merge_size: usize,
     normalize: Normalize,
@@ -642,6 +680,20 @@ impl<'a> Patches<'a> {
         };
         let values = self.grid.iter().flatten().copied().collect();
         (name, Tensor::i64(vec![self.grid.len(), 3], values))
+    }
+
+    /// `video_second_per_grid` (`(videos,)` float32, one value per video: `temporal_patch_size
+    /// / fps`) for a family whose processor returns it; `None` for images and other families.
+    pub fn seconds(&self) -> Option<(&'static str, Tensor)> {
+        let seconds = self.second_per_grid?;
+        let n = self.grid.len();
+        Some((
+            "video_second_per_grid",
+            Tensor {
+                shape: vec![n],
+                data: TensorData::F32(vec![seconds; n]),
+            },
+        ))
     }
 
     /// `num_image_tokens` (or `num_video_tokens`): the placeholder tokens of each image (or
@@ -713,18 +765,18 @@ impl<'a> Patches<'a> {
     pub fn into_outputs(self) -> Result<Outputs, ProcessorError> {
         let [rows, cols] = self.shape();
         let values = self.values()?;
-        Ok(Outputs {
-            tensors: vec![
-                (
-                    self.name(),
-                    Tensor {
-                        shape: vec![rows, cols],
-                        data: TensorData::F32(values),
-                    },
-                ),
-                self.grid(),
-            ],
-        })
+        let mut tensors = vec![
+            (
+                self.name(),
+                Tensor {
+                    shape: vec![rows, cols],
+                    data: TensorData::F32(values),
+                },
+            ),
+            self.grid(),
+        ];
+        tensors.extend(self.seconds());
+        Ok(Outputs { tensors })
     }
 
     /// The same batch owning every image it reads (an input array used unresized is copied), so
@@ -750,6 +802,7 @@ impl<'a> Patches<'a> {
             groups: std::mem::take(&mut self.groups),
             grid: std::mem::take(&mut self.grid),
             video: self.video,
+            second_per_grid: self.second_per_grid,
             patch_size: self.patch_size,
             merge_size: self.merge_size,
             normalize: self.normalize.clone(),
@@ -805,6 +858,7 @@ pub fn plan_images<'a>(
         groups: Vec::with_capacity(prepared.len()),
         grid: Vec::with_capacity(prepared.len()),
         video: false,
+        second_per_grid: None,
         patch_size: config.patch_size,
         merge_size: config.merge_size,
         normalize: normalize.clone(),
@@ -867,6 +921,7 @@ pub fn plan_videos<'a>(
         groups: Vec::new(),
         grid: Vec::with_capacity(videos.len()),
         video: true,
+        second_per_grid: config.second_per_grid(),
         patch_size: config.patch_size,
         merge_size: config.merge_size,
         normalize: normalize.clone(),

@@ -403,8 +403,9 @@ fn deferred_to_py(
         Deferred::Patches(patches) => {
             let (grid_name, grid) = patches.grid();
             let (tokens_name, tokens) = patches.tokens();
+            let seconds = patches.seconds();
             let pending = PyPendingTensor { patches: *patches };
-            Ok(vec![
+            let mut out = vec![
                 (pending.patches.name(), Py::new(py, pending)?.into_any()),
                 (
                     grid_name,
@@ -414,7 +415,14 @@ fn deferred_to_py(
                     tokens_name,
                     Py::new(py, PyTensor::new(tokens.shape, tokens.data))?.into_any(),
                 ),
-            ])
+            ];
+            if let Some((name, t)) = seconds {
+                out.push((
+                    name,
+                    Py::new(py, PyTensor::new(t.shape, t.data))?.into_any(),
+                ));
+            }
+            Ok(out)
         }
     }
 }

@@ -720,7 +720,7 @@ class PreparedMedia:
 
     @property
     def _names(self) -> tuple[str, ...]:
-        videos = ("pixel_values_videos", "video_grid_thw")
+        videos = ("pixel_values_videos", "video_grid_thw", "video_second_per_grid")
         if self.modality == "video":
             return videos
         return tuple(n for n in TENSOR_NAMES if n not in videos)

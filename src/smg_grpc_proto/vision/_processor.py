@@ -58,6 +58,7 @@ TENSOR_NAMES = (
     "cols",
     "pixel_values_videos",
     "video_grid_thw",
+    "video_second_per_grid",
 )
 
 
@@ -112,6 +113,9 @@ class ProcessorOutput:
     image_attention_mask: F32Array | None = None
     """Phi-4-multimodal: ``(B, n, 32, 32)`` float32, 1 over image patches and 0 over whole
     patches of padding (all 1 for the global image and the padding crops)."""
+    video_second_per_grid: F32Array | None = None
+    """Qwen3-Omni videos: ``(V,)`` float32 = ``temporal_patch_size / fps`` per video (the
+    processor's M-RoPE timing; ``fps`` is the configuration's, 1.0 unless given)."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
@@ -138,7 +142,7 @@ class ProcessorOutput:
             raise ValueError(f"this output has no {modality} tensors ({primary})")
         message.attach(f"{at}.pixel_values", tensors.pop(primary), dtype=dtype)
         keep = (
-            ("video_grid_thw",)
+            ("video_grid_thw", "video_second_per_grid")
             if modality == "video"
             else (
                 "image_grid_thw",
@@ -386,6 +390,7 @@ class ImageProcessor:
             cols=values.get("cols"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
+            video_second_per_grid=values.get("video_second_per_grid"),
             num_image_tokens=_counts(values.get("num_image_tokens")),
             num_video_tokens=_counts(values.get("num_video_tokens")),
         )
