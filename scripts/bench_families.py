@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Vision families benchmark: every non-Qwen family against its transformers PIL backend class,
-side by side in one run (Qwen has its own, fuller benchmark: ``bench_vision.py``).
+"""Vision families benchmark: every family but Qwen2/2.5/3-VL against its transformers PIL backend
+class, side by side in one run (those have their own, fuller benchmark: ``bench_vision.py``).
 
 For each family, one child process pinned to one core times, on the same JPEG files, the
 transformers class (``*ImageProcessorPil``, transformers 5.24.0, Pillow 13) and ours
 (``ImageProcessor.for_family(family, threads=1)``) on decoded input (PIL images / numpy arrays)
 and from bytes (``Image.open`` + ``convert("RGB")`` for transformers); figures are medians over
 ``--rounds`` fresh processes. Both sides use the same configuration (the class defaults, except
-Gemma 3 at its published 896 x 896 and InternVL's published tiling configuration); the outputs
+Gemma 3 at its published 896 x 896, InternVL's published tiling configuration and Qwen3-Omni's
+published preprocessor config); the outputs
 are checked to be byte-identical first.
 
     python scripts/bench_families.py --rounds 3
@@ -73,6 +74,19 @@ REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
 # Families whose reference kwargs are not ImageProcessor.for_family's defaults: ours gets them
 # as its configuration.
 CONFIGURED = {"mllama"}
+# Qwen/Qwen3-Omni-30B-A3B-*'s preprocessor_config.json, as ImageProcessor.for_family uses it
+REFERENCES["qwen3_omni_moe"] = (
+    "Qwen2VLImageProcessorPil",
+    {
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "min_pixels": 3136,
+        "max_pixels": 12845056,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    },
+)
 CASES = ("512x600", "1280x960", "batch of 8")
 
 

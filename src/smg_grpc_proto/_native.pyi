@@ -43,6 +43,8 @@ __all__ = [
     "dtype_itemsize",
     "encode_frames",
     "families",
+    "family_of_model_type",
+    "family_of_processor_class",
     "image_format",
     "interpolate_bicubic",
     "media_digest",
@@ -384,6 +386,14 @@ def families() -> list[
     (without the ``Fast``/``Pil`` suffix), the ``(key, default)`` settings it reads from a
     model's ``processor_config.json`` (none: the file gives ``VisionTokens``), and the
     ``(processor_class, key, value)`` that processor class forces, if any."""
+
+def family_of_model_type(model_type: str) -> str | None:
+    """The family a ``config.json`` ``model_type`` names (its own name or an alias its module
+    lists, e.g. ``qwen4_exp`` -> ``qwen3_5``), or ``None``."""
+
+def family_of_processor_class(name: str) -> str | None:
+    """The family a transformers ``processor_class`` names over its image processor class (e.g.
+    ``Qwen3OmniMoeProcessor`` -> ``qwen3_omni_moe``), or ``None``."""
 
 def normalise_config(family: str, config: dict[str, Any]) -> dict[str, Any]:
     """The keys of a transformers ``preprocessor_config.json`` that ``family`` uses, in the form

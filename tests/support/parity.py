@@ -88,6 +88,22 @@ QWEN3_HUB = {  # Qwen/Qwen3-VL-*, Qwen/Qwen3.5-*
     "processor_class": "Qwen3VLProcessor",
     "image_processor_type": "Qwen2VLImageProcessorFast",
 }
+# Qwen/Qwen3-Omni-30B-A3B-{Instruct,Thinking,Captioner}: the image keys of their shared
+# preprocessor_config.json (its Whisper keys are the audio feature extractor's).
+QWEN3_OMNI_HUB = {
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "feature_extractor_type": "WhisperFeatureExtractor",
+    "processor_class": "Qwen3OmniMoeProcessor",
+}
+# Qwen3OmniMoeProcessor.videos_kwargs: the size it passes to its video processor on every call.
+QWEN3_OMNI_VIDEO_SIZE = {"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32}
 CLIP_336 = {  # openai/clip-vit-large-patch14-336 (legacy int sizes)
     "crop_size": 336,
     "do_center_crop": True,
@@ -338,6 +354,7 @@ def hf_classes() -> dict[str, Any]:
         "qwen2_5_vl": Qwen2VLImageProcessorPil,
         "qwen3_vl": Qwen2VLImageProcessorPil,
         "qwen3_5": Qwen2VLImageProcessorPil,
+        "qwen3_omni_moe": Qwen2VLImageProcessorPil,
         "clip": CLIPImageProcessorPil,
         "llava": LlavaImageProcessorPil,
         "siglip": SiglipImageProcessorPil,
@@ -354,11 +371,40 @@ def hf_classes() -> dict[str, Any]:
 
 META = ("image_processor_type", "processor_class", "feature_extractor_type")
 
+
+def qwen_video_reference(
+    hf: Any, frames: list[np.ndarray], size: dict[str, int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A Qwen video as transformers makes it with the PIL backend's arithmetic: ``hf``'s
+    (``Qwen2VLImageProcessorPil``) per-frame ``resize``/``rescale``/``normalize`` at ``size``
+    (default ``hf.size``), then ``Qwen2VLVideoProcessor.patchify``'s view/permute in numpy
+    (transformers has no PIL video backend). ``(pixel_values_videos, video_grid_thw)``."""
+    from transformers.image_utils import SizeDict
+
+    ps, m, t = hf.patch_size, hf.merge_size, hf.temporal_patch_size
+    bounds = hf.size if size is None else SizeDict(**size)
+    processed = []
+    for frame in frames:
+        chw = np.moveaxis(frame, -1, 0)
+        chw = hf.resize(chw, size=bounds, resample=hf.resample, factor=ps * m)
+        chw = hf.rescale(chw, hf.rescale_factor)
+        processed.append(hf.normalize(chw, hf.image_mean, hf.image_std))
+    video = np.stack(processed)[None]  # (1, F, C, H, W)
+    if pad := -video.shape[1] % t:
+        video = np.concatenate([video, np.repeat(video[:, -1:], pad, axis=1)], axis=1)
+    _, f, c, h, w = video.shape
+    gt, gh, gw = f // t, h // ps, w // ps
+    patches = video.reshape(1, gt, t, c, gh // m, m, ps, gw // m, m, ps)
+    patches = patches.transpose(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
+    return patches.reshape(gt * gh * gw, c * t * ps * ps), np.array([[gt, gh, gw]])
+
+
 # name -> (family, config or None for the family's class defaults)
 CONFIGS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "qwen2-defaults": ("qwen2_vl", None),
     "qwen2-hub": ("qwen2_vl", QWEN2_HUB),
     "qwen3-hub": ("qwen2_vl", QWEN3_HUB),
+    "qwen3_omni-hub": ("qwen3_omni_moe", QWEN3_OMNI_HUB),
     "clip-defaults": ("clip", None),
     "clip-336": ("clip", CLIP_336),
     "llava-pad-336": ("llava", LLAVA_PAD_336),

@@ -20,7 +20,9 @@ from smg_grpc_proto.vision._config import FAMILIES, Family
 
 # ---- the oracle: smg_grpc_proto/vision/_config.py before the families moved to Rust ----------
 
-QWEN: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"})
+QWEN: frozenset[str] = frozenset(
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_omni_moe"}
+)
 
 # transformers class names (without the "Fast"/"Pil" backend suffix) -> family.
 _CLASSES: dict[str, Family] = {
@@ -170,6 +172,11 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
                 # Complete a partial override from the class default the processor would keep.
                 size = {**_qwen_default_size(family), **size}
             out["size"] = size
+        if family == "qwen3_omni_moe" and config.get("video_size") is not None:
+            # Qwen3-Omni's processor video size (ours; absent from transformers' files)
+            out["video_size"] = _size_dict(config["video_size"], square=False)
+        if family == "qwen3_omni_moe" and config.get("fps") is not None:
+            out["fps"] = config["fps"]  # the caller's video fps (video_second_per_grid)
     elif kind not in _OWN_SIZES:
         if config.get("crop_size") is not None:
             out["crop_size"] = _size_dict(config["crop_size"], square=True)
@@ -186,6 +193,8 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
 def _qwen_default_size(family: Family) -> dict[str, int]:
     if family in ("qwen3_vl", "qwen3_5"):
         return {"shortest_edge": 65536, "longest_edge": 16777216}
+    if family == "qwen3_omni_moe":
+        return {"shortest_edge": 3136, "longest_edge": 12845056}
     return {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
 
 
@@ -249,6 +258,11 @@ VARIED: list[dict[str, Any]] = [
     {"use_square_size": "", "size": 300},
     {"min_pixels": 1000},
     {"max_pixels": 2000},
+    {"video_size": {"shortest_edge": 10, "longest_edge": 20}},
+    {"video_size": 12},
+    {"video_size": "12"},
+    {"fps": 2.5},
+    {"fps": 2},
     {"min_pixels": 1000, "max_pixels": 2000},
     {"min_pixels": None, "max_pixels": 2000},
     {"min_pixels": 1000, "size": {"longest_edge": 9999}},

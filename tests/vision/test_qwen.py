@@ -29,6 +29,7 @@ from support.parity import (
     hf_processor,
     our_processor,
     pattern,
+    qwen_video_reference,
     reference_mark,
     run_hf,
 )
@@ -165,25 +166,6 @@ def test_qwen_family_defaults() -> None:
         assert_matches(ImageProcessor.for_family(family)(array), hf3, family)
 
 
-def _video_reference(hf: Any, frames: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """PIL-backend frame processing + ``Qwen2VLVideoProcessor.patchify`` in numpy."""
-    ps, m, t = hf.patch_size, hf.merge_size, hf.temporal_patch_size
-    processed = []
-    for frame in frames:
-        chw = np.moveaxis(frame, -1, 0)
-        chw = hf.resize(chw, size=hf.size, resample=hf.resample, factor=ps * m)
-        chw = hf.rescale(chw, hf.rescale_factor)
-        processed.append(hf.normalize(chw, hf.image_mean, hf.image_std))
-    video = np.stack(processed)[None]  # (1, F, C, H, W)
-    if pad := -video.shape[1] % t:
-        video = np.concatenate([video, np.repeat(video[:, -1:], pad, axis=1)], axis=1)
-    _, f, c, h, w = video.shape
-    gt, gh, gw = f // t, h // ps, w // ps
-    patches = video.reshape(1, gt, t, c, gh // m, m, ps, gw // m, m, ps)
-    patches = patches.transpose(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
-    return patches.reshape(gt * gh * gw, c * t * ps * ps), np.array([[gt, gh, gw]])
-
-
 @pytest.mark.parametrize("config", QWEN_CONFIGS)
 @pytest.mark.parametrize("count", [1, 3, 4])
 def test_qwen_video(corpus: dict[str, Path], config: str, count: int) -> None:
@@ -192,7 +174,7 @@ def test_qwen_video(corpus: dict[str, Path], config: str, count: int) -> None:
         np.ascontiguousarray(photo[i * 7 : i * 7 + 500, i * 5 : i * 5 + 450]) for i in range(count)
     ]
     hf = hf_processor(config)
-    pixels, grid = _video_reference(hf, frames)
+    pixels, grid = qwen_video_reference(hf, frames)
     ours = our_processor(config)
     out = ours(videos=frames)
     assert_same(out.pixel_values_videos, pixels, f"{config} video of {count}")
@@ -200,7 +182,7 @@ def test_qwen_video(corpus: dict[str, Path], config: str, count: int) -> None:
     assert out.num_video_tokens == (int(grid.prod()) // hf.merge_size**2,)
     # Two videos at once, and images with them.
     small = [pattern(90, 120, s) for s in range(2)]
-    pixels2, grid2 = _video_reference(hf, small)
+    pixels2, grid2 = qwen_video_reference(hf, small)
     both = ours(frames[0], videos=[frames, small])
     assert_same(both.pixel_values_videos, np.concatenate([pixels, pixels2]), f"{config} two videos")
     assert_same(both.video_grid_thw, np.concatenate([grid, grid2]), f"{config} two grids")

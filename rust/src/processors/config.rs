@@ -95,6 +95,7 @@ registry! {
     Qwen25Vl => "qwen2_5_vl", QwenConfig = QwenConfig::qwen2_vl(), qwen::QWEN2_5_VL;
     Qwen3Vl => "qwen3_vl", QwenConfig = QwenConfig::qwen3_vl(), qwen::QWEN3_VL;
     Qwen35 => "qwen3_5", QwenConfig = QwenConfig::qwen3_vl(), qwen::QWEN3_5;
+    Qwen3OmniMoe => "qwen3_omni_moe", QwenConfig = QwenConfig::qwen3_omni(), qwen::QWEN3_OMNI_MOE;
     Clip => "clip", ClipConfig = ClipConfig::clip(), clip::CLIP;
     Llava => "llava", ClipConfig = ClipConfig::llava(), clip::LLAVA;
     Siglip => "siglip", ClipConfig = ClipConfig::siglip(), siglip::SIGLIP;
@@ -111,9 +112,35 @@ registry! {
     Gemma4 => "gemma4", Gemma4Config = Gemma4Config::gemma4(), gemma4::GEMMA4;
 }
 
+/// The families' `model_type` aliases, one table per module that has them.
+const MODEL_TYPES: &[&[(&str, &str)]] = &[qwen::MODEL_TYPES];
+/// The processor classes that name a family, likewise.
+const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];
+
 impl Family {
     pub fn from_name(name: &str) -> Option<Family> {
         Family::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The family a `config.json` `model_type` names, where its module lists the model type
+    /// (Qwen: `qwen3_vl`, `qwen3_5_moe`, `qwen4_exp`, `qwen3_omni_moe`, …). A family whose
+    /// image processor class names it unambiguously lists none.
+    pub fn from_model_type(model_type: &str) -> Option<Family> {
+        MODEL_TYPES
+            .iter()
+            .flat_map(|table| table.iter())
+            .find(|(alias, _)| *alias == model_type)
+            .and_then(|(_, name)| Family::from_name(name))
+    }
+
+    /// The family a transformers processor class (`processor_class`) names over its image
+    /// processor class, where a module lists one (Qwen3-Omni's `Qwen3OmniMoeProcessor`).
+    pub fn from_processor_class(class: &str) -> Option<Family> {
+        PROCESSOR_CLASSES
+            .iter()
+            .flat_map(|table| table.iter())
+            .find(|(name, _)| *name == class)
+            .and_then(|(_, family)| Family::from_name(family))
     }
 
     /// The family a transformers image or video processor class names (without the

@@ -1,5 +1,6 @@
-//! Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5: one algorithm (`Qwen2VLImageProcessorPil`),
-//! configured by patch size, merge size, temporal patch size, pixel bounds, mean and std.
+//! Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and Qwen3-Omni (image and video towers): one
+//! algorithm (`Qwen2VLImageProcessorPil`), configured by patch size, merge size, temporal patch
+//! size, pixel bounds, mean and std.
 //!
 //! Per image: [`smart_resize`] picks a size that is a multiple of `patch_size × merge_size`
 //! within `[min_pixels, max_pixels]`, the image is resized to it (BICUBIC by default, Pillow-exact),
@@ -14,8 +15,8 @@
 use super::family::{i64_values, tokens_tensor, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::{Normalize, Runs};
 use super::value::{
-    as_count, hf_get, hf_keys, hf_put, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD,
-    HALF,
+    as_count, hf_get, hf_keys, hf_put, hf_size, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN,
+    CLIP_STD, HALF,
 };
 use std::mem::MaybeUninit;
 
@@ -38,6 +39,14 @@ pub struct QwenConfig {
     pub min_pixels: u64,
     /// `size["longest_edge"]` (`max_pixels`).
     pub max_pixels: u64,
+    /// `(shortest_edge, longest_edge)` of the `size` the family's *processor* passes to its
+    /// video processor on every call, over the preprocessor config's pixel bounds
+    /// (`Qwen3OmniMoeProcessor.videos_kwargs`); `None`: videos use `min_pixels`/`max_pixels`.
+    pub video_pixels: Option<(u64, u64)>,
+    /// The frame rate a video's frames were sampled at, for `video_second_per_grid`
+    /// (`temporal_patch_size / fps` per video, Qwen3-Omni's M-RoPE timing): `Some` for a family
+    /// whose processor returns it (`Qwen3OmniMoeProcessor`: the caller's `fps`, else 1.0).
+    pub video_fps: Option<f64>,
 }
 
 /// Qwen2-VL: `Qwen2VLImageProcessor`, `Qwen2VLVideoProcessor`.
@@ -87,6 +96,44 @@ pub const QWEN3_5: Hf = Hf {
     count_tensor: None,
 };
 
+/// Qwen3-Omni (`qwen3_omni_moe`, its thinker's image and video towers): transformers 5.24 maps
+/// the model type to `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor` (named by `family=` or
+/// the model type: the classes name Qwen2-VL), with `Qwen3OmniMoeProcessor` forcing the video
+/// size. Its replacement is a run of `<|image_pad|>` 151655 / `<|video_pad|>` 151656
+/// (`Qwen3OmniMoeThinkerConfig` defaults, the published checkpoints' `thinker_config`).
+pub const QWEN3_OMNI_MOE: Hf = Hf {
+    image_classes: &[],
+    video_classes: &[],
+    normalise: hf_qwen3_omni,
+    processor_keys: &[],
+    processor_forces: None,
+    published: Some(Published::QWEN),
+    count_tensor: None,
+};
+
+/// The `model_type`s (`config.json`) that name a Qwen family, the aliases the SMG gateway
+/// accepts included: transformers 5.24 gives `qwen3_5_moe` and `qwen4_exp` Qwen3.5's image
+/// processor, video processor, processor and token ids (248056/248057); `qwen3_6`/`qwen3_6_moe`
+/// are the gateway's Qwen3.6 spellings (same architecture as Qwen3.5); `qwen3_vl_moe` is
+/// Qwen3-VL's MoE model; `qwen3_omni_moe_thinker` is Qwen3-Omni's thinker alone.
+pub const MODEL_TYPES: &[(&str, &str)] = &[
+    ("qwen2_vl", "qwen2_vl"),
+    ("qwen2_5_vl", "qwen2_5_vl"),
+    ("qwen3_vl", "qwen3_vl"),
+    ("qwen3_vl_moe", "qwen3_vl"),
+    ("qwen3_5", "qwen3_5"),
+    ("qwen3_5_moe", "qwen3_5"),
+    ("qwen3_6", "qwen3_5"),
+    ("qwen3_6_moe", "qwen3_5"),
+    ("qwen4_exp", "qwen3_5"),
+    ("qwen3_omni_moe", "qwen3_omni_moe"),
+    ("qwen3_omni_moe_thinker", "qwen3_omni_moe"),
+];
+
+/// The transformers processor classes (`processor_class`) that name a Qwen family over its
+/// image processor class (Qwen3-Omni's files name `Qwen2VLImageProcessor`).
+pub const PROCESSOR_CLASSES: &[(&str, &str)] = &[("Qwen3OmniMoeProcessor", "qwen3_omni_moe")];
+
 /// The Qwen keys: an int `size` is a shortest edge; top-level `min_pixels`/`max_pixels`
 /// override `size["shortest_edge"]`/`size["longest_edge"]` (as
 /// `Qwen2VLImageProcessorPil.__init__` does), and a partial size is completed from the class
@@ -132,6 +179,19 @@ fn hf_qwen(config: &[(String, Raw)], defaults: &QwenConfig) -> Result<RawMap, Ba
     Ok(out)
 }
 
+/// [`hf_qwen`], and our `video_size` (the processor's video `size`, as a caller's
+/// `videos_kwargs` would override it) read like a `size`.
+fn hf_qwen3_omni(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
+    let mut out = hf_qwen(config, &QwenConfig::qwen3_omni())?;
+    if let Some(size) = hf_get(config, "video_size") {
+        hf_put(&mut out, "video_size", Raw::Map(hf_size(size, false)?));
+    }
+    if let Some(fps) = hf_get(config, "fps") {
+        hf_put(&mut out, "fps", fps.clone());
+    }
+    Ok(out)
+}
+
 const MAX_PATCH: usize = 1024;
 const MAX_MERGE: usize = 64;
 const MAX_TEMPORAL: usize = 64;
@@ -146,6 +206,8 @@ impl QwenConfig {
             temporal_patch_size: 2,
             min_pixels: 56 * 56,
             max_pixels: 28 * 28 * 1280,
+            video_pixels: None,
+            video_fps: None,
         }
     }
 
@@ -158,7 +220,42 @@ impl QwenConfig {
             temporal_patch_size: 2,
             min_pixels: 65_536,
             max_pixels: 16_777_216,
+            video_pixels: None,
+            video_fps: None,
         }
+    }
+
+    /// The values of the published Qwen3-Omni `preprocessor_config.json` (patch 16, merge 2,
+    /// temporal 2, mean/std 0.5, 3 136 … 12 845 056 pixels), and the video size
+    /// `Qwen3OmniMoeProcessor.videos_kwargs` passes on every call: 128·32² … 768·32² pixels.
+    pub fn qwen3_omni() -> Self {
+        QwenConfig {
+            common: Common::new(HALF, HALF),
+            patch_size: 16,
+            merge_size: 2,
+            temporal_patch_size: 2,
+            min_pixels: 3_136,
+            max_pixels: 12_845_056,
+            video_pixels: Some((128 * 32 * 32, 768 * 32 * 32)),
+            video_fps: Some(1.0),
+        }
+    }
+
+    /// The configuration frames of a video are resized with: `video_pixels` over the bounds.
+    fn for_videos(&self) -> QwenConfig {
+        let mut config = self.clone();
+        if let Some((min, max)) = self.video_pixels {
+            config.min_pixels = min;
+            config.max_pixels = max;
+        }
+        config
+    }
+
+    /// `video_second_per_grid` of each video: `temporal_patch_size / fps`, as
+    /// `Qwen3OmniMoeProcessor._process_videos` computes it (in `f64`), stored as `f32`.
+    pub fn second_per_grid(&self) -> Option<f32> {
+        self.video_fps
+            .map(|fps| (self.temporal_patch_size as f64 / fps) as f32)
     }
 
     /// `patch_size × merge_size`.
@@ -183,35 +280,32 @@ impl FamilyConfig for QwenConfig {
             "temporal_patch_size" => {
                 self.temporal_patch_size = as_count("temporal_patch_size", value, MAX_TEMPORAL)?
             }
+            "fps" if self.video_fps.is_some() => {
+                // the caller's `fps` (Qwen3-Omni's processor: 1.0 when none is given)
+                let fps = match value {
+                    Value::Int(v) => *v as f64,
+                    Value::Float(v) => *v,
+                    _ => f64::NAN,
+                };
+                if !(fps.is_finite() && fps > 0.0) {
+                    return Err(ProcessorError::config(
+                        "fps",
+                        "a finite number above 0",
+                        value,
+                    ));
+                }
+                self.video_fps = Some(fps);
+            }
+            "video_size" => {
+                // The processor's video size (`Qwen3OmniMoeProcessor.videos_kwargs["size"]`).
+                let (min, max) = size_pair("video_size", value)?;
+                self.video_pixels = Some((min, max));
+            }
             "min_pixels" => self.min_pixels = pixels("min_pixels", value)?,
             "max_pixels" => self.max_pixels = pixels("max_pixels", value)?,
             "size" => {
                 // {"shortest_edge", "longest_edge"}, or the legacy {"min_pixels", "max_pixels"}.
-                let bad = || {
-                    ProcessorError::config(
-                        "size",
-                        "a dict with keys shortest_edge and longest_edge (min and max pixels)",
-                        value,
-                    )
-                };
-                let Value::Map(entries) = value else {
-                    return Err(bad());
-                };
-                let mut keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
-                keys.sort_unstable();
-                let (min_key, max_key) = match keys[..] {
-                    ["longest_edge", "shortest_edge"] => ("shortest_edge", "longest_edge"),
-                    ["max_pixels", "min_pixels"] => ("min_pixels", "max_pixels"),
-                    _ => return Err(bad()),
-                };
-                let get = |k: &str| {
-                    entries
-                        .iter()
-                        .find(|(key, _)| key == k)
-                        .map_or(0, |(_, v)| *v)
-                };
-                self.min_pixels = pixels("size.shortest_edge", &Value::Int(get(min_key)))?;
-                self.max_pixels = pixels("size.longest_edge", &Value::Int(get(max_key)))?;
+                (self.min_pixels, self.max_pixels) = size_pair("size", value)?;
             }
             _ => return Ok(false),
         }
@@ -223,7 +317,7 @@ impl FamilyConfig for QwenConfig {
             ("shortest_edge".to_owned(), self.min_pixels as i64),
             ("longest_edge".to_owned(), self.max_pixels as i64),
         ]);
-        vec![
+        let mut out = vec![
             ("patch_size", Value::Int(self.patch_size as i64)),
             ("merge_size", Value::Int(self.merge_size as i64)),
             (
@@ -231,7 +325,20 @@ impl FamilyConfig for QwenConfig {
                 Value::Int(self.temporal_patch_size as i64),
             ),
             ("size", size),
-        ]
+        ];
+        if let Some(fps) = self.video_fps {
+            out.push(("fps", Value::Float(fps)));
+        }
+        if let Some((min, max)) = self.video_pixels {
+            out.push((
+                "video_size",
+                Value::Map(vec![
+                    ("shortest_edge".to_owned(), min as i64),
+                    ("longest_edge".to_owned(), max as i64),
+                ]),
+            ));
+        }
+        out
     }
 
     fn validate(&self) -> Result<(), ProcessorError> {
@@ -293,6 +400,43 @@ pub fn grid_tokens(grid: &[i64], merge_size: usize) -> Vec<i64> {
     grid.chunks_exact(3)
         .map(|r| r[0] * r[1] * r[2] / merge)
         .collect()
+}
+
+/// A Qwen `size`: `{"shortest_edge", "longest_edge"}` (or the legacy `{"min_pixels",
+/// "max_pixels"}`) as `(min_pixels, max_pixels)`.
+fn size_pair(field: &'static str, value: &Value) -> Result<(u64, u64), ProcessorError> {
+    let bad = || {
+        ProcessorError::config(
+            field,
+            "a dict with keys shortest_edge and longest_edge (min and max pixels)",
+            value,
+        )
+    };
+    let Value::Map(entries) = value else {
+        return Err(bad());
+    };
+    let mut keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+    keys.sort_unstable();
+    let (min_key, max_key) = match keys[..] {
+        ["longest_edge", "shortest_edge"] => ("shortest_edge", "longest_edge"),
+        ["max_pixels", "min_pixels"] => ("min_pixels", "max_pixels"),
+        _ => return Err(bad()),
+    };
+    let get = |k: &str| {
+        entries
+            .iter()
+            .find(|(key, _)| key == k)
+            .map_or(0, |(_, v)| *v)
+    };
+    let (min_field, max_field) = if field == "size" {
+        ("size.shortest_edge", "size.longest_edge")
+    } else {
+        ("video_size.shortest_edge", "video_size.longest_edge")
+    };
+    Ok((
+        pixels(min_field, &Value::Int(get(min_key)))?,
+        pixels(max_field, &Value::Int(get(max_key)))?,
+    ))
 }
 
 fn pixels(field: &'static str, value: &Value) -> Result<u64, ProcessorError> {
@@ -496,6 +640,8 @@ pub struct Patches<'a> {
     /// One `[t, h, w]` row per image or video.
     grid: Vec<[i64; 3]>,
     video: bool,
+    /// `video_second_per_grid` of every video, for a family whose processor returns it.
+    second_per_grid: Option<f32>,
     patch_size: usize,
     merge_size: usize,
     normalize: Normalize,
@@ -534,6 +680,20 @@ impl<'a> Patches<'a> {
         };
         let values = self.grid.iter().flatten().copied().collect();
         (name, Tensor::i64(vec![self.grid.len(), 3], values))
+    }
+
+    /// `video_second_per_grid` (`(videos,)` float32, one value per video: `temporal_patch_size
+    /// / fps`) for a family whose processor returns it; `None` for images and other families.
+    pub fn seconds(&self) -> Option<(&'static str, Tensor)> {
+        let seconds = self.second_per_grid?;
+        let n = self.grid.len();
+        Some((
+            "video_second_per_grid",
+            Tensor {
+                shape: vec![n],
+                data: TensorData::F32(vec![seconds; n]),
+            },
+        ))
     }
 
     /// `num_image_tokens` (or `num_video_tokens`): the placeholder tokens of each image (or
@@ -605,18 +765,18 @@ impl<'a> Patches<'a> {
     pub fn into_outputs(self) -> Result<Outputs, ProcessorError> {
         let [rows, cols] = self.shape();
         let values = self.values()?;
-        Ok(Outputs {
-            tensors: vec![
-                (
-                    self.name(),
-                    Tensor {
-                        shape: vec![rows, cols],
-                        data: TensorData::F32(values),
-                    },
-                ),
-                self.grid(),
-            ],
-        })
+        let mut tensors = vec![
+            (
+                self.name(),
+                Tensor {
+                    shape: vec![rows, cols],
+                    data: TensorData::F32(values),
+                },
+            ),
+            self.grid(),
+        ];
+        tensors.extend(self.seconds());
+        Ok(Outputs { tensors })
     }
 
     /// The same batch owning every image it reads (an input array used unresized is copied), so
@@ -642,6 +802,7 @@ impl<'a> Patches<'a> {
             groups: std::mem::take(&mut self.groups),
             grid: std::mem::take(&mut self.grid),
             video: self.video,
+            second_per_grid: self.second_per_grid,
             patch_size: self.patch_size,
             merge_size: self.merge_size,
             normalize: self.normalize.clone(),
@@ -697,6 +858,7 @@ pub fn plan_images<'a>(
         groups: Vec::with_capacity(prepared.len()),
         grid: Vec::with_capacity(prepared.len()),
         video: false,
+        second_per_grid: None,
         patch_size: config.patch_size,
         merge_size: config.merge_size,
         normalize: normalize.clone(),
@@ -748,6 +910,7 @@ pub fn plan_videos<'a>(
         ));
     }
     let frames: Vec<Input<'a>> = videos.iter().flatten().copied().collect();
+    let config = &config.for_videos();
     let prepared = prepare_all(&frames, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
@@ -758,6 +921,7 @@ pub fn plan_videos<'a>(
         groups: Vec::new(),
         grid: Vec::with_capacity(videos.len()),
         video: true,
+        second_per_grid: config.second_per_grid(),
         patch_size: config.patch_size,
         merge_size: config.merge_size,
         normalize: normalize.clone(),

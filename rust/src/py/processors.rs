@@ -403,8 +403,9 @@ fn deferred_to_py(
         Deferred::Patches(patches) => {
             let (grid_name, grid) = patches.grid();
             let (tokens_name, tokens) = patches.tokens();
+            let seconds = patches.seconds();
             let pending = PyPendingTensor { patches: *patches };
-            Ok(vec![
+            let mut out = vec![
                 (pending.patches.name(), Py::new(py, pending)?.into_any()),
                 (
                     grid_name,
@@ -414,7 +415,14 @@ fn deferred_to_py(
                     tokens_name,
                     Py::new(py, PyTensor::new(tokens.shape, tokens.data))?.into_any(),
                 ),
-            ])
+            ];
+            if let Some((name, t)) = seconds {
+                out.push((
+                    name,
+                    Py::new(py, PyTensor::new(t.shape, t.data))?.into_any(),
+                ));
+            }
+            Ok(out)
         }
     }
 }
@@ -913,8 +921,24 @@ fn families() -> Vec<FamilyInfo> {
         .collect()
 }
 
+/// The family a `config.json` `model_type` names (its own name or an alias its module lists,
+/// e.g. `qwen4_exp` -> `qwen3_5`), or `None`.
+#[pyfunction]
+fn family_of_model_type(model_type: &str) -> Option<&'static str> {
+    Family::from_model_type(model_type).map(Family::name)
+}
+
+/// The family a transformers `processor_class` names over its image processor class (e.g.
+/// `Qwen3OmniMoeProcessor` -> `qwen3_omni_moe`), or `None`.
+#[pyfunction]
+fn family_of_processor_class(name: &str) -> Option<&'static str> {
+    Family::from_processor_class(name).map(Family::name)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(normalise_config, m)?)?;
+    m.add_function(wrap_pyfunction!(family_of_model_type, m)?)?;
+    m.add_function(wrap_pyfunction!(family_of_processor_class, m)?)?;
     m.add_function(wrap_pyfunction!(families, m)?)?;
     m.add_class::<PyPreprocessor>()?;
     m.add_class::<PyTensor>()?;

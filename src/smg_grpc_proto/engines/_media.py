@@ -211,7 +211,8 @@ def _vocab_tokens(path: Path, names: Sequence[str]) -> dict[str, int]:
 
 
 def _config_int(config: Mapping[str, Any], *names: str) -> int | None:
-    for source in (config, config.get("text_config") or {}):
+    # Qwen3-Omni keeps its token ids in ``thinker_config`` (the model the media go to).
+    for source in (config, config.get("text_config") or {}, config.get("thinker_config") or {}):
         for name in names:
             value = source.get(name) if isinstance(source, Mapping) else None
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -719,7 +720,7 @@ class PreparedMedia:
 
     @property
     def _names(self) -> tuple[str, ...]:
-        videos = ("pixel_values_videos", "video_grid_thw")
+        videos = ("pixel_values_videos", "video_grid_thw", "video_second_per_grid")
         if self.modality == "video":
             return videos
         return tuple(n for n in TENSOR_NAMES if n not in videos)

@@ -33,6 +33,7 @@ __all__ = [
     "family_of",
     "from_hf",
     "load_json",
+    "model_type_of",
     "normalise",
     "processor_forces",
     "processor_keys",
@@ -75,8 +76,22 @@ def processor_forces(family: Family) -> tuple[str, str, bool] | None:
     return _processor_settings()[family][1]
 
 
-def family_of(config: Mapping[str, Any]) -> Family:
-    """The family of a transformers config, from ``image_processor_type``."""
+def family_of(config: Mapping[str, Any], model_type: str | None = None) -> Family:
+    """The family of a transformers config: the one its ``processor_class`` names where a
+    family's module lists that class (``Qwen3OmniMoeProcessor``), else the one ``model_type``
+    (``config.json``'s, or the config's own) names where a module lists it (the Qwen model types
+    and the gateway's aliases: ``qwen3_5_moe``, ``qwen3_6``, ``qwen4_exp`` → ``qwen3_5``;
+    ``qwen3_omni_moe`` …), else the one ``image_processor_type`` names."""
+    processor_class = config.get("processor_class")
+    if isinstance(processor_class, str):
+        found = _native.family_of_processor_class(processor_class)
+        if found is not None:
+            return cast(Family, found)
+    for candidate in (model_type, config.get("model_type")):
+        if isinstance(candidate, str):
+            found = _native.family_of_model_type(candidate)
+            if found is not None:
+                return cast(Family, found)
     name = config.get("image_processor_type") or config.get("video_processor_type")
     if not isinstance(name, str):
         raise ValueError(
@@ -119,12 +134,30 @@ def load_json(source: str | os.PathLike[str]) -> dict[str, Any]:
     return cast(dict[str, Any], data)
 
 
+def model_type_of(source: str | os.PathLike[str]) -> str | None:
+    """The ``model_type`` of the ``config.json`` next to a config source (a model directory or
+    a file in one), if there is one."""
+    path = Path(source)
+    config = (path if path.is_dir() else path.parent) / "config.json"
+    if not config.is_file():
+        return None
+    with open(config, encoding="utf-8") as f:
+        data = json.load(f)
+    value = data.get("model_type") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def from_hf(
     source: Mapping[str, Any] | str | os.PathLike[str], family: Family | None = None
 ) -> tuple[Family, dict[str, Any]]:
-    """``(family, config)`` of a transformers config source (a dict, a file or a directory)."""
+    """``(family, config)`` of a transformers config source (a dict, a file or a directory;
+    a directory's ``config.json`` ``model_type`` takes part in finding the family)."""
     raw = dict(source) if isinstance(source, Mapping) else load_json(source)
-    chosen = family if family is not None else family_of(raw)
+    if family is not None:
+        chosen = family
+    else:
+        model_type = None if isinstance(source, Mapping) else model_type_of(source)
+        chosen = family_of(raw, model_type)
     if chosen not in FAMILIES:
         raise ValueError(f"unknown family {chosen!r}: expected one of {', '.join(FAMILIES)}")
     return chosen, raw

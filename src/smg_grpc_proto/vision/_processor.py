@@ -63,6 +63,7 @@ TENSOR_NAMES = (
     "num_soft_tokens_per_image",
     "pixel_values_videos",
     "video_grid_thw",
+    "video_second_per_grid",
 )
 
 
@@ -131,6 +132,9 @@ class ProcessorOutput:
     for the padding patches (vLLM's ``pixel_position_ids``)."""
     num_soft_tokens_per_image: I64Array | None = None
     """Gemma 4: ``(B,)`` = soft tokens per image (patches / ``pooling_kernel_size ** 2``)."""
+    video_second_per_grid: F32Array | None = None
+    """Qwen3-Omni videos: ``(V,)`` float32 = ``temporal_patch_size / fps`` per video (the
+    processor's M-RoPE timing; ``fps`` is the configuration's, 1.0 unless given)."""
 
     def tensors(self) -> dict[str, npt.NDArray[Any]]:
         """Every tensor that is set, by transformers' name (what the model's forward takes)."""
@@ -157,7 +161,7 @@ class ProcessorOutput:
             raise ValueError(f"this output has no {modality} tensors ({primary})")
         message.attach(f"{at}.pixel_values", tensors.pop(primary), dtype=dtype)
         keep = (
-            ("video_grid_thw",)
+            ("video_grid_thw", "video_second_per_grid")
             if modality == "video"
             else (
                 "image_grid_thw",
@@ -415,6 +419,7 @@ class ImageProcessor:
             num_soft_tokens_per_image=values.get("num_soft_tokens_per_image"),
             pixel_values_videos=values.get("pixel_values_videos"),
             video_grid_thw=values.get("video_grid_thw"),
+            video_second_per_grid=values.get("video_second_per_grid"),
             num_image_tokens=_counts(values.get("num_image_tokens")),
             num_video_tokens=_counts(values.get("num_video_tokens")),
         )
