@@ -29,6 +29,9 @@ Family = Literal[
     "llama4",
     "phi4_multimodal",
     "phi3_v",
+    "glm4v",
+    "glm46v",
+    "glm5_next",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -49,5 +52,8 @@ FAMILIES: tuple[Family, ...] = (
     "llama4",
     "phi4_multimodal",
     "phi3_v",
+    "glm4v",
+    "glm46v",
+    "glm5_next",
 )
 """Every family, in registry order."""

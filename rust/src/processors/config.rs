@@ -9,6 +9,7 @@ use super::clip::{self, ClipConfig};
 use super::error::ProcessorError;
 use super::family::{FamilyConfig, Hf, VisionTokens};
 use super::gemma3::{self, Gemma3Config};
+use super::glm::{self, GlmConfig};
 use super::idefics3::{self, Idefics3Config};
 use super::internvl::{self, InternVlConfig};
 use super::llama4::{self, Llama4Config};
@@ -105,6 +106,9 @@ registry! {
     Llama4 => "llama4", Llama4Config = Llama4Config::llama4(), llama4::LLAMA4;
     Phi4Multimodal => "phi4_multimodal", Phi4Config = Phi4Config::phi4_multimodal(), phi4::PHI4_MULTIMODAL;
     Phi3V => "phi3_v", Phi3VConfig = Phi3VConfig::phi3_v(), phi3v::PHI3_V;
+    Glm4v => "glm4v", GlmConfig = GlmConfig::glm4v(), glm::GLM4V;
+    Glm46v => "glm46v", GlmConfig = GlmConfig::glm4v(), glm::GLM46V;
+    Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
 }
 
 impl Family {

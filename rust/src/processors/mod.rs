@@ -40,6 +40,7 @@ pub mod config;
 mod error;
 pub mod family;
 pub mod gemma3;
+pub mod glm;
 pub mod idefics3;
 pub mod input;
 pub mod internvl;
