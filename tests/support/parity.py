@@ -220,6 +220,28 @@ SMOLVLM_HUB = {
 }
 _IDEFICS3_FILE_ONLY = ("do_convert_rgb",)
 
+# GLM-4.1V / GLM-4.6V: a preprocessor_config.json with the class's keys and a 9 633 792-pixel
+# ceiling (the value GLM-4.1V's published file is reported to carry: not checked offline here).
+GLM4V_HUB = {
+    "size": {"shortest_edge": 12544, "longest_edge": 9633792},
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "image_processor_type": "Glm4vImageProcessor",
+    "processor_class": "Glm4vProcessor",
+}
+# GLM-5-next with a small token budget (every photo is cut into the budget and padded), and
+# the keys its class reads but does not use (size, patch_expand_factor).
+GLM5_NEXT_SMALL = {
+    "min_image_tokens": 64,
+    "max_image_tokens": 300,
+    "size": {"longest_edge": 1},
+    "patch_expand_factor": 1,
+    "image_processor_type": "Glm5NextImageProcessor",
+}
+
 
 # ---- the reference processors (transformers imported on first use) --------------------------
 
@@ -286,6 +308,9 @@ def hf_classes() -> dict[str, Any]:
     that runs it as the published checkpoints do)."""
     from transformers import (
         CLIPImageProcessorPil,
+        Glm4vImageProcessorPil,
+        Glm5NextImageProcessorPil,
+        Glm46VImageProcessorPil,
         Idefics3ImageProcessorPil,
         LlavaImageProcessorPil,
         LlavaNextImageProcessorPil,
@@ -309,6 +334,9 @@ def hf_classes() -> dict[str, Any]:
         "internvl": internvl_hf,
         "idefics3": _with_rows_cols(Idefics3ImageProcessorPil),
         "smolvlm": _with_rows_cols(SmolVLMImageProcessorPil),
+        "glm4v": Glm4vImageProcessorPil,
+        "glm46v": Glm46VImageProcessorPil,
+        "glm5_next": Glm5NextImageProcessorPil,
     }
 
 
@@ -340,6 +368,11 @@ CONFIGS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "idefics3-defaults": ("idefics3", None),
     "idefics3-nosplit": ("idefics3", {**IDEFICS3_HUB, "do_image_splitting": False}),
     "smolvlm-hub": ("smolvlm", SMOLVLM_HUB),
+    "glm4v-defaults": ("glm4v", None),
+    "glm4v-hub": ("glm4v", GLM4V_HUB),
+    "glm46v-defaults": ("glm46v", None),
+    "glm5_next-defaults": ("glm5_next", None),
+    "glm5_next-small": ("glm5_next", GLM5_NEXT_SMALL),
 }
 
 
