@@ -56,6 +56,9 @@ REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
             "image_std": [0.229, 0.224, 0.225],
         },
     ),
+    # GLM-4.1V / GLM-4.6V (one algorithm) and GLM-5-next at their class defaults
+    "glm4v": ("Glm4vImageProcessorPil", {}),
+    "glm5_next": ("Glm5NextImageProcessorPil", {}),
 }
 CASES = ("512x600", "1280x960", "batch of 8")
 
