@@ -412,8 +412,8 @@ def test_vllm_decoder_ignores_batched_keys_of_the_other_modality() -> None:
     message = _vllm_case(lambda mm: mm.batched_keys.extend(video_names))
     (batch,) = vllm_adapter.decode_mm_inputs(message, merge_size=2)
     assert set(batch.tensors) == {"pixel_values", "image_grid_thw", "patches_per_image"}
+    bad = _vllm_case(lambda mm: mm.batched_keys.append("image_sizes"))
     with pytest.raises(MultimodalLayoutError, match="names 'image_sizes'"):
-        bad = _vllm_case(lambda mm: mm.batched_keys.append("image_sizes"))
         vllm_adapter.decode_mm_inputs(bad, merge_size=2)
 
 

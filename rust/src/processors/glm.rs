@@ -251,14 +251,8 @@ impl FamilyConfig for GlmConfig {
         let mut entries = self.patches.entries();
         if self.sizing == GlmSizing::Glm5Next {
             entries.retain(|(key, _)| *key != "size");
-            entries.push((
-                "min_image_tokens",
-                Value::Int(self.min_image_tokens as i64),
-            ));
-            entries.push((
-                "max_image_tokens",
-                Value::Int(self.max_image_tokens as i64),
-            ));
+            entries.push(("min_image_tokens", Value::Int(self.min_image_tokens as i64)));
+            entries.push(("max_image_tokens", Value::Int(self.max_image_tokens as i64)));
         }
         entries
     }
@@ -377,7 +371,10 @@ pub fn glm5_next_smart_resize(
         if max_pixels < t * f * f {
             return Err(ProcessorError::config(
                 "max_image_tokens",
-                format!("a budget of at least one aligned patch ({} pixels)", t * f * f),
+                format!(
+                    "a budget of at least one aligned patch ({} pixels)",
+                    t * f * f
+                ),
                 max_pixels as i64,
             ));
         }
@@ -417,24 +414,27 @@ fn glm5_next_content(
     if (temporal_factor * height) as u128 * width as u128 >= per_token * min_tokens as u128 {
         scale = scale.min(1.0);
     }
-    let content = |side: usize, target: usize| ((side as f64 * scale).floor() as usize).clamp(1, target);
+    let content =
+        |side: usize, target: usize| ((side as f64 * scale).floor() as usize).clamp(1, target);
     (content(height, target_h), content(width, target_w))
 }
 
 /// `np.pad(image, ((0, 0), (0, H − h), (0, W − w)))`: the image at the top left of a zeroed
 /// `H × W` canvas (itself when it fills it).
-fn pad_bottom_right(image: Rgb<'_>, (height, width): (usize, usize)) -> Result<Rgb<'_>, ProcessorError> {
+fn pad_bottom_right(
+    image: Rgb<'_>,
+    (height, width): (usize, usize),
+) -> Result<Rgb<'_>, ProcessorError> {
     if (image.height, image.width) == (height, width) {
         return Ok(image);
     }
     super::check_side("padded image", height, width)?;
     let len = height * width * 3;
-    let mut data: Vec<u8> = crate::memory::zeroed(len).map_err(|bytes| {
-        ProcessorError::OutOfMemory {
+    let mut data: Vec<u8> =
+        crate::memory::zeroed(len).map_err(|bytes| ProcessorError::OutOfMemory {
             what: "padded image",
             bytes,
-        }
-    })?;
+        })?;
     let row = image.width * 3;
     for (y, src) in image.data.chunks_exact(row).enumerate().take(height) {
         let at = y * width * 3;
@@ -453,9 +453,55 @@ mod tests {
     use super::*;
 
     #[test]
-    fn glm4v_sizes() {
+    fn glm4v_sizes_match_transformers() {
+        // transformers 5.24 glm4v smart_resize(2, h, w, 2, 28, 12544, 11760000).
         let r = |h, w| glm4v_smart_resize(h, w, 2, 28, 12_544, 11_760_000).unwrap();
-        assert_eq!(r(10, 10), (112, 112).min(r(10, 10)));
-        assert!(glm4v_smart_resize(1, 300, 2, 28, 12_544, 11_760_000).is_err());
+        assert_eq!(r(10, 10), (84, 84));
+        assert_eq!(r(1, 200), (28, 5600));
+        assert_eq!(r(600, 512), (588, 504));
+        assert_eq!(r(4000, 3000), (2800, 2100));
+        assert_eq!(r(1080, 1920), (1092, 1932));
+        // 1 x 300 scales to 28 x 8400: 300:1.
+        let err = glm4v_smart_resize(1, 300, 2, 28, 12_544, 11_760_000).unwrap_err();
+        assert_eq!(err.kind(), "aspect_ratio");
+    }
+
+    #[test]
+    fn glm5_next_sizes_match_transformers() {
+        // transformers 5.24 glm5_next smart_resize(2, h, w, 2, 28, tokens...).
+        let r = |h, w, lo, hi| glm5_next_smart_resize(h, w, 2, 28, lo, hi).unwrap();
+        assert_eq!(r(10, 10, 16, 8000), (112, 112));
+        assert_eq!(r(1, 200, 16, 8000), (28, 1596));
+        assert_eq!(r(600, 512, 16, 8000), (616, 532));
+        assert_eq!(r(4000, 3000, 16, 8000), (2884, 2156));
+        assert_eq!(r(1080, 1920, 64, 300), (364, 644));
+        assert_eq!(r(600, 512, 64, 300), (504, 448));
+        // the content inside the canvas (then zero-padded)
+        assert_eq!(
+            glm5_next_content((1, 200), (28, 1596), 2, 28, 16),
+            (7, 1596)
+        );
+        assert_eq!(
+            glm5_next_content((4000, 3000), (2884, 2156), 2, 28, 16),
+            (2874, 2156)
+        );
+        assert_eq!(
+            glm5_next_content((600, 512), (504, 448), 2, 28, 64),
+            (504, 430)
+        );
+    }
+
+    #[test]
+    fn padding_keeps_the_image_top_left() {
+        let image = Rgb {
+            data: std::borrow::Cow::Owned((1..=12).collect()),
+            width: 2,
+            height: 2,
+        };
+        let padded = pad_bottom_right(image, (3, 3)).unwrap();
+        let mut want = [0u8; 27];
+        want[..6].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
+        want[9..15].copy_from_slice(&[7, 8, 9, 10, 11, 12]);
+        assert_eq!(&padded.data[..], &want[..]);
     }
 }
