@@ -38,6 +38,9 @@ _CLASSES: dict[str, Family] = {
     "Llama4ImageProcessor": "llama4",
     "Phi4MultimodalImageProcessor": "phi4_multimodal",
     "Phi3VImageProcessor": "phi3_v",
+    "Glm4vImageProcessor": "glm4v",
+    "Glm46VImageProcessor": "glm46v",
+    "Glm5NextImageProcessor": "glm5_next",
 }
 
 _COMMON = (
@@ -67,6 +70,14 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "llama4": ("max_patches", "resize_to_max_canvas", "patch_size", "pixel_shuffle_ratio"),
     "phi4_multimodal": ("patch_size", "dynamic_hd"),
     "phi3_v": ("num_crops",),
+    "glm4v": ("patch_size", "merge_size", "temporal_patch_size"),
+    "glm5_next": (
+        "patch_size",
+        "merge_size",
+        "temporal_patch_size",
+        "min_image_tokens",
+        "max_image_tokens",
+    ),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
 _PHI3_V = ("image_mean", "image_std", "num_crops")
@@ -75,7 +86,8 @@ _PHI3_V = ("image_mean", "image_std", "num_crops")
 _SQUARE: frozenset[str] = frozenset({"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal"})
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
-    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v"}
+    {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "glm4v"}
+    | {"glm46v", "glm5_next"}
 )
 
 CONFIG_NAME = "preprocessor_config.json"
@@ -86,6 +98,10 @@ def _kind(family: Family) -> str:
         return "qwen"
     if family in ("idefics3", "smolvlm"):
         return "idefics3"
+    if family in ("glm4v", "glm46v"):
+        return "glm4v"  # GLM-4.6V's class is GLM-4.1V's code
+    if family == "glm5_next":
+        return "glm5_next"
     own = ("llava_next", "pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "phi3_v")
     return family if family in own else "clip"
 
@@ -131,7 +147,8 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("image_mean", "image_std"):
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
-    if config.get("size") is not None and kind != "phi3_v":
+    # GLM-5-next's resize reads min/max_image_tokens, never size
+    if config.get("size") is not None and kind not in ("phi3_v", "glm5_next"):
         out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:
         # get_size_dict(patch_size, default_to_square=True); anything else is for the native

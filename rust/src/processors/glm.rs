@@ -95,8 +95,13 @@ fn hf_glm4v(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
 /// GLM-5-next's keys: the patching keys and the token bounds; `size` is not read by its
 /// `resize` and `patch_expand_factor` not by its image path, so both are dropped.
 fn hf_glm5_next(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
-    let mut out = hf_keys(
-        config,
+    let config: RawMap = config
+        .iter()
+        .filter(|(k, _)| k != "size")
+        .cloned()
+        .collect();
+    hf_keys(
+        &config,
         &[
             "patch_size",
             "merge_size",
@@ -105,9 +110,7 @@ fn hf_glm5_next(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
             "max_image_tokens",
         ],
         false,
-    )?;
-    out.retain(|(key, _)| key != "size");
-    Ok(out)
+    )
 }
 
 /// The largest token bound taken (the budgets are products of it and `T · factor²`).
