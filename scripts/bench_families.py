@@ -70,6 +70,9 @@ REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
             "image_std": [0.26862954, 0.26130258, 0.27577711],
         },
     ),
+    # GLM-4.1V / GLM-4.6V (one algorithm) and GLM-5-next at their class defaults
+    "glm4v": ("Glm4vImageProcessorPil", {}),
+    "glm5_next": ("Glm5NextImageProcessorPil", {}),
 }
 # Families whose reference kwargs are not ImageProcessor.for_family's defaults: ours gets them
 # as its configuration.

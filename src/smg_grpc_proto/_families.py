@@ -32,6 +32,9 @@ Family = Literal[
     "phi3_v",
     "mllama",
     "gemma4",
+    "glm4v",
+    "glm46v",
+    "glm5_next",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -55,5 +58,8 @@ FAMILIES: tuple[Family, ...] = (
     "phi3_v",
     "mllama",
     "gemma4",
+    "glm4v",
+    "glm46v",
+    "glm5_next",
 )
 """Every family, in registry order."""

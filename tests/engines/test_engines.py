@@ -404,6 +404,19 @@ def test_vllm_decoder_ignores_keep_on_cpu_keys_of_absent_tensors() -> None:
     assert batch.keep_on_cpu == frozenset({"image_grid_thw"})
 
 
+def test_vllm_decoder_ignores_batched_keys_of_the_other_modality() -> None:
+    """smg 1.13.0's GLM-5.3-Flash / GLM-5-next spec lists its video tensors in batched_keys of
+    an image batch; vLLM's servicer registers only the tensors present, and so does the decoder.
+    A batched name of the batch's own modality without a tensor is still refused."""
+    video_names = ("video_grid_thw", "patches_per_video", "video_second_per_grid")
+    message = _vllm_case(lambda mm: mm.batched_keys.extend(video_names))
+    (batch,) = vllm_adapter.decode_mm_inputs(message, merge_size=2)
+    assert set(batch.tensors) == {"pixel_values", "image_grid_thw", "patches_per_image"}
+    bad = _vllm_case(lambda mm: mm.batched_keys.append("image_sizes"))
+    with pytest.raises(MultimodalLayoutError, match="names 'image_sizes'"):
+        vllm_adapter.decode_mm_inputs(bad, merge_size=2)
+
+
 def test_vllm_decoder_refuses_exclusive_inputs() -> None:
     request, _ = _vllm_two()
     message = request.to_message()

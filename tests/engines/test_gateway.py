@@ -414,10 +414,12 @@ def test_client_disconnect_aborts_the_engine_request(
 #: Families smg 1.13.0 builds requests for (crates/multimodal/src/registry/) and our builders
 #: serve on main: one gateway launch each.
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
-AGREE += ["phi3_v", "gemma4"]
+AGREE += ["phi3_v", "gemma4", "glm5_next"]
 #: Families smg 1.13.0 serves that our builders do not yet (none today): they would be skipped
 #: with the reason given here until they are moved into AGREE.
 PENDING: dict[str, str] = {}
+# smg 1.13.0's GLM spec (glm53_flash.rs) matches model_type glm53_flash or glm5_next only, not
+# glm4v / glm46v / glm4v_moe (GLM-4.1V, 4.5V, 4.6V): those have nothing to agree with.
 # smg 1.13.0 has no spec for Gemma 3, InternVL, Idefics3, SmolVLM, Pixtral or Phi-4-multimodal
 # (its registry: deepseek_v41, gemma4, glm53_flash, inkling, kimi_k3, kimi_k25, llama4,
 # minimax_m3, nemotron_omni, llava_next, llava, qwen3_asr, qwen3_omni, qwen3_vl, qwen_vl,
@@ -432,6 +434,7 @@ TRANSFORMERS_PROCESSOR = {
     "llava": ("llava", "LlavaProcessor"),
     "llava_next": ("llava_next", "LlavaNextProcessor"),
     "llama4": ("llama4", "Llama4Processor"),
+    "glm5_next": ("glm5_next", "Glm5NextProcessor"),
 }
 
 # -- where smg 1.13.0 and we differ, and who matches transformers (asserted below) ------------
@@ -443,7 +446,6 @@ VISION_PAD_RUNS = {"qwen2_vl", "qwen2_5_vl"}
 #: smg's Qwen3-VL spec sends its model-wide keep_on_cpu_keys (image_grid_thw and
 #: video_grid_thw) with an image batch; vLLM's servicer consults them only for the tensors
 #: present, so the extra name is harmless (our decoder ignores it the same way).
-EXTRA_CPU_KEYS = {"qwen3_vl": {"video_grid_thw"}, "qwen3_5": {"video_grid_thw"}}
 #: Gemma 4 agrees on everything but pixels: smg's Gemma 4 processor (vision/processors/gemma4.rs)
 #: resizes with its own torch-style antialiased bicubic where transformers'
 #: Gemma4ImageProcessorPil (and we) use Pillow's, up to 2/255 apart; the tokens (boi, one
@@ -452,6 +454,15 @@ EXTRA_CPU_KEYS = {"qwen3_vl": {"video_grid_thw"}, "qwen3_5": {"video_grid_thw"}}
 #: as vLLM's Gemma4MultiModalProcessor does) are identical. Our input_ids against
 #: Gemma4Processor: tests/vision/test_gemma4.py (its constructor needs an audio feature
 #: extractor and a torch-only video processor, so it is not in TRANSFORMERS_PROCESSOR).
+EXTRA_CPU_KEYS = {
+    "qwen3_vl": {"video_grid_thw"},
+    "qwen3_5": {"video_grid_thw"},
+    "glm5_next": {"video_grid_thw"},
+}
+#: smg's GLM-5.3-Flash / GLM-5-next spec (registry/glm53_flash.rs field_layouts) also lists its
+#: video tensors in batched_keys of an image batch; vLLM's servicer registers only the tensors
+#: present (and our decoder ignores the other modality's names the same way).
+EXTRA_BATCHED_KEYS = {"glm5_next": {"video_grid_thw", "patches_per_video", "video_second_per_grid"}}
 #: smg's Phi-3-vision spec (registry/phi3_v.rs) also sends the hub processor's num_img_tokens,
 #: unlisted in batched_keys (so "shared"); vLLM's Phi3VForCausalLM takes pixel_values and
 #: image_sizes only (its _get_mm_fields_config), as we send, so the extra tensor goes unused.
@@ -655,7 +666,10 @@ class TestAgreement:
 
         # layout: the same keys and tensors
         assert dict(theirs_mm.flat_keys) == dict(ours_mm.flat_keys)
-        assert sorted(theirs_mm.batched_keys) == sorted(ours_mm.batched_keys)
+        extra_batched = EXTRA_BATCHED_KEYS.get(family.family, set())
+        assert extra_batched <= set(theirs_mm.batched_keys)
+        their_batched = [k for k in theirs_mm.batched_keys if k not in extra_batched]
+        assert sorted(their_batched) == sorted(ours_mm.batched_keys)
         for mm in (theirs_mm, ours_mm):
             assert not mm.HasField("encoder_input_key")  # both: pixel_values
         extra = EXTRA_CPU_KEYS.get(family.family, set())

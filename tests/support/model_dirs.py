@@ -133,6 +133,24 @@ PHI3V_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )
 
+# GLM-5-next: each image as <|begin_of_image|><|image|><|end_of_image|> where authored (smg's
+# glm53_flash spec: MediaPartOrder::Authored, anchor <|image|>). The role markers are plain text
+# here: the published chat tokens' ids are not in transformers' config (only the vision ones
+# and the pad token are).
+GLM5_NEXT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- message['role'] + ': ' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for content in message['content'] -%}"
+    "{%- if content['type'] in ('image', 'image_url') -%}"
+    "{{- '<|begin_of_image|><|image|><|end_of_image|>' -}}"
+    "{%- elif 'text' in content -%}{{- content['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'assistant: ' -}}{%- endif -%}"
+)
+
 
 # -- the families -------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -453,6 +471,34 @@ PHI3V_PREPROCESSOR = {  # microsoft/Phi-3-vision-128k-instruct
     "num_img_tokens": 144,
     "processor_class": "Phi3VProcessor",
 }
+GLM5_NEXT_PREPROCESSOR = {  # Glm5NextImageProcessor's class values, as a file would carry them
+    "image_processor_type": "Glm5NextImageProcessor",
+    "processor_class": "Glm5NextProcessor",
+    "do_resize": True,
+    "do_rescale": True,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+    "resample": 3,
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "patch_expand_factor": 1,
+    "min_image_tokens": 16,
+    "max_image_tokens": 8000,
+}
+# transformers 5.24 Glm5NextConfig: image 154854, video 154855, begin/end of image 154830/154831,
+# begin/end of video 154832/154833; Glm5NextTextConfig pad 154820, vocabulary 154880.
+GLM5_NEXT_SPECIALS = (
+    ("<|endoftext|>", 154820),
+    ("<|begin_of_image|>", 154830),
+    ("<|end_of_image|>", 154831),
+    ("<|begin_of_video|>", 154832),
+    ("<|end_of_video|>", 154833),
+    ("<|image|>", 154854),
+    ("<|video|>", 154855),
+)
 
 _QWEN_GEN = {"bos_token_id": 151643, "pad_token_id": 151643, "eos_token_id": [151645, 151643]}
 
@@ -680,6 +726,44 @@ def gemma4() -> Family:
     )
 
 
+def glm5_next() -> Family:
+    return Family(
+        "glm5_next",
+        "GLM-5-next-tiny",
+        GLM5_NEXT_SPECIALS,
+        {
+            "architectures": ["Glm5NextForConditionalGeneration"],
+            "model_type": "glm5_next",
+            **_text(154880, 154820, 154820),
+            "image_token_id": 154854,
+            "video_token_id": 154855,
+            "image_start_token_id": 154830,
+            "image_end_token_id": 154831,
+            "video_start_token_id": 154832,
+            "video_end_token_id": 154833,
+            "text_config": {"model_type": "glm5_next_text", **_text(154880, 154820, 154820)},
+            "vision_config": {
+                "model_type": "glm5_next_vision",
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+            },
+        },
+        GLM5_NEXT_PREPROCESSOR,
+        GLM5_NEXT_TEMPLATE,
+        "<|image|>",
+        "<|image|>",
+        {
+            "bos_token": None,
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": None,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        generation={"eos_token_id": [154820], "pad_token_id": 154820},
+    )
+
+
 #: Every family a directory can be written for, by our family name... and by the name the
 #: agreement test uses (``llava`` for the LLaVA-1.5 checkpoint whose image processor is CLIP's).
 FAMILIES = {
@@ -692,6 +776,7 @@ FAMILIES = {
     "llama4": llama4,
     "phi3_v": phi3_v,
     "gemma4": gemma4,
+    "glm5_next": glm5_next,
 }
 
 

@@ -272,6 +272,28 @@ MLLAMA_HUB = {
     "size": {"height": 560, "width": 560},
 }
 
+# GLM-4.1V / GLM-4.6V: a preprocessor_config.json with the class's keys and a 9 633 792-pixel
+# ceiling (the value GLM-4.1V's published file is reported to carry: not checked offline here).
+GLM4V_HUB = {
+    "size": {"shortest_edge": 12544, "longest_edge": 9633792},
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "image_processor_type": "Glm4vImageProcessor",
+    "processor_class": "Glm4vProcessor",
+}
+# GLM-5-next with a small token budget (every photo is cut into the budget and padded), and
+# the keys its class reads but does not use (size, patch_expand_factor).
+GLM5_NEXT_SMALL = {
+    "min_image_tokens": 64,
+    "max_image_tokens": 300,
+    "size": {"longest_edge": 1},
+    "patch_expand_factor": 1,
+    "image_processor_type": "Glm5NextImageProcessor",
+}
+
 
 # ---- the reference processors (transformers imported on first use) --------------------------
 
@@ -339,6 +361,9 @@ def hf_classes() -> dict[str, Any]:
     from transformers import (
         CLIPImageProcessorPil,
         Gemma4ImageProcessorPil,
+        Glm4vImageProcessorPil,
+        Glm5NextImageProcessorPil,
+        Glm46VImageProcessorPil,
         Idefics3ImageProcessorPil,
         LlavaImageProcessorPil,
         LlavaNextImageProcessorPil,
@@ -366,6 +391,9 @@ def hf_classes() -> dict[str, Any]:
         "idefics3": _with_rows_cols(Idefics3ImageProcessorPil),
         "smolvlm": _with_rows_cols(SmolVLMImageProcessorPil),
         "mllama": MllamaImageProcessorPil,
+        "glm4v": Glm4vImageProcessorPil,
+        "glm46v": Glm46VImageProcessorPil,
+        "glm5_next": Glm5NextImageProcessorPil,
     }
 
 
@@ -432,6 +460,11 @@ CONFIGS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "smolvlm-hub": ("smolvlm", SMOLVLM_HUB),
     "mllama-defaults": ("mllama", None),
     "mllama-hub": ("mllama", MLLAMA_HUB),
+    "glm4v-defaults": ("glm4v", None),
+    "glm4v-hub": ("glm4v", GLM4V_HUB),
+    "glm46v-defaults": ("glm46v", None),
+    "glm5_next-defaults": ("glm5_next", None),
+    "glm5_next-small": ("glm5_next", GLM5_NEXT_SMALL),
 }
 
 

@@ -42,6 +42,9 @@ _CLASSES: dict[str, Family] = {
     "Phi3VImageProcessor": "phi3_v",
     "MllamaImageProcessor": "mllama",
     "Gemma4ImageProcessor": "gemma4",
+    "Glm4vImageProcessor": "glm4v",
+    "Glm46VImageProcessor": "glm46v",
+    "Glm5NextImageProcessor": "glm5_next",
 }
 
 _COMMON = (
@@ -73,6 +76,14 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "phi3_v": ("num_crops",),
     "mllama": ("max_image_tiles", "do_pad"),
     "gemma4": ("patch_size", "max_soft_tokens", "pooling_kernel_size"),
+    "glm4v": ("patch_size", "merge_size", "temporal_patch_size"),
+    "glm5_next": (
+        "patch_size",
+        "merge_size",
+        "temporal_patch_size",
+        "min_image_tokens",
+        "max_image_tokens",
+    ),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
 _PHI3_V = ("image_mean", "image_std", "num_crops")
@@ -84,9 +95,11 @@ _SQUARE: frozenset[str] = frozenset(
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
+    | {"glm4v", "glm46v", "glm5_next"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
-_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4"})
+# GLM-5-next's resize reads min/max_image_tokens, never size.
+_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4", "glm5_next"})
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -96,6 +109,10 @@ def _kind(family: Family) -> str:
         return "qwen"
     if family in ("idefics3", "smolvlm"):
         return "idefics3"
+    if family in ("glm4v", "glm46v"):
+        return "glm4v"  # GLM-4.6V's class is GLM-4.1V's code
+    if family == "glm5_next":
+        return "glm5_next"
     own = (
         "llava_next",
         "pixtral",

@@ -186,7 +186,7 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     tokens: &["<|image|>"],
     defaults: &[("<|image|>", 128256)],
     flat: &[],
-    sizes: "num_tiles",
+    sizes: "",
     per_sample: true,
     joins: &[],
 };

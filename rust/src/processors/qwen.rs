@@ -487,12 +487,12 @@ pub fn smart_resize(
 }
 
 /// An image resized and checked, with its patch grid.
-struct Prepared<'a> {
-    image: Rgb<'a>,
+pub(crate) struct Prepared<'a> {
+    pub(crate) image: Rgb<'a>,
     /// The input size (HxW), before resizing.
-    input: (usize, usize),
-    grid_h: usize,
-    grid_w: usize,
+    pub(crate) input: (usize, usize),
+    pub(crate) grid_h: usize,
+    pub(crate) grid_w: usize,
 }
 
 fn prepare<'a>(
@@ -500,8 +500,6 @@ fn prepare<'a>(
     rgb: Rgb<'a>,
     threads: usize,
 ) -> Result<Prepared<'a>, ProcessorError> {
-    let input = (rgb.height, rgb.width);
-    let ps = config.patch_size;
     let (h, w) = if config.common.do_resize {
         smart_resize(
             rgb.height,
@@ -513,6 +511,19 @@ fn prepare<'a>(
     } else {
         (rgb.height, rgb.width)
     };
+    prepare_at(config, rgb, (h, w), threads)
+}
+
+/// `rgb` resized to `(h, w)` (its own size when `do_resize` is off), which must be positive
+/// multiples of `patch_size × merge_size`, with its patch grid.
+pub(crate) fn prepare_at<'a>(
+    config: &QwenConfig,
+    rgb: Rgb<'a>,
+    (h, w): (usize, usize),
+    threads: usize,
+) -> Result<Prepared<'a>, ProcessorError> {
+    let input = (rgb.height, rgb.width);
+    let ps = config.patch_size;
     for (what, len) in [("height", h), ("width", w)] {
         if len % config.factor() != 0 || len == 0 {
             return Err(ProcessorError::shape(
@@ -849,9 +860,24 @@ pub fn plan_images<'a>(
     inputs: &[Input<'a>],
     options: &Options,
 ) -> Result<Patches<'a>, ProcessorError> {
-    let prepared = prepare_all(inputs, options, |rgb, threads| {
+    plan_images_by(config, normalize, inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
-    })?;
+    })
+}
+
+/// [`plan_images`] with another family's sizing (`prepare` resizes one image and gives its
+/// grid; GLM's smart resize and padding): the same patch layout.
+pub(crate) fn plan_images_by<'a, F>(
+    config: &QwenConfig,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+    prepare: F,
+) -> Result<Patches<'a>, ProcessorError>
+where
+    F: Fn(Rgb<'a>, usize) -> Result<Prepared<'a>, ProcessorError> + Sync,
+{
+    let prepared = prepare_all(inputs, options, prepare)?;
     let t_len = config.temporal_patch_size;
     let mut patches = Patches {
         frames: Vec::with_capacity(prepared.len()),

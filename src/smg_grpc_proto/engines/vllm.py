@@ -431,9 +431,17 @@ def _decode_batch(
         flat.pop(primary, None)
     # keep_on_cpu_keys may name tensors of another modality: smg 1.13.0 sends its model-wide
     # list (Qwen3-VL: image_grid_thw and video_grid_thw) with every batch, and vLLM's servicer
-    # consults it only for the tensors present. A layout key naming no tensor is refused.
+    # consults it only for the tensors present. Its GLM-5.3-Flash / GLM-5-next spec does the
+    # same with batched_keys (an image batch also names video_grid_thw, patches_per_video and
+    # video_second_per_grid), which vLLM's servicer also reads only for the tensors present: a
+    # batched name of the other modality without a tensor is ignored. Any other layout key
+    # naming no tensor is refused.
+    other = "video" if modality == "image" else "image"
     for kind, keys in (
-        ("batched_keys", [k for k in mm.batched_keys if k in batched]),
+        (
+            "batched_keys",
+            [k for k in mm.batched_keys if k in batched and (k in wire or other not in k)],
+        ),
         ("flat_keys", list(flat)),
     ):
         for key in keys:

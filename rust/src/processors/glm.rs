@@ -1,0 +1,523 @@
+//! GLM-4.1V, GLM-4.6V and GLM-5-next images: Qwen2-VL's patch layout (see [`super::qwen`]:
+//! `patch_size²` patches in merge-window order, a still image repeated over the
+//! `temporal_patch_size` frames, `image_grid_thw` `[1, h, w]`) with GLM's own sizing.
+//!
+//! - GLM-4.1V / GLM-4.6V (`Glm4vImageProcessorPil`, `Glm46VImageProcessorPil`, the same code):
+//!   [`glm4v_smart_resize`], which counts the temporal patch in the pixel budget
+//!   (`size["shortest_edge"]`/`size["longest_edge"]`) and first scales an image with a side
+//!   under `patch_size × merge_size` up to it.
+//! - GLM-5-next (`Glm5NextImageProcessorPil`): [`glm5_next_smart_resize`] picks an aligned
+//!   canvas within `min_image_tokens … max_image_tokens`; the image is resized to fit inside it
+//!   keeping its aspect ratio (never enlarged above the token floor) and padded with zeros at
+//!   the bottom and right (before rescale/normalise, as transformers pads the `uint8` array).
+//!
+//! The placeholder rule is a run of `<|image|>` per image (`grid_h · grid_w / merge_size²`),
+//! inside the `<|begin_of_image|>` … `<|end_of_image|>` the chat template writes. Videos are not
+//! reproduced: GLM's video prompt interleaves per-frame begin/end markers with timestamp text.
+
+use super::family::{FamilyConfig, Hf, Published, VisionTokens};
+use super::normalize::Normalize;
+use super::qwen::{self, Prepared, QwenConfig};
+use super::value::{hf_keys, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD};
+use super::{resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb};
+
+/// Which GLM sizing rule a configuration follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlmSizing {
+    /// GLM-4.1V / GLM-4.6V: pixel bounds in `size`.
+    Glm4v,
+    /// GLM-5-next: token bounds `min_image_tokens` / `max_image_tokens`, padded canvas.
+    Glm5Next,
+}
+
+/// The configuration of the GLM families: Qwen's patching settings (`patch_size`,
+/// `merge_size`, `temporal_patch_size`; GLM-4.1V's pixel bounds in `min_pixels`/`max_pixels`)
+/// and GLM-5-next's token bounds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GlmConfig {
+    pub patches: QwenConfig,
+    pub sizing: GlmSizing,
+    pub min_image_tokens: u64,
+    pub max_image_tokens: u64,
+}
+
+/// GLM-4.1V: `Glm4vImageProcessor`; `config.json` `Glm4vConfig.image_token_id` (`<|image|>`).
+pub const GLM4V: Hf = Hf {
+    image_classes: &["Glm4vImageProcessor"],
+    video_classes: &[],
+    normalise: hf_glm4v,
+    processor_keys: &[],
+    processor_forces: None,
+    published: Some(Published {
+        image: 151_343,
+        video: None,
+        vision_tokens: None,
+    }),
+    count_tensor: None,
+};
+/// GLM-4.6V: `Glm46VImageProcessor` (GLM-4.1V's algorithm); `Glm46VConfig.image_token_id`.
+pub const GLM46V: Hf = Hf {
+    image_classes: &["Glm46VImageProcessor"],
+    video_classes: &[],
+    normalise: hf_glm4v,
+    processor_keys: &[],
+    processor_forces: None,
+    published: Some(Published {
+        image: 151_343,
+        video: None,
+        vision_tokens: None,
+    }),
+    count_tensor: None,
+};
+/// GLM-5-next: `Glm5NextImageProcessor`; `Glm5NextConfig.image_token_id` (`<|image|>`).
+pub const GLM5_NEXT: Hf = Hf {
+    image_classes: &["Glm5NextImageProcessor"],
+    video_classes: &[],
+    normalise: hf_glm5_next,
+    processor_keys: &[],
+    processor_forces: None,
+    published: Some(Published {
+        image: 154_854,
+        video: None,
+        vision_tokens: None,
+    }),
+    count_tensor: None,
+};
+
+const PATCH_KEYS: [&str; 3] = ["patch_size", "merge_size", "temporal_patch_size"];
+
+/// GLM-4.1V's keys: the patching keys and `size` (no `min_pixels`/`max_pixels` folding: the
+/// class has no `__init__` of its own, and `resize` needs both size keys).
+fn hf_glm4v(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
+    hf_keys(config, &PATCH_KEYS, false)
+}
+
+/// GLM-5-next's keys: the patching keys and the token bounds; `size` is not read by its
+/// `resize` and `patch_expand_factor` not by its image path, so both are dropped.
+fn hf_glm5_next(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
+    let config: RawMap = config
+        .iter()
+        .filter(|(k, _)| k != "size")
+        .cloned()
+        .collect();
+    hf_keys(
+        &config,
+        &[
+            "patch_size",
+            "merge_size",
+            "temporal_patch_size",
+            "min_image_tokens",
+            "max_image_tokens",
+        ],
+        false,
+    )
+}
+
+/// The largest token bound taken (the budgets are products of it and `T · factor²`).
+const MAX_TOKENS: i64 = 1 << 32;
+
+/// The `config.json` `model_type`s that name a GLM family when its preprocessor file does not
+/// (the SMG gateway accepts the same): GLM-5.3-Flash is GLM-5-next's architecture, and
+/// transformers runs `glm4v_moe` checkpoints (GLM-4.5V/4.6V) with `Glm4vProcessor`.
+pub const MODEL_TYPES: &[(&str, &str)] = &[
+    ("glm4v", "glm4v"),
+    ("glm4v_moe", "glm4v"),
+    ("glm46v", "glm46v"),
+    ("glm5_next", "glm5_next"),
+    ("glm53_flash", "glm5_next"),
+];
+
+impl GlmConfig {
+    /// `Glm4vImageProcessorPil`'s class defaults (also `Glm46VImageProcessorPil`'s):
+    /// 12 544 … 11 760 000 pixels, patch 14, merge 2, temporal 2, CLIP mean/std.
+    pub fn glm4v() -> Self {
+        GlmConfig {
+            patches: QwenConfig {
+                common: Common::new(CLIP_MEAN, CLIP_STD),
+                patch_size: 14,
+                merge_size: 2,
+                temporal_patch_size: 2,
+                min_pixels: 112 * 112,
+                max_pixels: 28 * 28 * 15_000,
+                video_pixels: None,
+                video_fps: None,
+            },
+            sizing: GlmSizing::Glm4v,
+            min_image_tokens: 16,
+            max_image_tokens: 8000,
+        }
+    }
+
+    /// `Glm5NextImageProcessorPil`'s class defaults: 16 … 8000 tokens, patch 14, merge 2,
+    /// temporal 2, CLIP mean/std.
+    pub fn glm5_next() -> Self {
+        GlmConfig {
+            sizing: GlmSizing::Glm5Next,
+            ..Self::glm4v()
+        }
+    }
+
+    /// The canvas (HxW) an image of `height × width` is brought to, per this family's rule.
+    pub fn target(&self, height: usize, width: usize) -> Result<(usize, usize), ProcessorError> {
+        let p = &self.patches;
+        match self.sizing {
+            GlmSizing::Glm4v => glm4v_smart_resize(
+                height,
+                width,
+                p.temporal_patch_size,
+                p.factor(),
+                p.min_pixels,
+                p.max_pixels,
+            ),
+            GlmSizing::Glm5Next => glm5_next_smart_resize(
+                height,
+                width,
+                p.temporal_patch_size,
+                p.factor(),
+                self.min_image_tokens,
+                self.max_image_tokens,
+            ),
+        }
+    }
+
+    fn prepare<'a>(&self, rgb: Rgb<'a>, threads: usize) -> Result<Prepared<'a>, ProcessorError> {
+        let p = &self.patches;
+        if !p.common.do_resize {
+            let size = (rgb.height, rgb.width);
+            return qwen::prepare_at(p, rgb, size, threads);
+        }
+        let target = self.target(rgb.height, rgb.width)?;
+        match self.sizing {
+            GlmSizing::Glm4v => qwen::prepare_at(p, rgb, target, threads),
+            GlmSizing::Glm5Next => {
+                let input = (rgb.height, rgb.width);
+                let content = glm5_next_content(
+                    input,
+                    target,
+                    p.temporal_patch_size,
+                    p.factor(),
+                    self.min_image_tokens,
+                );
+                let image = resize_rgb(rgb, content.0, content.1, &p.common, threads)?;
+                Ok(Prepared {
+                    image: pad_bottom_right(image, target)?,
+                    input,
+                    grid_h: target.0 / p.patch_size,
+                    grid_w: target.1 / p.patch_size,
+                })
+            }
+        }
+    }
+}
+
+fn tokens(field: &'static str, value: &Value) -> Result<u64, ProcessorError> {
+    match value {
+        Value::Int(v) if *v >= 1 && *v <= MAX_TOKENS => Ok(*v as u64),
+        _ => Err(ProcessorError::config(
+            field,
+            format!("an integer between 1 and {MAX_TOKENS}"),
+            value,
+        )),
+    }
+}
+
+impl FamilyConfig for GlmConfig {
+    fn common(&self) -> &Common {
+        &self.patches.common
+    }
+
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.patches.common
+    }
+
+    fn set(&mut self, key: &str, value: &Value) -> Result<bool, ProcessorError> {
+        match (self.sizing, key) {
+            (_, "patch_size" | "merge_size" | "temporal_patch_size") => {
+                self.patches.set(key, value)
+            }
+            (GlmSizing::Glm4v, "size") => {
+                // Both keys, as `Glm4vImageProcessorPil.resize` requires (never the legacy
+                // min_pixels/max_pixels names, which this class does not read).
+                let both = matches!(value, Value::Map(entries)
+                    if entries.len() == 2
+                        && entries.iter().any(|(k, _)| k == "shortest_edge")
+                        && entries.iter().any(|(k, _)| k == "longest_edge"));
+                if !both {
+                    return Err(ProcessorError::config(
+                        "size",
+                        "a dict with keys shortest_edge and longest_edge (min and max pixels)",
+                        value,
+                    ));
+                }
+                self.patches.set(key, value)
+            }
+            (GlmSizing::Glm5Next, "min_image_tokens") => {
+                self.min_image_tokens = tokens("min_image_tokens", value)?;
+                Ok(true)
+            }
+            (GlmSizing::Glm5Next, "max_image_tokens") => {
+                self.max_image_tokens = tokens("max_image_tokens", value)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn entries(&self) -> Vec<(&'static str, Value)> {
+        let mut entries = self.patches.entries();
+        if self.sizing == GlmSizing::Glm5Next {
+            entries.retain(|(key, _)| *key != "size");
+            entries.push(("min_image_tokens", Value::Int(self.min_image_tokens as i64)));
+            entries.push(("max_image_tokens", Value::Int(self.max_image_tokens as i64)));
+        }
+        entries
+    }
+
+    fn validate(&self) -> Result<(), ProcessorError> {
+        Ok(())
+    }
+
+    fn images(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'_>],
+        options: &Options,
+    ) -> Result<Outputs, ProcessorError> {
+        qwen::plan_images_by(&self.patches, normalize, inputs, options, |rgb, threads| {
+            self.prepare(rgb, threads)
+        })?
+        .into_outputs()
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        qwen::plan_images_by(&self.patches, normalize, inputs, options, |rgb, threads| {
+            self.prepare(rgb, threads)
+        })
+        .map(|p| Deferred::Patches(Box::new(p)))
+    }
+
+    /// `grid_h · grid_w / merge_size²` per image (`image_grid_thw`), as
+    /// `Glm4vProcessor.replace_image_token` counts `<|image|>`.
+    fn image_tokens(&self, outputs: &Outputs, vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
+        self.patches.image_tokens(outputs, vision)
+    }
+}
+
+/// transformers' GLM-4.1V `smart_resize(num_frames = temporal_factor, height, width,
+/// temporal_factor, factor, min_pixels, max_pixels)` for one image, with its Python arithmetic:
+/// a side under `factor` scales both up (`int()` truncation), the aspect ratio (of the scaled
+/// size) must be at most 200, and the bounds compare `t_bar · h_bar · w_bar`.
+pub fn glm4v_smart_resize(
+    height: usize,
+    width: usize,
+    temporal_factor: usize,
+    factor: usize,
+    min_pixels: u64,
+    max_pixels: u64,
+) -> Result<(usize, usize), ProcessorError> {
+    let (mut height, mut width) = (height, width);
+    let f = factor as f64;
+    if height < factor || width < factor {
+        let scale = (f / height as f64).max(f / width as f64);
+        height = (height as f64 * scale) as usize;
+        width = (width as f64 * scale) as usize;
+    }
+    if height == 0 || width == 0 || ProcessorError::ratio(height, width) > 200.0 {
+        return Err(ProcessorError::AspectRatio {
+            index: 0,
+            height,
+            width,
+        });
+    }
+    let (h, w) = (height as f64, width as f64);
+    let fu = factor as u128;
+    // num_frames = temporal_factor for an image, so t_bar = round(1) · temporal_factor.
+    let frames = temporal_factor as u128;
+    let mut h_bar = (h / f).round_ties_even() as u128 * fu;
+    let mut w_bar = (w / f).round_ties_even() as u128 * fu;
+    let volume = frames * height as u128 * width as u128;
+    if frames * h_bar * w_bar > max_pixels as u128 {
+        let beta = (volume as f64 / max_pixels as f64).sqrt();
+        h_bar = fu.max((h / beta / f).floor() as u128 * fu);
+        w_bar = fu.max((w / beta / f).floor() as u128 * fu);
+    } else if frames * h_bar * w_bar < min_pixels as u128 {
+        let beta = (min_pixels as f64 / volume as f64).sqrt();
+        h_bar = (h * beta / f).ceil() as u128 * fu;
+        w_bar = (w * beta / f).ceil() as u128 * fu;
+    }
+    let side = |v: u128| usize::try_from(v).unwrap_or(usize::MAX);
+    Ok((side(h_bar), side(w_bar)))
+}
+
+/// `math.ceil(value / factor) * factor` on integers.
+fn align(value: u128, factor: u128) -> u128 {
+    value.div_ceil(factor) * factor
+}
+
+/// transformers' GLM-5-next `smart_resize(num_frames = temporal_factor, …)` for one image: the
+/// aligned size, raised to the token floor if under it, then — if over the token ceiling — the
+/// largest aligned size whose content height (searched by bisection, the width following the
+/// aspect ratio) fits the budget.
+pub fn glm5_next_smart_resize(
+    height: usize,
+    width: usize,
+    temporal_factor: usize,
+    factor: usize,
+    min_tokens: u64,
+    max_tokens: u64,
+) -> Result<(usize, usize), ProcessorError> {
+    let (t, f) = (temporal_factor as u128, factor as u128);
+    let per_token = t * f * f;
+    let min_pixels = min_tokens as u128 * per_token;
+    let max_pixels = max_tokens as u128 * per_token;
+    let (h, w) = (height as u128, width as u128);
+    // aligned_frames = max(T, round(T / T) · T) = T for an image.
+    let mut aligned = (align(h, f), align(w, f));
+    if t * aligned.0 * aligned.1 < min_pixels {
+        let scale = (min_pixels as f64 / (t * h * w) as f64).sqrt();
+        let up = |side: u128| align(((side as f64 * scale).ceil() as u128).max(1), f);
+        aligned = (up(h), up(w));
+    }
+    if t * aligned.0 * aligned.1 > max_pixels {
+        if max_pixels < t * f * f {
+            return Err(ProcessorError::config(
+                "max_image_tokens",
+                format!(
+                    "a budget of at least one aligned patch ({} pixels)",
+                    t * f * f
+                ),
+                max_pixels as i64,
+            ));
+        }
+        let (mut low, mut high) = (1u128, h);
+        let mut best = (f, f);
+        while low <= high {
+            let content_h = (low + high) / 2;
+            // floor(width * content_h / height): Python's true division of two integers
+            // (exact in f64 at these sizes), then floor.
+            let content_w = (((w * content_h) as f64 / h as f64).floor() as u128).max(1);
+            let candidate = (align(content_h, f), align(content_w, f));
+            if t * candidate.0 * candidate.1 <= max_pixels {
+                best = candidate;
+                low = content_h + 1;
+            } else {
+                high = content_h - 1;
+            }
+        }
+        aligned = best;
+    }
+    let side = |v: u128| usize::try_from(v).unwrap_or(usize::MAX);
+    Ok((side(aligned.0), side(aligned.1)))
+}
+
+/// `Glm5NextImageProcessorPil.resize`'s content size inside the canvas `target`: scaled by
+/// `min(target_h / h, target_w / w)`, at most 1 unless the image is under the token floor,
+/// floored, between 1 and the canvas.
+fn glm5_next_content(
+    (height, width): (usize, usize),
+    (target_h, target_w): (usize, usize),
+    temporal_factor: usize,
+    factor: usize,
+    min_tokens: u64,
+) -> (usize, usize) {
+    let per_token = (temporal_factor * factor * factor) as u128;
+    let mut scale = (target_h as f64 / height as f64).min(target_w as f64 / width as f64);
+    if (temporal_factor * height) as u128 * width as u128 >= per_token * min_tokens as u128 {
+        scale = scale.min(1.0);
+    }
+    let content =
+        |side: usize, target: usize| ((side as f64 * scale).floor() as usize).clamp(1, target);
+    (content(height, target_h), content(width, target_w))
+}
+
+/// `np.pad(image, ((0, 0), (0, H − h), (0, W − w)))`: the image at the top left of a zeroed
+/// `H × W` canvas (itself when it fills it).
+fn pad_bottom_right(
+    image: Rgb<'_>,
+    (height, width): (usize, usize),
+) -> Result<Rgb<'_>, ProcessorError> {
+    if (image.height, image.width) == (height, width) {
+        return Ok(image);
+    }
+    super::check_side("padded image", height, width)?;
+    let len = height * width * 3;
+    let mut data: Vec<u8> =
+        crate::memory::zeroed(len).map_err(|bytes| ProcessorError::OutOfMemory {
+            what: "padded image",
+            bytes,
+        })?;
+    let row = image.width * 3;
+    for (y, src) in image.data.chunks_exact(row).enumerate().take(height) {
+        let at = y * width * 3;
+        data[at..at + row].copy_from_slice(src);
+    }
+    super::recycle_images([image]);
+    Ok(Rgb {
+        data: std::borrow::Cow::Owned(data),
+        width,
+        height,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glm4v_sizes_match_transformers() {
+        // transformers 5.24 glm4v smart_resize(2, h, w, 2, 28, 12544, 11760000).
+        let r = |h, w| glm4v_smart_resize(h, w, 2, 28, 12_544, 11_760_000).unwrap();
+        assert_eq!(r(10, 10), (84, 84));
+        assert_eq!(r(1, 200), (28, 5600));
+        assert_eq!(r(600, 512), (588, 504));
+        assert_eq!(r(4000, 3000), (2800, 2100));
+        assert_eq!(r(1080, 1920), (1092, 1932));
+        // 1 x 300 scales to 28 x 8400: 300:1.
+        let err = glm4v_smart_resize(1, 300, 2, 28, 12_544, 11_760_000).unwrap_err();
+        assert_eq!(err.kind(), "aspect_ratio");
+    }
+
+    #[test]
+    fn glm5_next_sizes_match_transformers() {
+        // transformers 5.24 glm5_next smart_resize(2, h, w, 2, 28, tokens...).
+        let r = |h, w, lo, hi| glm5_next_smart_resize(h, w, 2, 28, lo, hi).unwrap();
+        assert_eq!(r(10, 10, 16, 8000), (112, 112));
+        assert_eq!(r(1, 200, 16, 8000), (28, 1596));
+        assert_eq!(r(600, 512, 16, 8000), (616, 532));
+        assert_eq!(r(4000, 3000, 16, 8000), (2884, 2156));
+        assert_eq!(r(1080, 1920, 64, 300), (364, 644));
+        assert_eq!(r(600, 512, 64, 300), (504, 448));
+        // the content inside the canvas (then zero-padded)
+        assert_eq!(
+            glm5_next_content((1, 200), (28, 1596), 2, 28, 16),
+            (7, 1596)
+        );
+        assert_eq!(
+            glm5_next_content((4000, 3000), (2884, 2156), 2, 28, 16),
+            (2874, 2156)
+        );
+        assert_eq!(
+            glm5_next_content((600, 512), (504, 448), 2, 28, 64),
+            (504, 430)
+        );
+    }
+
+    #[test]
+    fn padding_keeps_the_image_top_left() {
+        let image = Rgb {
+            data: std::borrow::Cow::Owned((1..=12).collect()),
+            width: 2,
+            height: 2,
+        };
+        let padded = pad_bottom_right(image, (3, 3)).unwrap();
+        let mut want = [0u8; 27];
+        want[..6].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
+        want[9..15].copy_from_slice(&[7, 8, 9, 10, 11, 12]);
+        assert_eq!(&padded.data[..], &want[..]);
+    }
+}
