@@ -44,6 +44,12 @@ PHOTO_CONFIGS = [
     "internvl-defaults",
     "idefics3-defaults",
     "smolvlm-hub",
+    "qwen3_omni-hub",
+    "gemma4-defaults",
+    "mllama-hub",
+    "glm4v-hub",
+    "glm46v-defaults",
+    "glm5_next-defaults",
 ]
 # A new family's configurations join in support.parity.CONFIGS; each must be listed here.
 PHOTO_FAMILIES = {CONFIGS[name][0] for name in PHOTO_CONFIGS}
