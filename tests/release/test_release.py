@@ -569,7 +569,14 @@ def _release(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# The two release runs build the crate in the release profile (thin LTO, one codegen unit) from
+# a cold target: about 13 minutes on a 2-core machine with 22 vision families, past pytest's
+# 10-minute default. _release itself gives up after 25.
+RELEASE_BUILD = pytest.mark.timeout(1800)
+
+
 @pytest.mark.slow
+@RELEASE_BUILD
 def test_dry_run_checks_everything_and_changes_nothing(tmp_path):
     repo = _copy_repository(tmp_path / "repo")
     _add_unreleased_note(repo, "Dry-run entry.")
@@ -647,6 +654,7 @@ def package_index(tmp_path) -> Iterator[tuple[str, Path]]:
 
 
 @pytest.mark.slow
+@RELEASE_BUILD
 def test_full_release_to_a_local_index_installs_and_runs(tmp_path, package_index):
     url, packages = package_index
     repo = _copy_repository(tmp_path / "repo")
