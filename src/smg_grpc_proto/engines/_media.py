@@ -65,23 +65,27 @@ def _published(processor: ImageProcessor) -> tuple[int | None, int | None, Visio
 
 
 @functools.cache
+def _native_of(family: str) -> _native.Preprocessor | None:
+    """The native preprocessor of one of our families at its class defaults (what its rules
+    are read from); ``None`` for a name that is not one of ours."""
+    try:
+        return ImageProcessor(family)._native  # type: ignore[arg-type]
+    except (MultimodalError, ValueError):
+        return None
+
+
 def _structured(family: str) -> bool:
     """Whether one of our families' image anchor becomes more than a run of one token."""
-    try:
-        return ImageProcessor(family)._native.replacement_spec() is not None  # type: ignore[arg-type]
-    except (MultimodalError, ValueError):
-        return False
+    native = _native_of(family)
+    return native is not None and native.replacement_spec() is not None
 
 
-@functools.cache
 def _count_tensor(family: str) -> str | None:
     """The per-image placeholder count tensor the family's engine model takes as an input
     (Phi-4-multimodal ``num_img_tokens``), from the Rust family; ``None`` for other families and
     names that are not one of ours."""
-    try:
-        published = ImageProcessor(family)._native.published()  # type: ignore[arg-type]
-    except (MultimodalError, ValueError):
-        return None
+    native = _native_of(family)
+    published = native.published() if native is not None else None
     return published["count_tensor"] if published is not None else None
 
 
