@@ -42,6 +42,7 @@ _CLASSES: dict[str, Family] = {
     "Phi3VImageProcessor": "phi3_v",
     "MllamaImageProcessor": "mllama",
     "Gemma4ImageProcessor": "gemma4",
+    "Gemma4UnifiedImageProcessor": "gemma4_unified",
     "Glm4vImageProcessor": "glm4v",
     "Glm46VImageProcessor": "glm46v",
     "Glm5NextImageProcessor": "glm5_next",
@@ -95,11 +96,11 @@ _SQUARE: frozenset[str] = frozenset(
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
-    | {"glm4v", "glm46v", "glm5_next"}
+    | {"glm4v", "glm46v", "glm5_next", "gemma4_unified"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
 # GLM-5-next's resize reads min/max_image_tokens, never size.
-_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4", "glm5_next"})
+_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4", "gemma4_unified", "glm5_next"})
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -113,6 +114,8 @@ def _kind(family: Family) -> str:
         return "glm4v"  # GLM-4.6V's class is GLM-4.1V's code
     if family == "glm5_next":
         return "glm5_next"
+    if family == "gemma4_unified":
+        return "gemma4"  # Gemma 4's keys, read the same way
     own = (
         "llava_next",
         "pixtral",

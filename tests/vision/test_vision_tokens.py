@@ -99,6 +99,9 @@ def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) 
         # patches (all but the (-1, -1) padding rows) over the pooling kernel's area
         real = (out.image_position_ids[..., 0] >= 0).sum(axis=1)
         return tuple(int(n) // cfg["pooling_kernel_size"] ** 2 for n in real)
+    if family == "gemma4_unified":
+        # one soft token per merged patch (all but the (-1, -1) padding rows)
+        return tuple(int(n) for n in (out.image_position_ids[..., 0] >= 0).sum(axis=1))
     raise AssertionError(family)
 
 

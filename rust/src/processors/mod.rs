@@ -41,6 +41,7 @@ mod error;
 pub mod family;
 pub mod gemma3;
 pub mod gemma4;
+pub mod gemma4_unified;
 pub mod glm;
 pub mod idefics3;
 pub mod input;
