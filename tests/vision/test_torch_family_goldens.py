@@ -36,6 +36,12 @@ FILES.pop("goldens", None)  # the kernels, Llama 4 and Phi: test_torch_goldens.p
 FAMILIES = {name for name, *_ in _native.families()}
 MIN_PHOTOS = 30
 
+# One real photo (Pillow's sugarshack MPO) has a malformed MPO header; Pillow warns and reads it
+# as a plain JPEG, in both environments.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Image appears to be a malformed MPO file:UserWarning"
+)
+
 
 def _cases() -> Iterator[Any]:
     for family, goldens in FILES.items():
@@ -96,15 +102,14 @@ def test_goldens_file(family: str, inputs: dict[str, np.ndarray]) -> None:
 
 @pytest.mark.parametrize(("family", "case"), list(_cases()))
 def test_golden(family: str, case: dict[str, Any], inputs: dict[str, np.ndarray]) -> None:
-    process = _processor(case)
     arrays = [inputs[name] for name in _names(case)]
     if "error" in case:
-        try:
-            result = process(arrays)
+        try:  # a configuration the reference refuses is refused when ours is built
+            result = _processor(case)(arrays)
         except ValueError:
             return
         pytest.fail(f"the reference raised {case['error']!r}; ours returned {result!r}")
-    result = process(arrays)
+    result = _processor(case)(arrays)
     problems = []
     for golden in case["outputs"]:
         got = getattr(result, golden["name"], None)
