@@ -8,7 +8,7 @@ the hub's ``Phi3VImageProcessor`` as ``scripts/gen_torch_goldens.py`` transcribe
 torchvision + torch). torch runs with one thread (``torch.set_num_threads(1)``) and each child
 process is pinned to one core; ours is ``ImageProcessor.for_family(family, threads=1)``. Inputs:
 decoded images (uint8 CHW tensors / PIL images for the references, numpy arrays for us) and file
-bytes (``torchvision.io. decode_image`` to RGB for the torchvision classes, ``Image.open`` for
+bytes (``torchvision.io.decode_image`` to RGB for the torchvision classes, ``Image.open`` for
 Phi-3), on real photos (``benchkit.REAL_PHOTO_CASES``: JPEG and PNG, 0.26 to 2.1 MP, and a batch of
 8). Outputs are checked to be byte-identical first. Time: medians over ``--rounds`` fresh processes;
 peak memory: the extra resident memory of one call in a fresh process.
