@@ -414,7 +414,7 @@ def test_client_disconnect_aborts_the_engine_request(
 #: Families smg 1.13.0 builds requests for (crates/multimodal/src/registry/) and our builders
 #: serve on main: one gateway launch each.
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
-AGREE += ["phi3_v", "gemma4", "glm5_next"]
+AGREE += ["phi3_v", "gemma4", "glm5_next", "gemma4_unified"]
 #: Families smg 1.13.0 serves that our builders do not yet (none today): they would be skipped
 #: with the reason given here until they are moved into AGREE.
 PENDING: dict[str, str] = {}
@@ -454,6 +454,14 @@ VISION_PAD_RUNS = {"qwen2_vl", "qwen2_5_vl"}
 #: as vLLM's Gemma4MultiModalProcessor does) are identical. Our input_ids against
 #: Gemma4Processor: tests/vision/test_gemma4.py (its constructor needs an audio feature
 #: extractor and a torch-only video processor, so it is not in TRANSFORMERS_PROCESSOR).
+#: Gemma 4 unified: smg 1.13.0 takes model_type gemma4_unified for Gemma 4 (its Gemma4Spec
+#: matches "gemma4" | "gemma4_unified", its image processor registry the "gemma4" pattern) and
+#: sends Gemma 4's unmerged 16-pixel patches, pixel_values (n, 2520, 768) and pixel_position_ids
+#: (n, 2520, 2), where Gemma4UnifiedImageProcessor (and we) send the k x k merged patches
+#: (n, 280, 6912) with the kernels' positions (n, 280, 2), which vLLM's
+#: Gemma4UnifiedForConditionalGeneration embeds (its patch_dense takes model_patch_size² · 3 =
+#: 6912 values). The tokens, ranges and masks agree (patches / k² = merged patches).
+UNMERGED_PATCHES = {"gemma4_unified": {"pixel_values": 768, "pixel_position_ids": 2}}
 EXTRA_CPU_KEYS = {
     "qwen3_vl": {"video_grid_thw"},
     "qwen3_5": {"video_grid_thw"},
@@ -678,11 +686,17 @@ class TestAgreement:
         assert extra_tensors <= set(theirs.tensors)
         for name in extra_tensors:
             assert theirs.layout[name] == "shared"
-        assert {k: v.shape for k, v in theirs.tensors.items() if k not in extra_tensors} == {
-            k: v.shape for k, v in ours.tensors.items()
-        }
+        unmerged = UNMERGED_PATCHES.get(family.family, {})
+        for name, width in unmerged.items():  # Gemma 4's layout: 2520 patches of 16 pixels
+            assert theirs.tensors[name].shape == (n, 2520, width), name
+            assert ours.tensors[name].shape[:2] == (n, 280), name
+        assert {
+            k: v.shape
+            for k, v in theirs.tensors.items()
+            if k not in extra_tensors and k not in unmerged
+        } == {k: v.shape for k, v in ours.tensors.items() if k not in unmerged}
         for name, array in ours.tensors.items():  # the side tensors (grids, sizes) exactly
-            if name != "pixel_values":
+            if name != "pixel_values" and name not in unmerged:
                 np.testing.assert_array_equal(theirs.tensors[name], array, err_msg=f"{key} {name}")
 
         # tokens, placeholder ranges, embed masks
@@ -712,6 +726,8 @@ class TestAgreement:
 
         # pixel values: the same shape, values apart by normalisation and resize rounding (and
         # for Llama 4 by bfloat16: transformers normalises in bfloat16, as we do; smg in float32)
+        if unmerged:
+            return
         mine = np.asarray(ours.tensors["pixel_values"], dtype=np.float32)
         gap = np.abs(np.asarray(theirs.tensors["pixel_values"], dtype=np.float32) - mine)
         print(

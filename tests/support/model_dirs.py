@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -462,6 +462,11 @@ GEMMA4_PREPROCESSOR = {  # Gemma4ImageProcessor's defaults, as the published fil
     "resample": 3,
     "rescale_factor": 0.00392156862745098,
 }
+GEMMA4_UNIFIED_PREPROCESSOR = {  # Gemma4UnifiedImageProcessor's defaults (Gemma 4's)
+    **GEMMA4_PREPROCESSOR,
+    "image_processor_type": "Gemma4UnifiedImageProcessor",
+    "processor_class": "Gemma4UnifiedProcessor",
+}
 PHI3V_PREPROCESSOR = {  # microsoft/Phi-3-vision-128k-instruct
     "do_convert_rgb": True,
     "image_mean": CLIP_MEAN,
@@ -726,6 +731,32 @@ def gemma4() -> Family:
     )
 
 
+def gemma4_unified() -> Family:
+    """Gemma 4 unified: Gemma 4's tokens and template; Gemma4UnifiedConfig (its vision config
+    has no tower, only the patch geometry and the embedder's sizes)."""
+    base = gemma4()
+    config = {
+        **base.config,
+        "architectures": ["Gemma4UnifiedForConditionalGeneration"],
+        "model_type": "gemma4_unified",
+        "text_config": {"model_type": "gemma4_unified_text", **_text(262144, 2, 1)},
+        "vision_config": {
+            "model_type": "gemma4_unified_vision",
+            "patch_size": 16,
+            "pooling_kernel_size": 3,
+            "mm_embed_dim": 64,
+            "mm_posemb_size": 1120,
+        },
+    }
+    return replace(
+        base,
+        family="gemma4_unified",
+        name="gemma-4-unified-tiny",
+        config=config,
+        preprocessor=GEMMA4_UNIFIED_PREPROCESSOR,
+    )
+
+
 def glm5_next() -> Family:
     return Family(
         "glm5_next",
@@ -776,6 +807,7 @@ FAMILIES = {
     "llama4": llama4,
     "phi3_v": phi3_v,
     "gemma4": gemma4,
+    "gemma4_unified": gemma4_unified,
     "glm5_next": glm5_next,
 }
 
