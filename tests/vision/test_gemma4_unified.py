@@ -232,3 +232,18 @@ def test_videos_are_refused() -> None:
     frames = [np.zeros((32, 32, 3), np.uint8)] * 2
     with pytest.raises(ProcessorConfigError, match="video"):
         ImageProcessor.for_family("gemma4_unified")(videos=[frames])
+
+
+def test_threads_give_the_same_bytes() -> None:
+    """A mixed batch on 1 and 4 threads (images in parallel, or one image's resize split)."""
+    rng = np.random.default_rng(8)
+    sizes = [(480, 640), (1, 5000), (333, 257), (1080, 1920), (47, 48)]
+    arrays = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+    one = ImageProcessor("gemma4_unified", {"max_soft_tokens": 560}, threads=1)(arrays)
+    four = ImageProcessor("gemma4_unified", {"max_soft_tokens": 560}, threads=4)(arrays)
+    single = ImageProcessor("gemma4_unified", {"max_soft_tokens": 560}, threads=4)(arrays[3:4])
+    assert one.pixel_values is not None and four.pixel_values is not None
+    assert single.pixel_values is not None
+    assert one.pixel_values.tobytes() == four.pixel_values.tobytes()
+    assert single.pixel_values.tobytes() == one.pixel_values[3:4].tobytes()
+    assert one.num_image_tokens == four.num_image_tokens
