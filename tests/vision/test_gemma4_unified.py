@@ -242,7 +242,8 @@ def test_threads_give_the_same_bytes() -> None:
     one = ImageProcessor("gemma4_unified", {"max_soft_tokens": 560}, threads=1)(arrays)
     four = ImageProcessor("gemma4_unified", {"max_soft_tokens": 560}, threads=4)(arrays)
     single = ImageProcessor("gemma4_unified", {"max_soft_tokens": 560}, threads=4)(arrays[3:4])
-    assert one.pixel_values is not None and four.pixel_values is not None
+    assert one.pixel_values is not None
+    assert four.pixel_values is not None
     assert single.pixel_values is not None
     assert one.pixel_values.tobytes() == four.pixel_values.tobytes()
     assert single.pixel_values.tobytes() == one.pixel_values[3:4].tobytes()
