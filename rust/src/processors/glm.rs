@@ -29,11 +29,11 @@ use super::family::{FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
 use super::qwen::{self, Patches, Prepared, QwenConfig};
 use super::torch_backend;
-use crate::image::torch::TorchFilter;
 use super::value::{
     hf_get, hf_keys, hf_put, hf_size, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD,
 };
 use super::{resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb};
+use crate::image::torch::TorchFilter;
 
 /// Which GLM sizing rule a configuration follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,16 +271,24 @@ impl GlmConfig {
         let common = &self.patches.common;
         torch_backend::check_torch_steps(common)?;
         let filter = torch_backend::filter_of(common.resample).ok_or_else(|| {
-            ProcessorError::config("resample", "BILINEAR (2) or BICUBIC (3)", common.resample.pil_id())
+            ProcessorError::config(
+                "resample",
+                "BILINEAR (2) or BICUBIC (3)",
+                common.resample.pil_id(),
+            )
         })?;
         let normalize = Normalize::from_table(torch_backend::fused_f32_table(
             common.rescale_factor,
             common.image_mean,
             common.image_std,
         ));
-        qwen::plan_videos_by(&self.patches, &normalize, videos, options, |rgb, n, threads| {
-            self.prepare_frame(rgb, n, filter, threads)
-        })
+        qwen::plan_videos_by(
+            &self.patches,
+            &normalize,
+            videos,
+            options,
+            |rgb, n, threads| self.prepare_frame(rgb, n, filter, threads),
+        )
     }
 
     /// The canvas (HxW) an image of `height × width` is brought to, per this family's rule.

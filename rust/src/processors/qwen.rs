@@ -24,8 +24,9 @@ use crate::tensor::wire::Produce;
 use crate::tensor::TensorError;
 
 use super::{
-    checked_len, parallel, prepare_all, prepare_all_indexed, recycle_images, resize_rgb, split_lengths, store, Deferred,
-    Input, Options, OutBuffer, Outputs, ProcessorError, Rgb, RgbRef, Tensor, TensorData,
+    checked_len, parallel, prepare_all, prepare_all_indexed, recycle_images, resize_rgb,
+    split_lengths, store, Deferred, Input, Options, OutBuffer, Outputs, ProcessorError, Rgb,
+    RgbRef, Tensor, TensorData,
 };
 
 /// The configuration of the Qwen families.
