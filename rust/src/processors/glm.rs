@@ -744,6 +744,26 @@ mod tests {
     }
 
     #[test]
+    fn video_sizes_count_the_frames() {
+        // transformers 5.24 video_processing_glm4v / _glm5_next smart_resize(n, h, w, 2, 28, …)
+        let a = |n, h, w, max| glm4v_smart_resize(h, w, n, 2, 28, 12_544, max).unwrap();
+        assert_eq!(a(3, 600, 512, 47_040_000), (588, 504));
+        assert_eq!(a(3, 600, 512, 200_704), (280, 224));
+        assert_eq!(a(5, 1080, 1920, 200_704), (140, 252));
+        assert_eq!(a(16, 4000, 3000, 47_040_000), (1960, 1484));
+        assert_eq!(a(16, 4000, 3000, 200_704), (112, 84));
+        let err = glm4v_smart_resize(60, 60, 1, 2, 28, 12_544, 47_040_000).unwrap_err();
+        assert_eq!(err.kind(), "image_shape");
+        let b = |n, h, w, lo, hi| glm5_next_smart_resize(h, w, n, 2, 28, lo, hi).unwrap();
+        assert_eq!(b(3, 600, 512, 16, 240_000), (616, 532));
+        assert_eq!(b(3, 600, 512, 64, 300), (364, 308));
+        assert_eq!(b(5, 1080, 1920, 64, 300), (252, 448));
+        assert_eq!(b(1, 10, 10, 16, 240_000), (168, 168));
+        assert_eq!(b(1, 10, 10, 64, 300), (336, 336));
+        assert_eq!(b(7, 333, 517, 64, 300), (196, 280));
+    }
+
+    #[test]
     fn padding_keeps_the_image_top_left() {
         let image = Rgb {
             data: std::borrow::Cow::Owned((1..=12).collect()),
