@@ -277,11 +277,7 @@ impl GlmConfig {
                 common.resample.pil_id(),
             )
         })?;
-        let normalize = Normalize::from_table(torch_backend::fused_f32_table(
-            common.rescale_factor,
-            common.image_mean,
-            common.image_std,
-        ));
+        let normalize = torch_fused_normalize(common);
         qwen::plan_videos_by(
             &self.patches,
             &normalize,
@@ -500,6 +496,21 @@ impl FamilyConfig for GlmConfig {
     fn video_tokens(&self, outputs: &Outputs) -> Option<Vec<i64>> {
         self.patches.video_tokens(outputs)
     }
+}
+
+/// The torchvision backend's fused rescale + normalize
+/// ([`torch_backend::fused_f32_table`]: `(f32(x) − mean') / std'` with `mean' = f32(mean) ·
+/// f32(1 / rescale_factor)`, likewise `std'`) as a [`Normalize`]: the PIL arithmetic with a
+/// rescale factor of 1 (exact on `u8`) and `mean'`/`std'` (exact as `f64`) is that very
+/// formula, so its table — and its SIMD passes, which it checks against the table — are
+/// torch's values.
+fn torch_fused_normalize(common: &Common) -> Normalize {
+    let inverse = (1.0 / common.rescale_factor) as f32;
+    let fused = |v: [f64; 3]| v.map(|x| f64::from(x as f32 * inverse));
+    Normalize::new(
+        Some(1.0),
+        Some((fused(common.image_mean), fused(common.image_std))),
+    )
 }
 
 /// `video_size`: `{"shortest_edge": min_pixels, "longest_edge": max_pixels}`, both keys, as
@@ -761,6 +772,28 @@ mod tests {
         assert_eq!(b(1, 10, 10, 16, 240_000), (168, 168));
         assert_eq!(b(1, 10, 10, 64, 300), (336, 336));
         assert_eq!(b(7, 333, 517, 64, 300), (196, 280));
+    }
+
+    #[test]
+    fn fused_normalize_is_torchs_table() {
+        // the CLIP defaults and an odd configuration, SIMD and scalar
+        let mut odd = Common::new([0.1, 0.77, 0.333], [0.01, 1.5, 0.29]);
+        odd.rescale_factor = 0.0031;
+        for common in [Common::new(CLIP_MEAN, CLIP_STD), odd] {
+            let table = torch_backend::fused_f32_table(
+                common.rescale_factor,
+                common.image_mean,
+                common.image_std,
+            );
+            let normalize = torch_fused_normalize(&common);
+            for n in [normalize.clone(), normalize.without_simd()] {
+                for (c, row) in table.iter().enumerate() {
+                    for (v, want) in row.iter().enumerate() {
+                        assert_eq!(n.value(c, v as u8).to_bits(), want.to_bits(), "{c} {v}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -84,17 +84,6 @@ impl Normalize {
         }
     }
 
-    /// A table computed elsewhere (the torchvision backend's fused rescale + normalize,
-    /// [`super::torch_backend::fused_f32_table`]), read value by value: the SIMD formulas
-    /// reproduce the PIL backend's arithmetic, not another one.
-    pub fn from_table(lut: [[f32; 256]; 3]) -> Self {
-        Normalize {
-            lut,
-            #[cfg(target_arch = "x86_64")]
-            simd: None,
-        }
-    }
-
     /// The same values without SIMD (tests compare the two).
     pub fn without_simd(mut self) -> Self {
         #[cfg(target_arch = "x86_64")]
