@@ -18,7 +18,7 @@ Available today:
   Phi-4-multimodal and Phi-3-vision bit-exact with their torch references (:data:`Family`
   names them all) — (``from_pretrained(preprocessor_config.json | model dir | dict)`` or
   ``for_family(name)``);
-  a batch of images (bytes, paths, arrays, PIL images) or Qwen videos in, a
+  a batch of images (bytes, paths, arrays, PIL images) or Qwen and GLM videos in, a
   :class:`ProcessorOutput` of numpy tensors and placeholder token counts out;
   :meth:`ImageProcessor.deferred` leaves Qwen's ``pixel_values`` to be written straight into a
   request (:class:`DeferredOutput`).
