@@ -34,6 +34,7 @@ PIECES = {
     "1": 16,
     "2": 17,
     "0.0 seconds": (15, 13, 15, 6235),
+    "0.1 seconds": (15, 13, 16, 6235),
     "1.0 seconds": (16, 13, 15, 6235),
 }
 
@@ -196,3 +197,21 @@ def test_from_pretrained_reads_the_tokenizer(tmp_path: Path) -> None:
     # groups at 0.0 s and 2.0 s: "0.0 seconds" -> 0 . 0 seconds
     assert tokens[~embed].tolist()[:6] == [151339, 151340, 5, 8, 5, 9]
     assert tokens[~embed].tolist()[6:] == [151339, 151340, 7, 8, 5, 9]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_wrap_an_output_made_elsewhere(family: str) -> None:
+    """``wrap`` of the processor's own output gives the same replacements as ``prepare``."""
+    model, _, video = _prepared(family)
+    meta = [{"fps": 2.0, "frames_indices": [0, 1, 2]}, {"fps": 2.0, "frames_indices": [0, 1, 2, 3]}]
+    wrapped = model.wrap(model.processor(videos=_clips(1)), modality="video", video_metadata=meta)
+    assert wrapped.anchor == video.anchor
+    assert wrapped.token_counts == video.token_counts
+    for (a, ea), (b, eb) in zip(wrapped.replacements, video.replacements, strict=True):
+        assert a.tolist() == b.tolist()
+        assert ea.tolist() == eb.tolist()
+    # without metadata: the processor's fallback timestamps, whatever the frame count
+    plain = model.prepare(videos=_clips(1))
+    bare = model.wrap(model.processor(videos=_clips(1)), modality="video")
+    for (a, _), (b, _) in zip(bare.replacements, plain.replacements, strict=True):
+        assert a.tolist() == b.tolist()

@@ -482,11 +482,18 @@ class VisionModel:
             **structure,
         )
 
-    def wrap(self, output: ProcessorOutput, *, modality: Modality = "image") -> PreparedMedia:
+    def wrap(
+        self,
+        output: ProcessorOutput,
+        *,
+        modality: Modality = "image",
+        video_metadata: Sequence[GlmVideoMetadata | Mapping[str, Any] | None] | None = None,
+    ) -> PreparedMedia:
         """A :class:`PreparedMedia` for a :class:`ProcessorOutput` made elsewhere with this
         model's processor settings: its items hashed from their tensors (as
         :meth:`PreparedMedia.from_output` does), and this model's prompt replacement and layout
-        — what a family with a structured replacement (Llama 4, the tiled families) needs."""
+        — what a family with a structured replacement (Llama 4, the tiled families, GLM videos:
+        ``video_metadata`` as for :meth:`prepare`) needs."""
         counts = output.num_video_tokens if modality == "video" else output.num_image_tokens
         if counts is None:
             raise MultimodalError(
@@ -500,31 +507,53 @@ class VisionModel:
                 f"{self.family}: no video token id; this model takes no videos",
                 field="video_token_id",
             )
-        structure = self._structure(output, modality, len(counts))
+        if modality == "video" and self.family in GLM_VIDEO_FAMILIES:
+            structure = self._glm_video(output, None, video_metadata)
+            token = self.image_token_id
+        elif video_metadata is not None:
+            raise MultimodalError(
+                f"{self.family}: video_metadata is read only with GLM videos "
+                f"({', '.join(GLM_VIDEO_FAMILIES)})",
+                field="video_metadata",
+            )
+        else:
+            structure = self._structure(output, modality, len(counts))
         counted = structure.pop("token_counts", tuple(int(c) for c in counts))
         return PreparedMedia._hashed(output, modality, token, counted, self.family, structure)
 
     def _glm_video(
         self,
         ready: ProcessorOutput,
-        frames: Sequence[int],
+        frames: Sequence[int] | None,
         metadata: Sequence[GlmVideoMetadata | Mapping[str, Any] | None] | None,
     ) -> dict[str, Any]:
         """The :class:`PreparedMedia` fields of GLM videos: each video's ``<|video|>`` anchor
         becomes its frame groups (``Glm4vProcessor.replace_video_token``), whose ``<|image|>``
-        runs take the embeddings; ``frames`` is the frame count per video."""
-        if metadata is not None and len(metadata) != len(frames):
+        runs take the embeddings; ``frames`` is the frame count per video (``None``, for an
+        output made elsewhere: the metadata's count, else ``2 · grid_t``, which gives the same
+        fallback timestamps as the odd count ``2 · grid_t - 1``)."""
+        if ready.video_grid_thw is None:
+            raise MultimodalError(f"{self.family}: no video_grid_thw output", field="output")
+        grids = np.asarray(ready.video_grid_thw).reshape(-1, 3).tolist()
+        if metadata is not None and len(metadata) != len(grids):
             raise MultimodalError(
-                f"video_metadata: one entry per video ({len(frames)}), got {len(metadata)}",
+                f"video_metadata: one entry per video ({len(grids)}), got {len(metadata)}",
                 field="video_metadata",
             )
-        grids = np.asarray(ready.video_grid_thw).reshape(len(frames), 3).tolist()
         merge = self.processor.config.get("merge_size", 2)
         replacements = []
-        for v, (n, grid) in enumerate(zip(frames, grids, strict=True)):
+        for v, grid in enumerate(grids):
             meta = GlmVideoMetadata.of(
                 metadata[v] if metadata is not None else None, f"video_metadata[{v}]"
             )
+            if frames is not None:
+                n = frames[v]
+            elif meta.timestamps is not None:
+                n = len(meta.timestamps)
+            elif meta.frames_indices is not None:
+                n = len(meta.frames_indices)
+            else:
+                n = 2 * int(grid[0])
             stamps = glm_video_timestamps(n, int(grid[0]), meta)
             replacements.append(
                 glm_video_replacement(
