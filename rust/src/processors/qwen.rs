@@ -138,7 +138,7 @@ pub const PROCESSOR_CLASSES: &[(&str, &str)] = &[("Qwen3OmniMoeProcessor", "qwen
 /// override `size["shortest_edge"]`/`size["longest_edge"]` (as
 /// `Qwen2VLImageProcessorPil.__init__` does), and a partial size is completed from the class
 /// default the processor would keep (`defaults`).
-fn hf_qwen(config: &[(String, Raw)], defaults: &QwenConfig) -> Result<RawMap, BadSize> {
+pub(crate) fn hf_qwen(config: &[(String, Raw)], defaults: &QwenConfig) -> Result<RawMap, BadSize> {
     let mut out = hf_keys(
         config,
         &["patch_size", "merge_size", "temporal_patch_size"],
@@ -519,9 +519,25 @@ fn prepare<'a>(
 pub(crate) fn prepare_at<'a>(
     config: &QwenConfig,
     rgb: Rgb<'a>,
-    (h, w): (usize, usize),
+    size: (usize, usize),
     threads: usize,
 ) -> Result<Prepared<'a>, ProcessorError> {
+    prepare_at_by(config, rgb, size, |rgb, h, w| {
+        resize_rgb(rgb, h, w, &config.common, threads)
+    })
+}
+
+/// [`prepare_at`] with another resize (`resize(rgb, h, w)`; MiniMax-M3-VL: torch's `uint8`
+/// kernel): the same checks and grid.
+pub(crate) fn prepare_at_by<'a, R>(
+    config: &QwenConfig,
+    rgb: Rgb<'a>,
+    (h, w): (usize, usize),
+    resize: R,
+) -> Result<Prepared<'a>, ProcessorError>
+where
+    R: FnOnce(Rgb<'a>, usize, usize) -> Result<Rgb<'a>, ProcessorError>,
+{
     let input = (rgb.height, rgb.width);
     let ps = config.patch_size;
     for (what, len) in [("height", h), ("width", w)] {
@@ -540,7 +556,7 @@ pub(crate) fn prepare_at<'a>(
             ));
         }
     }
-    let image = resize_rgb(rgb, h, w, &config.common, threads)?;
+    let image = resize(rgb, h, w)?;
     Ok(Prepared {
         image,
         input,
