@@ -26,7 +26,9 @@ use super::family::{
 use super::normalize::Normalize;
 use super::qwen::{self, Prepared, QwenConfig};
 use super::torch_backend as tb;
-use super::value::{BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD};
+use super::value::{
+    hf_get, hf_keys, hf_put, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD,
+};
 use super::{Deferred, Input, Options, Outputs, ProcessorError, Rgb};
 use crate::image::torch::TorchFilter;
 
@@ -70,15 +72,54 @@ fn stale_size(value: &Raw) -> bool {
     matches!(value, Raw::List(pair) if pair.len() == 2 && pair.iter().all(is_672))
 }
 
-/// MiniMax-M3-VL's keys: `size == [672, 672]` dropped (the class default is kept), then Qwen's
-/// reading (`min_pixels`/`max_pixels` over `size`, a partial size completed from the defaults).
+/// MiniMax-M3-VL's keys as `MiniMaxM3VLImageProcessor.__init__` reads them: `size == [672,
+/// 672]` replaced by the class default, then `min_pixels`/`max_pixels` written into `size`
+/// (the class default when there is none). A partial `size` is kept partial, as transformers
+/// keeps it (its `resize` then raises; `set` refuses it here).
 fn hf_minimax(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
     let config: RawMap = config
         .iter()
         .filter(|(key, value)| !(key == "size" && stale_size(value)))
         .cloned()
         .collect();
-    qwen::hf_qwen(&config, &MiniMaxConfig::minimax_m3_vl().patches)
+    let mut out = hf_keys(
+        &config,
+        &["patch_size", "merge_size", "temporal_patch_size"],
+        false,
+    )?;
+    let folds: Vec<(&str, &Raw)> = [
+        ("min_pixels", "shortest_edge"),
+        ("max_pixels", "longest_edge"),
+    ]
+    .into_iter()
+    .filter_map(|(key, edge)| hf_get(&config, key).map(|value| (edge, value)))
+    .filter(|(_, value)| **value != Raw::None)
+    .collect();
+    if folds.is_empty() {
+        return Ok(out);
+    }
+    let mut size = match hf_get(&out, "size") {
+        Some(Raw::Map(size)) => size.clone(),
+        _ => {
+            let defaults = MiniMaxConfig::minimax_m3_vl().patches;
+            vec![
+                (
+                    "shortest_edge".to_owned(),
+                    Raw::Int(defaults.min_pixels as i64),
+                ),
+                (
+                    "longest_edge".to_owned(),
+                    Raw::Int(defaults.max_pixels as i64),
+                ),
+            ]
+        }
+    };
+    for (edge, value) in folds {
+        hf_put(&mut size, edge, value.clone());
+    }
+    size.retain(|(k, _)| k != "min_pixels" && k != "max_pixels");
+    hf_put(&mut out, "size", Raw::Map(size));
+    Ok(out)
 }
 
 impl MiniMaxConfig {
@@ -342,6 +383,25 @@ mod tests {
             size_of(&folded),
             Some(&Raw::Map(raw(&[
                 ("shortest_edge", Raw::Int(3136)),
+                ("longest_edge", Raw::Int(1_000_000)),
+            ])))
+        );
+        // A partial size stays partial (transformers' resize raises), completed only by the
+        // other bound.
+        let partial = Raw::Map(raw(&[("shortest_edge", Raw::Int(200_704))]));
+        assert_eq!(
+            size_of(&hf_minimax(&raw(&[("size", partial.clone())])).unwrap()),
+            Some(&partial)
+        );
+        let completed = hf_minimax(&raw(&[
+            ("size", partial),
+            ("max_pixels", Raw::Int(1_000_000)),
+        ]))
+        .unwrap();
+        assert_eq!(
+            size_of(&completed),
+            Some(&Raw::Map(raw(&[
+                ("shortest_edge", Raw::Int(200_704)),
                 ("longest_edge", Raw::Int(1_000_000)),
             ])))
         );

@@ -138,7 +138,7 @@ pub const PROCESSOR_CLASSES: &[(&str, &str)] = &[("Qwen3OmniMoeProcessor", "qwen
 /// override `size["shortest_edge"]`/`size["longest_edge"]` (as
 /// `Qwen2VLImageProcessorPil.__init__` does), and a partial size is completed from the class
 /// default the processor would keep (`defaults`).
-pub(crate) fn hf_qwen(config: &[(String, Raw)], defaults: &QwenConfig) -> Result<RawMap, BadSize> {
+fn hf_qwen(config: &[(String, Raw)], defaults: &QwenConfig) -> Result<RawMap, BadSize> {
     let mut out = hf_keys(
         config,
         &["patch_size", "merge_size", "temporal_patch_size"],
