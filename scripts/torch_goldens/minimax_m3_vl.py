@@ -16,11 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from torch_goldens.common import processor_case, run_processor
 from transformers.models.minimax_m3_vl.image_processing_minimax_m3_vl import (
     MiniMaxM3VLImageProcessor,
 )
-
-from torch_goldens.common import processor_case, run_processor
 
 KIND = "minimax_m3_vl"
 

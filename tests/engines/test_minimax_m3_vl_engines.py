@@ -1,5 +1,5 @@
 """MiniMax-M3-VL through the engine builders: each ``]<]image[>[`` becomes ``]<]start of
-image[>[``, ``]<]image[>[`` × n, ``]<]end of image[>[`` exactly as transformers'
+image[>[``, n times ``]<]image[>[``, ``]<]end of image[>[`` exactly as transformers'
 ``MiniMaxM3VLProcessor`` writes it, only the image tokens take embeddings, ``pixel_values``
 travels flat (rows per image from ``image_grid_thw``, vLLM's ``flat_from_sizes``), and every
 engine's round trip is byte-exact."""
@@ -79,7 +79,8 @@ def _check_items(
         offset, length = item.placeholder
         tokens, embed = media.replacements[i]
         assert (ids[offset : offset + length] == tokens).all()
-        assert tokens[0] == START and tokens[-1] == END
+        assert tokens[0] == START
+        assert tokens[-1] == END
         assert item.embed_mask is not None
         assert (item.embed_mask == embed).all()
         assert (item.embed_mask == (tokens == IMAGE)).all()
