@@ -5,12 +5,12 @@ against their torch references, side by side in one run, one thread.
 The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor``,
 ``Phi4MultimodalImageProcessor`` and ``MiniMaxM3VLImageProcessor`` (there is no PIL class),
 and the hub's ``Phi3VImageProcessor`` as ``scripts/gen_torch_goldens.py`` transcribes it
-(PIL + torchvision + torch). torch runs with one thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
-``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors /
-PIL images for the references, numpy arrays for us) and JPEG bytes (``torchvision.io.
-decode_jpeg`` for the torchvision classes, ``Image.open`` for Phi-3). Outputs are checked to be
-byte-identical first. Time: medians over ``--rounds`` fresh processes; peak memory: the extra
-resident memory of one call in a fresh process.
+(PIL + torchvision + torch). torch runs with one thread (``torch.set_num_threads(1)``) and each
+child process is pinned to one core; ours is ``ImageProcessor.for_family(family, threads=1)``.
+Inputs: decoded images (uint8 CHW tensors / PIL images for the references, numpy arrays for us)
+and JPEG bytes (``torchvision.io.decode_jpeg`` for the torchvision classes, ``Image.open`` for
+Phi-3). Outputs are checked to be byte-identical first. Time: medians over ``--rounds`` fresh
+processes; peak memory: the extra resident memory of one call in a fresh process.
 
 Needs torch, so it runs in the reference venv (``tests/goldens/torch/README.md``) with the
 wheel installed there::
