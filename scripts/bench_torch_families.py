@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""Torch-only families benchmark: Llama 4, Phi-4-multimodal, Gemma 4 unified and Phi-3-vision
-against their torch references, side by side in one run, one thread.
+"""Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision, Gemma 4 unified and
+MiniMax-M3-VL against their torch references, side by side in one run, one thread.
 
 The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor``,
-``Phi4MultimodalImageProcessor`` and ``Gemma4UnifiedImageProcessor`` (there is no PIL class), and
-the hub's ``Phi3VImageProcessor`` as ``scripts/gen_torch_goldens.py`` transcribes it (PIL +
-torchvision + torch). torch runs with one thread (``torch.set_num_threads(1)``) and each child
-process is pinned to one core; ours is ``ImageProcessor.for_family(family, threads=1)``. Inputs:
-decoded images (uint8 CHW tensors / PIL images for the references, numpy arrays for us) and file
-bytes (``torchvision.io.decode_image`` to RGB for the torchvision classes, ``Image.open`` for
-Phi-3), on real photos (``benchkit.REAL_PHOTO_CASES``: JPEG and PNG, 0.26 to 2.1 MP, and a batch of
-8). Outputs are checked to be byte-identical first. Time: medians over ``--rounds`` fresh processes;
-peak memory: the extra resident memory of one call in a fresh process.
+``Phi4MultimodalImageProcessor``, ``Gemma4UnifiedImageProcessor`` and
+``MiniMaxM3VLImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor`` as
+``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with one
+thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
+``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors / PIL
+images for the references, numpy arrays for us) and file bytes (``torchvision.io.decode_image``
+to RGB for the torchvision classes, ``Image.open`` for Phi-3), on real photos
+(``benchkit.REAL_PHOTO_CASES``: JPEG and PNG, 0.26 to 2.1 MP, and a batch of 8). Outputs are
+checked to be byte-identical first. Time: medians over ``--rounds`` fresh processes; peak memory:
+the extra resident memory of one call in a fresh process.
 
 Needs torch, so it runs in the reference venv (``tests/goldens/torch/README.md``) with the
 wheel installed there::
@@ -44,12 +45,13 @@ from benchkit import (  # noqa: E402
     time_op,
 )
 
-FAMILIES = ("llama4", "phi4_multimodal", "gemma4_unified", "phi3_v")
+FAMILIES = ("llama4", "phi4_multimodal", "phi3_v", "gemma4_unified", "minimax_m3_vl")
 #: The torchvision families: transformers' class and the output compared.
 TORCHVISION = {
     "llama4": ("Llama4ImageProcessor", "pixel_values"),
     "phi4_multimodal": ("Phi4MultimodalImageProcessor", "image_pixel_values"),
     "gemma4_unified": ("Gemma4UnifiedImageProcessor", "pixel_values"),
+    "minimax_m3_vl": ("MiniMaxM3VLImageProcessor", "pixel_values"),
 }
 CASES = tuple(REAL_PHOTO_CASES)
 

@@ -36,6 +36,7 @@ Family = Literal[
     "glm4v",
     "glm46v",
     "glm5_next",
+    "minimax_m3_vl",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -63,5 +64,6 @@ FAMILIES: tuple[Family, ...] = (
     "glm4v",
     "glm46v",
     "glm5_next",
+    "minimax_m3_vl",
 )
 """Every family, in registry order."""

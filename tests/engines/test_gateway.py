@@ -414,7 +414,7 @@ def test_client_disconnect_aborts_the_engine_request(
 #: Families smg 1.13.0 builds requests for (crates/multimodal/src/registry/) and our builders
 #: serve on main: one gateway launch each. Qwen3-Omni: images only (its audio is not ours).
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
-AGREE += ["phi3_v", "gemma4", "glm5_next", "qwen3_omni_moe", "gemma4_unified"]
+AGREE += ["phi3_v", "gemma4", "glm5_next", "qwen3_omni_moe", "gemma4_unified", "minimax_m3_vl"]
 #: Families smg 1.13.0 serves that our builders do not yet (none today): they would be skipped
 #: with the reason given here until they are moved into AGREE.
 PENDING: dict[str, str] = {}
@@ -436,6 +436,7 @@ TRANSFORMERS_PROCESSOR = {
     "llama4": ("llama4", "Llama4Processor"),
     "glm5_next": ("glm5_next", "Glm5NextProcessor"),
     "qwen3_omni_moe": ("qwen3_omni_moe", "Qwen3OmniMoeProcessor"),
+    "minimax_m3_vl": ("minimax_m3_vl", "MiniMaxM3VLProcessor"),
 }
 
 # -- where smg 1.13.0 and we differ, and who matches transformers (asserted below) ------------
@@ -467,6 +468,7 @@ EXTRA_CPU_KEYS = {
     "qwen3_vl": {"video_grid_thw"},
     "qwen3_5": {"video_grid_thw"},
     "glm5_next": {"video_grid_thw"},
+    "minimax_m3_vl": {"video_grid_thw"},
 }
 #: smg's GLM-5.3-Flash / GLM-5-next spec (registry/glm53_flash.rs field_layouts) also lists its
 #: video tensors in batched_keys of an image batch; vLLM's servicer registers only the tensors
@@ -592,8 +594,13 @@ def _transformers_ids(
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_file=str(model_dir / "tokenizer.json"), **specials
     )
+    # MiniMaxM3VLProcessor takes a video processor too (torchvision-only): none for images
+    videos = {"video_processor": None} if family.family == "minimax_m3_vl" else {}
     processor = Processor(
-        image_processor=Outputs(), tokenizer=tokenizer, **(family.processor_config or {})
+        image_processor=Outputs(),
+        tokenizer=tokenizer,
+        **(family.processor_config or {}),
+        **videos,
     )
     pil = [Image.open(io.BytesIO(b)) for b in images]
     ids = processor(text=text, images=pil)["input_ids"]

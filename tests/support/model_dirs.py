@@ -876,6 +876,83 @@ def glm5_next() -> Family:
     )
 
 
+MINIMAX_M3_TEMPLATE = (  # M3's template renders a bare ]<]image[>[ per image
+    "{%- for message in messages -%}"
+    "{{- ']~b]' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for content in message['content'] -%}"
+    "{%- if content['type'] in ('image', 'image_url') -%}"
+    "{{- ']<]image[>[' -}}"
+    "{%- elif 'text' in content -%}{{- content['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '[e~[\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- ']~b]ai\\n' -}}{%- endif -%}"
+)
+MINIMAX_M3_SPECIALS = (  # the published MiniMax-M3 tokenizer's ids
+    ("]~b]", 200019),
+    ("[e~[", 200020),
+    ("]<]image[>[", 200025),
+    ("]<]video[>[", 200026),
+    ("]<]start of image[>[", 200029),
+    ("]<]end of image[>[", 200030),
+    ("]<]start of video[>[", 200031),
+    ("]<]end of video[>[", 200032),
+    ("]~!b[", 200034),
+)
+MINIMAX_M3_PREPROCESSOR = {  # the published values (size [672, 672]: the class default)
+    "image_processor_type": "MiniMaxM3VLImageProcessor",
+    "processor_class": "MiniMaxM3VLProcessor",
+    "do_resize": True,
+    "do_rescale": True,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+    "resample": 3,
+    "rescale_factor": 1 / 255,
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "size": [672, 672],
+    "min_pixels": 3136,
+    "max_pixels": 451584,
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+}
+
+
+def minimax_m3_vl() -> Family:
+    return Family(
+        "minimax_m3_vl",
+        "MiniMax-M3-tiny",
+        MINIMAX_M3_SPECIALS,
+        {
+            "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
+            "model_type": "minimax_m3_vl",
+            "image_token_index": 200025,
+            "video_token_index": 200026,
+            "text_config": {"model_type": "minimax_m3_vl_text", **_text(200064, 200034, 200020)},
+            "vision_config": {
+                "model_type": "minimax_m3_vl_vision",
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+            },
+        },
+        MINIMAX_M3_PREPROCESSOR,
+        MINIMAX_M3_TEMPLATE,
+        "]<]image[>[",
+        "]<]image[>[",
+        {
+            "bos_token": "]~!b[",
+            "eos_token": "[e~[",
+            "pad_token": None,
+            "unk_token": None,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        generation={"bos_token_id": 200034, "eos_token_id": 200020},
+    )
+
+
 #: Every family a directory can be written for, by our family name... and by the name the
 #: agreement test uses (``llava`` for the LLaVA-1.5 checkpoint whose image processor is CLIP's).
 FAMILIES = {
@@ -891,6 +968,7 @@ FAMILIES = {
     "gemma4_unified": gemma4_unified,
     "glm5_next": glm5_next,
     "qwen3_omni_moe": qwen3_omni_moe,
+    "minimax_m3_vl": minimax_m3_vl,
 }
 
 

@@ -46,6 +46,7 @@ _CLASSES: dict[str, Family] = {
     "Glm4vImageProcessor": "glm4v",
     "Glm46VImageProcessor": "glm46v",
     "Glm5NextImageProcessor": "glm5_next",
+    "MiniMaxM3VLImageProcessor": "minimax_m3_vl",
 }
 
 _COMMON = (
@@ -78,6 +79,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "mllama": ("max_image_tiles", "do_pad"),
     "gemma4": ("patch_size", "max_soft_tokens", "pooling_kernel_size"),
     "glm4v": ("patch_size", "merge_size", "temporal_patch_size"),
+    "minimax": ("patch_size", "merge_size", "temporal_patch_size"),
     "glm5_next": (
         "patch_size",
         "merge_size",
@@ -99,7 +101,7 @@ _SQUARE: frozenset[str] = frozenset(
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
-    | {"glm4v", "glm46v", "glm5_next", "gemma4_unified"}
+    | {"glm4v", "glm46v", "glm5_next", "gemma4_unified", "minimax_m3_vl"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
 # GLM-5-next's resize reads min/max_image_tokens, never size.
@@ -119,6 +121,8 @@ def _kind(family: Family) -> str:
         return "glm5_next"
     if family == "gemma4_unified":
         return "gemma4"  # Gemma 4's keys, read the same way
+    if family == "minimax_m3_vl":
+        return "minimax"
     own = (
         "llava_next",
         "pixtral",
@@ -174,6 +178,10 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("image_mean", "image_std"):
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
+    if kind == "minimax" and config.get("size") == [672, 672]:
+        # MiniMaxM3VLImageProcessor.__init__: the published checkpoint's stale size is replaced
+        # by the class default
+        config = {k: v for k, v in config.items() if k != "size"}
     if config.get("size") is not None and kind not in _NO_SIZE:
         out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:
@@ -200,6 +208,20 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
             out["video_size"] = _size_dict(config["video_size"], square=False)
         if family == "qwen3_omni_moe" and config.get("fps") is not None:
             out["fps"] = config["fps"]  # the caller's video fps (video_second_per_grid)
+    elif kind == "minimax":
+        # Qwen2-VL's folding, but a partial size stays partial (MiniMaxM3VLImageProcessor keeps
+        # it; its resize then raises), and no size means the class default
+        folds = {
+            edge: config[key]
+            for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge"))
+            if config.get(key) is not None
+        }
+        if folds:
+            size = dict(out.get("size", {"shortest_edge": 3136, "longest_edge": 451584}))
+            size.update(folds)
+            size.pop("min_pixels", None)
+            size.pop("max_pixels", None)
+            out["size"] = size
     elif kind == "glm4v" and config.get("video_size") is not None:
         # ours: GLM-4.1V/4.6V's video processor size (absent from transformers' image files)
         out["video_size"] = _size_dict(config["video_size"], square=False)
@@ -295,6 +317,8 @@ VARIED: list[dict[str, Any]] = [
     {"max_pixels": 2000, "size": {"shortest_edge": 10, "longest_edge": 20}},
     {"max_pixels": 2000, "size": {"max_pixels": 5, "min_pixels": 6}},
     {"min_pixels": 1000, "size": 12},
+    {"size": [672, 672]},
+    {"size": [672, 672], "min_pixels": 1000, "max_pixels": 2000},
     {"size": {"shortest_edge": 10}},
     {"size": {"longest_edge": 10}},
     {"max_pixels": 2**70},

@@ -49,6 +49,13 @@ def _cases() -> Iterator[Any]:
             yield pytest.param(family, case, id=case["id"])
 
 
+# Pillow's sugarshack_bad_mpo_header.jpg (a real photo) has a malformed MPO header, read as a
+# plain JPEG (both sides, as in test_real_photos.py)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Image appears to be a malformed MPO file:UserWarning"
+)
+
+
 @pytest.fixture(scope="module")
 def inputs() -> dict[str, np.ndarray]:
     try:

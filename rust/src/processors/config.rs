@@ -16,6 +16,7 @@ use super::idefics3::{self, Idefics3Config};
 use super::internvl::{self, InternVlConfig};
 use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
+use super::minimax::{self, MiniMaxConfig};
 use super::mllama::{self, MllamaConfig};
 use super::phi3v::{self, Phi3VConfig};
 use super::phi4::{self, Phi4Config};
@@ -116,6 +117,7 @@ registry! {
     Glm4v => "glm4v", GlmConfig = GlmConfig::glm4v(), glm::GLM4V;
     Glm46v => "glm46v", GlmConfig = GlmConfig::glm4v(), glm::GLM46V;
     Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
+    MinimaxM3Vl => "minimax_m3_vl", MiniMaxConfig = MiniMaxConfig::minimax_m3_vl(), minimax::MINIMAX_M3_VL;
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
@@ -123,6 +125,7 @@ const MODEL_TYPES: &[&[(&str, &str)]] = &[
     qwen::MODEL_TYPES,
     glm::MODEL_TYPES,
     gemma4_unified::MODEL_TYPES,
+    minimax::MODEL_TYPES,
 ];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];

@@ -48,6 +48,7 @@ pub mod input;
 pub mod internvl;
 pub mod llama4;
 pub mod llava_next;
+pub mod minimax;
 pub mod mllama;
 pub mod normalize;
 pub mod parallel;

@@ -520,9 +520,25 @@ fn prepare<'a>(
 pub(crate) fn prepare_at<'a>(
     config: &QwenConfig,
     rgb: Rgb<'a>,
-    (h, w): (usize, usize),
+    size: (usize, usize),
     threads: usize,
 ) -> Result<Prepared<'a>, ProcessorError> {
+    prepare_at_by(config, rgb, size, |rgb, h, w| {
+        resize_rgb(rgb, h, w, &config.common, threads)
+    })
+}
+
+/// [`prepare_at`] with another resize (`resize(rgb, h, w)`; MiniMax-M3-VL: torch's `uint8`
+/// kernel): the same checks and grid.
+pub(crate) fn prepare_at_by<'a, R>(
+    config: &QwenConfig,
+    rgb: Rgb<'a>,
+    (h, w): (usize, usize),
+    resize: R,
+) -> Result<Prepared<'a>, ProcessorError>
+where
+    R: FnOnce(Rgb<'a>, usize, usize) -> Result<Rgb<'a>, ProcessorError>,
+{
     let input = (rgb.height, rgb.width);
     let ps = config.patch_size;
     for (what, len) in [("height", h), ("width", w)] {
@@ -541,7 +557,7 @@ pub(crate) fn prepare_at<'a>(
             ));
         }
     }
-    let image = resize_rgb(rgb, h, w, &config.common, threads)?;
+    let image = resize(rgb, h, w)?;
     Ok(Prepared {
         image,
         input,
