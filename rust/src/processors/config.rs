@@ -13,6 +13,7 @@ use super::gemma4::{self, Gemma4Config};
 use super::glm::{self, GlmConfig};
 use super::idefics3::{self, Idefics3Config};
 use super::internvl::{self, InternVlConfig};
+use super::kimi::{self, KimiConfig};
 use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
 use super::mllama::{self, MllamaConfig};
@@ -114,10 +115,11 @@ registry! {
     Glm4v => "glm4v", GlmConfig = GlmConfig::glm4v(), glm::GLM4V;
     Glm46v => "glm46v", GlmConfig = GlmConfig::glm4v(), glm::GLM46V;
     Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
+    KimiK25 => "kimi_k25", KimiConfig = KimiConfig::kimi_k25(), kimi::KIMI_K25;
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
-const MODEL_TYPES: &[&[(&str, &str)]] = &[qwen::MODEL_TYPES, glm::MODEL_TYPES];
+const MODEL_TYPES: &[&[(&str, &str)]] = &[qwen::MODEL_TYPES, glm::MODEL_TYPES, kimi::MODEL_TYPES];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];
 
