@@ -35,6 +35,11 @@ FILES = {p.stem: json.loads(p.read_text()) for p in sorted(FOLDER.glob("*.json")
 FILES.pop("goldens", None)  # the kernels, Llama 4 and Phi: test_torch_goldens.py
 FAMILIES = {name for name, *_ in _native.families()}
 MIN_PHOTOS = 30
+# Pillow's sugarshack photo has a malformed MPO header, read as a plain JPEG (as the generator
+# read it).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Image appears to be a malformed MPO file:UserWarning"
+)
 
 
 def _cases() -> Iterator[Any]:
@@ -96,15 +101,15 @@ def test_goldens_file(family: str, inputs: dict[str, np.ndarray]) -> None:
 
 @pytest.mark.parametrize(("family", "case"), list(_cases()))
 def test_golden(family: str, case: dict[str, Any], inputs: dict[str, np.ndarray]) -> None:
-    process = _processor(case)
     arrays = [inputs[name] for name in _names(case)]
     if "error" in case:
+        # A configuration the reference refuses when called, ours may refuse when built.
         try:
-            result = process(arrays)
+            result = _processor(case)(arrays)
         except ValueError:
             return
         pytest.fail(f"the reference raised {case['error']!r}; ours returned {result!r}")
-    result = process(arrays)
+    result = _processor(case)(arrays)
     problems = []
     for golden in case["outputs"]:
         got = getattr(result, golden["name"], None)
