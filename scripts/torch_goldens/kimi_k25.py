@@ -15,10 +15,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from torch_goldens.common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, processor_case, run_processor
 from transformers.models.kimi_k25.image_processing_kimi_k25 import Kimi_K25ImageProcessor
 from transformers.models.kimi_k25.processing_kimi_k25 import Kimi_K25Processor
-
-from torch_goldens.common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, processor_case, run_processor
 
 KIND = "kimi_k25"
 
@@ -53,9 +52,7 @@ def _case(names: list[str], config: dict[str, Any], arrays: dict[str, np.ndarray
     return processor_case(KIND, names, config, run)
 
 
-def cases(
-    inputs: dict[str, np.ndarray], photos: dict[str, np.ndarray]
-) -> Iterable[dict[str, Any]]:
+def cases(inputs: dict[str, np.ndarray], photos: dict[str, np.ndarray]) -> Iterable[dict[str, Any]]:
     arrays = {**inputs, **photos}
     for name in list(inputs) + list(photos):
         yield _case([name], {}, arrays)
@@ -67,7 +64,7 @@ def cases(
     # the patch budget binds (big photos shrink; sqrt scale, truncation)
     for name in ["photo_big-3024x4032", "photo_crop-1920x1080", "grace_hopper-600x512"]:
         yield _case([name], {"max_patches": 1024}, arrays)
-    for name in photo_names[:6] + ["strip_wide-5x3000", "row-1x700"]:
+    for name in [*photo_names[:6], "strip_wide-5x3000", "row-1x700"]:
         yield _case([name], {"max_patches": 256}, arrays)
     # the per-side cap binds
     for name in ["strip_wide-5x3000", "xmp_test-1072x2000", "photo_big-3024x4032", "column-700x1"]:

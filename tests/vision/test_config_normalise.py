@@ -227,7 +227,8 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
             out["size"] = {"max_height": side, "max_width": side}
         for key in ("transparent_bg_config", "fixed_output_tokens"):
             if media.get(key) is not None:
-                out[key] = media[key]
+                value = media[key]
+                out[key] = "set" if isinstance(value, (Mapping, list, tuple)) else value
     return out
 
 

@@ -96,7 +96,12 @@ fn hf_kimi(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
     }
     for key in MEDIA_REFUSED {
         if let Some(value) = hf_get(media, key) {
-            hf_put(&mut out, key, value.clone());
+            // A dict (Kimi-K3's chessboard settings) is no configuration value: named only.
+            let value = match value {
+                Raw::Map(_) | Raw::List(_) | Raw::Other { .. } => Raw::Str("set".to_owned()),
+                value => value.clone(),
+            };
+            hf_put(&mut out, key, value);
         }
     }
     Ok(out)
