@@ -168,6 +168,11 @@ def test_published_checkpoint(tmp_path: Path) -> None:
     assert processor.config == ImageProcessor.for_family("kimi_k25").config
     model = VisionModel.from_pretrained(tmp_path)
     assert model.image_token_id == PAD
+    # the id is read from media_placeholder_token_id, not only defaulted
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "kimi_k25", "media_placeholder_token_id": 99})
+    )
+    assert VisionModel.from_pretrained(tmp_path).image_token_id == 99
 
 
 def test_media_proc_cfg_values_are_read() -> None:
