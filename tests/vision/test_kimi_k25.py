@@ -207,11 +207,28 @@ def test_refused_configs(config: dict[str, Any], field: str) -> None:
         ImageProcessor.from_pretrained(config, family="kimi_k25")
 
 
-def test_kimi_k3_is_not_kimi_k25() -> None:
+def test_kimi_k3_is_not_kimi_k25(tmp_path: Path) -> None:
     """Kimi-K3 (chessboard-composited transparency, per-image size text in its prompt) is not an
-    alias of this family."""
+    alias of this family: its directory is refused, and forced into this family its
+    ``transparent_bg_config`` is refused by name."""
     assert _native.family_of_model_type("kimi_k25") == "kimi_k25"
     assert _native.family_of_model_type("kimi_k3") is None
+    k3 = {  # an excerpt of moonshotai/Kimi-K3's preprocessor_config.json
+        "media_proc_cfg": {
+            "in_patch_limit": 65536,
+            "patch_size": 14,
+            "merge_kernel_size": 2,
+            "patch_limit_on_one_side": 512,
+            "transparent_bg_config": {"pattern": "chessboard", "chessboard_square_size": 8},
+            "transparent_bg_fill_stage": "after_resize",
+        }
+    }
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(k3))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_k3"}))
+    with pytest.raises(ValueError, match="image_processor_type"):
+        ImageProcessor.from_pretrained(tmp_path)
+    with pytest.raises(ProcessorConfigError, match="transparent_bg_config"):
+        ImageProcessor.from_pretrained(tmp_path, family="kimi_k25")
 
 
 def test_videos_are_refused() -> None:
