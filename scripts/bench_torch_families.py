@@ -4,8 +4,8 @@ their torch references, side by side in one run, one thread.
 
 The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor``,
 ``Phi4MultimodalImageProcessor`` and ``Kimi_K25ImageProcessor`` (there is no PIL class), and
-the hub's ``Phi3VImageProcessor``
-as ``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with
+the hub's ``Phi3VImageProcessor`` as ``scripts/gen_torch_goldens.py`` transcribes it (PIL +
+torchvision + torch). torch runs with
 one thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
 ``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors /
 PIL images for the references, numpy arrays for us) and file bytes (``torchvision.io.
