@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision, Gemma 4 unified and
-MiniMax-M3-VL against their torch references, side by side in one run, one thread.
+"""Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision, Gemma 4 unified,
+MiniMax-M3-VL and Kimi-K2.5 against their torch references, side by side in one run, one thread.
 
 The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor``,
-``Phi4MultimodalImageProcessor``, ``Gemma4UnifiedImageProcessor`` and
-``MiniMaxM3VLImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor`` as
+``Phi4MultimodalImageProcessor``, ``Gemma4UnifiedImageProcessor``, ``MiniMaxM3VLImageProcessor``
+and ``Kimi_K25ImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor`` as
 ``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with one
 thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
 ``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors / PIL
@@ -45,13 +45,14 @@ from benchkit import (  # noqa: E402
     time_op,
 )
 
-FAMILIES = ("llama4", "phi4_multimodal", "phi3_v", "gemma4_unified", "minimax_m3_vl")
+FAMILIES = ("llama4", "phi4_multimodal", "phi3_v", "gemma4_unified", "minimax_m3_vl", "kimi_k25")
 #: The torchvision families: transformers' class and the output compared.
 TORCHVISION = {
     "llama4": ("Llama4ImageProcessor", "pixel_values"),
     "phi4_multimodal": ("Phi4MultimodalImageProcessor", "image_pixel_values"),
     "gemma4_unified": ("Gemma4UnifiedImageProcessor", "pixel_values"),
     "minimax_m3_vl": ("MiniMaxM3VLImageProcessor", "pixel_values"),
+    "kimi_k25": ("Kimi_K25ImageProcessor", "pixel_values"),
 }
 CASES = tuple(REAL_PHOTO_CASES)
 

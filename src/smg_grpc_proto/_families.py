@@ -37,6 +37,7 @@ Family = Literal[
     "glm46v",
     "glm5_next",
     "minimax_m3_vl",
+    "kimi_k25",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -65,5 +66,6 @@ FAMILIES: tuple[Family, ...] = (
     "glm46v",
     "glm5_next",
     "minimax_m3_vl",
+    "kimi_k25",
 )
 """Every family, in registry order."""

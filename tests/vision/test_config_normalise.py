@@ -47,6 +47,7 @@ _CLASSES: dict[str, Family] = {
     "Glm46VImageProcessor": "glm46v",
     "Glm5NextImageProcessor": "glm5_next",
     "MiniMaxM3VLImageProcessor": "minimax_m3_vl",
+    "Kimi_K25ImageProcessor": "kimi_k25",
 }
 
 _COMMON = (
@@ -90,18 +91,19 @@ _KEYS: dict[str, tuple[str, ...]] = {
         "video_min_image_tokens",
         "video_max_image_tokens",
     ),
+    "kimi_k25": ("max_patches", "patch_size", "merge_size"),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
 _PHI3_V = ("image_mean", "image_std", "num_crops")
 
 # Families whose class has default_to_square = True: an int size is a square.
 _SQUARE: frozenset[str] = frozenset(
-    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama"}
+    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama", "kimi_k25"}
 )
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
-    | {"glm4v", "glm46v", "glm5_next", "gemma4_unified", "minimax_m3_vl"}
+    | {"glm4v", "glm46v", "glm5_next", "gemma4_unified", "minimax_m3_vl", "kimi_k25"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
 # GLM-5-next's resize reads min/max_image_tokens, never size.
@@ -133,6 +135,7 @@ def _kind(family: Family) -> str:
         "phi3_v",
         "mllama",
         "gemma4",
+        "kimi_k25",
     )
     return family if family in own else "clip"
 
@@ -235,6 +238,28 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
             out["pad_size"] = None if pad is None else _size_dict(pad, square=True)
         if "image_grid_pinpoints" in out:
             out["image_grid_pinpoints"] = [list(p) for p in out["image_grid_pinpoints"]]
+    if family == "kimi_k25" and isinstance(config.get("media_proc_cfg"), Mapping):
+        # The hub checkpoints' nested settings, for the keys the file does not set itself.
+        media = config["media_proc_cfg"]
+        for src, key in (
+            ("in_patch_limit", "max_patches"),
+            ("patch_size", "patch_size"),
+            ("merge_kernel_size", "merge_size"),
+            ("image_mean", "image_mean"),
+            ("image_std", "image_std"),
+        ):
+            if key not in out and media.get(src) is not None:
+                value = media[src]
+                if key in ("image_mean", "image_std") and not isinstance(value, (int, float)):
+                    value = [float(v) for v in value]
+                out[key] = value
+        side = media.get("patch_limit_on_one_side")
+        if "size" not in out and side is not None:
+            out["size"] = {"max_height": side, "max_width": side}
+        for key in ("transparent_bg_config", "fixed_output_tokens"):
+            if media.get(key) is not None:
+                value = media[key]
+                out[key] = "set" if isinstance(value, (Mapping, list, tuple)) else value
     return out
 
 
@@ -353,6 +378,31 @@ VARIED: list[dict[str, Any]] = [
     {"max_patches": 16, "resize_to_max_canvas": False, "pixel_shuffle_ratio": 0.5},
     {"dynamic_hd": 36, "patch_size": 14},
     {"num_crops": 4, "image_mean": [0.1, 0.2, 0.3], "size": 336, "do_resize": False},
+    # Kimi-K2.5's hub file: everything nested in media_proc_cfg (top-level keys win)
+    {
+        "media_proc_cfg": {
+            "in_patch_limit": 16384,
+            "patch_size": 14,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "merge_kernel_size": 2,
+            "fixed_output_tokens": None,
+            "patch_limit_on_one_side": 512,
+            "in_patch_limit_each_frame": 4096,
+            "sample_fps": 2.0,
+        }
+    },
+    {
+        "max_patches": 99,
+        "size": {"max_height": 7, "max_width": 7},
+        "media_proc_cfg": {
+            "in_patch_limit": 4096,
+            "patch_limit_on_one_side": 64,
+            "image_mean": 0.25,
+        },
+    },
+    {"media_proc_cfg": {"transparent_bg_config": {"pattern": "chessboard"}}},
+    {"media_proc_cfg": None},
 ]
 
 

@@ -57,7 +57,7 @@ def _llava_next(
 def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) -> tuple[int, ...]:
     """The count transformers' processor of ``family`` writes, from the processed outputs."""
     # Qwen's and GLM's processors: t·h·w / merge² per image (Glm4vProcessor.replace_image_token)
-    if family.startswith(("qwen", "glm", "minimax")):
+    if family.startswith(("qwen", "glm", "minimax", "kimi")):
         return tuple(int(t * h * w) // cfg["merge_size"] ** 2 for t, h, w in out.image_grid_thw)
     if family in ("clip", "llava", "siglip"):
         h, w = out.pixel_values.shape[-2:]

@@ -14,6 +14,7 @@ use super::gemma4_unified::{self, Gemma4UnifiedConfig};
 use super::glm::{self, GlmConfig};
 use super::idefics3::{self, Idefics3Config};
 use super::internvl::{self, InternVlConfig};
+use super::kimi::{self, KimiConfig};
 use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
 use super::minimax::{self, MiniMaxConfig};
@@ -118,6 +119,7 @@ registry! {
     Glm46v => "glm46v", GlmConfig = GlmConfig::glm4v(), glm::GLM46V;
     Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
     MinimaxM3Vl => "minimax_m3_vl", MiniMaxConfig = MiniMaxConfig::minimax_m3_vl(), minimax::MINIMAX_M3_VL;
+    KimiK25 => "kimi_k25", KimiConfig = KimiConfig::kimi_k25(), kimi::KIMI_K25;
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
@@ -126,6 +128,7 @@ const MODEL_TYPES: &[&[(&str, &str)]] = &[
     glm::MODEL_TYPES,
     gemma4_unified::MODEL_TYPES,
     minimax::MODEL_TYPES,
+    kimi::MODEL_TYPES,
 ];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];

@@ -46,6 +46,7 @@ pub mod glm;
 pub mod idefics3;
 pub mod input;
 pub mod internvl;
+pub mod kimi;
 pub mod llama4;
 pub mod llava_next;
 pub mod minimax;
