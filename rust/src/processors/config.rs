@@ -16,6 +16,7 @@ use super::internvl::{self, InternVlConfig};
 use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
 use super::mllama::{self, MllamaConfig};
+use super::nemotron::{self, NemotronConfig};
 use super::phi3v::{self, Phi3VConfig};
 use super::phi4::{self, Phi4Config};
 use super::pixtral::{self, PixtralConfig};
@@ -114,10 +115,11 @@ registry! {
     Glm4v => "glm4v", GlmConfig = GlmConfig::glm4v(), glm::GLM4V;
     Glm46v => "glm46v", GlmConfig = GlmConfig::glm4v(), glm::GLM46V;
     Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
+    NemotronHOmni => "nemotron_h_omni", NemotronConfig = NemotronConfig::nemotron_h_omni(), nemotron::NEMOTRON_H_OMNI;
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
-const MODEL_TYPES: &[&[(&str, &str)]] = &[qwen::MODEL_TYPES, glm::MODEL_TYPES];
+const MODEL_TYPES: &[&[(&str, &str)]] = &[qwen::MODEL_TYPES, glm::MODEL_TYPES, nemotron::MODEL_TYPES];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];
 

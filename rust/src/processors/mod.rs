@@ -48,6 +48,7 @@ pub mod internvl;
 pub mod llama4;
 pub mod llava_next;
 pub mod mllama;
+pub mod nemotron;
 pub mod normalize;
 pub mod parallel;
 pub mod phi3v;
