@@ -35,6 +35,7 @@ Family = Literal[
     "glm4v",
     "glm46v",
     "glm5_next",
+    "nemotron_h_omni",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -61,5 +62,6 @@ FAMILIES: tuple[Family, ...] = (
     "glm4v",
     "glm46v",
     "glm5_next",
+    "nemotron_h_omni",
 )
 """Every family, in registry order."""
