@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from torch_goldens import common
 from transformers.models.nemotron_h_omni.image_processing_nemotron_h_omni import (
     NemotronH_Omni_Reasoning_V3ImageProcessor,
 )
-
-from torch_goldens import common
 
 KIND = "nemotron_h_omni"
 OUTPUTS = {"pixel_values": "pixel_values", "image_grid_hw": "image_grid_hw"}
@@ -65,16 +64,12 @@ def _case(
 ) -> dict[str, Any]:
     def run() -> list[dict[str, Any]]:
         processor = NemotronH_Omni_Reasoning_V3ImageProcessor(**config)
-        return common.run_processor(
-            processor, [arrays[n] for n in names], OUTPUTS, _counts(config)
-        )
+        return common.run_processor(processor, [arrays[n] for n in names], OUTPUTS, _counts(config))
 
     return common.processor_case(KIND, names, config, run)
 
 
-def cases(
-    inputs: dict[str, np.ndarray], photos: dict[str, np.ndarray]
-) -> Iterator[dict[str, Any]]:
+def cases(inputs: dict[str, np.ndarray], photos: dict[str, np.ndarray]) -> Iterator[dict[str, Any]]:
     arrays = {**inputs, **photos}
     for name in [*photos, *inputs]:
         yield _case([name], {}, arrays)

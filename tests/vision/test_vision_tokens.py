@@ -99,6 +99,10 @@ def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) 
         # patches (all but the (-1, -1) padding rows) over the pooling kernel's area
         real = (out.image_position_ids[..., 0] >= 0).sum(axis=1)
         return tuple(int(n) // cfg["pooling_kernel_size"] ** 2 for n in real)
+    if family == "nemotron_h_omni":
+        # NemotronH_Omni_Reasoning_V3Processor.replace_image_token: h * w // merge ** 2
+        merge = round(1 / cfg["downsample_ratio"])
+        return tuple(h * w // merge**2 for h, w in out.image_grid_hw.tolist())
     raise AssertionError(family)
 
 

@@ -316,47 +316,55 @@ mod tests {
         out_w: usize,
         filter: TorchFilter,
     ) -> Vec<f32> {
-        let pass = |data: &[f32], h: usize, w: usize, horizontal: bool| -> (Vec<f32>, usize, usize) {
-            let (n_in, n_out) = if horizontal { (w, out_w) } else { (h, out_h) };
-            if n_in == n_out {
-                return (data.to_vec(), h, w);
-            }
-            let taps = aa_taps(n_in, n_out, filter);
-            let (oh, ow) = if horizontal { (h, out_w) } else { (out_h, w) };
-            let mut out = vec![0.0f32; oh * ow];
-            for y in 0..oh {
-                for x in 0..ow {
-                    let i = if horizontal { x } else { y };
-                    let (start, weights) = taps.row(i);
-                    let value = |j: usize| {
-                        if horizontal {
-                            data[y * w + start + j]
-                        } else {
-                            data[(start + j) * w + x]
-                        }
-                    };
-                    let n = weights.len() - 1;
-                    let plain = if n % 8 >= 4 { n / 8 * 8 + 4 } else { n / 8 * 8 };
-                    let mut acc = value(0) * weights[0];
-                    for (j, &wt) in weights.iter().enumerate().skip(1) {
-                        if j <= plain {
-                            acc += value(j) * wt;
-                        } else {
-                            acc = value(j).mul_add(wt, acc);
-                        }
-                    }
-                    out[y * ow + x] = acc;
+        let pass =
+            |data: &[f32], h: usize, w: usize, horizontal: bool| -> (Vec<f32>, usize, usize) {
+                let (n_in, n_out) = if horizontal { (w, out_w) } else { (h, out_h) };
+                if n_in == n_out {
+                    return (data.to_vec(), h, w);
                 }
-            }
-            (out, oh, ow)
-        };
+                let taps = aa_taps(n_in, n_out, filter);
+                let (oh, ow) = if horizontal { (h, out_w) } else { (out_h, w) };
+                let mut out = vec![0.0f32; oh * ow];
+                for y in 0..oh {
+                    for x in 0..ow {
+                        let i = if horizontal { x } else { y };
+                        let (start, weights) = taps.row(i);
+                        let value = |j: usize| {
+                            if horizontal {
+                                data[y * w + start + j]
+                            } else {
+                                data[(start + j) * w + x]
+                            }
+                        };
+                        let n = weights.len() - 1;
+                        let plain = if n % 8 >= 4 { n / 8 * 8 + 4 } else { n / 8 * 8 };
+                        let mut acc = value(0) * weights[0];
+                        for (j, &wt) in weights.iter().enumerate().skip(1) {
+                            if j <= plain {
+                                acc += value(j) * wt;
+                            } else {
+                                acc = value(j).mul_add(wt, acc);
+                            }
+                        }
+                        out[y * ow + x] = acc;
+                    }
+                }
+                (out, oh, ow)
+            };
         let (mid, h, w) = pass(src, in_h, in_w, true);
         pass(&mid, h, w, false).0
     }
 
     #[test]
     fn weights_sum_to_one_and_stay_in_range() {
-        for (n_in, n_out) in [(100, 37), (37, 100), (4032, 1664), (7, 1), (1, 32), (16, 17)] {
+        for (n_in, n_out) in [
+            (100, 37),
+            (37, 100),
+            (4032, 1664),
+            (7, 1),
+            (1, 32),
+            (16, 17),
+        ] {
             for filter in [TorchFilter::Bicubic, TorchFilter::Bilinear] {
                 let taps = aa_taps(n_in, n_out, filter);
                 for i in 0..n_out {
@@ -393,7 +401,15 @@ mod tests {
             .map(|i| ((i * 7919 + (i / 13) * 31) % 256) as f32)
             .collect();
         for filter in [TorchFilter::Bicubic, TorchFilter::Bilinear] {
-            for (oh, ow) in [(20, 17), (107, 90), (41, 12), (7, 53), (41, 53), (3, 2), (200, 5)] {
+            for (oh, ow) in [
+                (20, 17),
+                (107, 90),
+                (41, 12),
+                (7, 53),
+                (41, 53),
+                (3, 2),
+                (200, 5),
+            ] {
                 let mut ours = vec![0.0f32; oh * ow];
                 resize_plane(in_h, in_w, oh, ow, filter, &mut ours, |r, row| {
                     row.copy_from_slice(&src[r * in_w..(r + 1) * in_w])

@@ -183,7 +183,11 @@ impl FamilyConfig for NemotronConfig {
     fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
         let grid = i64_values(outputs, "image_grid_hw")?;
         let merge2 = self.merge_size() * self.merge_size();
-        Some(grid.chunks_exact(2).map(|hw| hw[0] * hw[1] / merge2).collect())
+        Some(
+            grid.chunks_exact(2)
+                .map(|hw| hw[0] * hw[1] / merge2)
+                .collect(),
+        )
     }
 
     fn replacement_spec(&self) -> Option<ReplacementSpec> {
@@ -212,8 +216,9 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     anchor: IMAGE,
     embed: IMAGE,
     tokens: &[IMG_START, IMG_END, IMAGE],
-    // The Nemotron-H tokenizer's ids of the published checkpoints (NemotronH_Omni config
-    // `img_context_token_id` 18; `<img>` 19 and `</img>` 20 in its vocabulary).
+    // NOT confirmed against the published tokenizer (no copy of it was at hand): the ids
+    // recalled for the Nemotron-H VL tokenizer (`<image>` 18 as `img_context_token_id`, `<img>`
+    // 19, `</img>` 20). A caller with the model's tokenizer or config.json passes its own.
     defaults: &[(IMG_START, 19), (IMG_END, 20), (IMAGE, 18)],
     // pixel_values concatenates the images' patches.
     flat: &["pixel_values"],
@@ -531,7 +536,10 @@ mod tests {
         // Patch 3 (row 1, column 1), channel 2, row 5, column 7 is pixel (21, 23) blue.
         let pixel = data[(21 * 32 + 23) * 3 + 2];
         let (m, s) = fused(&p.config().common().clone(), 2);
-        assert_eq!(values[3 * 768 + 2 * 256 + 5 * 16 + 7], (f32::from(pixel) - m) / s);
+        assert_eq!(
+            values[3 * 768 + 2 * 256 + 5 * 16 + 7],
+            (f32::from(pixel) - m) / s
+        );
         let config = NemotronConfig::nemotron_h_omni();
         let owned: Vec<(String, u32)> = REPLACEMENT
             .defaults
@@ -555,8 +563,8 @@ mod tests {
             ("resample", Value::Int(1)),
             ("do_normalize", Value::Bool(false)),
         ] {
-            let err = Preprocessor::new(Family::NemotronHOmni, &[(key.to_owned(), bad)])
-                .unwrap_err();
+            let err =
+                Preprocessor::new(Family::NemotronHOmni, &[(key.to_owned(), bad)]).unwrap_err();
             assert!(
                 err.to_string().starts_with(&format!("config {key}:")),
                 "{err}"
