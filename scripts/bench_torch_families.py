@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Torch-only families benchmark: Llama 4, Phi-4-multimodal and Phi-3-vision against their
-torch references, side by side in one run, one thread.
+"""Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision and Nemotron-H-Omni
+against their torch references, side by side in one run, one thread.
 
-The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor`` and
-``Phi4MultimodalImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor``
+The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor``,
+``Phi4MultimodalImageProcessor`` and ``NemotronH_Omni_Reasoning_V3ImageProcessor`` (there is no
+PIL class), and the hub's ``Phi3VImageProcessor``
 as ``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with
 one thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
 ``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors /
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_vision import write_images  # noqa: E402
 from benchkit import cpu_model, measure_peak, time_op  # noqa: E402
 
-FAMILIES = ("llama4", "phi4_multimodal", "phi3_v")
+FAMILIES = ("llama4", "phi4_multimodal", "phi3_v", "nemotron_h_omni")
 CASES = ("512x600", "1280x960", "batch of 8")
 
 
@@ -87,8 +88,11 @@ def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
 
         check = (theirs_decoded(), ours(arrays).pixel_values)
     else:
-        name = "Llama4ImageProcessor" if family == "llama4" else "Phi4MultimodalImageProcessor"
-        key = "pixel_values" if family == "llama4" else "image_pixel_values"
+        name, key = {
+            "llama4": ("Llama4ImageProcessor", "pixel_values"),
+            "phi4_multimodal": ("Phi4MultimodalImageProcessor", "image_pixel_values"),
+            "nemotron_h_omni": ("NemotronH_Omni_Reasoning_V3ImageProcessor", "pixel_values"),
+        }[family]
         reference = getattr(transformers, name)()
 
         def theirs_decoded() -> Any:
