@@ -26,6 +26,9 @@
 //!   next 4 when at least 4 remain, are rounded before being added (the 8- and 4-wide vector
 //!   loops multiply, then add the lanes in order), the remaining taps are fused
 //!   multiply-adds (the scalar tail loop, contracted).
+//! - ours streams ([`resize_plane`]): the horizontal pass runs eight input rows side by side (one
+//!   SIMD lane per row, each lane's operations those above), the vertical pass keeps only the
+//!   rows its current window needs, and each output row goes to the caller as it is made.
 //! - the vertical pass of an image **one pixel wide** gives every output row the value of the
 //!   first (torch's `TensorIterator` makes the rows its inner loop, and the kernel reads the
 //!   weights of that loop's first element only): reproduced.
@@ -153,16 +156,6 @@ fn dot(weights: &[f32], values: impl Fn(usize) -> f32) -> f32 {
     acc
 }
 
-/// The horizontal pass of one row: `out[x]` from `line` (one input row of one channel).
-#[inline(always)]
-fn horizontal_body(line: &[f32], taps: &AaTaps, out: &mut [f32]) {
-    for (x, o) in out.iter_mut().enumerate() {
-        let (start, weights) = taps.row(x);
-        let src = &line[start..start + weights.len()];
-        *o = dot(weights, |j| src[j]);
-    }
-}
-
 /// The vertical pass of one output row: `out[x] = Σⱼ rows(j)[x]·wⱼ`, one tap at a time over the
 /// whole row (each element's order is the same as [`dot`]'s).
 #[inline(always)]
@@ -189,14 +182,66 @@ fn vertical_body<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &m
     }
 }
 
-// The two passes compiled for FMA (so `mul_add` is an instruction, not a call into libm) and
-// AVX2 (so the vertical loops vectorise); the same correctly rounded operations either way.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn horizontal_fma(line: &[f32], taps: &AaTaps, out: &mut [f32]) {
-    horizontal_body(line, taps, out)
+/// Rows the horizontal pass runs side by side.
+const LANES: usize = 8;
+
+/// The horizontal pass of LANES rows at once: `tin` holds the input rows transposed
+/// (`in_w × LANES`, lane `l` = row `l`), `tout` gets the outputs likewise (`out_w × LANES`); each
+/// lane's arithmetic is [`dot`]'s.
+#[inline(always)]
+fn horizontal_lanes_body(tin: &[f32], taps: &AaTaps, tout: &mut [f32]) {
+    for (x, o) in tout.chunks_exact_mut(LANES).enumerate() {
+        let (start, weights) = taps.row(x);
+        let Some(&w0) = weights.first() else {
+            o.fill(0.0);
+            continue;
+        };
+        let base = &tin[start * LANES..(start + weights.len()) * LANES];
+        let mut acc = [0f32; LANES];
+        for (a, &v) in acc.iter_mut().zip(&base[..LANES]) {
+            *a = v * w0;
+        }
+        let plain = rounded_taps(weights.len() - 1);
+        for (j, (&w, v)) in weights
+            .iter()
+            .zip(base.chunks_exact(LANES))
+            .enumerate()
+            .skip(1)
+        {
+            if j <= plain {
+                for (a, &v) in acc.iter_mut().zip(v) {
+                    *a += v * w;
+                }
+            } else {
+                for (a, &v) in acc.iter_mut().zip(v) {
+                    *a = v.mul_add(w, *a);
+                }
+            }
+        }
+        o.copy_from_slice(&acc);
+    }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn horizontal_lanes_fma(tin: &[f32], taps: &AaTaps, tout: &mut [f32]) {
+    horizontal_lanes_body(tin, taps, tout)
+}
+
+fn horizontal_lanes(tin: &[f32], taps: &AaTaps, tout: &mut [f32], fma: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: `fma` is only true when the CPU has AVX2 and FMA (`has_fma`), the features
+        // the function enables; it is otherwise safe code.
+        unsafe { horizontal_lanes_fma(tin, taps, tout) };
+        return;
+    }
+    let _ = fma;
+    horizontal_lanes_body(tin, taps, tout)
+}
+
+// The two passes compiled for FMA (so `mul_add` is an instruction, not a call into libm) and
+// AVX2 (so the vertical loops vectorise); the same correctly rounded operations either way.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn vertical_fma<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mut [f32]) {
@@ -214,18 +259,6 @@ fn has_fma() -> bool {
     }
 }
 
-fn horizontal(line: &[f32], taps: &AaTaps, out: &mut [f32], fma: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if fma {
-        // SAFETY: `fma` is only true when the CPU has AVX2 and FMA (`has_fma`), the features
-        // the function enables; it is otherwise safe code.
-        unsafe { horizontal_fma(line, taps, out) };
-        return;
-    }
-    let _ = fma;
-    horizontal_body(line, taps, out)
-}
-
 fn vertical<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mut [f32], fma: bool) {
     #[cfg(target_arch = "x86_64")]
     if fma {
@@ -237,70 +270,126 @@ fn vertical<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mut [f
     vertical_body(weights, rows, out)
 }
 
-/// One channel plane of `F.interpolate(x, (out_h, out_w), mode, antialias=True)`: the input's
-/// rows come from `fill(r, row)` (`row` has `in_w` values; each row is filled once), the output
-/// is `out` (`out_h × out_w`, row-major). Every size must be non-zero and `out` that long.
-/// `Err` when the intermediate image (`in_h × out_w` values) cannot be allocated.
+/// One channel plane of `F.interpolate(x, (out_h, out_w), mode, antialias=True)`, streamed: the
+/// input's rows come from `fill(r, row)` (`row` has `in_w` values; each row is filled at most
+/// once, in order), and each output row goes to `emit(y, row)` (`out_w` values), in order.
+/// Every size must be non-zero. Only `2·⌈support⌉ + 1` horizontally resampled rows are kept at a
+/// time (the vertical taps of consecutive outputs move forward); `Err` when those few rows
+/// cannot be allocated, before anything is emitted.
 pub fn resize_plane(
     in_h: usize,
     in_w: usize,
     out_h: usize,
     out_w: usize,
     filter: TorchFilter,
-    out: &mut [f32],
     mut fill: impl FnMut(usize, &mut [f32]),
+    mut emit: impl FnMut(usize, &[f32]),
 ) -> Result<(), AllocError> {
-    debug_assert_eq!(out.len(), out_h * out_w);
     let fma = has_fma();
+    let cols = (in_w != out_w).then(|| aa_taps(in_w, out_w, filter));
+    let mut line = fallible::zeros::<f32>(in_w)?;
+    let (mut tin, mut tout) = match cols {
+        Some(_) => (
+            fallible::zeros::<f32>(in_w * LANES)?,
+            fallible::zeros::<f32>(out_w * LANES)?,
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    let mut out = fallible::zeros::<f32>(out_w)?;
+    // Input rows `r0..r1` (at most LANES), horizontally resampled (or as they are), each handed
+    // to `put(r, row)`. The horizontal pass runs LANES rows at a time, one lane per row (the
+    // same operations per lane as [`dot`]): independent sums side by side instead of one long
+    // dependency chain per output.
+    let mut rows_of = |r0: usize, r1: usize, put: &mut dyn FnMut(usize, &[f32])| match &cols {
+        Some(cols) => {
+            for (lane, r) in (r0..r1).enumerate() {
+                fill(r, &mut line);
+                for (x, &v) in line.iter().enumerate() {
+                    tin[x * LANES + lane] = v;
+                }
+            }
+            horizontal_lanes(&tin, cols, &mut tout, fma);
+            for (lane, r) in (r0..r1).enumerate() {
+                for (o, lanes) in out.iter_mut().zip(tout.chunks_exact(LANES)) {
+                    *o = lanes[lane];
+                }
+                put(r, &out);
+            }
+        }
+        None => {
+            for r in r0..r1 {
+                fill(r, &mut line);
+                put(r, &line);
+            }
+        }
+    };
     if in_h == out_h {
-        // At most the horizontal pass, straight into the output.
-        if in_w == out_w {
-            for (r, row) in out.chunks_exact_mut(out_w).enumerate() {
-                fill(r, row);
+        let mut r = 0;
+        while r < in_h {
+            let r1 = (r + LANES).min(in_h);
+            rows_of(r, r1, &mut |y, row| emit(y, row));
+            r = r1;
+        }
+        return Ok(());
+    }
+    let rows = aa_taps(in_h, out_h, filter);
+    let cap = rows.ksize + LANES;
+    let mut ring = fallible::zeros::<f32>(cap * out_w)?;
+    let mut vout = fallible::zeros::<f32>(out_w)?;
+    // Input rows below `next` have been resampled into the ring (slot `r % cap`). A window is at
+    // most `ksize` rows, windows only move forward, and rows are made at most LANES − 1 ahead
+    // of the window's end, so a row is overwritten only once no later output needs it.
+    let mut next = 0usize;
+    for y in 0..out_h {
+        let (start, weights) = rows.row(y);
+        let end = start + weights.len();
+        next = next.max(start);
+        while next < end {
+            let r1 = (next + LANES).min(in_h);
+            rows_of(next, r1, &mut |r, row| {
+                let slot = r % cap;
+                ring[slot * out_w..(slot + 1) * out_w].copy_from_slice(row);
+            });
+            next = r1;
+        }
+        let ring = &ring[..];
+        if out_w == 1 {
+            // torch's one-pixel-wide quirk (module docs): the first output row's value
+            // everywhere.
+            vout[0] = dot(weights, |j| ring[(start + j) % cap]);
+            for each in 0..out_h {
+                emit(each, &vout);
             }
             return Ok(());
         }
-        let cols = aa_taps(in_w, out_w, filter);
-        let mut line = fallible::zeros::<f32>(in_w)?;
-        for (r, row) in out.chunks_exact_mut(out_w).enumerate() {
-            fill(r, &mut line);
-            horizontal(&line, &cols, row, fma);
-        }
-        return Ok(());
-    }
-    // The horizontal pass (or the input itself) into `mid`, then the vertical pass.
-    let mut mid = fallible::zeros::<f32>(in_h * out_w)?;
-    if in_w == out_w {
-        for (r, row) in mid.chunks_exact_mut(out_w).enumerate() {
-            fill(r, row);
-        }
-    } else {
-        let cols = aa_taps(in_w, out_w, filter);
-        let mut line = fallible::zeros::<f32>(in_w)?;
-        for (r, row) in mid.chunks_exact_mut(out_w).enumerate() {
-            fill(r, &mut line);
-            horizontal(&line, &cols, row, fma);
-        }
-    }
-    let rows = aa_taps(in_h, out_h, filter);
-    let mid = &mid[..];
-    if out_w == 1 {
-        // torch's one-pixel-wide quirk (module docs): the first output row's value everywhere.
-        let (start, weights) = rows.row(0);
-        let first = dot(weights, |j| mid[start + j]);
-        out.fill(first);
-        return Ok(());
-    }
-    for (y, row) in out.chunks_exact_mut(out_w).enumerate() {
-        let (start, weights) = rows.row(y);
         vertical(
             weights,
-            |j| &mid[(start + j) * out_w..(start + j + 1) * out_w],
-            row,
+            |j| {
+                let slot = (start + j) % cap;
+                &ring[slot * out_w..(slot + 1) * out_w]
+            },
+            &mut vout,
             fma,
         );
+        emit(y, &vout);
     }
     Ok(())
+}
+
+/// [`resize_plane`] into `out` (`out_h × out_w`, row-major).
+pub fn resize_plane_into(
+    in_h: usize,
+    in_w: usize,
+    out_h: usize,
+    out_w: usize,
+    filter: TorchFilter,
+    out: &mut [f32],
+    fill: impl FnMut(usize, &mut [f32]),
+) -> Result<(), AllocError> {
+    debug_assert_eq!(out.len(), out_h * out_w);
+    resize_plane(in_h, in_w, out_h, out_w, filter, fill, |y, row| {
+        out[y * out_w..(y + 1) * out_w].copy_from_slice(row)
+    })
 }
 
 #[cfg(test)]
@@ -411,7 +500,7 @@ mod tests {
                 (200, 5),
             ] {
                 let mut ours = vec![0.0f32; oh * ow];
-                resize_plane(in_h, in_w, oh, ow, filter, &mut ours, |r, row| {
+                resize_plane_into(in_h, in_w, oh, ow, filter, &mut ours, |r, row| {
                     row.copy_from_slice(&src[r * in_w..(r + 1) * in_w])
                 })
                 .unwrap();
@@ -429,7 +518,7 @@ mod tests {
     fn one_pixel_wide_columns_take_the_first_row() {
         let src: Vec<f32> = (0..30).map(|v| v as f32 * 3.0).collect();
         let mut out = vec![0.0f32; 12];
-        resize_plane(30, 1, 12, 1, TorchFilter::Bicubic, &mut out, |r, row| {
+        resize_plane_into(30, 1, 12, 1, TorchFilter::Bicubic, &mut out, |r, row| {
             row[0] = src[r]
         })
         .unwrap();

@@ -25,7 +25,6 @@ use super::{
 };
 use crate::image::torch::TorchFilter;
 use crate::image::torch_aa;
-use crate::memory::fallible;
 
 /// `OPENAI_CLIP_MEAN` / `OPENAI_CLIP_STD`, the class defaults.
 const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
@@ -331,12 +330,6 @@ pub fn patch_grid(
     Ok((gh, gw))
 }
 
-/// One image resized (or as it is) to its grid, normalised, as `float32` planes `(3, H, W)`.
-struct Prepared {
-    planes: Vec<f32>,
-    grid: (usize, usize),
-}
-
 /// The fused rescale + normalize constants of channel `c`: `(x − m) / s` with
 /// `m = f32(mean)·f32(1 / rescale_factor)`, likewise `s`.
 fn fused(common: &Common, c: usize) -> (f32, f32) {
@@ -347,12 +340,17 @@ fn fused(common: &Common, c: usize) -> (f32, f32) {
     )
 }
 
-fn prepare(
+/// One decoded image and the patch grid it is resized to.
+struct Prepared<'a> {
+    rgb: Rgb<'a>,
+    grid: (usize, usize),
+}
+
+fn prepare<'a>(
     config: &NemotronConfig,
-    filter: TorchFilter,
     budget: i128,
-    rgb: &Rgb<'_>,
-) -> Result<Prepared, ProcessorError> {
+    rgb: Rgb<'a>,
+) -> Result<Prepared<'a>, ProcessorError> {
     let patch = config.patch_size;
     let (gh, gw) = patch_grid(
         rgb.height,
@@ -370,55 +368,48 @@ fn prepare(
             format!("{gh}x{gw} patches of {patch}"),
         ));
     }
-    let (gh, gw) = (gh as usize, gw as usize);
+    let grid = (gh as usize, gw as usize);
+    check_image("resized image", grid.0 * patch, grid.1 * patch)?;
+    Ok(Prepared { rgb, grid })
+}
+
+/// One image resized to its grid (torch's float kernel; not at all when it has the grid's size
+/// already), normalised and written as `convert_image_to_patches` lays it out: `h·w` patches of
+/// `3·p²` values, each `(c, y, x)`, into `out`. Every value of `out` is written on `Ok`.
+fn write_image(
+    common: &Common,
+    filter: TorchFilter,
+    image: &Prepared<'_>,
+    patch: usize,
+    out: &mut [Out],
+) -> Result<(), ProcessorError> {
+    let (gh, gw) = image.grid;
     let (out_h, out_w) = (gh * patch, gw * patch);
-    check_image("resized image", out_h, out_w)?;
-    let plane = out_h * out_w;
-    let mut planes =
-        fallible::zeros::<f32>(plane * 3).map_err(ProcessorError::oom("resized image"))?;
-    let (in_h, in_w) = (rgb.height, rgb.width);
-    let data = &rgb.data;
-    for (c, out) in planes.chunks_exact_mut(plane).enumerate() {
+    let (in_h, in_w) = (image.rgb.height, image.rgb.width);
+    let data = &image.rgb.data;
+    let patch_len = 3 * patch * patch;
+    debug_assert_eq!(out.len(), gh * gw * patch_len);
+    for c in 0..3 {
+        let (m, s) = fused(common, c);
         let fill = |r: usize, row: &mut [f32]| {
             let src = &data[r * in_w * 3..(r + 1) * in_w * 3];
             for (slot, px) in row.iter_mut().zip(src.chunks_exact(3)) {
                 *slot = f32::from(px[c]);
             }
         };
-        torch_aa::resize_plane(in_h, in_w, out_h, out_w, filter, out, fill)
-            .map_err(ProcessorError::oom("resized image"))?;
-        let (m, s) = fused(&config.common, c);
-        for v in out.iter_mut() {
-            *v = (*v - m) / s;
-        }
-    }
-    Ok(Prepared {
-        planes,
-        grid: (gh, gw),
-    })
-}
-
-/// `convert_image_to_patches` of one image into `out` (`h·w` patches of `3·p²`).
-fn write_patches(prepared: &Prepared, patch: usize, out: &mut [Out]) {
-    let (gh, gw) = prepared.grid;
-    let (height, width) = (gh * patch, gw * patch);
-    let plane = height * width;
-    let mut chunks = out.chunks_exact_mut(3 * patch * patch);
-    for py in 0..gh {
-        for px in 0..gw {
-            let Some(dst) = chunks.next() else { return };
-            let mut rows = dst.chunks_exact_mut(patch);
-            for c in 0..3 {
-                for y in 0..patch {
-                    let Some(row) = rows.next() else { return };
-                    let start = c * plane + (py * patch + y) * width + px * patch;
-                    for (slot, &v) in row.iter_mut().zip(&prepared.planes[start..start + patch]) {
-                        slot.write(v);
-                    }
+        let emit = |y: usize, row: &[f32]| {
+            let (py, yy) = (y / patch, y % patch);
+            for (px, values) in row.chunks_exact(patch).enumerate() {
+                let at = (py * gw + px) * patch_len + c * patch * patch + yy * patch;
+                for (slot, &v) in out[at..at + patch].iter_mut().zip(values) {
+                    slot.write((v - m) / s);
                 }
             }
-        }
+        };
+        torch_aa::resize_plane(in_h, in_w, out_h, out_w, filter, fill, emit)
+            .map_err(ProcessorError::oom("resized rows"))?;
     }
+    Ok(())
 }
 
 /// Nemotron-H-Omni on a batch (see the module docs).
@@ -443,9 +434,7 @@ pub fn images(
     })?;
     let budget = patch_budget(config, inputs.len());
     let prepared = prepare_all(inputs, options, |rgb, _threads| {
-        let out = prepare(config, filter, budget, &rgb);
-        super::recycle_images([rgb]);
-        out
+        prepare(config, budget, rgb)
     })?;
     let patch = config.patch_size;
     let patch_len = 3 * patch * patch;
@@ -455,17 +444,23 @@ pub fn images(
     let mut pixel_values = OutBuffer::new("pixel_values", len)?;
     let lengths: Vec<usize> = rows.iter().map(|r| r * patch_len).collect();
     let slices = pixel_values.slices(&lengths);
-    let jobs: Vec<(&Prepared, &mut [Out])> = prepared.iter().zip(slices).collect();
+    let jobs: Vec<(&Prepared<'_>, &mut [Out])> = prepared.iter().zip(slices).collect();
     let workers = parallel::workers(options.threads, jobs.len());
-    parallel::map(jobs, workers, |_, (p, out)| write_patches(p, patch, out));
-    // SAFETY: the slices cover the buffer (their lengths sum to `len`), and `write_patches`
-    // writes every value of its slice: h·w patches of 3 channels × p rows × p values, in order.
+    let written = parallel::map(jobs, workers, |i, (image, out)| {
+        write_image(&config.common, filter, image, patch, out).map_err(|e| e.at(i))
+    });
+    written.into_iter().collect::<Result<Vec<()>, _>>()?;
+    // SAFETY: the slices cover the buffer (their lengths sum to `len`), and every
+    // `write_image` returned `Ok`, having written every value of its slice: each of the 3
+    // channels emits all `h·p` rows of `w·p` values, which land on distinct positions covering
+    // the image's `h·w·3·p²` values.
     let pixel_values = unsafe { pixel_values.finish() };
     let grid: Vec<i64> = prepared
         .iter()
         .flat_map(|p| [p.grid.0 as i64, p.grid.1 as i64])
         .collect();
     let n = prepared.len();
+    super::recycle_images(prepared.into_iter().map(|p| p.rgb));
     Ok(Outputs {
         tensors: vec![
             (
