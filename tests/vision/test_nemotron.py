@@ -125,9 +125,11 @@ def test_released_preprocessor_config(tmp_path: Path) -> None:
     assert processor.config["max_num_patches"] == 4096
 
 
-def test_model_type_names_the_family(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model_type", ["nemotron_h_omni", "NemotronH_Nano_Omni_Reasoning_V3"])
+def test_model_type_names_the_family(tmp_path: Path, model_type: str) -> None:
+    """transformers' model type, and the released checkpoints' (the SMG gateway's)."""
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"patch_size": 16}))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nemotron_h_omni"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     assert vision.ImageProcessor.from_pretrained(tmp_path).family == "nemotron_h_omni"
 
 

@@ -67,8 +67,12 @@ const OWN_KEYS: &[&str] = &[
     "max_model_len",
 ];
 
-/// `config.json` model types: transformers' own.
-pub const MODEL_TYPES: &[(&str, &str)] = &[("nemotron_h_omni", "nemotron_h_omni")];
+/// `config.json` model types: transformers' own, and the released checkpoints' remote-code
+/// type, which the SMG gateway (1.13, `registry/nemotron_omni.rs`) matches.
+pub const MODEL_TYPES: &[(&str, &str)] = &[
+    ("nemotron_h_omni", "nemotron_h_omni"),
+    ("NemotronH_Nano_Omni_Reasoning_V3", "nemotron_h_omni"),
+];
 
 /// Ours: a patch side no model approaches (transformers bounds none of these).
 const MAX_PATCH: usize = 1024;
