@@ -8,10 +8,11 @@ PIL class), and the hub's ``Phi3VImageProcessor``
 as ``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with
 one thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
 ``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors /
-PIL images for the references, numpy arrays for us) and JPEG bytes (``torchvision.io.
-decode_jpeg`` for the torchvision classes, ``Image.open`` for Phi-3). Outputs are checked to be
-byte-identical first. Time: medians over ``--rounds`` fresh processes; peak memory: the extra
-resident memory of one call in a fresh process.
+PIL images for the references, numpy arrays for us) and file bytes (``torchvision.io.
+decode_image`` to RGB for the torchvision classes, ``Image.open`` for Phi-3), on real photos
+(``benchkit.REAL_PHOTO_CASES``: JPEG and PNG, 0.26 to 2.1 MP, and a batch of 8). Outputs are
+checked to be byte-identical first. Time: medians over ``--rounds`` fresh processes; peak
+memory: the extra resident memory of one call in a fresh process.
 
 Needs torch, so it runs in the reference venv (``tests/goldens/torch/README.md``) with the
 wheel installed there::
@@ -29,7 +30,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,11 +37,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_vision import write_images  # noqa: E402
-from benchkit import cpu_model, measure_peak, time_op  # noqa: E402
+from benchkit import (  # noqa: E402
+    REAL_PHOTO_CASES,
+    cpu_model,
+    measure_peak,
+    real_photo_cases,
+    time_op,
+)
 
 FAMILIES = ("llama4", "phi4_multimodal", "phi3_v", "nemotron_h_omni")
-CASES = ("512x600", "1280x960", "batch of 8")
+CASES = tuple(REAL_PHOTO_CASES)
 
 
 def _same(reference: Any, ours: Any) -> bool:
@@ -72,7 +77,10 @@ def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
 
     def tv_bytes() -> list[Any]:
         return [
-            torchvision.io.decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8))
+            torchvision.io.decode_image(
+                torch.frombuffer(bytearray(b), dtype=torch.uint8),
+                mode=torchvision.io.ImageReadMode.RGB,
+            )
             for b in blobs
         ]
 
@@ -160,7 +168,7 @@ def main() -> None:
     import torch
     import transformers
 
-    cases = write_images(Path(tempfile.mkdtemp(prefix="bench-torch-families-")))
+    cases = real_photo_cases()
     chosen = {c: [str(p) for p in cases[c]] for c in CASES}
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; one pinned core per process")
     print(

@@ -412,9 +412,9 @@ def test_client_disconnect_aborts_the_engine_request(
 # family (from the same tokenizer file), so that where the gateway differs we know who is right.
 
 #: Families smg 1.13.0 builds requests for (crates/multimodal/src/registry/) and our builders
-#: serve on main: one gateway launch each.
+#: serve on main: one gateway launch each. Qwen3-Omni: images only (its audio is not ours).
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
-AGREE += ["phi3_v", "gemma4", "glm5_next"]
+AGREE += ["phi3_v", "gemma4", "glm5_next", "qwen3_omni_moe"]
 #: Families smg 1.13.0 serves that our builders do not yet (none today): they would be skipped
 #: with the reason given here until they are moved into AGREE.
 PENDING: dict[str, str] = {}
@@ -435,6 +435,7 @@ TRANSFORMERS_PROCESSOR = {
     "llava_next": ("llava_next", "LlavaNextProcessor"),
     "llama4": ("llama4", "Llama4Processor"),
     "glm5_next": ("glm5_next", "Glm5NextProcessor"),
+    "qwen3_omni_moe": ("qwen3_omni_moe", "Qwen3OmniMoeProcessor"),
 }
 
 # -- where smg 1.13.0 and we differ, and who matches transformers (asserted below) ------------

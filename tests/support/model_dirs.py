@@ -579,6 +579,87 @@ def qwen3_5() -> Family:
     )
 
 
+# Qwen3-Omni: Qwen2.5's specials plus the audio tokens (Qwen/Qwen3-Omni-30B-A3B-Instruct's
+# tokenizer_config.json).
+QWEN3_OMNI_SPECIALS = (
+    *QWEN25_SPECIALS,
+    ("<|audio_start|>", 151669),
+    ("<|audio_end|>", 151670),
+    ("<|audio_pad|>", 151675),
+)
+QWEN3_OMNI_PREPROCESSOR = {  # Qwen/Qwen3-Omni-30B-A3B-Instruct (image and audio halves)
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen3OmniMoeProcessor",
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "feature_extractor_type": "WhisperFeatureExtractor",
+    "feature_size": 128,
+    "sampling_rate": 16000,
+    "hop_length": 160,
+    "n_fft": 400,
+    "chunk_length": 300,
+    "n_samples": 4800000,
+    "nb_max_frames": 30000,
+    "padding_side": "right",
+    "padding_value": 0.0,
+    "return_attention_mask": True,
+    "dither": 0.0,
+}
+
+
+# The model-specific tokens of its tokenizer_config.json (Qwen3OmniMoeProcessor reads them).
+QWEN3_OMNI_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
+
+
+def qwen3_omni_moe() -> Family:
+    """Qwen3-Omni: the token ids live in ``thinker_config`` (the model the media go to)."""
+    text = _text(152064, 151643, 151645)
+    thinker = {
+        "model_type": "qwen3_omni_moe_thinker",
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "audio_token_id": 151675,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "audio_start_token_id": 151669,
+        "audio_end_token_id": 151670,
+        "position_id_per_seconds": 13,
+        "text_config": {"model_type": "qwen3_omni_moe_text", **text},
+        "vision_config": {"model_type": "qwen3_omni_moe_vision_encoder", **_qwen_vision(16)},
+        "audio_config": {"model_type": "qwen3_omni_moe_audio_encoder", "num_mel_bins": 128},
+    }
+    return Family(
+        "qwen3_omni_moe",
+        "Qwen3-Omni-tiny",
+        QWEN3_OMNI_SPECIALS,
+        {
+            "architectures": ["Qwen3OmniMoeForConditionalGeneration"],
+            "model_type": "qwen3_omni_moe",
+            "enable_audio_output": False,
+            "thinker_config": thinker,
+        },
+        QWEN3_OMNI_PREPROCESSOR,
+        _chatml("<|vision_start|><|image_pad|><|vision_end|>"),
+        "<|image_pad|>",
+        "<|image_pad|>",
+        {**_QWEN_TOKENIZER, **QWEN3_OMNI_TOKENS},
+        generation={"bos_token_id": 151643, "pad_token_id": 151643, "eos_token_id": [151645]},
+    )
+
+
 def llava() -> Family:
     return Family(
         "llava",
@@ -777,6 +858,7 @@ FAMILIES = {
     "phi3_v": phi3_v,
     "gemma4": gemma4,
     "glm5_next": glm5_next,
+    "qwen3_omni_moe": qwen3_omni_moe,
 }
 
 

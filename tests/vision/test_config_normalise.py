@@ -91,6 +91,9 @@ _KEYS: dict[str, tuple[str, ...]] = {
         "temporal_patch_size",
         "min_image_tokens",
         "max_image_tokens",
+        # ours: the video processor's token bounds
+        "video_min_image_tokens",
+        "video_max_image_tokens",
     ),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
@@ -210,6 +213,9 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
             out["video_size"] = _size_dict(config["video_size"], square=False)
         if family == "qwen3_omni_moe" and config.get("fps") is not None:
             out["fps"] = config["fps"]  # the caller's video fps (video_second_per_grid)
+    elif kind == "glm4v" and config.get("video_size") is not None:
+        # ours: GLM-4.1V/4.6V's video processor size (absent from transformers' image files)
+        out["video_size"] = _size_dict(config["video_size"], square=False)
     elif kind not in _OWN_SIZES:
         if config.get("crop_size") is not None:
             out["crop_size"] = _size_dict(config["crop_size"], square=True)

@@ -506,13 +506,26 @@ where
     P: Send,
     F: Fn(Rgb<'a>, usize) -> Result<P, ProcessorError> + Sync,
 {
+    prepare_all_indexed(inputs, options, |_, rgb, threads| f(rgb, threads))
+}
+
+/// [`prepare_all`] with `f` also given the input's index in the batch.
+pub(crate) fn prepare_all_indexed<'a, P, F>(
+    inputs: &[Input<'a>],
+    options: &Options,
+    f: F,
+) -> Result<Vec<P>, ProcessorError>
+where
+    P: Send,
+    F: Fn(usize, Rgb<'a>, usize) -> Result<P, ProcessorError> + Sync,
+{
     let workers = parallel::workers(options.threads, inputs.len());
     let resize_threads = if workers == 1 { options.threads } else { 1 };
     let inputs = fallible::copied(inputs).map_err(ProcessorError::oom("batch"))?;
     let results = parallel::map(inputs, workers, |i, input| {
         input
             .to_rgb(options)
-            .and_then(|rgb| f(rgb, resize_threads))
+            .and_then(|rgb| f(i, rgb, resize_threads))
             .map_err(|e| e.at(i))
     });
     results.into_iter().collect()
