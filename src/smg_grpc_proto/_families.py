@@ -38,6 +38,7 @@ Family = Literal[
     "glm5_next",
     "minimax_m3_vl",
     "kimi_k25",
+    "nemotron_h_omni",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -67,5 +68,6 @@ FAMILIES: tuple[Family, ...] = (
     "glm5_next",
     "minimax_m3_vl",
     "kimi_k25",
+    "nemotron_h_omni",
 )
 """Every family, in registry order."""

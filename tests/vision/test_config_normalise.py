@@ -48,6 +48,7 @@ _CLASSES: dict[str, Family] = {
     "Glm5NextImageProcessor": "glm5_next",
     "MiniMaxM3VLImageProcessor": "minimax_m3_vl",
     "Kimi_K25ImageProcessor": "kimi_k25",
+    "NemotronH_Omni_Reasoning_V3ImageProcessor": "nemotron_h_omni",
 }
 
 _COMMON = (
@@ -79,6 +80,13 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "phi3_v": ("num_crops",),
     "mllama": ("max_image_tiles", "do_pad"),
     "gemma4": ("patch_size", "max_soft_tokens", "pooling_kernel_size"),
+    "nemotron_h_omni": (
+        "patch_size",
+        "downsample_ratio",
+        "min_num_patches",
+        "max_num_patches",
+        "max_model_len",
+    ),
     "glm4v": ("patch_size", "merge_size", "temporal_patch_size"),
     "minimax": ("patch_size", "merge_size", "temporal_patch_size"),
     "glm5_next": (
@@ -104,10 +112,14 @@ _SQUARE: frozenset[str] = frozenset(
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
     | {"glm4v", "glm46v", "glm5_next", "gemma4_unified", "minimax_m3_vl", "kimi_k25"}
+    | {"nemotron_h_omni"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
 # GLM-5-next's resize reads min/max_image_tokens, never size.
-_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4", "gemma4_unified", "glm5_next"})
+# Nemotron-H-Omni's resize reads the patch limits, never size.
+_NO_SIZE: frozenset[str] = frozenset(
+    {"phi3_v", "gemma4", "gemma4_unified", "glm5_next", "nemotron_h_omni"}
+)
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -136,6 +148,7 @@ def _kind(family: Family) -> str:
         "mllama",
         "gemma4",
         "kimi_k25",
+        "nemotron_h_omni",
     )
     return family if family in own else "clip"
 
@@ -173,6 +186,12 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of ``config`` that ``family`` uses, in the native processor's form."""
     kind = _kind(family)
     out: dict[str, Any] = {}
+    if kind == "nemotron_h_omni":
+        # its __init__: kwargs.setdefault("image_mean", norm_mean), likewise image_std
+        config = dict(config)
+        for legacy, key in (("norm_mean", "image_mean"), ("norm_std", "image_std")):
+            if config.get(legacy) is not None and key not in config:
+                config[key] = config[legacy]
     keys = _PHI3_V if kind == "phi3_v" else (*_COMMON, *_KEYS[kind])
     for key in keys:
         value = config.get(key)
@@ -403,6 +422,10 @@ VARIED: list[dict[str, Any]] = [
     },
     {"media_proc_cfg": {"transparent_bg_config": {"pattern": "chessboard"}}},
     {"media_proc_cfg": None},
+    # Nemotron-H-Omni's released keys: norm_mean/norm_std stand in for absent image_mean/std.
+    {"norm_mean": [0.1, 0.2, 0.3], "norm_std": [0.4, 0.5, 0.6], "_downsample_factor": 2},
+    {"norm_mean": [0.1, 0.2, 0.3], "image_mean": [0.5, 0.5, 0.5], "norm_std": None},
+    {"downsample_ratio": 0.25, "min_num_patches": 64, "max_num_patches": 0, "max_model_len": 99},
 ]
 
 

@@ -102,6 +102,10 @@ def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) 
     if family == "gemma4_unified":
         # one soft token per merged patch (all but the (-1, -1) padding rows)
         return tuple(int(n) for n in (out.image_position_ids[..., 0] >= 0).sum(axis=1))
+    if family == "nemotron_h_omni":
+        # NemotronH_Omni_Reasoning_V3Processor.replace_image_token: h * w // merge ** 2
+        merge = round(1 / cfg["downsample_ratio"])
+        return tuple(h * w // merge**2 for h, w in out.image_grid_hw.tolist())
     raise AssertionError(family)
 
 

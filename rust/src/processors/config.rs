@@ -19,6 +19,7 @@ use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
 use super::minimax::{self, MiniMaxConfig};
 use super::mllama::{self, MllamaConfig};
+use super::nemotron::{self, NemotronConfig};
 use super::phi3v::{self, Phi3VConfig};
 use super::phi4::{self, Phi4Config};
 use super::pixtral::{self, PixtralConfig};
@@ -120,6 +121,7 @@ registry! {
     Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
     MinimaxM3Vl => "minimax_m3_vl", MiniMaxConfig = MiniMaxConfig::minimax_m3_vl(), minimax::MINIMAX_M3_VL;
     KimiK25 => "kimi_k25", KimiConfig = KimiConfig::kimi_k25(), kimi::KIMI_K25;
+    NemotronHOmni => "nemotron_h_omni", NemotronConfig = NemotronConfig::nemotron_h_omni(), nemotron::NEMOTRON_H_OMNI;
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
@@ -129,6 +131,7 @@ const MODEL_TYPES: &[&[(&str, &str)]] = &[
     gemma4_unified::MODEL_TYPES,
     minimax::MODEL_TYPES,
     kimi::MODEL_TYPES,
+    nemotron::MODEL_TYPES,
 ];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];

@@ -51,6 +51,7 @@ pub mod llama4;
 pub mod llava_next;
 pub mod minimax;
 pub mod mllama;
+pub mod nemotron;
 pub mod normalize;
 pub mod parallel;
 pub mod phi3v;
