@@ -223,9 +223,11 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     // recalled for the Nemotron-H VL tokenizer (`<image>` 18 as `img_context_token_id`, `<img>`
     // 19, `</img>` 20). A caller with the model's tokenizer or config.json passes its own.
     defaults: &[(IMG_START, 19), (IMG_END, 20), (IMAGE, 18)],
-    // pixel_values concatenates the images' patches.
+    // pixel_values concatenates the images' patches, split by `patches_per_image` as the SMG
+    // gateway's packed Nemotron-Omni layout sends them (smg 1.13.0, registry/nemotron_omni.rs:
+    // pixel_values flat by patches_per_image, image_grid_hw batched).
     flat: &["pixel_values"],
-    sizes: "image_num_patches",
+    sizes: "patches_per_image",
     per_sample: false,
     joins: &[],
 };
