@@ -25,13 +25,22 @@ from smg_grpc_proto.engines import tokenspeed as ts_adapter
 from smg_grpc_proto.engines import trtllm as trtllm_adapter
 from smg_grpc_proto.engines import vllm as vllm_adapter
 from smg_grpc_proto.engines._decoded import SIZES_KEY, DecodedItem
-from smg_grpc_proto.engines._tensors import CROSS_ATTENTION
+from smg_grpc_proto.engines._tensors import CROSS_ATTENTION, ENGINE_LAYOUTS
 from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError
 
 ALL_FAMILIES = [name for name, *_ in _native.families()]
 # Cross-attention families (Llama 3.2 Vision): processed exactly, but no engine contract here
 # carries their images, and every builder says so (test_cross_attention_refused).
 FAMILIES = [f for f in ALL_FAMILIES if f not in CROSS_ATTENTION]
+
+
+def _reads(engine: str, family: str) -> bool:
+    """Whether ``engine``'s models read ``family``'s layout (ENGINE_LAYOUTS: Nemotron-H-Omni's
+    packed patches only TokenSpeed)."""
+    engines, _ = ENGINE_LAYOUTS.get(family, (None, ""))
+    return engines is None or engine in engines
+
+
 # A landscape photo-sized image (tiled by every tiling family), a portrait strip, a tiny square.
 SHAPES = [(300, 500), (900, 400), (40, 40)]
 
@@ -118,6 +127,25 @@ def _check_item(
     assert int(np.count_nonzero(embed)) == media.token_counts[i]
 
 
+def _assert_refused(engine: str, build: Any) -> None:
+    """``build`` raises MultimodalNotSupportedError naming ``engine`` and leaves no segment."""
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(MultimodalNotSupportedError) as info:
+        build()
+    assert str(info.value).startswith(f"{engine}: ")
+    assert info.value.field.endswith("family")
+    assert set(os.listdir("/dev/shm")) <= before
+
+
+@pytest.mark.parametrize("family", sorted(ENGINE_LAYOUTS))
+def test_trtllm_refuses_a_layout_it_does_not_read(family: str) -> None:
+    media = _media(family, 3)
+    _assert_refused(
+        "TensorRT-LLM",
+        lambda: trtllm_adapter.generate_request("r", _prompt(media), media, max_tokens=4),
+    )
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -148,6 +176,18 @@ def test_prepare_maps_tiles_to_items(family: str) -> None:
 )
 def test_vllm_round_trip_exact(family: str, transport: str, dtype: str | None) -> None:
     media = _media(family, 3)
+    if not _reads("vLLM", family):
+        _assert_refused(
+            "vLLM",
+            lambda: vllm_adapter.generate_request(
+                "r",
+                _prompt(media),
+                media,
+                transport=transport,
+                shm_min_bytes=0,  # type: ignore[arg-type]
+            ),
+        )
+        return
     request = vllm_adapter.generate_request(
         "r",
         _prompt(media),
@@ -174,6 +214,11 @@ def test_vllm_round_trip_exact(family: str, transport: str, dtype: str | None) -
 
 def test_sglang_round_trip_exact(family: str) -> None:
     media = _media(family, 3)
+    if not _reads("SGLang", family):
+        _assert_refused(
+            "SGLang", lambda: sglang_adapter.generate_request("r", _prompt(media), media)
+        )
+        return
     request = sglang_adapter.generate_request("r", _prompt(media), media)
     assert request.message.mm_inputs.im_token_id == media.token_id
     (batch,) = sglang_adapter.decode_mm_inputs(_wire(request))
@@ -247,12 +292,19 @@ def test_wrap_an_output_made_elsewhere(family: str) -> None:
         assert a.tolist() == b.tolist()
         assert ma.tolist() == mb.tolist()
     assert len(set(wrapped.hashes)) == 3  # hashed from each item's own tensors
-    request = vllm_adapter.generate_request("w", _prompt(wrapped), wrapped)
-    (batch,) = vllm_adapter.decode_mm_inputs(_wire(request))
-    ids = np.asarray(request.message.tokenized.input_ids)
-    names = vllm_adapter.MODEL_TENSOR_NAMES.get(family)
-    for i, item in enumerate(batch.items):
-        _check_item(wrapped, i, item, ids, names=names)
+    if _reads("vLLM", family):
+        request = vllm_adapter.generate_request("w", _prompt(wrapped), wrapped)
+        (batch,) = vllm_adapter.decode_mm_inputs(_wire(request))
+        names = vllm_adapter.MODEL_TENSOR_NAMES.get(family)
+        ids = np.asarray(request.message.tokenized.input_ids)
+        for i, item in enumerate(batch.items):
+            _check_item(wrapped, i, item, ids, names=names)
+    else:  # the engine that reads it (Nemotron-H-Omni: TokenSpeed), one item per batch
+        request = ts_adapter.generate_request("w", _prompt(wrapped), wrapped, dtype=None)
+        ids = np.asarray(request.message.tokenized.input_ids)
+        for i, decoded in enumerate(ts_adapter.decode_mm_inputs(_wire(request))):
+            (item,) = decoded.items
+            _check_item(wrapped, i, item, ids, sizes_name=SIZES_KEY)
     # PreparedMedia.from_output cannot know the replacement: it refuses rather than send a run
     with pytest.raises(MultimodalError, match=r"VisionModel\.wrap"):
         PreparedMedia.from_output(prepared.output, token_id=model.image_token_id, family=family)

@@ -416,9 +416,15 @@ def test_client_disconnect_aborts_the_engine_request(
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
 AGREE += ["phi3_v", "gemma4", "glm5_next", "qwen3_omni_moe", "gemma4_unified", "minimax_m3_vl"]
 AGREE += ["kimi_k25"]
-#: Families smg 1.13.0 serves that our builders do not yet (none today): they would be skipped
-#: with the reason given here until they are moved into AGREE.
-PENDING: dict[str, str] = {}
+#: Families smg 1.13.0 serves where this vLLM-servicer agreement cannot compare: skipped with
+#: the reason given here.
+PENDING: dict[str, str] = {
+    "nemotron_h_omni": (
+        "smg 1.13.0 sends Nemotron-Omni's packed layout to TokenSpeed workers only "
+        "(capability.rs: EncoderInputFormat::Packed) and leaves a vLLM worker to process the media "
+        "itself; this agreement drives a vLLM servicer, and our vLLM builder refuses the family"
+    ),
+}
 # smg 1.13.0's GLM spec (glm53_flash.rs) matches model_type glm53_flash or glm5_next only, not
 # glm4v / glm46v / glm4v_moe (GLM-4.1V, 4.5V, 4.6V): those have nothing to agree with.
 # smg 1.13.0 has no spec for Gemma 3, InternVL, Idefics3, SmolVLM, Pixtral or Phi-4-multimodal

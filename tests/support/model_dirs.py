@@ -1037,6 +1037,76 @@ def kimi_k25() -> Family:
     )
 
 
+# Nemotron-H-Omni (Nemotron 3 Nano Omni): <image> is the checkpoints' img_context_token_id 18;
+# <img> / </img> at 19 / 20 are our defaults (not confirmed against the published tokenizer, so the
+# directory carries them and both sides read them from it).
+NEMOTRON_OMNI_SPECIALS = (
+    ("<unk>", 0),
+    ("<s>", 1),
+    ("</s>", 2),
+    ("<|im_start|>", 10),
+    ("<|im_end|>", 11),
+    ("<image>", 18),
+    ("<img>", 19),
+    ("</img>", 20),
+)
+NEMOTRON_OMNI_PREPROCESSOR = {  # the released keys (norm_mean / norm_std) at the class values
+    "image_processor_type": "NemotronH_Omni_Reasoning_V3ImageProcessor",
+    "patch_size": 16,
+    "downsample_ratio": 0.5,
+    "min_num_patches": 1024,
+    "max_num_patches": 13312,
+    "norm_mean": CLIP_MEAN,
+    "norm_std": CLIP_STD,
+}
+
+
+def nemotron_h_omni() -> Family:
+    """The released checkpoints' model type, which smg 1.13.0's nemotron_omni spec matches; its
+    config check wants the released vision values (patch 16, downsample 0.5, CLIP mean/std,
+    1024 - 13312 patches, the video settings)."""
+    text = _text(131072, 1, 11)
+    return Family(
+        "nemotron_h_omni",
+        "Nemotron-3-Nano-Omni-tiny",
+        NEMOTRON_OMNI_SPECIALS,
+        {
+            "architectures": ["NemotronH_Nano_Omni_Reasoning_V3"],
+            "model_type": "NemotronH_Nano_Omni_Reasoning_V3",
+            "patch_size": 16,
+            "downsample_ratio": 0.5,
+            "force_image_size": 512,
+            "norm_mean": CLIP_MEAN,
+            "norm_std": CLIP_STD,
+            "img_context_token_id": 18,
+            "img_context_token": "<image>",
+            "img_start_token": "<img>",
+            "img_end_token": "</img>",
+            "sound_config": None,
+            "vision_config": {
+                "args": {"min_num_patches": 1024, "max_num_patches": 13312},
+                "video_target_num_patches": 1024,
+                "video_temporal_patch_size": 2,
+                "video_maintain_aspect_ratio": True,
+            },
+            "llm_config": {"model_type": "nemotron_h", **text},
+            "text_config": {"model_type": "nemotron_h", **text},
+        },
+        NEMOTRON_OMNI_PREPROCESSOR,
+        _chatml("<image>"),
+        "<image>",
+        "<image>",
+        {
+            "bos_token": "<s>",
+            "eos_token": "<|im_end|>",
+            "pad_token": "</s>",
+            "unk_token": "<unk>",
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        generation={"bos_token_id": 1, "eos_token_id": [11], "pad_token_id": 2},
+    )
+
+
 #: Every family a directory can be written for, by our family name... and by the name the
 #: agreement test uses (``llava`` for the LLaVA-1.5 checkpoint whose image processor is CLIP's).
 FAMILIES = {
@@ -1054,6 +1124,7 @@ FAMILIES = {
     "qwen3_omni_moe": qwen3_omni_moe,
     "minimax_m3_vl": minimax_m3_vl,
     "kimi_k25": kimi_k25,
+    "nemotron_h_omni": nemotron_h_omni,
 }
 
 

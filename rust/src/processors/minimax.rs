@@ -21,7 +21,7 @@
 //! prompt) are not reproduced and are refused.
 
 use super::family::{
-    i64_values, FamilyConfig, Hf, Published, Replacement, ReplacementSpec, TokenIds, VisionTokens,
+    i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
 use super::qwen::{self, Prepared, QwenConfig};
@@ -46,11 +46,8 @@ pub const MINIMAX_M3_VL: Hf = Hf {
     normalise: hf_minimax,
     processor_keys: &[],
     processor_forces: None,
-    published: Some(Published {
-        image: IMAGE_ID,
-        video: None,
-        vision_tokens: None,
-    }),
+    // A structured replacement: its published ids are REPLACEMENT's defaults.
+    published: None,
     count_tensor: None,
 };
 

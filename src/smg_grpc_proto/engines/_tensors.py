@@ -37,15 +37,36 @@ CROSS_ATTENTION: dict[str, str] = {
 }
 """Families whose images are not prompt embeddings, and why no builder sends them."""
 
+ENGINE_LAYOUTS: dict[str, tuple[frozenset[str], str]] = {
+    "nemotron_h_omni": (
+        frozenset({"TokenSpeed"}),
+        "Nemotron-H-Omni's processor output (pixel_values as 16-px patch rows, image_grid_hw) is "
+        "the SMG gateway's packed layout, which only TokenSpeed's model reads (smg 1.13.0 sends "
+        "it to TokenSpeed workers alone); vLLM's NemotronH_Nano_VL model reads its own tiler's "
+        "pixel_values_flat / imgs_sizes / num_tokens_per_image, and neither SGLang nor "
+        "TensorRT-LLM has a model for it",
+    ),
+}
+"""Families only some engines' models read, and why the others' builders refuse them."""
+
 
 def refuse_cross_attention(item: PreparedMedia, engine: str, field: str) -> None:
-    """Raise :class:`MultimodalNotSupportedError` for a :data:`CROSS_ATTENTION` family."""
+    """Raise :class:`MultimodalNotSupportedError` for a :data:`CROSS_ATTENTION` family, or for
+    a family whose layout ``engine``'s model does not read (:data:`ENGINE_LAYOUTS`)."""
     reason = CROSS_ATTENTION.get(item.family)
     if reason is not None:
         raise MultimodalNotSupportedError(
             f"{engine}: {reason}",
             field=field,
             expected="a prompt-embedding family",
+            actual=item.family,
+        )
+    engines, why = ENGINE_LAYOUTS.get(item.family, (None, ""))
+    if engines is not None and engine not in engines:
+        raise MultimodalNotSupportedError(
+            f"{engine}: {why}",
+            field=field,
+            expected=f"a family {engine}'s models read",
             actual=item.family,
         )
 
