@@ -35,6 +35,8 @@ Family = Literal[
     "glm4v",
     "glm46v",
     "glm5_next",
+    "inkling",
+    "inkling2",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -61,5 +63,7 @@ FAMILIES: tuple[Family, ...] = (
     "glm4v",
     "glm46v",
     "glm5_next",
+    "inkling",
+    "inkling2",
 )
 """Every family, in registry order."""

@@ -12,6 +12,7 @@ use super::gemma3::{self, Gemma3Config};
 use super::gemma4::{self, Gemma4Config};
 use super::glm::{self, GlmConfig};
 use super::idefics3::{self, Idefics3Config};
+use super::inkling::{self, Inkling2Config, InklingConfig};
 use super::internvl::{self, InternVlConfig};
 use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
@@ -114,10 +115,12 @@ registry! {
     Glm4v => "glm4v", GlmConfig = GlmConfig::glm4v(), glm::GLM4V;
     Glm46v => "glm46v", GlmConfig = GlmConfig::glm4v(), glm::GLM46V;
     Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
+    Inkling => "inkling", InklingConfig = InklingConfig::inkling(), inkling::INKLING;
+    Inkling2 => "inkling2", Inkling2Config = Inkling2Config::inkling2(), inkling::INKLING2;
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
-const MODEL_TYPES: &[&[(&str, &str)]] = &[qwen::MODEL_TYPES, glm::MODEL_TYPES];
+const MODEL_TYPES: &[&[(&str, &str)]] = &[qwen::MODEL_TYPES, glm::MODEL_TYPES, inkling::MODEL_TYPES];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];
 

@@ -43,6 +43,7 @@ pub mod gemma3;
 pub mod gemma4;
 pub mod glm;
 pub mod idefics3;
+pub mod inkling;
 pub mod input;
 pub mod internvl;
 pub mod llama4;
