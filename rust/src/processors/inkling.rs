@@ -329,6 +329,10 @@ impl FamilyConfig for Inkling2Config {
         Ok(())
     }
 
+    fn keeps_alpha(&self) -> bool {
+        true
+    }
+
     fn images(
         &self,
         _normalize: &Normalize,
