@@ -4,6 +4,11 @@ Phi-4-multimodal and Phi-3-vision image processors and of two raw kernels, on th
 ``tests/support/torch_inputs.py``. ``tests/vision/test_torch_goldens.py`` checks our implementation
 against the file without needing torch.
 
+With ``--family NAME`` (repeatable, or ``all``) it writes ``tests/goldens/torch/NAME.json``
+instead, from the cases of ``scripts/torch_goldens/NAME.py`` on those inputs plus the 32 real
+photographs of ``support.images.real_photos()``; ``tests/vision/test_torch_family_goldens.py``
+checks every such file (``scripts/torch_goldens/README.md``).
+
 Run it in a separate venv holding the pinned reference (torch is too heavy for the test env)::
 
     python3 -m uv venv /work/torchenv
@@ -11,9 +16,10 @@ Run it in a separate venv holding the pinned reference (torch is too heavy for t
         torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 pillow==13.0.0 numpy
     /work/torchenv/bin/python scripts/gen_torch_goldens.py
 
-The venv has no pip, so the Pillow test images must already be in ``.cache/`` (the test env
-fetches them: ``python3 -c "import sys; sys.path.insert(0, 'tests'); from support.images import
-pillow_test_images; pillow_test_images()"``). This script never imports smg_grpc_proto.
+The venv has no pip, so the test images must already be in ``.cache/`` (the test env fetches
+them: ``python3 -c "import sys; sys.path.insert(0, 'tests'); from support.images import
+pillow_test_images, real_photos; pillow_test_images(); real_photos()"``). This script never
+imports smg_grpc_proto.
 
 Cases (``kind``):
 
@@ -35,9 +41,8 @@ small integer tensors whole. Processor errors are stored as ``"Type: message"``.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib
 import json
-import platform
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -46,141 +51,31 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import numpy as np  # noqa: E402
-import PIL  # noqa: E402
 import torch  # noqa: E402
-import torchvision  # noqa: E402
 import torchvision.transforms as T  # noqa: E402
 import torchvision.transforms.functional as F1  # noqa: E402
 import torchvision.transforms.v2.functional as tvF  # noqa: E402
 import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
-from support.images import pillow_test_images  # noqa: E402
-from support.torch_inputs import torch_inputs  # noqa: E402
+from support.images import pillow_test_images, real_photos  # noqa: E402
+from support.torch_inputs import photo_inputs, torch_inputs  # noqa: E402
+from torch_goldens.common import (  # noqa: E402
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    check_versions,
+    chw,
+    error_text,
+    sha256,
+    tensor_bytes,
+    tensor_record,
+    values_record,
+    versions,
+)
 
-PINNED = {
-    "torch": "2.14.1",
-    "torchvision": "0.29.1",
-    "transformers": "5.24.0",
-    "pillow": "13.0.0",
-}
 OUT = ROOT / "tests" / "goldens" / "torch" / "goldens.json"
-N_SAMPLES = 24
-WHOLE_INT_LIMIT = 64
-
-OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
-OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
-
-
-# ---------------------------------------------------------------------------------------------
-# Environment
-
-
-def _base(version: str) -> str:
-    """``2.14.1+cu130`` -> ``2.14.1`` (the local build tag does not change CPU kernels)."""
-    return version.split("+")[0]
-
-
-def check_versions() -> None:
-    found = {
-        "torch": _base(torch.__version__),
-        "torchvision": _base(torchvision.__version__),
-        "transformers": transformers.__version__,
-        "pillow": PIL.__version__,
-    }
-    if found != PINNED:
-        raise SystemExit(f"the goldens need {PINNED}, this environment has {found}")
-    if sys.byteorder != "little":
-        raise SystemExit("the goldens hash little-endian bytes")
-
-
-def cpu_info() -> tuple[str, bool]:
-    """The CPU model string and whether it has AVX2 (torch's uint8 resize kernel is AVX2)."""
-    model, avx2 = "", False
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and not model:
-            model = value.strip()
-        elif key.strip() == "flags":
-            avx2 = avx2 or "avx2" in value.split()
-    return model or platform.processor() or "unknown", avx2
-
-
-def versions() -> dict[str, Any]:
-    model, avx2 = cpu_info()
-    return {
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "transformers": transformers.__version__,
-        "pillow": PIL.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "cpu_model": model,
-        "cpu_avx2": avx2,
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch_num_threads": torch.get_num_threads(),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Recording
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.numpy().tobytes()
-
-
-def sample_positions(n: int) -> list[int]:
-    """Deterministic flat indices: 0, n - 1 and one pseudo-random index in each of 22 equal
-    strata (so samples land in every tile/channel, not on a stride that aliases the layout)."""
-    if n <= N_SAMPLES:
-        return list(range(n))
-    picks = {0, n - 1}
-    strata = N_SAMPLES - 2
-    for i in range(strata):
-        lo, hi = i * n // strata, (i + 1) * n // strata
-        picks.add(lo + (i * 2654435761 + 40503) % (hi - lo))
-    return sorted(picks)
-
-
-def tensor_record(name: str, t: torch.Tensor) -> dict[str, Any]:
-    t = t.detach().cpu().contiguous()
-    flat = t.reshape(-1)
-    record: dict[str, Any] = {
-        "name": name,
-        "shape": list(t.shape),
-        "dtype": str(t.dtype).removeprefix("torch."),
-        "sha256": sha256(tensor_bytes(t)),
-        "samples": [[i, float(flat[i].item())] for i in sample_positions(flat.numel())],
-    }
-    if not t.is_floating_point() and t.numel() <= WHOLE_INT_LIMIT:
-        record["values"] = t.tolist()
-    return record
-
-
-def values_record(name: str, values: Iterable[Any]) -> dict[str, Any]:
-    return {"name": name, "values": [int(v) for v in values]}
-
-
-def error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def chw(a: np.ndarray) -> torch.Tensor:
-    """uint8 HxWx3 -> uint8 3xHxW, contiguous (what the processors get, no format guessing)."""
-    return torch.from_numpy(np.array(a)).permute(2, 0, 1).contiguous()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,27 +413,74 @@ def processor_cases(inputs: dict[str, np.ndarray]) -> Iterable[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 
 
+def family_cases(
+    family: str, inputs: dict[str, np.ndarray], photos: dict[str, np.ndarray]
+) -> Iterable[dict[str, Any]]:
+    """The cases of ``scripts/torch_goldens/<family>.py``."""
+    module = importlib.import_module(f"torch_goldens.{family}")
+    if family != module.KIND:
+        raise SystemExit(f"torch_goldens/{family}.py declares KIND {module.KIND!r}")
+    yield from module.cases(inputs, photos)
+
+
+def families() -> list[str]:
+    """Every family with a generator module (``scripts/torch_goldens/*.py`` but ``common``)."""
+    folder = ROOT / "scripts" / "torch_goldens"
+    return sorted(p.stem for p in folder.glob("*.py") if p.stem not in ("common", "__init__"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT, help=f"default: {OUT}")
+    parser.add_argument(
+        "--family",
+        action="append",
+        default=[],
+        help="write tests/goldens/torch/FAMILY.json from scripts/torch_goldens/FAMILY.py "
+        "(repeatable; 'all' for every family module); without it, goldens.json",
+    )
+    parser.add_argument("--out", type=Path, default=None, help=f"default: {OUT}")
     args = parser.parse_args(argv)
+    selected = families() if "all" in args.family else args.family
+    unknown = sorted(set(selected) - set(families()))
+    if unknown:
+        parser.error(f"no scripts/torch_goldens/<family>.py for {unknown}; have {families()}")
+    if args.out is not None and len(selected) > 1:
+        parser.error("--out names one file: give one --family")
 
     check_versions()
     torch.set_num_threads(1)
     start = time.perf_counter()
     try:
         pillow_dir = pillow_test_images()
+        photo_files = real_photos() if selected else {}
     except RuntimeError as exc:
         raise SystemExit(
-            f"{exc}\nfetch the Pillow test images with the test environment first (see the "
+            f"{exc}\nfetch the test images with the test environment first (see the "
             "docstring of this script)"
         ) from None
     inputs = dict(torch_inputs(pillow_dir))
+    if not selected:
+        groups = [g(inputs) for g in (resize_cases, interpolate_cases, processor_cases)]
+        write(args.out or OUT, inputs, groups, start)
+        return 0
+    photos = dict(photo_inputs(photo_files))
+    for family in selected:
+        out = args.out or OUT.with_name(f"{family}.json")
+        write(out, {**inputs, **photos}, [family_cases(family, inputs, photos)], start)
+    return 0
 
+
+def write(
+    out: Path,
+    inputs: dict[str, np.ndarray],
+    groups: list[Iterable[dict[str, Any]]],
+    start: float,
+) -> None:
+    """Run the cases and write them with the versions and the hashes of the inputs they use."""
     cases: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
-    for group in (resize_cases, interpolate_cases, processor_cases):
-        for case in group(inputs):
+    for group in groups:
+        for case in group:
             cases.append(case)
             counts[case["kind"]] = counts.get(case["kind"], 0) + 1
             status = case.get("error", "ok")
@@ -546,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     ids = [c["id"] for c in cases]
     if len(set(ids)) != len(ids):
         raise SystemExit("duplicate case ids")
-
+    used = {n for c in cases for n in ([c["input"]] if isinstance(c["input"], str) else c["input"])}
+    if out.name != OUT.name:  # a family file records only the inputs its cases use
+        inputs = {name: a for name, a in inputs.items() if name in used}
     goldens = {
         "versions": versions(),
         "inputs": {
@@ -555,18 +499,17 @@ def main(argv: list[str] | None = None) -> int:
         },
         "cases": cases,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(goldens, sort_keys=True, indent=1) + "\n"
-    args.out.write_text(text)
+    out.write_text(text)
     elapsed = time.perf_counter() - start
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
     errors = sum("error" in c for c in cases)
     print(
-        f"wrote {args.out} ({len(text) / 1e6:.2f} MB): {len(cases)} cases ({summary}; "
+        f"wrote {out} ({len(text) / 1e6:.2f} MB): {len(cases)} cases ({summary}; "
         f"{errors} errors) in {elapsed:.1f}s",
         file=sys.stderr,
     )
-    return 0
 
 
 if __name__ == "__main__":

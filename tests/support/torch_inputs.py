@@ -175,3 +175,17 @@ def torch_inputs(pillow_images: Path) -> list[tuple[str, np.ndarray]]:
     if len(set(names)) != len(names):
         raise AssertionError("duplicate input names")
     return out
+
+
+def photo_inputs(photos: dict[str, Path]) -> list[tuple[str, np.ndarray]]:
+    """The real photographs of the parity corpus (``support.images.real_photos()``: Grace Hopper,
+    Pillow's and scikit-image's photos) as ``(name, uint8 HxWx3 array)``, each decoded by Pillow
+    as ``convert("RGB")`` does (no EXIF rotation: an array has none), named
+    ``photo_<file stem>-HxW``. The per-family torch goldens run every family on all of them."""
+    out = []
+    for file, path in sorted(photos.items()):
+        a = _u8(_open(path))
+        a.setflags(write=False)
+        stem = Path(file).stem.replace("-", "_")
+        out.append((f"photo_{stem}-{a.shape[0]}x{a.shape[1]}", a))
+    return out

@@ -23,7 +23,6 @@ generator fails loudly rather than as hundreds of unexplained mismatches.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -35,6 +34,7 @@ import pytest
 PIL = pytest.importorskip("PIL", reason="the inputs are decoded and resized by Pillow")
 
 from support import images  # noqa: E402
+from support.goldens import compare, sha256_of  # noqa: E402
 from support.torch_inputs import torch_inputs  # noqa: E402
 
 from smg_grpc_proto import vision  # noqa: E402
@@ -81,10 +81,6 @@ def inputs() -> dict[str, np.ndarray]:
     return dict(torch_inputs(folder))
 
 
-def _sha256(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-
-
 def _names(case: dict[str, Any]) -> list[str]:
     names = case["input"]
     return list(names) if isinstance(names, list) else [names]
@@ -107,7 +103,7 @@ def ours(case: dict[str, Any], inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     if kind == "interpolate_bicubic_f32":
         assert config["prep"] == "u8/255-0.5/0.5"
         x = prep_f32(arrays[0])
-        assert _sha256(x) == case["prep_sha256"], "the float32 input differs from torch's"
+        assert sha256_of(x) == case["prep_sha256"], "the float32 input differs from torch's"
         h, w = config["size"]
         return {"output": vision.interpolate_bicubic(x, (h, w))}
     result = processor(case)(arrays)
@@ -119,44 +115,6 @@ def processor(case: dict[str, Any]) -> Any:
     if case["config"]:
         return vision.ImageProcessor(case["kind"], case["config"])
     return vision.ImageProcessor.for_family(case["kind"])
-
-
-def _as_float(value: Any) -> float:
-    return float(np.asarray(value).astype(np.float64))
-
-
-def compare(golden: dict[str, Any], got: Any) -> list[str]:
-    """What differs between one golden output and ours (empty: identical)."""
-    name = golden["name"]
-    if "sha256" not in golden:  # a list of ints (token counts)
-        values = [int(v) for v in got]
-        return [] if values == golden["values"] else [f"{name}: {values} != {golden['values']}"]
-    if got is None:
-        return [f"{name}: missing (None)"]
-    array = np.asarray(got)
-    problems = []
-    if list(array.shape) != golden["shape"]:
-        problems.append(f"{name}: shape {list(array.shape)} != {golden['shape']}")
-    if array.dtype.name != golden["dtype"]:
-        problems.append(f"{name}: dtype {array.dtype.name} != {golden['dtype']}")
-    if problems or _sha256(array) == golden["sha256"]:
-        return problems
-    flat = array.reshape(-1)
-    differ = [
-        (index, _as_float(flat[index]), want)
-        for index, want in golden["samples"]
-        if _as_float(flat[index]) != want
-    ]
-    lines = [f"{name}: sha256 differs"]
-    if differ:
-        lines.append(f"  {len(differ)} of {len(golden['samples'])} sampled values differ:")
-        lines += [f"    [{i}] ours {o!r}, reference {r!r}" for i, o, r in differ]
-    else:
-        lines.append(f"  all {len(golden['samples'])} sampled values agree (difference elsewhere)")
-    if "values" in golden:
-        lines.append(f"  ours {array.tolist()}\n  reference {golden['values']}")
-    problems.append("\n".join(lines))
-    return problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,10 +131,10 @@ def test_inputs_match_the_goldens(inputs: dict[str, np.ndarray]):
     recorded = GOLDENS["inputs"]
     assert sorted(inputs) == sorted(recorded)
     drifted = [
-        f"{name}: {list(a.shape)} {_sha256(a)} != {recorded[name]['shape']} "
+        f"{name}: {list(a.shape)} {sha256_of(a)} != {recorded[name]['shape']} "
         f"{recorded[name]['sha256']}"
         for name, a in inputs.items()
-        if [list(a.shape), _sha256(a)] != [recorded[name]["shape"], recorded[name]["sha256"]]
+        if [list(a.shape), sha256_of(a)] != [recorded[name]["shape"], recorded[name]["sha256"]]
     ]
     assert not drifted, (
         "support/torch_inputs.py no longer makes the goldens' inputs:\n" + "\n".join(drifted)
