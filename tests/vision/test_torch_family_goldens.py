@@ -96,15 +96,15 @@ def test_goldens_file(family: str, inputs: dict[str, np.ndarray]) -> None:
 
 @pytest.mark.parametrize(("family", "case"), list(_cases()))
 def test_golden(family: str, case: dict[str, Any], inputs: dict[str, np.ndarray]) -> None:
-    process = _processor(case)
     arrays = [inputs[name] for name in _names(case)]
     if "error" in case:
+        # A config the reference rejects on its call may be refused when ours is built.
         try:
-            result = process(arrays)
+            result = _processor(case)(arrays)
         except ValueError:
             return
         pytest.fail(f"the reference raised {case['error']!r}; ours returned {result!r}")
-    result = process(arrays)
+    result = _processor(case)(arrays)
     problems = []
     for golden in case["outputs"]:
         got = getattr(result, golden["name"], None)

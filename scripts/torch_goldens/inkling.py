@@ -1,0 +1,67 @@
+"""Inkling: ``transformers.InklingImageProcessor`` (torchvision only) at the pinned versions.
+
+Every real photo and odd shape with the class defaults (widths that are multiples of 40 among
+them: their last patch column is padding only), a batch, the config variants ours reproduces
+(another square patch, mean/std, each of rescale and normalize off), and the configs the
+reference rejects (a non-square ``size``, ``do_resize`` false). ``rescale_image_frac`` is not
+covered: ours refuses it (torch's LANCZOS pre-scaling is not ported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from transformers import InklingImageProcessor
+
+from torch_goldens import common
+
+KIND = "inkling"
+OUTPUTS = {"pixel_values": "pixel_values", "num_patches": "num_patches"}
+
+CONFIGS: list[dict[str, Any]] = [
+    {"size": {"height": 32, "width": 32}},
+    {"size": {"height": 16, "width": 16}, "image_mean": [0.5] * 3, "image_std": [0.5] * 3},
+    {"do_normalize": False},
+    {"do_rescale": False},
+    {"do_rescale": False, "do_normalize": False},
+    {"rescale_factor": 0.25},
+    {"rescale_image_max_upscaled_long_edge": None},
+]
+ERRORS: list[dict[str, Any]] = [
+    {"size": {"height": 32, "width": 40}},
+    {"do_resize": False},
+]
+VARIANT_INPUTS = ("noise_small", "prime_crop", "photo_square", "checker8", "pixel")
+BATCH = ("flower2", "two_by_two", "stripes_v2", "noise_small", "crop_b")
+
+
+def _counts(feature: Any) -> list[int]:
+    """``InklingProcessor.replace_image_token``: one placeholder per patch."""
+    return [int(n) for n in feature["num_patches"]]
+
+
+def _case(names: list[str], arrays: list[np.ndarray], config: dict[str, Any]) -> dict[str, Any]:
+    def run() -> list[dict[str, Any]]:
+        processor = InklingImageProcessor(**config)
+        return common.run_processor(processor, arrays, OUTPUTS, _counts)
+
+    return common.processor_case(KIND, names, config, run)
+
+
+def _named(inputs: dict[str, np.ndarray], stem: str) -> str:
+    return next(name for name in inputs if name.split("-")[0] == stem)
+
+
+def cases(
+    inputs: dict[str, np.ndarray], photos: dict[str, np.ndarray]
+) -> Iterable[dict[str, Any]]:
+    for name, array in {**photos, **inputs}.items():
+        yield _case([name], [array], {})
+    batch = [_named(inputs, stem) for stem in BATCH]
+    yield _case(batch, [inputs[n] for n in batch], {})
+    for config in CONFIGS + ERRORS:
+        for stem in VARIANT_INPUTS:
+            name = _named(inputs, stem)
+            yield _case([name], [inputs[name]], config)
