@@ -45,6 +45,8 @@ _CLASSES: dict[str, Family] = {
     "Glm4vImageProcessor": "glm4v",
     "Glm46VImageProcessor": "glm46v",
     "Glm5NextImageProcessor": "glm5_next",
+    "InklingImageProcessor": "inkling",
+    "Inkling2ImageProcessor": "inkling2",
 }
 
 _COMMON = (
@@ -77,6 +79,8 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "mllama": ("max_image_tiles", "do_pad"),
     "gemma4": ("patch_size", "max_soft_tokens", "pooling_kernel_size"),
     "glm4v": ("patch_size", "merge_size", "temporal_patch_size"),
+    "inkling": ("rescale_image_frac", "rescale_image_max_upscaled_long_edge"),
+    "inkling2": (),
     "glm5_next": (
         "patch_size",
         "merge_size",
@@ -90,12 +94,12 @@ _PHI3_V = ("image_mean", "image_std", "num_crops")
 
 # Families whose class has default_to_square = True: an int size is a square.
 _SQUARE: frozenset[str] = frozenset(
-    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama"}
+    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama", "inkling2"}
 )
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
-    | {"glm4v", "glm46v", "glm5_next"}
+    | {"glm4v", "glm46v", "glm5_next", "inkling", "inkling2"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
 # GLM-5-next's resize reads min/max_image_tokens, never size.
@@ -123,6 +127,8 @@ def _kind(family: Family) -> str:
         "phi3_v",
         "mllama",
         "gemma4",
+        "inkling",
+        "inkling2",
     )
     return family if family in own else "clip"
 
@@ -168,6 +174,10 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("image_mean", "image_std"):
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
+    if kind == "inkling" and "rescale_image_max_upscaled_long_edge" in config:
+        # None is "no cap" (a value of its own, not the class default): false natively.
+        if config["rescale_image_max_upscaled_long_edge"] is None:
+            out["rescale_image_max_upscaled_long_edge"] = False
     if config.get("size") is not None and kind not in _NO_SIZE:
         out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:
