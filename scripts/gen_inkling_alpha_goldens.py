@@ -31,9 +31,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
-from transformers import Inkling2ImageProcessor, InklingImageProcessor  # noqa: E402
-
 from torch_goldens import common  # noqa: E402
+from transformers import Inkling2ImageProcessor, InklingImageProcessor  # noqa: E402
 
 OUT = ROOT / "tests" / "goldens" / "torch" / "alpha" / "inkling.json"
 

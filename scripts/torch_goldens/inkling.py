@@ -13,9 +13,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from transformers import InklingImageProcessor
-
 from torch_goldens import common
+from transformers import InklingImageProcessor
 
 KIND = "inkling"
 OUTPUTS = {"pixel_values": "pixel_values", "num_patches": "num_patches"}
@@ -54,9 +53,7 @@ def _named(inputs: dict[str, np.ndarray], stem: str) -> str:
     return next(name for name in inputs if name.split("-")[0] == stem)
 
 
-def cases(
-    inputs: dict[str, np.ndarray], photos: dict[str, np.ndarray]
-) -> Iterable[dict[str, Any]]:
+def cases(inputs: dict[str, np.ndarray], photos: dict[str, np.ndarray]) -> Iterable[dict[str, Any]]:
     for name, array in {**photos, **inputs}.items():
         yield _case([name], [array], {})
     batch = [_named(inputs, stem) for stem in BATCH]

@@ -174,10 +174,10 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("image_mean", "image_std"):
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
-    if kind == "inkling" and "rescale_image_max_upscaled_long_edge" in config:
-        # None is "no cap" (a value of its own, not the class default): false natively.
-        if config["rescale_image_max_upscaled_long_edge"] is None:
-            out["rescale_image_max_upscaled_long_edge"] = False
+    # Inkling: None is "no cap" (a value of its own, not the class default): false natively.
+    cap = "rescale_image_max_upscaled_long_edge"
+    if kind == "inkling" and cap in config and config[cap] is None:
+        out[cap] = False
     if config.get("size") is not None and kind not in _NO_SIZE:
         out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:

@@ -17,11 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.goldens import compare
 
 from smg_grpc_proto import errors, vision
 from smg_grpc_proto.engines import VisionModel, expand_placeholders
-
-from support.goldens import compare
 
 ALPHA = Path(__file__).resolve().parents[1] / "goldens" / "torch" / "alpha" / "inkling.json"
 GOLDENS = json.loads(ALPHA.read_text())
@@ -145,7 +144,7 @@ SHAPES = [[(40, 40)], [(1, 1), (123, 80), (41, 401)]]
 
 @pytest.mark.parametrize("shapes", SHAPES, ids=["one", "three"])
 def test_input_ids_equal_inkling_processor(shapes: list[tuple[int, int]]) -> None:
-    """``InklingProcessor.replace_image_token`` (``num_patches`` × ``<|unused_200054|>``)."""
+    """``InklingProcessor.replace_image_token`` (``num_patches`` times ``<|unused_200054|>``)."""
     from transformers.models.inkling.processing_inkling import InklingProcessor
 
     media = VisionModel.for_family("inkling").prepare(_images(shapes))

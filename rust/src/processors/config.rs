@@ -120,7 +120,8 @@ registry! {
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
-const MODEL_TYPES: &[&[(&str, &str)]] = &[qwen::MODEL_TYPES, glm::MODEL_TYPES, inkling::MODEL_TYPES];
+const MODEL_TYPES: &[&[(&str, &str)]] =
+    &[qwen::MODEL_TYPES, glm::MODEL_TYPES, inkling::MODEL_TYPES];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];
 

@@ -28,7 +28,9 @@ use super::family::{
 };
 use super::input::Alpha;
 use super::normalize::Normalize;
-use super::value::{as_hw, hf_keys, hf_put, hw_value, Common, Raw, Value, CLIP_MEAN, CLIP_STD, HALF};
+use super::value::{
+    as_hw, hf_keys, hf_put, hw_value, Common, Raw, Value, CLIP_MEAN, CLIP_STD, HALF,
+};
 use super::{
     checked_len, parallel, Input, Options, Outputs, ProcessorError, Rgb, RgbRef, Tensor,
     TensorData, MAX_SIDE,
@@ -398,11 +400,8 @@ impl Values {
         let inside_w = image.width.saturating_sub(left).min(w);
         for (y, row) in out.chunks_exact_mut(w * 3).enumerate() {
             let iy = top + y;
-            let (pixels, padding) = row.split_at_mut(if iy < image.height {
-                inside_w * 3
-            } else {
-                0
-            });
+            let (pixels, padding) =
+                row.split_at_mut(if iy < image.height { inside_w * 3 } else { 0 });
             if !pixels.is_empty() {
                 let start = (iy * image.width + left) * 3;
                 let src = &image.data[start..start + inside_w * 3];
@@ -502,11 +501,9 @@ fn inkling2_rgb<'a>(input: Input<'a>, options: &Options) -> Result<Rgb<'a>, Proc
         )
         .map_err(|error| ProcessorError::Decode { index: 0, error })?;
         return Ok(match decoded {
-            RgbaImage::Rgb(image) => owned(
-                image.pixels,
-                image.width as usize,
-                image.height as usize,
-            ),
+            RgbaImage::Rgb(image) => {
+                owned(image.pixels, image.width as usize, image.height as usize)
+            }
             RgbaImage::Rgba {
                 width,
                 height,

@@ -68,9 +68,12 @@ _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
 #: vLLM's ``Gemma4MultiModalProcessor`` renames ``image_position_ids`` to
 #: ``pixel_position_ids`` (its ``_get_mm_fields_config``: ``pixel_values`` and
 #: ``pixel_position_ids``, batched) and drops ``num_soft_tokens_per_image``, as the SMG gateway
-#: sends them.
+#: sends them. Inkling: the SMG gateway (1.13, its ``inkling`` spec) sends ``pixel_values`` flat
+#: by ``tokens_per_item`` (batched) and nothing else; ``num_patches`` (the same counts) stays
+#: home.
 MODEL_TENSOR_NAMES: Mapping[str, Mapping[str, str | None]] = {
     "gemma4": {"image_position_ids": "pixel_position_ids", "num_soft_tokens_per_image": None},
+    "inkling": {"num_patches": None},
 }
 
 

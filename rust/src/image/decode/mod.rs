@@ -252,7 +252,9 @@ pub fn decode_keeping_alpha(
             height,
             pixels,
         };
-        return Ok(RgbaImage::Rgb(exif::transpose(image, orientation).map_err(oom)?));
+        return Ok(RgbaImage::Rgb(
+            exif::transpose(image, orientation).map_err(oom)?,
+        ));
     }
     let rgba = convert::to_rgba(decoded.image).map_err(oom)?;
     let (pixels, w, h) =
