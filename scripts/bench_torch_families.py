@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Torch-only families benchmark: Llama 4, Phi-4-multimodal and Phi-3-vision against their
-torch references, side by side in one run, one thread.
+"""Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision, Inkling and Inkling2
+against their torch references, side by side in one run, one thread.
 
 The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor`` and
 ``Phi4MultimodalImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor``
@@ -39,7 +39,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_vision import write_images  # noqa: E402
 from benchkit import cpu_model, measure_peak, time_op  # noqa: E402
 
-FAMILIES = ("llama4", "phi4_multimodal", "phi3_v")
+FAMILIES = ("llama4", "phi4_multimodal", "phi3_v", "inkling", "inkling2")
+# The torchvision class and the output compared, per family (Phi-3-vision: the hub's code).
+REFERENCES = {
+    "llama4": ("Llama4ImageProcessor", "pixel_values"),
+    "phi4_multimodal": ("Phi4MultimodalImageProcessor", "image_pixel_values"),
+    "inkling": ("InklingImageProcessor", "pixel_values"),
+    "inkling2": ("Inkling2ImageProcessor", "pixel_values"),
+}
 CASES = ("512x600", "1280x960", "batch of 8")
 
 
@@ -87,8 +94,7 @@ def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
 
         check = (theirs_decoded(), ours(arrays).pixel_values)
     else:
-        name = "Llama4ImageProcessor" if family == "llama4" else "Phi4MultimodalImageProcessor"
-        key = "pixel_values" if family == "llama4" else "image_pixel_values"
+        name, key = REFERENCES[family]
         reference = getattr(transformers, name)()
 
         def theirs_decoded() -> Any:

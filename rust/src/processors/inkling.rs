@@ -32,8 +32,8 @@ use super::value::{
     as_hw, hf_keys, hf_put, hw_value, Common, Raw, Value, CLIP_MEAN, CLIP_STD, HALF,
 };
 use super::{
-    checked_len, parallel, Input, Options, Outputs, ProcessorError, Rgb, RgbRef, Tensor,
-    TensorData, MAX_SIDE,
+    checked_len, parallel, Input, Options, Out, OutBuffer, Outputs, ProcessorError, Rgb, RgbRef,
+    Tensor, TensorData, MAX_SIDE,
 };
 use crate::image::decode::RgbaImage;
 use crate::image::Filter;
@@ -388,13 +388,13 @@ impl Values {
     }
 
     /// The `h × w` window at `(top, left)` of `image`, padded where it leaves the image,
-    /// channels-last into `out` (`h · w · 3` values).
+    /// channels-last into `out` (`h · w · 3` values, every one written).
     fn write_window(
         &self,
         image: RgbRef<'_>,
         (top, left): (usize, usize),
         (h, w): (usize, usize),
-        out: &mut [f32],
+        out: &mut [Out],
     ) {
         debug_assert_eq!(out.len(), h * w * 3);
         let inside_w = image.width.saturating_sub(left).min(w);
@@ -406,13 +406,14 @@ impl Values {
                 let start = (iy * image.width + left) * 3;
                 let src = &image.data[start..start + inside_w * 3];
                 for (dst, px) in pixels.chunks_exact_mut(3).zip(src.chunks_exact(3)) {
-                    dst[0] = self.table[0][usize::from(px[0])];
-                    dst[1] = self.table[1][usize::from(px[1])];
-                    dst[2] = self.table[2][usize::from(px[2])];
+                    dst[0] = Out::new(self.table[0][usize::from(px[0])]);
+                    dst[1] = Out::new(self.table[1][usize::from(px[1])]);
+                    dst[2] = Out::new(self.table[2][usize::from(px[2])]);
                 }
             }
+            let pad = self.pad.map(Out::new);
             for dst in padding.chunks_exact_mut(3) {
-                dst.copy_from_slice(&self.pad);
+                dst.copy_from_slice(&pad);
             }
         }
     }
@@ -553,12 +554,9 @@ pub fn inkling_images(
     let total: usize = counts.iter().sum();
     let per_patch = 2 * p * p * 3;
     let len = checked_len("pixel_values", &[total, 2, p, p, 3], 4)?;
-    let mut pixels = fallible::filled(0f32, len).map_err(ProcessorError::oom("pixel_values"))?;
+    let mut buffer = OutBuffer::new("pixel_values", len)?;
     let lengths: Vec<usize> = counts.iter().map(|n| n * per_patch).collect();
-    let work: Vec<(&Rgb<'_>, &mut [f32])> = images
-        .iter()
-        .zip(super::split_lengths(&mut pixels, &lengths))
-        .collect();
+    let work: Vec<(&Rgb<'_>, &mut [Out])> = images.iter().zip(buffer.slices(&lengths)).collect();
     let workers = parallel::workers(options.threads, work.len());
     parallel::map(work, workers, |_, (image, out)| {
         let cols = config.grid(image.height, image.width).1;
@@ -569,6 +567,10 @@ pub fn inkling_images(
             second.copy_from_slice(first);
         }
     });
+    // SAFETY: the slices cover the buffer (`lengths` sum to `len`), and each is written whole:
+    // every patch's first copy by `write_window` (every value of its window), its second
+    // copied from the first.
+    let pixels = unsafe { buffer.finish() };
     super::recycle_images(images);
     Ok(Outputs {
         tensors: vec![
@@ -606,12 +608,12 @@ pub fn inkling2_images(
     let total: usize = grids.iter().map(|(r, c)| r * c).sum();
     let per_patch = ph * pw * 3;
     let len = checked_len("pixel_values", &[total, ph, pw, 3], 4)?;
-    let mut pixels = fallible::filled(0f32, len).map_err(ProcessorError::oom("pixel_values"))?;
+    let mut buffer = OutBuffer::new("pixel_values", len)?;
     let lengths: Vec<usize> = grids.iter().map(|(r, c)| r * c * per_patch).collect();
-    let work: Vec<((&Rgb<'_>, usize), &mut [f32])> = images
+    let work: Vec<((&Rgb<'_>, usize), &mut [Out])> = images
         .iter()
         .zip(grids.iter().map(|g| g.1))
-        .zip(super::split_lengths(&mut pixels, &lengths))
+        .zip(buffer.slices(&lengths))
         .collect();
     let workers = parallel::workers(options.threads, work.len());
     parallel::map(work, workers, |_, ((image, cols), out)| {
@@ -620,6 +622,9 @@ pub fn inkling2_images(
             values.write_window(image.view(), origin, (ph, pw), slot);
         }
     });
+    // SAFETY: the slices cover the buffer (`lengths` sum to `len`) and `write_window` writes
+    // every value of every patch.
+    let pixels = unsafe { buffer.finish() };
     super::recycle_images(images);
     let grid: Vec<i64> = grids
         .iter()
