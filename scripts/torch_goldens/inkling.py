@@ -2,9 +2,9 @@
 
 Every real photo and odd shape with the class defaults (widths that are multiples of 40 among
 them: their last patch column is padding only), a batch, the config variants ours reproduces
-(another square patch, mean/std, each of rescale and normalize off), and the configs the
-reference rejects (a non-square ``size``, ``do_resize`` false). ``rescale_image_frac`` is not
-covered: ours refuses it (torch's LANCZOS pre-scaling is not ported).
+(another square patch, mean/std, each of rescale and normalize off, the ``rescale_image_frac``
+pre-scaling with LANCZOS, BICUBIC and BILINEAR, capped, uncapped and to a size of 0), and the
+configs the reference rejects (a non-square ``size``, ``do_resize`` false).
 """
 
 from __future__ import annotations
@@ -27,6 +27,14 @@ CONFIGS: list[dict[str, Any]] = [
     {"do_rescale": False, "do_normalize": False},
     {"rescale_factor": 0.25},
     {"rescale_image_max_upscaled_long_edge": None},
+    # the pre-scaling: torch's uint8 LANCZOS by default, capped at 2048 px of long edge
+    {"rescale_image_frac": 0.5},
+    {"rescale_image_frac": 2.0},
+    {"rescale_image_frac": 1.7, "rescale_image_max_upscaled_long_edge": 300},
+    {"rescale_image_frac": 1.5, "rescale_image_max_upscaled_long_edge": None},
+    {"rescale_image_frac": 0.37, "resample": 3},
+    {"rescale_image_frac": 0.61, "resample": 2},
+    {"rescale_image_frac": 0.001},
 ]
 ERRORS: list[dict[str, Any]] = [
     {"size": {"height": 32, "width": 40}},

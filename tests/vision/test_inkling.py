@@ -86,7 +86,8 @@ def test_files_as_bytes_with_alpha_white(case: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"rescale_image_frac": 0.5}, "rescale_image_frac"),
+        ({"rescale_image_frac": 0.5, "resample": 0}, "resample"),
+        ({"rescale_image_frac": 0.5, "resample": 4}, "resample"),
         ({"do_resize": False}, "do_resize"),
         ({"size": {"height": 40, "width": 32}}, "size"),
         ({"size": 40}, "size"),  # default_to_square False: a shortest edge, unusable
@@ -96,6 +97,21 @@ def test_inkling_refusals(config: dict[str, Any], field: str) -> None:
     with pytest.raises(errors.ProcessorConfigError) as info:
         vision.ImageProcessor("inkling", config)
     assert info.value.field == field
+
+
+def test_inkling_prescale_errors() -> None:
+    """A pre-scaled side of 0 (transformers: no usable size) or a 1 x 1 result from more than
+    one row (torch's uint8 kernel asserts) is an ImageShapeError, a ValueError as theirs."""
+    image = np.zeros((20, 30, 3), dtype=np.uint8)
+    for frac in (0.001, 0.04):
+        with pytest.raises(errors.ImageShapeError):
+            vision.ImageProcessor("inkling", {"rescale_image_frac": frac})([image])
+    with pytest.raises(errors.ImageShapeError):  # 2 x 2 -> 1 x 1
+        vision.ImageProcessor("inkling", {"rescale_image_frac": 0.5})([image[:2, :2]])
+    row = np.zeros((1, 2, 3), dtype=np.uint8)  # 1 x 2 -> 1 x 1: torch resizes one row
+    out = vision.ImageProcessor("inkling", {"rescale_image_frac": 0.5})([row])
+    assert out.num_patches is not None
+    assert out.num_patches.tolist() == [1]
 
 
 def test_inkling_config_keys() -> None:

@@ -11,8 +11,8 @@
 //!   laid out channels-last: `pixel_values` `(Σ patches, 2, p, p, 3)` float32, `num_patches`
 //!   `(B,)` int64 — one `<|unused_200054|>` per patch (`InklingProcessor`). A 4-channel array
 //!   is composited onto white as the torchvision backend's `convert_to_rgb` does it in
-//!   `float32` ([`torch_over_white`]). The optional pre-scaling (`rescale_image_frac`, torch's
-//!   LANCZOS) is refused: not ported.
+//!   `float32` ([`torch_over_white`]). The optional pre-scaling (`rescale_image_frac`,
+//!   [`prescaled_size`]) resizes with torch's antialiased `uint8` kernel, LANCZOS by default.
 //! - **Inkling2**: the image padded to the `(h, w)` grid (`⌈H / h⌉ × ⌈W / w⌉`), one patch per
 //!   cell, row-major, channels-last: `pixel_values` `(Σ rows·cols, h, w, 3)` float32,
 //!   `image_grid_thw` `(B, 3)` int64 `[1, rows, cols]`, `rows·cols` `<|unused_200054|>` per image
@@ -36,6 +36,7 @@ use super::{
     Tensor, TensorData, MAX_SIDE,
 };
 use crate::image::decode::RgbaImage;
+use crate::image::torch::TorchFilter;
 use crate::image::Filter;
 use crate::memory::fallible;
 
@@ -214,12 +215,12 @@ impl FamilyConfig for InklingConfig {
                 format!("{}x{} (HxW)", self.patch.0, self.patch.1),
             ));
         }
-        if let Some(frac) = self.rescale_image_frac {
+        if self.rescale_image_frac.is_some() && prescale_filter(self.common.resample).is_none() {
             return Err(ProcessorError::config(
-                "rescale_image_frac",
-                "None: the pre-scaling resizes with torch's uint8 LANCZOS kernel, which is not \
-                 ported",
-                frac,
+                "resample",
+                "LANCZOS (1), BILINEAR (2) or BICUBIC (3) with rescale_image_frac: the torch \
+                 uint8 kernels ported",
+                self.common.resample.pil_id(),
             ));
         }
         Ok(())
@@ -278,6 +279,83 @@ impl FamilyConfig for InklingConfig {
             })
         })())
     }
+}
+
+/// The torch kernel of the pre-scaling's `resample`.
+fn prescale_filter(filter: Filter) -> Option<TorchFilter> {
+    match filter {
+        Filter::Lanczos => Some(TorchFilter::Lanczos),
+        Filter::Bilinear => Some(TorchFilter::Bilinear),
+        Filter::Bicubic => Some(TorchFilter::Bicubic),
+        _ => None,
+    }
+}
+
+/// The size `(height, width)` the pre-scaling gives an image of `height × width`, or `None`
+/// when it keeps the image (`ratio == 1`): the long edge times `frac`, capped at
+/// `max(cap, long edge)`, each side `floor(side · ratio + 0.5)` (`_preprocess`, in Python's
+/// float arithmetic).
+pub fn prescaled_size(
+    height: usize,
+    width: usize,
+    frac: f64,
+    cap: Option<i64>,
+) -> Option<(f64, f64)> {
+    let long_edge = height.max(width) as f64;
+    let mut target = long_edge * frac;
+    if let Some(cap) = cap {
+        target = target.min((cap as f64).max(long_edge));
+    }
+    let ratio = target / long_edge;
+    (ratio != 1.0).then(|| {
+        (
+            (height as f64 * ratio + 0.5).floor(),
+            (width as f64 * ratio + 0.5).floor(),
+        )
+    })
+}
+
+/// Inkling's optional pre-scaling of one image (`rescale_image_frac`), torch's antialiased
+/// `uint8` resize with `filter`.
+fn prescale<'a>(
+    config: &InklingConfig,
+    frac: f64,
+    filter: TorchFilter,
+    image: Rgb<'a>,
+    threads: usize,
+) -> Result<Rgb<'a>, ProcessorError> {
+    let Some((h, w)) = prescaled_size(
+        image.height,
+        image.width,
+        frac,
+        config.max_upscaled_long_edge,
+    ) else {
+        return Ok(image);
+    };
+    if !(h >= 1.0 && w >= 1.0 && h <= MAX_SIDE as f64 && w <= MAX_SIDE as f64) {
+        return Err(ProcessorError::shape(
+            "rescale_image_frac",
+            format!("a pre-scaled size of 1 to {MAX_SIDE} pixels a side"),
+            format!(
+                "{}x{} (HxW) scaled by {frac} to {h}x{w}",
+                image.height, image.width
+            ),
+        ));
+    }
+    if (h, w) == (1.0, 1.0) && image.height != 1 {
+        // torch 2.14.1's uint8 antialiased kernel trips an internal assertion
+        // (`num_channels == unpacked_output.size(0)`) resizing to 1 x 1 from more than one row.
+        return Err(ProcessorError::shape(
+            "rescale_image_frac",
+            "a pre-scaled size other than 1x1 from an image taller than 1 (torch's uint8 \
+             resize raises there)",
+            format!(
+                "{}x{} (HxW) scaled by {frac} to 1x1",
+                image.height, image.width
+            ),
+        ));
+    }
+    super::torch_backend::resize(image, h as usize, w as usize, filter, threads)
 }
 
 /// The configuration of Inkling2.
@@ -543,7 +621,18 @@ pub fn inkling_images(
 ) -> Result<Outputs, ProcessorError> {
     let p = config.patch.0;
     let values = Values::new(&config.common);
-    let images = convert_all(inputs, options, inkling_rgb)?;
+    let mut images = convert_all(inputs, options, inkling_rgb)?;
+    if let Some(frac) = config.rescale_image_frac {
+        // `validate` checked the filter.
+        let filter = prescale_filter(config.common.resample).unwrap_or(TorchFilter::Lanczos);
+        let workers = parallel::workers(options.threads, images.len());
+        let threads = if workers == 1 { options.threads } else { 1 };
+        images = parallel::map(images, workers, |i, image| {
+            prescale(config, frac, filter, image, threads).map_err(|e| e.at(i))
+        })
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    }
     let counts: Vec<usize> = images
         .iter()
         .map(|im| {
