@@ -781,6 +781,29 @@ mod tests {
     }
 
     #[test]
+    fn prescaled_sizes() {
+        // InklingImageProcessor._preprocess: the long edge times frac, capped at
+        // max(cap, long edge), sides floor(side * ratio + 0.5).
+        assert_eq!(
+            prescaled_size(600, 512, 0.5, Some(2048)),
+            Some((300.0, 256.0))
+        );
+        assert_eq!(
+            prescaled_size(1000, 1000, 2.0, Some(2048)),
+            Some((2000.0, 2000.0))
+        );
+        // Already above the cap: kept.
+        assert_eq!(prescaled_size(3024, 4032, 2.0, Some(2048)), None);
+        assert_eq!(prescaled_size(100, 50, 1.7, Some(300)), Some((170.0, 85.0)));
+        assert_eq!(
+            prescaled_size(100, 50, 4.0, Some(300)),
+            Some((300.0, 150.0))
+        );
+        assert_eq!(prescaled_size(100, 50, 4.0, None), Some((400.0, 200.0)));
+        assert_eq!(prescaled_size(7, 5, 1.0, Some(2048)), None);
+    }
+
+    #[test]
     fn composites() {
         assert_eq!(torch_over_white(0, 0), 255);
         assert_eq!(torch_over_white(77, 255), 77);
