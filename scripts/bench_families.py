@@ -2,7 +2,8 @@
 """Vision families benchmark: every family but Qwen2/2.5/3-VL against its transformers PIL backend
 class, side by side in one run (those have their own, fuller benchmark: ``bench_vision.py``).
 
-For each family, one child process pinned to one core times, on the same JPEG files, the
+For each family, one child process pinned to one core times, on the same real photos
+(``benchkit.REAL_PHOTO_CASES``: JPEG and PNG, 0.26 to 2.1 MP, and a batch of 8), the
 transformers class (``*ImageProcessorPil``, transformers 5.24.0, Pillow 13) and ours
 (``ImageProcessor.for_family(family, threads=1)``) on decoded input (PIL images / numpy arrays)
 and from bytes (``Image.open`` + ``convert("RGB")`` for transformers); figures are medians over
@@ -23,7 +24,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_vision import write_images  # noqa: E402
-from benchkit import cpu_model, time_op  # noqa: E402
+from benchkit import REAL_PHOTO_CASES, cpu_model, real_photo_cases, time_op  # noqa: E402
 
 # family -> (transformers class, its kwargs)
 REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -90,7 +89,7 @@ REFERENCES["qwen3_omni_moe"] = (
         "image_std": [0.5, 0.5, 0.5],
     },
 )
-CASES = ("512x600", "1280x960", "batch of 8")
+CASES = tuple(REAL_PHOTO_CASES)
 
 
 def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
@@ -139,7 +138,7 @@ def main() -> None:
     if args.child:
         child(json.loads(args.child))
         return
-    cases = write_images(Path(tempfile.mkdtemp(prefix="bench-families-")))
+    cases = real_photo_cases()
     chosen = {c: [str(p) for p in cases[c]] for c in CASES}
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; one pinned core per process")
     print(f"rounds: {args.rounds} fresh processes, median of >= {args.repeat} calls\n")

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision, Inkling and Inkling2
-against their torch references, side by side in one run, one thread.
+"""Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision, Gemma 4 unified,
+MiniMax-M3-VL, Inkling and Inkling2 against their torch references, side by side in one run, one
+thread.
 
-The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor`` and
-``Phi4MultimodalImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor``
-as ``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with
-one thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
-``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors /
-PIL images for the references, numpy arrays for us) and JPEG bytes (``torchvision.io.
-decode_jpeg`` for the torchvision classes, ``Image.open`` for Phi-3). Outputs are checked to be
-byte-identical first. Time: medians over ``--rounds`` fresh processes; peak memory: the extra
-resident memory of one call in a fresh process.
+The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor``,
+``Phi4MultimodalImageProcessor``, ``Gemma4UnifiedImageProcessor`` and
+``MiniMaxM3VLImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor`` as
+``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with one
+thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
+``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors / PIL
+images for the references, numpy arrays for us) and file bytes (``torchvision.io.decode_image``
+to RGB for the torchvision classes, ``Image.open`` for Phi-3), on real photos
+(``benchkit.REAL_PHOTO_CASES``: JPEG and PNG, 0.26 to 2.1 MP, and a batch of 8). Outputs are
+checked to be byte-identical first. Time: medians over ``--rounds`` fresh processes; peak memory:
+the extra resident memory of one call in a fresh process.
 
 Needs torch, so it runs in the reference venv (``tests/goldens/torch/README.md``) with the
 wheel installed there::
@@ -28,7 +31,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,18 +38,33 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_vision import write_images  # noqa: E402
-from benchkit import cpu_model, measure_peak, time_op  # noqa: E402
+from benchkit import (  # noqa: E402
+    REAL_PHOTO_CASES,
+    cpu_model,
+    measure_peak,
+    real_photo_cases,
+    time_op,
+)
 
-FAMILIES = ("llama4", "phi4_multimodal", "phi3_v", "inkling", "inkling2")
-# The torchvision class and the output compared, per family (Phi-3-vision: the hub's code).
-REFERENCES = {
+FAMILIES = (
+    "llama4",
+    "phi4_multimodal",
+    "phi3_v",
+    "gemma4_unified",
+    "minimax_m3_vl",
+    "inkling",
+    "inkling2",
+)
+#: The torchvision families: transformers' class and the output compared.
+TORCHVISION = {
     "llama4": ("Llama4ImageProcessor", "pixel_values"),
     "phi4_multimodal": ("Phi4MultimodalImageProcessor", "image_pixel_values"),
+    "gemma4_unified": ("Gemma4UnifiedImageProcessor", "pixel_values"),
+    "minimax_m3_vl": ("MiniMaxM3VLImageProcessor", "pixel_values"),
     "inkling": ("InklingImageProcessor", "pixel_values"),
     "inkling2": ("Inkling2ImageProcessor", "pixel_values"),
 }
-CASES = ("512x600", "1280x960", "batch of 8")
+CASES = tuple(REAL_PHOTO_CASES)
 
 
 def _same(reference: Any, ours: Any) -> bool:
@@ -78,7 +95,10 @@ def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
 
     def tv_bytes() -> list[Any]:
         return [
-            torchvision.io.decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8))
+            torchvision.io.decode_image(
+                torch.frombuffer(bytearray(b), dtype=torch.uint8),
+                mode=torchvision.io.ImageReadMode.RGB,
+            )
             for b in blobs
         ]
 
@@ -94,7 +114,7 @@ def ops(family: str, paths: list[Path]) -> dict[str, Callable[[], Any]]:
 
         check = (theirs_decoded(), ours(arrays).pixel_values)
     else:
-        name, key = REFERENCES[family]
+        name, key = TORCHVISION[family]
         reference = getattr(transformers, name)()
 
         def theirs_decoded() -> Any:
@@ -162,7 +182,7 @@ def main() -> None:
     import torch
     import transformers
 
-    cases = write_images(Path(tempfile.mkdtemp(prefix="bench-torch-families-")))
+    cases = real_photo_cases()
     chosen = {c: [str(p) for p in cases[c]] for c in CASES}
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; one pinned core per process")
     print(

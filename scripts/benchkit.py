@@ -58,3 +58,36 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "unknown CPU"
+
+
+#: The real-photo cases of the family benchmarks: (case name, file names of the parity corpus,
+#: ``tests/support/images.real_photos()``: Grace Hopper, Pillow's and scikit-image's photos).
+REAL_PHOTO_CASES: dict[str, list[str]] = {
+    "512x600 JPEG (grace_hopper)": ["grace_hopper.jpg"],
+    "1000x872 JPEG (hubble_deep_field)": ["hubble_deep_field.jpg"],
+    "2000x1072 JPEG (xmp_test)": ["xmp_test.jpg"],
+    "741x500 PNG (motorcycle_left)": ["motorcycle_left.png"],
+    "batch of 8": [
+        "grace_hopper.jpg",
+        "hubble_deep_field.jpg",
+        "rocket.jpg",
+        "junk_jpeg_header.jpg",
+        "retina.jpg",
+        "coffee.png",
+        "chelsea.png",
+        "motorcycle_left.png",
+    ],
+}
+
+
+def real_photo_cases() -> dict[str, list[Path]]:
+    """``REAL_PHOTO_CASES`` as paths (the photos are fetched into the test cache once)."""
+    import sys
+
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from support.images import real_photos
+
+    photos = real_photos()
+    return {case: [photos[name] for name in names] for case, names in REAL_PHOTO_CASES.items()}

@@ -32,9 +32,11 @@ Family = Literal[
     "phi3_v",
     "mllama",
     "gemma4",
+    "gemma4_unified",
     "glm4v",
     "glm46v",
     "glm5_next",
+    "minimax_m3_vl",
     "inkling",
     "inkling2",
 ]
@@ -60,9 +62,11 @@ FAMILIES: tuple[Family, ...] = (
     "phi3_v",
     "mllama",
     "gemma4",
+    "gemma4_unified",
     "glm4v",
     "glm46v",
     "glm5_next",
+    "minimax_m3_vl",
     "inkling",
     "inkling2",
 )

@@ -412,9 +412,10 @@ def test_client_disconnect_aborts_the_engine_request(
 # family (from the same tokenizer file), so that where the gateway differs we know who is right.
 
 #: Families smg 1.13.0 builds requests for (crates/multimodal/src/registry/) and our builders
-#: serve on main: one gateway launch each.
+#: serve on main: one gateway launch each. Qwen3-Omni: images only (its audio is not ours).
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
-AGREE += ["phi3_v", "gemma4", "glm5_next", "inkling"]
+AGREE += ["phi3_v", "gemma4", "glm5_next", "qwen3_omni_moe", "gemma4_unified", "minimax_m3_vl"]
+AGREE += ["inkling"]
 #: Families smg 1.13.0 serves that our builders do not yet (none today): they would be skipped
 #: with the reason given here until they are moved into AGREE.
 PENDING: dict[str, str] = {}
@@ -435,6 +436,8 @@ TRANSFORMERS_PROCESSOR = {
     "llava_next": ("llava_next", "LlavaNextProcessor"),
     "llama4": ("llama4", "Llama4Processor"),
     "glm5_next": ("glm5_next", "Glm5NextProcessor"),
+    "qwen3_omni_moe": ("qwen3_omni_moe", "Qwen3OmniMoeProcessor"),
+    "minimax_m3_vl": ("minimax_m3_vl", "MiniMaxM3VLProcessor"),
 }
 
 # -- where smg 1.13.0 and we differ, and who matches transformers (asserted below) ------------
@@ -454,10 +457,19 @@ VISION_PAD_RUNS = {"qwen2_vl", "qwen2_5_vl"}
 #: as vLLM's Gemma4MultiModalProcessor does) are identical. Our input_ids against
 #: Gemma4Processor: tests/vision/test_gemma4.py (its constructor needs an audio feature
 #: extractor and a torch-only video processor, so it is not in TRANSFORMERS_PROCESSOR).
+#: Gemma 4 unified: smg 1.13.0 takes model_type gemma4_unified for Gemma 4 (its Gemma4Spec
+#: matches "gemma4" | "gemma4_unified", its image processor registry the "gemma4" pattern) and
+#: sends Gemma 4's unmerged 16-pixel patches, pixel_values (n, 2520, 768) and pixel_position_ids
+#: (n, 2520, 2), where Gemma4UnifiedImageProcessor (and we) send the k x k merged patches
+#: (n, 280, 6912) with the kernels' positions (n, 280, 2), which vLLM's
+#: Gemma4UnifiedForConditionalGeneration embeds (its patch_dense takes model_patch_size² · 3 =
+#: 6912 values). The tokens, ranges and masks agree (patches / k² = merged patches).
+UNMERGED_PATCHES = {"gemma4_unified": {"pixel_values": 768, "pixel_position_ids": 2}}
 EXTRA_CPU_KEYS = {
     "qwen3_vl": {"video_grid_thw"},
     "qwen3_5": {"video_grid_thw"},
     "glm5_next": {"video_grid_thw"},
+    "minimax_m3_vl": {"video_grid_thw"},
 }
 #: smg's GLM-5.3-Flash / GLM-5-next spec (registry/glm53_flash.rs field_layouts) also lists its
 #: video tensors in batched_keys of an image batch; vLLM's servicer registers only the tensors
@@ -588,8 +600,13 @@ def _transformers_ids(
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_file=str(model_dir / "tokenizer.json"), **specials
     )
+    # MiniMaxM3VLProcessor takes a video processor too (torchvision-only): none for images
+    videos = {"video_processor": None} if family.family == "minimax_m3_vl" else {}
     processor = Processor(
-        image_processor=Outputs(), tokenizer=tokenizer, **(family.processor_config or {})
+        image_processor=Outputs(),
+        tokenizer=tokenizer,
+        **(family.processor_config or {}),
+        **videos,
     )
     pil = [Image.open(io.BytesIO(b)) for b in images]
     ids = processor(text=text, images=pil)["input_ids"]
@@ -692,11 +709,17 @@ class TestAgreement:
         assert extra_tensors <= set(theirs.tensors)
         for name in extra_tensors:
             assert theirs.layout[name] == "shared"
-        assert {k: v.shape for k, v in theirs.tensors.items() if k not in extra_tensors} == {
-            k: v.shape for k, v in ours.tensors.items()
-        }
+        unmerged = UNMERGED_PATCHES.get(family.family, {})
+        for name, width in unmerged.items():  # Gemma 4's layout: 2520 patches of 16 pixels
+            assert theirs.tensors[name].shape == (n, 2520, width), name
+            assert ours.tensors[name].shape[:2] == (n, 280), name
+        assert {
+            k: v.shape
+            for k, v in theirs.tensors.items()
+            if k not in extra_tensors and k not in unmerged
+        } == {k: v.shape for k, v in ours.tensors.items() if k not in unmerged}
         for name, array in ours.tensors.items():  # the side tensors (grids, sizes) exactly
-            if name != "pixel_values":
+            if name != "pixel_values" and name not in unmerged:
                 np.testing.assert_array_equal(theirs.tensors[name], array, err_msg=f"{key} {name}")
 
         # tokens, placeholder ranges, embed masks
@@ -732,6 +755,8 @@ class TestAgreement:
 
         # pixel values: the same shape, values apart by normalisation and resize rounding (and
         # for Llama 4 by bfloat16: transformers normalises in bfloat16, as we do; smg in float32)
+        if unmerged:
+            return
         mine = np.asarray(ours.tensors["pixel_values"], dtype=np.float32)
         gap = np.abs(np.asarray(theirs.tensors["pixel_values"], dtype=np.float32) - mine)
         print(

@@ -25,6 +25,7 @@ PUBLISHED = {
     "llava_next": (32000, 32000),
     "llama4": (200092, 200090),  # <|patch|>, anchored on <|image|>
     "gemma4": (258880, 258880),  # <|image|>, wrapped in <|image> ... <image|>
+    "gemma4_unified": (258880, 258880),  # as Gemma 4
 }
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -479,6 +479,11 @@ GEMMA4_PREPROCESSOR = {  # Gemma4ImageProcessor's defaults, as the published fil
     "resample": 3,
     "rescale_factor": 0.00392156862745098,
 }
+GEMMA4_UNIFIED_PREPROCESSOR = {  # Gemma4UnifiedImageProcessor's defaults (Gemma 4's)
+    **GEMMA4_PREPROCESSOR,
+    "image_processor_type": "Gemma4UnifiedImageProcessor",
+    "processor_class": "Gemma4UnifiedProcessor",
+}
 PHI3V_PREPROCESSOR = {  # microsoft/Phi-3-vision-128k-instruct
     "do_convert_rgb": True,
     "image_mean": CLIP_MEAN,
@@ -616,6 +621,87 @@ def qwen3_5() -> Family:
         "<|image_pad|>",
         _QWEN_TOKENIZER,
         generation={"bos_token_id": 248044, "pad_token_id": 248044, "eos_token_id": [248046]},
+    )
+
+
+# Qwen3-Omni: Qwen2.5's specials plus the audio tokens (Qwen/Qwen3-Omni-30B-A3B-Instruct's
+# tokenizer_config.json).
+QWEN3_OMNI_SPECIALS = (
+    *QWEN25_SPECIALS,
+    ("<|audio_start|>", 151669),
+    ("<|audio_end|>", 151670),
+    ("<|audio_pad|>", 151675),
+)
+QWEN3_OMNI_PREPROCESSOR = {  # Qwen/Qwen3-Omni-30B-A3B-Instruct (image and audio halves)
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen3OmniMoeProcessor",
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "feature_extractor_type": "WhisperFeatureExtractor",
+    "feature_size": 128,
+    "sampling_rate": 16000,
+    "hop_length": 160,
+    "n_fft": 400,
+    "chunk_length": 300,
+    "n_samples": 4800000,
+    "nb_max_frames": 30000,
+    "padding_side": "right",
+    "padding_value": 0.0,
+    "return_attention_mask": True,
+    "dither": 0.0,
+}
+
+
+# The model-specific tokens of its tokenizer_config.json (Qwen3OmniMoeProcessor reads them).
+QWEN3_OMNI_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
+
+
+def qwen3_omni_moe() -> Family:
+    """Qwen3-Omni: the token ids live in ``thinker_config`` (the model the media go to)."""
+    text = _text(152064, 151643, 151645)
+    thinker = {
+        "model_type": "qwen3_omni_moe_thinker",
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "audio_token_id": 151675,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "audio_start_token_id": 151669,
+        "audio_end_token_id": 151670,
+        "position_id_per_seconds": 13,
+        "text_config": {"model_type": "qwen3_omni_moe_text", **text},
+        "vision_config": {"model_type": "qwen3_omni_moe_vision_encoder", **_qwen_vision(16)},
+        "audio_config": {"model_type": "qwen3_omni_moe_audio_encoder", "num_mel_bins": 128},
+    }
+    return Family(
+        "qwen3_omni_moe",
+        "Qwen3-Omni-tiny",
+        QWEN3_OMNI_SPECIALS,
+        {
+            "architectures": ["Qwen3OmniMoeForConditionalGeneration"],
+            "model_type": "qwen3_omni_moe",
+            "enable_audio_output": False,
+            "thinker_config": thinker,
+        },
+        QWEN3_OMNI_PREPROCESSOR,
+        _chatml("<|vision_start|><|image_pad|><|vision_end|>"),
+        "<|image_pad|>",
+        "<|image_pad|>",
+        {**_QWEN_TOKENIZER, **QWEN3_OMNI_TOKENS},
+        generation={"bos_token_id": 151643, "pad_token_id": 151643, "eos_token_id": [151645]},
     )
 
 
@@ -766,6 +852,32 @@ def gemma4() -> Family:
     )
 
 
+def gemma4_unified() -> Family:
+    """Gemma 4 unified: Gemma 4's tokens and template; Gemma4UnifiedConfig (its vision config
+    has no tower, only the patch geometry and the embedder's sizes)."""
+    base = gemma4()
+    config = {
+        **base.config,
+        "architectures": ["Gemma4UnifiedForConditionalGeneration"],
+        "model_type": "gemma4_unified",
+        "text_config": {"model_type": "gemma4_unified_text", **_text(262144, 2, 1)},
+        "vision_config": {
+            "model_type": "gemma4_unified_vision",
+            "patch_size": 16,
+            "pooling_kernel_size": 3,
+            "mm_embed_dim": 64,
+            "mm_posemb_size": 1120,
+        },
+    }
+    return replace(
+        base,
+        family="gemma4_unified",
+        name="gemma-4-unified-tiny",
+        config=config,
+        preprocessor=GEMMA4_UNIFIED_PREPROCESSOR,
+    )
+
+
 def glm5_next() -> Family:
     return Family(
         "glm5_next",
@@ -801,6 +913,83 @@ def glm5_next() -> Family:
             "tokenizer_class": "PreTrainedTokenizerFast",
         },
         generation={"eos_token_id": [154820], "pad_token_id": 154820},
+    )
+
+
+MINIMAX_M3_TEMPLATE = (  # M3's template renders a bare ]<]image[>[ per image
+    "{%- for message in messages -%}"
+    "{{- ']~b]' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for content in message['content'] -%}"
+    "{%- if content['type'] in ('image', 'image_url') -%}"
+    "{{- ']<]image[>[' -}}"
+    "{%- elif 'text' in content -%}{{- content['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '[e~[\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- ']~b]ai\\n' -}}{%- endif -%}"
+)
+MINIMAX_M3_SPECIALS = (  # the published MiniMax-M3 tokenizer's ids
+    ("]~b]", 200019),
+    ("[e~[", 200020),
+    ("]<]image[>[", 200025),
+    ("]<]video[>[", 200026),
+    ("]<]start of image[>[", 200029),
+    ("]<]end of image[>[", 200030),
+    ("]<]start of video[>[", 200031),
+    ("]<]end of video[>[", 200032),
+    ("]~!b[", 200034),
+)
+MINIMAX_M3_PREPROCESSOR = {  # the published values (size [672, 672]: the class default)
+    "image_processor_type": "MiniMaxM3VLImageProcessor",
+    "processor_class": "MiniMaxM3VLProcessor",
+    "do_resize": True,
+    "do_rescale": True,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+    "resample": 3,
+    "rescale_factor": 1 / 255,
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "size": [672, 672],
+    "min_pixels": 3136,
+    "max_pixels": 451584,
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+}
+
+
+def minimax_m3_vl() -> Family:
+    return Family(
+        "minimax_m3_vl",
+        "MiniMax-M3-tiny",
+        MINIMAX_M3_SPECIALS,
+        {
+            "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
+            "model_type": "minimax_m3_vl",
+            "image_token_index": 200025,
+            "video_token_index": 200026,
+            "text_config": {"model_type": "minimax_m3_vl_text", **_text(200064, 200034, 200020)},
+            "vision_config": {
+                "model_type": "minimax_m3_vl_vision",
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+            },
+        },
+        MINIMAX_M3_PREPROCESSOR,
+        MINIMAX_M3_TEMPLATE,
+        "]<]image[>[",
+        "]<]image[>[",
+        {
+            "bos_token": "]~!b[",
+            "eos_token": "[e~[",
+            "pad_token": None,
+            "unk_token": None,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        generation={"bos_token_id": 200034, "eos_token_id": 200020},
     )
 
 
@@ -848,7 +1037,10 @@ FAMILIES = {
     "llama4": llama4,
     "phi3_v": phi3_v,
     "gemma4": gemma4,
+    "gemma4_unified": gemma4_unified,
     "glm5_next": glm5_next,
+    "qwen3_omni_moe": qwen3_omni_moe,
+    "minimax_m3_vl": minimax_m3_vl,
     "inkling": inkling,
 }
 

@@ -42,11 +42,13 @@ _CLASSES: dict[str, Family] = {
     "Phi3VImageProcessor": "phi3_v",
     "MllamaImageProcessor": "mllama",
     "Gemma4ImageProcessor": "gemma4",
+    "Gemma4UnifiedImageProcessor": "gemma4_unified",
     "Glm4vImageProcessor": "glm4v",
     "Glm46VImageProcessor": "glm46v",
     "Glm5NextImageProcessor": "glm5_next",
     "InklingImageProcessor": "inkling",
     "Inkling2ImageProcessor": "inkling2",
+    "MiniMaxM3VLImageProcessor": "minimax_m3_vl",
 }
 
 _COMMON = (
@@ -81,12 +83,16 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "glm4v": ("patch_size", "merge_size", "temporal_patch_size"),
     "inkling": ("rescale_image_frac", "rescale_image_max_upscaled_long_edge"),
     "inkling2": (),
+    "minimax": ("patch_size", "merge_size", "temporal_patch_size"),
     "glm5_next": (
         "patch_size",
         "merge_size",
         "temporal_patch_size",
         "min_image_tokens",
         "max_image_tokens",
+        # ours: the video processor's token bounds
+        "video_min_image_tokens",
+        "video_max_image_tokens",
     ),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
@@ -99,11 +105,11 @@ _SQUARE: frozenset[str] = frozenset(
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
-    | {"glm4v", "glm46v", "glm5_next", "inkling", "inkling2"}
+    | {"glm4v", "glm46v", "glm5_next", "gemma4_unified", "minimax_m3_vl", "inkling", "inkling2"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
 # GLM-5-next's resize reads min/max_image_tokens, never size.
-_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4", "glm5_next"})
+_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4", "gemma4_unified", "glm5_next"})
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -117,6 +123,10 @@ def _kind(family: Family) -> str:
         return "glm4v"  # GLM-4.6V's class is GLM-4.1V's code
     if family == "glm5_next":
         return "glm5_next"
+    if family == "gemma4_unified":
+        return "gemma4"  # Gemma 4's keys, read the same way
+    if family == "minimax_m3_vl":
+        return "minimax"
     own = (
         "llava_next",
         "pixtral",
@@ -178,6 +188,10 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     cap = "rescale_image_max_upscaled_long_edge"
     if kind == "inkling" and cap in config and config[cap] is None:
         out[cap] = False
+    if kind == "minimax" and config.get("size") == [672, 672]:
+        # MiniMaxM3VLImageProcessor.__init__: the published checkpoint's stale size is replaced
+        # by the class default
+        config = {k: v for k, v in config.items() if k != "size"}
     if config.get("size") is not None and kind not in _NO_SIZE:
         out["size"] = _size_dict(config["size"], square=family in _SQUARE)
     if family == "pixtral" and config.get("patch_size") is not None:
@@ -204,6 +218,23 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
             out["video_size"] = _size_dict(config["video_size"], square=False)
         if family == "qwen3_omni_moe" and config.get("fps") is not None:
             out["fps"] = config["fps"]  # the caller's video fps (video_second_per_grid)
+    elif kind == "minimax":
+        # Qwen2-VL's folding, but a partial size stays partial (MiniMaxM3VLImageProcessor keeps
+        # it; its resize then raises), and no size means the class default
+        folds = {
+            edge: config[key]
+            for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge"))
+            if config.get(key) is not None
+        }
+        if folds:
+            size = dict(out.get("size", {"shortest_edge": 3136, "longest_edge": 451584}))
+            size.update(folds)
+            size.pop("min_pixels", None)
+            size.pop("max_pixels", None)
+            out["size"] = size
+    elif kind == "glm4v" and config.get("video_size") is not None:
+        # ours: GLM-4.1V/4.6V's video processor size (absent from transformers' image files)
+        out["video_size"] = _size_dict(config["video_size"], square=False)
     elif kind not in _OWN_SIZES:
         if config.get("crop_size") is not None:
             out["crop_size"] = _size_dict(config["crop_size"], square=True)
@@ -296,6 +327,8 @@ VARIED: list[dict[str, Any]] = [
     {"max_pixels": 2000, "size": {"shortest_edge": 10, "longest_edge": 20}},
     {"max_pixels": 2000, "size": {"max_pixels": 5, "min_pixels": 6}},
     {"min_pixels": 1000, "size": 12},
+    {"size": [672, 672]},
+    {"size": [672, 672], "min_pixels": 1000, "max_pixels": 2000},
     {"size": {"shortest_edge": 10}},
     {"size": {"longest_edge": 10}},
     {"max_pixels": 2**70},

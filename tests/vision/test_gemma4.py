@@ -203,19 +203,6 @@ def test_videos_are_refused() -> None:
         ImageProcessor.for_family("gemma4")(videos=[frames])
 
 
-def test_gemma4_unified_is_refused(tmp_path: Path) -> None:
-    """``Gemma4UnifiedImageProcessor`` (torchvision-only, merging k x k patch groups) is not
-    reproduced: its config is refused, naming the class, rather than read as Gemma 4's."""
-    import json
-
-    (tmp_path / "preprocessor_config.json").write_text(
-        json.dumps({"image_processor_type": "Gemma4UnifiedImageProcessor", "patch_size": 16})
-    )
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4_unified"}))
-    with pytest.raises(ValueError, match="Gemma4UnifiedImageProcessor"):
-        VisionModel.from_pretrained(tmp_path)
-
-
 def test_from_pretrained_file(tmp_path: Path) -> None:
     import json
 

@@ -4,7 +4,7 @@ bit for bit — every input kind of the shared corpus, random shapes from 1x1 to
 options, GLM-4.1V's aspect-ratio error, configuration errors — and the token counts and
 expanded ``input_ids`` of transformers' ``Glm4vProcessor`` / ``Glm46VProcessor`` /
 ``Glm5NextProcessor`` (their real image processors; a tokenizer built here with each model's
-special tokens at its published ids). Videos are refused with a clear error.
+special tokens at its published ids). Videos: ``test_glm_video.py``.
 """
 
 from __future__ import annotations
@@ -178,15 +178,6 @@ def test_defaults_and_from_pretrained() -> None:
         ("Glm5NextImageProcessor", "glm5_next"),
     ]:
         assert ImageProcessor.from_pretrained({"image_processor_type": cls}).family == family
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_videos_are_refused(family: str) -> None:
-    """GLM's video prompt (per-frame begin/end markers and timestamps) is not reproduced."""
-    frames = [pattern(56, 56, 1), pattern(56, 56, 2)]
-    with pytest.raises(ProcessorConfigError, match=family) as error:
-        ImageProcessor.for_family(family)(videos=[frames])  # type: ignore[arg-type]
-    assert error.value.field == "videos"
 
 
 # ---- token counts and input_ids against transformers' processors ---------------------------

@@ -57,7 +57,7 @@ def _llava_next(
 def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) -> tuple[int, ...]:
     """The count transformers' processor of ``family`` writes, from the processed outputs."""
     # Qwen's and GLM's processors: t·h·w / merge² per image (Glm4vProcessor.replace_image_token)
-    if family.startswith(("qwen", "glm")):
+    if family.startswith(("qwen", "glm", "minimax")):
         return tuple(int(t * h * w) // cfg["merge_size"] ** 2 for t, h, w in out.image_grid_thw)
     if family in ("clip", "llava", "siglip"):
         h, w = out.pixel_values.shape[-2:]
@@ -105,6 +105,9 @@ def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) 
         # patches (all but the (-1, -1) padding rows) over the pooling kernel's area
         real = (out.image_position_ids[..., 0] >= 0).sum(axis=1)
         return tuple(int(n) // cfg["pooling_kernel_size"] ** 2 for n in real)
+    if family == "gemma4_unified":
+        # one soft token per merged patch (all but the (-1, -1) padding rows)
+        return tuple(int(n) for n in (out.image_position_ids[..., 0] >= 0).sum(axis=1))
     raise AssertionError(family)
 
 

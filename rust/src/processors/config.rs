@@ -10,12 +10,14 @@ use super::error::ProcessorError;
 use super::family::{FamilyConfig, Hf, VisionTokens};
 use super::gemma3::{self, Gemma3Config};
 use super::gemma4::{self, Gemma4Config};
+use super::gemma4_unified::{self, Gemma4UnifiedConfig};
 use super::glm::{self, GlmConfig};
 use super::idefics3::{self, Idefics3Config};
 use super::inkling::{self, Inkling2Config, InklingConfig};
 use super::internvl::{self, InternVlConfig};
 use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
+use super::minimax::{self, MiniMaxConfig};
 use super::mllama::{self, MllamaConfig};
 use super::phi3v::{self, Phi3VConfig};
 use super::phi4::{self, Phi4Config};
@@ -112,16 +114,23 @@ registry! {
     Phi3V => "phi3_v", Phi3VConfig = Phi3VConfig::phi3_v(), phi3v::PHI3_V;
     Mllama => "mllama", MllamaConfig = MllamaConfig::mllama(), mllama::MLLAMA;
     Gemma4 => "gemma4", Gemma4Config = Gemma4Config::gemma4(), gemma4::GEMMA4;
+    Gemma4Unified => "gemma4_unified", Gemma4UnifiedConfig = Gemma4UnifiedConfig::gemma4_unified(), gemma4_unified::GEMMA4_UNIFIED;
     Glm4v => "glm4v", GlmConfig = GlmConfig::glm4v(), glm::GLM4V;
     Glm46v => "glm46v", GlmConfig = GlmConfig::glm4v(), glm::GLM46V;
     Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
+    MinimaxM3Vl => "minimax_m3_vl", MiniMaxConfig = MiniMaxConfig::minimax_m3_vl(), minimax::MINIMAX_M3_VL;
     Inkling => "inkling", InklingConfig = InklingConfig::inkling(), inkling::INKLING;
     Inkling2 => "inkling2", Inkling2Config = Inkling2Config::inkling2(), inkling::INKLING2;
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
-const MODEL_TYPES: &[&[(&str, &str)]] =
-    &[qwen::MODEL_TYPES, glm::MODEL_TYPES, inkling::MODEL_TYPES];
+const MODEL_TYPES: &[&[(&str, &str)]] = &[
+    qwen::MODEL_TYPES,
+    glm::MODEL_TYPES,
+    gemma4_unified::MODEL_TYPES,
+    minimax::MODEL_TYPES,
+    inkling::MODEL_TYPES,
+];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];
 

@@ -11,6 +11,9 @@
 //! vision tower pools each `k × k` block into one soft token).
 //!
 //! Videos (`Gemma4VideoProcessor`, torchvision-only) are not reproduced here.
+//!
+//! Gemma 4 unified (`gemma4_unified`) wraps this configuration and shares the target size, the
+//! patch writer and the prompt replacement.
 
 use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
@@ -137,7 +140,8 @@ impl FamilyConfig for Gemma4Config {
         images(self, normalize, inputs, options)
     }
 
-    /// `Gemma4Processor`: `num_soft_tokens_per_image` soft tokens per image.
+    /// `Gemma4Processor` / `Gemma4UnifiedProcessor`: `num_soft_tokens_per_image` soft tokens
+    /// per image.
     fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
         i64_values(outputs, "num_soft_tokens_per_image").map(<[i64]>::to_vec)
     }
@@ -163,7 +167,8 @@ pub const EOI: &str = "<image|>";
 /// whose positions take the soft tokens' embeddings.
 pub const IMAGE: &str = "<|image|>";
 
-/// `Gemma4Processor`'s tokens.
+/// `Gemma4Processor`'s tokens (and `Gemma4UnifiedProcessor`'s: the same tokens, and
+/// Gemma4UnifiedConfig has the same default ids).
 pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     grid: &["num_soft_tokens_per_image"],
     anchor: IMAGE,
@@ -181,7 +186,8 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     joins: &[],
 };
 
-/// `Gemma4Processor.replace_image_token`: `boi + image_token × n + eoi`, `n` the image's
+/// `Gemma4Processor.replace_image_token` (and `Gemma4UnifiedProcessor`'s, the same rule):
+/// `boi + image_token × n + eoi`, `n` the image's
 /// `num_soft_tokens_per_image`. Only the image tokens take embeddings (vLLM:
 /// `PromptUpdateDetails.select_token_id(tokens, image_token_id)`); each image is one entry of
 /// `pixel_values`.
@@ -301,20 +307,26 @@ fn prepare<'a>(
     Ok(rgb)
 }
 
-/// Writes one image's patches (channels-last within a patch) and the zero padding after them.
-fn write_patches(normalize: &Normalize, rgb: &Rgb<'_>, patch: usize, out: &mut [Out]) {
-    let row_len = patch * 3;
-    let (rows, cols) = (rgb.height / patch, rgb.width / patch);
+/// A value per channel and `u8` input: the rescale/normalize of a family as a table.
+pub(crate) type Lut = [[f32; 256]; 3];
+
+/// Writes one image's `side × side` patches in row-major order (each flattened channels-last,
+/// `(py, px, c)`, through `lut`) and the zero padding after them.
+fn write_patches(lut: &Lut, rgb: &Rgb<'_>, side: usize, out: &mut [Out]) {
+    let row_len = side * 3;
+    let (rows, cols) = (rgb.height / side, rgb.width / side);
     let stride = rgb.width * 3;
-    let mut chunks = out.chunks_exact_mut(patch * row_len);
+    let mut chunks = out.chunks_exact_mut(side * row_len);
     for gy in 0..rows {
         for gx in 0..cols {
             let Some(dst) = chunks.next() else { return };
             for (py, dst_row) in dst.chunks_exact_mut(row_len).enumerate() {
-                let start = (gy * patch + py) * stride + gx * row_len;
+                let start = (gy * side + py) * stride + gx * row_len;
                 let src = &rgb.data[start..start + row_len];
-                for (i, (slot, &value)) in dst_row.iter_mut().zip(src).enumerate() {
-                    slot.write(normalize.value(i % 3, value));
+                for (slots, px) in dst_row.chunks_exact_mut(3).zip(src.chunks_exact(3)) {
+                    slots[0].write(lut[0][usize::from(px[0])]);
+                    slots[1].write(lut[1][usize::from(px[1])]);
+                    slots[2].write(lut[2][usize::from(px[2])]);
                 }
             }
         }
@@ -334,6 +346,31 @@ pub fn images(
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
+    let lut: Lut = std::array::from_fn(|c| std::array::from_fn(|v| normalize.value(c, v as u8)));
+    let pool2 = config.pooling_kernel_size * config.pooling_kernel_size;
+    patch_outputs(
+        prepared,
+        config.patch_size,
+        config.max_patches(),
+        pool2,
+        &lut,
+        options,
+    )
+}
+
+/// The outputs of images whose sides are multiples of `side`: `pixel_values`
+/// `(B, slots, side² · 3)` (each image's `side × side` patches, row-major, channels-last
+/// through `lut`, zero-padded to `slots`), `image_position_ids` `(B, slots, 2)` (`(x, y)` of
+/// each patch, `(-1, -1)` for the padding) and `num_soft_tokens_per_image` (patches /
+/// `per_token`). Every image has at most `slots` patches.
+pub(crate) fn patch_outputs(
+    prepared: Vec<Rgb<'_>>,
+    side: usize,
+    slots: usize,
+    per_token: usize,
+    lut: &Lut,
+    options: &Options,
+) -> Result<Outputs, ProcessorError> {
     if prepared.is_empty() {
         return Err(ProcessorError::shape(
             "images",
@@ -341,39 +378,36 @@ pub fn images(
             "an empty batch",
         ));
     }
-    let patch = config.patch_size;
-    let max_patches = config.max_patches();
-    let pool2 = (config.pooling_kernel_size * config.pooling_kernel_size) as i64;
     let batch = prepared.len();
-    let patch_len = patch * patch * 3;
-    let per_image = checked_len("pixel_values", &[max_patches, patch_len], 4)?;
-    let len = checked_len("pixel_values", &[batch, max_patches, patch_len], 4)?;
+    let patch_len = side * side * 3;
+    let per_image = checked_len("pixel_values", &[slots, patch_len], 4)?;
+    let len = checked_len("pixel_values", &[batch, slots, patch_len], 4)?;
     let mut pixel_values = OutBuffer::new("pixel_values", len)?;
-    let slices = pixel_values.slices(&vec![per_image; batch]);
-    let jobs: Vec<(&Rgb<'_>, &mut [Out])> = prepared.iter().zip(slices).collect();
+    let out_slices = pixel_values.slices(&vec![per_image; batch]);
+    let jobs: Vec<(&Rgb<'_>, &mut [Out])> = prepared.iter().zip(out_slices).collect();
     let workers = parallel::workers(options.threads, jobs.len());
     parallel::map(jobs, workers, |_, (rgb, out)| {
-        write_patches(normalize, rgb, patch, out)
+        write_patches(lut, rgb, side, out)
     });
-    // SAFETY: one slice of max_patches · patch_len values per image covers the buffer, and
-    // `write_patches` writes every value of its slice: its patches (at most max_patches,
-    // checked by `prepare`), then zeros for every remaining patch.
+    // SAFETY: one slice of slots · patch_len values per image covers the buffer, and
+    // `write_patches` writes every value of its slice: its patches (at most `slots`, which the
+    // callers' `prepare` checks), then zeros for every remaining patch.
     let pixel_values = unsafe { pixel_values.finish() };
 
-    let positions_len = checked_len("image_position_ids", &[batch, max_patches, 2], 8)?;
+    let positions_len = checked_len("image_position_ids", &[batch, slots, 2], 8)?;
     let mut positions = fallible::with_capacity(positions_len)
         .map_err(ProcessorError::oom("image_position_ids"))?;
     let mut soft = Vec::with_capacity(batch);
     for rgb in &prepared {
-        let (rows, cols) = (rgb.height / patch, rgb.width / patch);
+        let (rows, cols) = (rgb.height / side, rgb.width / side);
         for y in 0..rows {
             for x in 0..cols {
                 positions.extend_from_slice(&[x as i64, y as i64]);
             }
         }
         let n = rows * cols;
-        positions.extend(std::iter::repeat_n(-1i64, (max_patches - n) * 2));
-        soft.push(n as i64 / pool2);
+        positions.extend(std::iter::repeat_n(-1i64, (slots - n) * 2));
+        soft.push((n / per_token) as i64);
     }
     super::recycle_images(prepared);
     Ok(Outputs {
@@ -381,13 +415,13 @@ pub fn images(
             (
                 "pixel_values",
                 Tensor {
-                    shape: vec![batch, max_patches, patch_len],
+                    shape: vec![batch, slots, patch_len],
                     data: TensorData::F32(pixel_values),
                 },
             ),
             (
                 "image_position_ids",
-                Tensor::i64(vec![batch, max_patches, 2], positions),
+                Tensor::i64(vec![batch, slots, 2], positions),
             ),
             ("num_soft_tokens_per_image", Tensor::i64(vec![batch], soft)),
         ],

@@ -12,14 +12,28 @@
 //!   the bottom and right (before rescale/normalise, as transformers pads the `uint8` array).
 //!
 //! The placeholder rule is a run of `<|image|>` per image (`grid_h · grid_w / merge_size²`),
-//! inside the `<|begin_of_image|>` … `<|end_of_image|>` the chat template writes. Videos are not
-//! reproduced: GLM's video prompt interleaves per-frame begin/end markers with timestamp text.
+//! inside the `<|begin_of_image|>` … `<|end_of_image|>` the chat template writes.
+//!
+//! Videos follow the torchvision video processors (`Glm4vVideoProcessor`,
+//! `Glm46VVideoProcessor`, `Glm5NextVideoProcessor`; transformers has no PIL video backend):
+//! frames already sampled, each resized as a `uint8` tensor by torch's antialiased kernel
+//! ([`crate::image::torch`]) to a canvas that counts the video's frames in the budget (the
+//! video processor's own bounds, [`GlmConfig::video_bounds`]), GLM-5-next's padded with zeros,
+//! then the backend's fused rescale + normalize in `f32` and Qwen's patch layout, the last frame
+//! repeated to fill the last temporal patch. The video prompt (per frame group
+//! `<|begin_of_image|>`, the group's `<|image|>` run, `<|end_of_image|>` and its timestamp text)
+//! is written on the Python side (`smg_grpc_proto.vision.glm_video`), from `video_grid_thw` and
+//! the frames' timestamps.
 
 use super::family::{FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
-use super::qwen::{self, Prepared, QwenConfig};
-use super::value::{hf_keys, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD};
+use super::qwen::{self, Patches, Prepared, QwenConfig};
+use super::torch_backend;
+use super::value::{
+    hf_get, hf_keys, hf_put, hf_size, BadSize, Common, Raw, RawMap, Value, CLIP_MEAN, CLIP_STD,
+};
 use super::{resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb};
+use crate::image::torch::TorchFilter;
 
 /// Which GLM sizing rule a configuration follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,9 +53,14 @@ pub struct GlmConfig {
     pub sizing: GlmSizing,
     pub min_image_tokens: u64,
     pub max_image_tokens: u64,
+    /// The video processor's bounds: GLM-4.1V/4.6V pixels (`Glm4vVideoProcessor.size`, our key
+    /// `video_size`), GLM-5-next tokens (`Glm5NextVideoProcessor.min_image_tokens` /
+    /// `max_image_tokens`, our keys `video_min_image_tokens` / `video_max_image_tokens`).
+    pub video_bounds: (u64, u64),
 }
 
-/// GLM-4.1V: `Glm4vImageProcessor`; `config.json` `Glm4vConfig.image_token_id` (`<|image|>`).
+/// GLM-4.1V: `Glm4vImageProcessor`; `config.json` `Glm4vConfig.image_token_id` (`<|image|>`)
+/// and `video_token_id` (`<|video|>`, the video's anchor in the prompt).
 pub const GLM4V: Hf = Hf {
     image_classes: &["Glm4vImageProcessor"],
     video_classes: &[],
@@ -50,7 +69,7 @@ pub const GLM4V: Hf = Hf {
     processor_forces: None,
     published: Some(Published {
         image: 151_343,
-        video: None,
+        video: Some(151_344),
         vision_tokens: None,
     }),
     count_tensor: None,
@@ -64,7 +83,7 @@ pub const GLM46V: Hf = Hf {
     processor_forces: None,
     published: Some(Published {
         image: 151_343,
-        video: None,
+        video: Some(151_344),
         vision_tokens: None,
     }),
     count_tensor: None,
@@ -78,7 +97,7 @@ pub const GLM5_NEXT: Hf = Hf {
     processor_forces: None,
     published: Some(Published {
         image: 154_854,
-        video: None,
+        video: Some(154_855),
         vision_tokens: None,
     }),
     count_tensor: None,
@@ -89,7 +108,12 @@ const PATCH_KEYS: [&str; 3] = ["patch_size", "merge_size", "temporal_patch_size"
 /// GLM-4.1V's keys: the patching keys and `size` (no `min_pixels`/`max_pixels` folding: the
 /// class has no `__init__` of its own, and `resize` needs both size keys).
 fn hf_glm4v(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
-    hf_keys(config, &PATCH_KEYS, false)
+    let mut out = hf_keys(config, &PATCH_KEYS, false)?;
+    // ours: the video processor's `size` (a `video_preprocessor_config.json` is not read)
+    if let Some(size) = hf_get(config, "video_size") {
+        hf_put(&mut out, "video_size", Raw::Map(hf_size(size, false)?));
+    }
+    Ok(out)
 }
 
 /// GLM-5-next's keys: the patching keys and the token bounds; `size` is not read by its
@@ -108,6 +132,9 @@ fn hf_glm5_next(config: &[(String, Raw)]) -> Result<RawMap, BadSize> {
             "temporal_patch_size",
             "min_image_tokens",
             "max_image_tokens",
+            // ours: the video processor's token bounds
+            "video_min_image_tokens",
+            "video_max_image_tokens",
         ],
         false,
     )
@@ -145,16 +172,119 @@ impl GlmConfig {
             sizing: GlmSizing::Glm4v,
             min_image_tokens: 16,
             max_image_tokens: 8000,
+            video_bounds: (112 * 112, 28 * 28 * 2 * 30_000),
         }
     }
 
     /// `Glm5NextImageProcessorPil`'s class defaults: 16 … 8000 tokens, patch 14, merge 2,
-    /// temporal 2, CLIP mean/std.
+    /// temporal 2, CLIP mean/std; `Glm5NextVideoProcessor`'s 16 … 240 000 tokens.
     pub fn glm5_next() -> Self {
         GlmConfig {
             sizing: GlmSizing::Glm5Next,
+            video_bounds: (16, 240_000),
             ..Self::glm4v()
         }
+    }
+
+    /// The canvas (HxW) the frames of a video of `num_frames` frames of `height × width` are
+    /// brought to, per the family's video processor (`Glm4vVideoProcessor.resize`,
+    /// `Glm5NextVideoProcessor.resize`: the image rule counting the video's frames).
+    pub fn video_target(
+        &self,
+        num_frames: usize,
+        height: usize,
+        width: usize,
+    ) -> Result<(usize, usize), ProcessorError> {
+        let p = &self.patches;
+        let (min, max) = self.video_bounds;
+        match self.sizing {
+            GlmSizing::Glm4v => glm4v_smart_resize(
+                height,
+                width,
+                num_frames,
+                p.temporal_patch_size,
+                p.factor(),
+                min,
+                max,
+            ),
+            GlmSizing::Glm5Next => glm5_next_smart_resize(
+                height,
+                width,
+                num_frames,
+                p.temporal_patch_size,
+                p.factor(),
+                min,
+                max,
+            ),
+        }
+    }
+
+    /// One frame of a video of `num_frames` frames as the torchvision video processor makes it
+    /// before rescaling: `tvF.resize` of the `uint8` frame (torch's antialiased kernel) to the
+    /// canvas, GLM-5-next's inside it and zero-padded at the bottom and right.
+    fn prepare_frame<'a>(
+        &self,
+        rgb: Rgb<'a>,
+        num_frames: usize,
+        filter: TorchFilter,
+        threads: usize,
+    ) -> Result<Prepared<'a>, ProcessorError> {
+        let p = &self.patches;
+        let input = (rgb.height, rgb.width);
+        if !p.common.do_resize {
+            return qwen::prepare_at(p, rgb, input, threads);
+        }
+        let target = self.video_target(num_frames, rgb.height, rgb.width)?;
+        let image = match self.sizing {
+            GlmSizing::Glm4v => torch_backend::resize(rgb, target.0, target.1, filter, threads)?,
+            GlmSizing::Glm5Next => {
+                let content = glm5_next_content(
+                    input,
+                    target,
+                    num_frames,
+                    p.temporal_patch_size,
+                    p.factor(),
+                    self.video_bounds.0,
+                );
+                let resized = torch_backend::resize(rgb, content.0, content.1, filter, threads)?;
+                pad_bottom_right(resized, target)?
+            }
+        };
+        Ok(Prepared {
+            image,
+            input,
+            grid_h: target.0 / p.patch_size,
+            grid_w: target.1 / p.patch_size,
+        })
+    }
+
+    /// The family's torchvision video processor on a batch of videos (each a list of frames,
+    /// already sampled), before the values are written: each frame resized as
+    /// [`prepare_frame`](Self::prepare_frame) says, rescaled and normalised with the backend's
+    /// fused arithmetic, the last frame repeated to fill the last temporal patch, laid out as
+    /// Qwen's patches (`pixel_values_videos`, `video_grid_thw`).
+    pub fn plan_videos<'a>(
+        &self,
+        videos: &[Vec<Input<'a>>],
+        options: &Options,
+    ) -> Result<Patches<'a>, ProcessorError> {
+        let common = &self.patches.common;
+        torch_backend::check_torch_steps(common)?;
+        let filter = torch_backend::filter_of(common.resample).ok_or_else(|| {
+            ProcessorError::config(
+                "resample",
+                "BILINEAR (2) or BICUBIC (3)",
+                common.resample.pil_id(),
+            )
+        })?;
+        let normalize = torch_fused_normalize(common);
+        qwen::plan_videos_by(
+            &self.patches,
+            &normalize,
+            videos,
+            options,
+            |rgb, n, threads| self.prepare_frame(rgb, n, filter, threads),
+        )
     }
 
     /// The canvas (HxW) an image of `height × width` is brought to, per this family's rule.
@@ -165,6 +295,7 @@ impl GlmConfig {
                 height,
                 width,
                 p.temporal_patch_size,
+                p.temporal_patch_size,
                 p.factor(),
                 p.min_pixels,
                 p.max_pixels,
@@ -172,6 +303,7 @@ impl GlmConfig {
             GlmSizing::Glm5Next => glm5_next_smart_resize(
                 height,
                 width,
+                p.temporal_patch_size,
                 p.temporal_patch_size,
                 p.factor(),
                 self.min_image_tokens,
@@ -194,6 +326,7 @@ impl GlmConfig {
                 let content = glm5_next_content(
                     input,
                     target,
+                    p.temporal_patch_size,
                     p.temporal_patch_size,
                     p.factor(),
                     self.min_image_tokens,
@@ -259,6 +392,18 @@ impl FamilyConfig for GlmConfig {
                 self.max_image_tokens = tokens("max_image_tokens", value)?;
                 Ok(true)
             }
+            (GlmSizing::Glm4v, "video_size") => {
+                self.video_bounds = video_size(value)?;
+                Ok(true)
+            }
+            (GlmSizing::Glm5Next, "video_min_image_tokens") => {
+                self.video_bounds.0 = tokens("video_min_image_tokens", value)?;
+                Ok(true)
+            }
+            (GlmSizing::Glm5Next, "video_max_image_tokens") => {
+                self.video_bounds.1 = tokens("video_max_image_tokens", value)?;
+                Ok(true)
+            }
             _ => Ok(false),
         }
     }
@@ -269,6 +414,20 @@ impl FamilyConfig for GlmConfig {
             entries.retain(|(key, _)| *key != "size");
             entries.push(("min_image_tokens", Value::Int(self.min_image_tokens as i64)));
             entries.push(("max_image_tokens", Value::Int(self.max_image_tokens as i64)));
+        }
+        let (min, max) = (self.video_bounds.0 as i64, self.video_bounds.1 as i64);
+        match self.sizing {
+            GlmSizing::Glm4v => entries.push((
+                "video_size",
+                Value::Map(vec![
+                    ("shortest_edge".into(), min),
+                    ("longest_edge".into(), max),
+                ]),
+            )),
+            GlmSizing::Glm5Next => {
+                entries.push(("video_min_image_tokens", Value::Int(min)));
+                entries.push(("video_max_image_tokens", Value::Int(max)));
+            }
         }
         entries
     }
@@ -306,20 +465,100 @@ impl FamilyConfig for GlmConfig {
     fn image_tokens(&self, outputs: &Outputs, vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
         self.patches.image_tokens(outputs, vision)
     }
+
+    fn videos(
+        &self,
+        _normalize: &Normalize,
+        videos: &[Vec<Input<'_>>],
+        options: &Options,
+    ) -> Option<Result<Outputs, ProcessorError>> {
+        Some(
+            self.plan_videos(videos, options)
+                .and_then(Patches::into_outputs),
+        )
+    }
+
+    fn videos_deferred<'a>(
+        &self,
+        _normalize: &Normalize,
+        videos: &[Vec<Input<'a>>],
+        options: &Options,
+    ) -> Option<Result<Deferred<'a>, ProcessorError>> {
+        Some(
+            self.plan_videos(videos, options)
+                .map(|p| Deferred::Patches(Box::new(p))),
+        )
+    }
+
+    /// `grid_t · grid_h · grid_w / merge_size²` per video (`video_grid_thw`): the `<|image|>`
+    /// tokens `Glm4vProcessor.replace_video_token` writes over all its frame groups
+    /// (`grid_h · grid_w / merge_size²` in each of the `grid_t` groups).
+    fn video_tokens(&self, outputs: &Outputs) -> Option<Vec<i64>> {
+        self.patches.video_tokens(outputs)
+    }
 }
 
-/// transformers' GLM-4.1V `smart_resize(num_frames = temporal_factor, height, width,
-/// temporal_factor, factor, min_pixels, max_pixels)` for one image, with its Python arithmetic:
-/// a side under `factor` scales both up (`int()` truncation), the aspect ratio (of the scaled
-/// size) must be at most 200, and the bounds compare `t_bar · h_bar · w_bar`.
+/// The torchvision backend's fused rescale + normalize
+/// ([`torch_backend::fused_f32_table`]: `(f32(x) − mean') / std'` with `mean' = f32(mean) ·
+/// f32(1 / rescale_factor)`, likewise `std'`) as a [`Normalize`]: the PIL arithmetic with a
+/// rescale factor of 1 (exact on `u8`) and `mean'`/`std'` (exact as `f64`) is that very
+/// formula, so its table — and its SIMD passes, which it checks against the table — are
+/// torch's values.
+fn torch_fused_normalize(common: &Common) -> Normalize {
+    let inverse = (1.0 / common.rescale_factor) as f32;
+    let fused = |v: [f64; 3]| v.map(|x| f64::from(x as f32 * inverse));
+    Normalize::new(
+        Some(1.0),
+        Some((fused(common.image_mean), fused(common.image_std))),
+    )
+}
+
+/// `video_size`: `{"shortest_edge": min_pixels, "longest_edge": max_pixels}`, both keys, as
+/// `Glm4vVideoProcessor.resize` requires.
+fn video_size(value: &Value) -> Result<(u64, u64), ProcessorError> {
+    let expected = "a dict with keys shortest_edge and longest_edge (min and max pixels)";
+    let Value::Map(entries) = value else {
+        return Err(ProcessorError::config("video_size", expected, value));
+    };
+    let get = |key: &str| {
+        entries
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| *v)
+            .filter(|v| (1..=1 << 40).contains(v))
+            .map(|v| v as u64)
+    };
+    match (entries.len(), get("shortest_edge"), get("longest_edge")) {
+        (2, Some(min), Some(max)) => Ok((min, max)),
+        _ => Err(ProcessorError::config("video_size", expected, value)),
+    }
+}
+
+/// transformers' GLM-4.1V `smart_resize(num_frames, height, width, temporal_factor, factor,
+/// min_pixels, max_pixels)` with its Python arithmetic (an image passes `num_frames =
+/// temporal_factor`): fewer than `temporal_factor` frames are refused, a side under `factor`
+/// scales both up (`int()` truncation), the aspect ratio (of the scaled size) must be at most
+/// 200, and the bounds compare `t_bar · h_bar · w_bar`, `t_bar` the frame count rounded (half
+/// to even) to a multiple of `temporal_factor`.
 pub fn glm4v_smart_resize(
     height: usize,
     width: usize,
+    num_frames: usize,
     temporal_factor: usize,
     factor: usize,
     min_pixels: u64,
     max_pixels: u64,
 ) -> Result<(usize, usize), ProcessorError> {
+    if num_frames < temporal_factor {
+        return Err(ProcessorError::shape(
+            "frames",
+            format!(
+                "at least temporal_patch_size = {temporal_factor} frames per video \
+                 (GLM-4.1V's smart_resize: t must be larger than temporal_factor)"
+            ),
+            format!("{num_frames} frames"),
+        ));
+    }
     let (mut height, mut width) = (height, width);
     let f = factor as f64;
     if height < factor || width < factor {
@@ -336,16 +575,18 @@ pub fn glm4v_smart_resize(
     }
     let (h, w) = (height as f64, width as f64);
     let fu = factor as u128;
-    // num_frames = temporal_factor for an image, so t_bar = round(1) · temporal_factor.
-    let frames = temporal_factor as u128;
+    // t_bar = round(num_frames / temporal_factor) · temporal_factor (temporal_factor for an
+    // image, whose num_frames is temporal_factor).
+    let t_bar = (num_frames as f64 / temporal_factor as f64).round_ties_even() as u128
+        * temporal_factor as u128;
     let mut h_bar = (h / f).round_ties_even() as u128 * fu;
     let mut w_bar = (w / f).round_ties_even() as u128 * fu;
-    let volume = frames * height as u128 * width as u128;
-    if frames * h_bar * w_bar > max_pixels as u128 {
+    let volume = num_frames as u128 * height as u128 * width as u128;
+    if t_bar * h_bar * w_bar > max_pixels as u128 {
         let beta = (volume as f64 / max_pixels as f64).sqrt();
         h_bar = fu.max((h / beta / f).floor() as u128 * fu);
         w_bar = fu.max((w / beta / f).floor() as u128 * fu);
-    } else if frames * h_bar * w_bar < min_pixels as u128 {
+    } else if t_bar * h_bar * w_bar < min_pixels as u128 {
         let beta = (min_pixels as f64 / volume as f64).sqrt();
         h_bar = (h * beta / f).ceil() as u128 * fu;
         w_bar = (w * beta / f).ceil() as u128 * fu;
@@ -359,13 +600,15 @@ fn align(value: u128, factor: u128) -> u128 {
     value.div_ceil(factor) * factor
 }
 
-/// transformers' GLM-5-next `smart_resize(num_frames = temporal_factor, …)` for one image: the
+/// transformers' GLM-5-next `smart_resize(num_frames, …)` (an image passes `num_frames =
+/// temporal_factor`; the budgets count `max(T, round(num_frames / T) · T)` frames): the
 /// aligned size, raised to the token floor if under it, then — if over the token ceiling — the
 /// largest aligned size whose content height (searched by bisection, the width following the
 /// aspect ratio) fits the budget.
 pub fn glm5_next_smart_resize(
     height: usize,
     width: usize,
+    num_frames: usize,
     temporal_factor: usize,
     factor: usize,
     min_tokens: u64,
@@ -376,20 +619,22 @@ pub fn glm5_next_smart_resize(
     let min_pixels = min_tokens as u128 * per_token;
     let max_pixels = max_tokens as u128 * per_token;
     let (h, w) = (height as u128, width as u128);
-    // aligned_frames = max(T, round(T / T) · T) = T for an image.
+    let n = num_frames as u128;
+    // aligned_frames = max(T, round(n / T) · T): T for an image (n = T).
+    let frames = t.max((num_frames as f64 / temporal_factor as f64).round_ties_even() as u128 * t);
     let mut aligned = (align(h, f), align(w, f));
-    if t * aligned.0 * aligned.1 < min_pixels {
-        let scale = (min_pixels as f64 / (t * h * w) as f64).sqrt();
+    if frames * aligned.0 * aligned.1 < min_pixels {
+        let scale = (min_pixels as f64 / (n * h * w) as f64).sqrt();
         let up = |side: u128| align(((side as f64 * scale).ceil() as u128).max(1), f);
         aligned = (up(h), up(w));
     }
-    if t * aligned.0 * aligned.1 > max_pixels {
-        if max_pixels < t * f * f {
+    if frames * aligned.0 * aligned.1 > max_pixels {
+        if max_pixels < frames * f * f {
             return Err(ProcessorError::config(
                 "max_image_tokens",
                 format!(
                     "a budget of at least one aligned patch ({} pixels)",
-                    t * f * f
+                    frames * f * f
                 ),
                 max_pixels as i64,
             ));
@@ -402,7 +647,7 @@ pub fn glm5_next_smart_resize(
             // (exact in f64 at these sizes), then floor.
             let content_w = (((w * content_h) as f64 / h as f64).floor() as u128).max(1);
             let candidate = (align(content_h, f), align(content_w, f));
-            if t * candidate.0 * candidate.1 <= max_pixels {
+            if frames * candidate.0 * candidate.1 <= max_pixels {
                 best = candidate;
                 low = content_h + 1;
             } else {
@@ -415,19 +660,21 @@ pub fn glm5_next_smart_resize(
     Ok((side(aligned.0), side(aligned.1)))
 }
 
-/// `Glm5NextImageProcessorPil.resize`'s content size inside the canvas `target`: scaled by
-/// `min(target_h / h, target_w / w)`, at most 1 unless the image is under the token floor,
-/// floored, between 1 and the canvas.
+/// `Glm5NextImageProcessorPil.resize`'s (and `Glm5NextVideoProcessor.resize`'s) content size
+/// inside the canvas `target`: scaled by `min(target_h / h, target_w / w)`, at most 1 unless
+/// `num_frames · h · w` is under the token floor, floored, between 1 and the canvas.
 fn glm5_next_content(
     (height, width): (usize, usize),
     (target_h, target_w): (usize, usize),
+    num_frames: usize,
     temporal_factor: usize,
     factor: usize,
     min_tokens: u64,
 ) -> (usize, usize) {
     let per_token = (temporal_factor * factor * factor) as u128;
     let mut scale = (target_h as f64 / height as f64).min(target_w as f64 / width as f64);
-    if (temporal_factor * height) as u128 * width as u128 >= per_token * min_tokens as u128 {
+    // The image processor counts `temporal_factor` frames here, the video processor the video's.
+    if (num_frames * height) as u128 * width as u128 >= per_token * min_tokens as u128 {
         scale = scale.min(1.0);
     }
     let content =
@@ -471,21 +718,21 @@ mod tests {
     #[test]
     fn glm4v_sizes_match_transformers() {
         // transformers 5.24 glm4v smart_resize(2, h, w, 2, 28, 12544, 11760000).
-        let r = |h, w| glm4v_smart_resize(h, w, 2, 28, 12_544, 11_760_000).unwrap();
+        let r = |h, w| glm4v_smart_resize(h, w, 2, 2, 28, 12_544, 11_760_000).unwrap();
         assert_eq!(r(10, 10), (84, 84));
         assert_eq!(r(1, 200), (28, 5600));
         assert_eq!(r(600, 512), (588, 504));
         assert_eq!(r(4000, 3000), (2800, 2100));
         assert_eq!(r(1080, 1920), (1092, 1932));
         // 1 x 300 scales to 28 x 8400: 300:1.
-        let err = glm4v_smart_resize(1, 300, 2, 28, 12_544, 11_760_000).unwrap_err();
+        let err = glm4v_smart_resize(1, 300, 2, 2, 28, 12_544, 11_760_000).unwrap_err();
         assert_eq!(err.kind(), "aspect_ratio");
     }
 
     #[test]
     fn glm5_next_sizes_match_transformers() {
         // transformers 5.24 glm5_next smart_resize(2, h, w, 2, 28, tokens...).
-        let r = |h, w, lo, hi| glm5_next_smart_resize(h, w, 2, 28, lo, hi).unwrap();
+        let r = |h, w, lo, hi| glm5_next_smart_resize(h, w, 2, 2, 28, lo, hi).unwrap();
         assert_eq!(r(10, 10, 16, 8000), (112, 112));
         assert_eq!(r(1, 200, 16, 8000), (28, 1596));
         assert_eq!(r(600, 512, 16, 8000), (616, 532));
@@ -494,17 +741,59 @@ mod tests {
         assert_eq!(r(600, 512, 64, 300), (504, 448));
         // the content inside the canvas (then zero-padded)
         assert_eq!(
-            glm5_next_content((1, 200), (28, 1596), 2, 28, 16),
+            glm5_next_content((1, 200), (28, 1596), 2, 2, 28, 16),
             (7, 1596)
         );
         assert_eq!(
-            glm5_next_content((4000, 3000), (2884, 2156), 2, 28, 16),
+            glm5_next_content((4000, 3000), (2884, 2156), 2, 2, 28, 16),
             (2874, 2156)
         );
         assert_eq!(
-            glm5_next_content((600, 512), (504, 448), 2, 28, 64),
+            glm5_next_content((600, 512), (504, 448), 2, 2, 28, 64),
             (504, 430)
         );
+    }
+
+    #[test]
+    fn video_sizes_count_the_frames() {
+        // transformers 5.24 video_processing_glm4v / _glm5_next smart_resize(n, h, w, 2, 28, …)
+        let a = |n, h, w, max| glm4v_smart_resize(h, w, n, 2, 28, 12_544, max).unwrap();
+        assert_eq!(a(3, 600, 512, 47_040_000), (588, 504));
+        assert_eq!(a(3, 600, 512, 200_704), (280, 224));
+        assert_eq!(a(5, 1080, 1920, 200_704), (140, 252));
+        assert_eq!(a(16, 4000, 3000, 47_040_000), (1960, 1484));
+        assert_eq!(a(16, 4000, 3000, 200_704), (112, 84));
+        let err = glm4v_smart_resize(60, 60, 1, 2, 28, 12_544, 47_040_000).unwrap_err();
+        assert_eq!(err.kind(), "image_shape");
+        let b = |n, h, w, lo, hi| glm5_next_smart_resize(h, w, n, 2, 28, lo, hi).unwrap();
+        assert_eq!(b(3, 600, 512, 16, 240_000), (616, 532));
+        assert_eq!(b(3, 600, 512, 64, 300), (364, 308));
+        assert_eq!(b(5, 1080, 1920, 64, 300), (252, 448));
+        assert_eq!(b(1, 10, 10, 16, 240_000), (168, 168));
+        assert_eq!(b(1, 10, 10, 64, 300), (336, 336));
+        assert_eq!(b(7, 333, 517, 64, 300), (196, 280));
+    }
+
+    #[test]
+    fn fused_normalize_is_torchs_table() {
+        // the CLIP defaults and an odd configuration, SIMD and scalar
+        let mut odd = Common::new([0.1, 0.77, 0.333], [0.01, 1.5, 0.29]);
+        odd.rescale_factor = 0.0031;
+        for common in [Common::new(CLIP_MEAN, CLIP_STD), odd] {
+            let table = torch_backend::fused_f32_table(
+                common.rescale_factor,
+                common.image_mean,
+                common.image_std,
+            );
+            let normalize = torch_fused_normalize(&common);
+            for n in [normalize.clone(), normalize.without_simd()] {
+                for (c, row) in table.iter().enumerate() {
+                    for (v, want) in row.iter().enumerate() {
+                        assert_eq!(n.value(c, v as u8).to_bits(), want.to_bits(), "{c} {v}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

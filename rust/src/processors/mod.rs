@@ -41,6 +41,7 @@ mod error;
 pub mod family;
 pub mod gemma3;
 pub mod gemma4;
+pub mod gemma4_unified;
 pub mod glm;
 pub mod idefics3;
 pub mod inkling;
@@ -48,6 +49,7 @@ pub mod input;
 pub mod internvl;
 pub mod llama4;
 pub mod llava_next;
+pub mod minimax;
 pub mod mllama;
 pub mod normalize;
 pub mod parallel;
@@ -506,13 +508,26 @@ where
     P: Send,
     F: Fn(Rgb<'a>, usize) -> Result<P, ProcessorError> + Sync,
 {
+    prepare_all_indexed(inputs, options, |_, rgb, threads| f(rgb, threads))
+}
+
+/// [`prepare_all`] with `f` also given the input's index in the batch.
+pub(crate) fn prepare_all_indexed<'a, P, F>(
+    inputs: &[Input<'a>],
+    options: &Options,
+    f: F,
+) -> Result<Vec<P>, ProcessorError>
+where
+    P: Send,
+    F: Fn(usize, Rgb<'a>, usize) -> Result<P, ProcessorError> + Sync,
+{
     let workers = parallel::workers(options.threads, inputs.len());
     let resize_threads = if workers == 1 { options.threads } else { 1 };
     let inputs = fallible::copied(inputs).map_err(ProcessorError::oom("batch"))?;
     let results = parallel::map(inputs, workers, |i, input| {
         input
             .to_rgb(options)
-            .and_then(|rgb| f(rgb, resize_threads))
+            .and_then(|rgb| f(i, rgb, resize_threads))
             .map_err(|e| e.at(i))
     });
     results.into_iter().collect()

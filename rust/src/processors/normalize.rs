@@ -84,6 +84,22 @@ impl Normalize {
         }
     }
 
+    /// A table computed elsewhere (the torchvision backend's, [`super::torch_backend`]) that
+    /// is `(f32(f64(x) · factor) − f32(mean[c])) / f32(std[c])` for every input: with AVX2 +
+    /// FMA, that formula eight at a time, kept only when it reproduces `lut` on all 3 × 256
+    /// inputs (else the table alone).
+    pub fn from_formula(lut: [[f32; 256]; 3], factor: f64, mean: [f64; 3], std: [f64; 3]) -> Self {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (factor, mean, std);
+        Normalize {
+            lut,
+            #[cfg(target_arch = "x86_64")]
+            simd: avx2::available()
+                .then(|| avx2::Formula::new(factor, mean, std, &lut))
+                .filter(|formula| formula.reproduces(&lut)),
+        }
+    }
+
     /// The same values without SIMD (tests compare the two).
     pub fn without_simd(mut self) -> Self {
         #[cfg(target_arch = "x86_64")]
@@ -742,6 +758,37 @@ mod tests {
                         assert_eq!(bits, table.value(c, v).to_bits(), "factor {factor}, c {c}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn torch_fused_formula_is_the_table_with_and_without_simd() {
+        for (factor, mean, std) in [
+            (1.0 / 255.0, CLIP_MEAN, CLIP_STD),
+            (0.00392156862745098, [0.5; 3], [0.5; 3]),
+            (0.5, [100.0, -3.25, 0.1], [7.0, 0.001, 1e6]),
+        ] {
+            let fast = crate::processors::torch_backend::fused_normalize(factor, mean, std);
+            let table = crate::processors::torch_backend::fused_f32_table(factor, mean, std);
+            let inverse = (1.0 / factor) as f32;
+            // torch: (x.float() - f32(mean) * f32(1/factor)) / (f32(std) * f32(1/factor))
+            for c in 0..3 {
+                for v in 0..=255u8 {
+                    let want =
+                        (f32::from(v) - mean[c] as f32 * inverse) / (std[c] as f32 * inverse);
+                    assert_eq!(table[c][usize::from(v)].to_bits(), want.to_bits());
+                    assert_eq!(fast.value(c, v).to_bits(), want.to_bits());
+                }
+            }
+            let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
+            let want = run(&fast.clone().without_simd(), &all);
+            assert_eq!(run(&fast, &all), want, "factor {factor}");
+            #[cfg(target_arch = "x86_64")]
+            if let Some(formula) = &fast.simd {
+                let mut literal = fast.clone();
+                literal.simd = Some(formula.clone().with_method(avx2::Method::Literal));
+                assert_eq!(run(&literal, &all), want, "factor {factor}");
             }
         }
     }

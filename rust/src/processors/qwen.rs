@@ -24,8 +24,9 @@ use crate::tensor::wire::Produce;
 use crate::tensor::TensorError;
 
 use super::{
-    checked_len, parallel, prepare_all, recycle_images, resize_rgb, split_lengths, store, Deferred,
-    Input, Options, OutBuffer, Outputs, ProcessorError, Rgb, RgbRef, Tensor, TensorData,
+    checked_len, parallel, prepare_all, prepare_all_indexed, recycle_images, resize_rgb,
+    split_lengths, store, Deferred, Input, Options, OutBuffer, Outputs, ProcessorError, Rgb,
+    RgbRef, Tensor, TensorData,
 };
 
 /// The configuration of the Qwen families.
@@ -519,9 +520,25 @@ fn prepare<'a>(
 pub(crate) fn prepare_at<'a>(
     config: &QwenConfig,
     rgb: Rgb<'a>,
-    (h, w): (usize, usize),
+    size: (usize, usize),
     threads: usize,
 ) -> Result<Prepared<'a>, ProcessorError> {
+    prepare_at_by(config, rgb, size, |rgb, h, w| {
+        resize_rgb(rgb, h, w, &config.common, threads)
+    })
+}
+
+/// [`prepare_at`] with another resize (`resize(rgb, h, w)`; MiniMax-M3-VL: torch's `uint8`
+/// kernel): the same checks and grid.
+pub(crate) fn prepare_at_by<'a, R>(
+    config: &QwenConfig,
+    rgb: Rgb<'a>,
+    (h, w): (usize, usize),
+    resize: R,
+) -> Result<Prepared<'a>, ProcessorError>
+where
+    R: FnOnce(Rgb<'a>, usize, usize) -> Result<Rgb<'a>, ProcessorError>,
+{
     let input = (rgb.height, rgb.width);
     let ps = config.patch_size;
     for (what, len) in [("height", h), ("width", w)] {
@@ -540,7 +557,7 @@ pub(crate) fn prepare_at<'a>(
             ));
         }
     }
-    let image = resize_rgb(rgb, h, w, &config.common, threads)?;
+    let image = resize(rgb, h, w)?;
     Ok(Prepared {
         image,
         input,
@@ -921,6 +938,25 @@ pub fn plan_videos<'a>(
     videos: &[Vec<Input<'a>>],
     options: &Options,
 ) -> Result<Patches<'a>, ProcessorError> {
+    let config = &config.for_videos();
+    plan_videos_by(config, normalize, videos, options, |rgb, _, threads| {
+        prepare(config, rgb, threads)
+    })
+}
+
+/// [`plan_videos`] with another family's sizing and values: `prepare` resizes one frame (given
+/// the number of frames of its video, which GLM's sizing counts) and gives its grid, and
+/// `normalize` writes the values; the same patch layout. `config` is the videos' own.
+pub(crate) fn plan_videos_by<'a, F>(
+    config: &QwenConfig,
+    normalize: &Normalize,
+    videos: &[Vec<Input<'a>>],
+    options: &Options,
+    prepare: F,
+) -> Result<Patches<'a>, ProcessorError>
+where
+    F: Fn(Rgb<'a>, usize, usize) -> Result<Prepared<'a>, ProcessorError> + Sync,
+{
     if videos.is_empty() {
         return Err(ProcessorError::shape(
             "videos",
@@ -936,9 +972,12 @@ pub fn plan_videos<'a>(
         ));
     }
     let frames: Vec<Input<'a>> = videos.iter().flatten().copied().collect();
-    let config = &config.for_videos();
-    let prepared = prepare_all(&frames, options, |rgb, threads| {
-        prepare(config, rgb, threads)
+    let lengths: Vec<usize> = videos
+        .iter()
+        .flat_map(|video| std::iter::repeat_n(video.len(), video.len()))
+        .collect();
+    let prepared = prepare_all_indexed(&frames, options, |i, rgb, threads| {
+        prepare(rgb, lengths[i], threads)
     })?;
     let t_len = config.temporal_patch_size;
     let groups_of = |n: usize| n.div_ceil(t_len);

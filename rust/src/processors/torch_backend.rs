@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 
-use super::normalize::Slot;
+use super::normalize::{Normalize, Slot};
 use super::value::Common;
 use super::{check_image, check_side, Out, ProcessorError, Rgb, RgbRef};
 use crate::image::resample::ImageRef;
@@ -52,6 +52,16 @@ pub fn fused_f32_table(rescale_factor: f64, mean: [f64; 3], std: [f64; 3]) -> Ta
         }
     }
     table
+}
+
+/// [`fused_f32_table`] as a [`Normalize`] (for the patch writers shared with the PIL families):
+/// with AVX2 + FMA eight values at a time, as `(f32(x) · 1 − mean') / std'` (exact: the
+/// constants are `f32` values already and the product by 1 changes nothing).
+pub fn fused_normalize(rescale_factor: f64, mean: [f64; 3], std: [f64; 3]) -> Normalize {
+    let lut = fused_f32_table(rescale_factor, mean, std);
+    let inverse = (1.0 / rescale_factor) as f32;
+    let fused = |v: [f64; 3]| v.map(|x| f64::from(x as f32 * inverse));
+    Normalize::from_formula(lut, 1.0, fused(mean), fused(std))
 }
 
 /// torchvision's `ToTensor` + `Normalize` (Phi-3-vision's hub processor): `f32(x) / 255`, then

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +30,13 @@ from smg_grpc_proto.errors import (
 )
 from smg_grpc_proto.vision import DeferredOutput, ImageProcessor, ProcessorOutput
 from smg_grpc_proto.vision._config import Family
+from smg_grpc_proto.vision._glm_video import (
+    GLM_VIDEO_FAMILIES,
+    GLM_VIDEO_TOKENS,
+    GlmVideoMetadata,
+    glm_video_replacement,
+    glm_video_timestamps,
+)
 from smg_grpc_proto.vision._inputs import flatten_images, flatten_videos, to_native
 from smg_grpc_proto.vision._processor import TENSOR_NAMES
 from smg_grpc_proto.vision._tokens import VisionTokens
@@ -87,6 +94,25 @@ def _count_tensor(family: str) -> str | None:
     native = _native_of(family)
     published = native.published() if native is not None else None
     return published["count_tensor"] if published is not None else None
+
+
+def _tokenizer_of(directory: Path) -> Callable[[str], Sequence[int]] | None:
+    """The model's ``tokenizer.json`` as a function of a text piece (no special tokens added),
+    when the ``tokenizers`` library is importable and the file is a whole tokenizer."""
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # not importable, or not a complete tokenizer.json
+        return None
+
+    def tokenize(text: str) -> list[int]:
+        return [int(i) for i in tokenizer.encode(text, add_special_tokens=False).ids]
+
+    return tokenize
 
 
 TokenIds = Mapping[str, int | Sequence[int]]
@@ -248,6 +274,10 @@ class VisionModel:
     token_ids: TokenIds = field(default_factory=dict)
     """The special tokens (and text pieces) the family's prompt replacement is written with,
     by name; a text piece the tokenizer writes as several tokens maps to their ids in order."""
+    tokenize: Callable[[str], Sequence[int]] | None = field(default=None, compare=False, repr=False)
+    """The model's tokenizer on a text piece (no special tokens added), for replacement text
+    that depends on the item (GLM's video timestamps) and is not in :attr:`token_ids`;
+    :meth:`from_pretrained` reads it from ``tokenizer.json`` when ``tokenizers`` is importable."""
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike[str], **kwargs: Any) -> VisionModel:
@@ -299,12 +329,28 @@ class VisionModel:
         video = _config_int(config, "video_token_id", "video_token_index")
         if spec is not None:
             named[spec["embed"]] = image  # config.json's image token is the embedding token
+        tokenize = None
+        if processor.family in GLM_VIDEO_FAMILIES:
+            # the video prompt's tokens: the published ids, config.json's, the tokenizer's
+            glm = dict(GLM_VIDEO_TOKENS[processor.family])
+            for name, key in (
+                ("<|begin_of_image|>", "image_start_token_id"),
+                ("<|end_of_image|>", "image_end_token_id"),
+            ):
+                value = _config_int(config, key)
+                if value is not None:
+                    glm[name] = value
+            glm["<|image|>"] = image
+            glm.update(_added_tokens(directory, list(glm)))
+            named.update(glm)
+            tokenize = _tokenizer_of(directory)
         return cls(
             processor,
             image,
             video if video is not None else defaults[1],
             str(config.get("model_type", "")),
             named,
+            tokenize,
         )
 
     @classmethod
@@ -316,6 +362,7 @@ class VisionModel:
         image_token_id: int | None = None,
         video_token_id: int | None = None,
         token_ids: TokenIds | None = None,
+        tokenize: Callable[[str], Sequence[int]] | None = None,
         **kwargs: Any,
     ) -> VisionModel:
         """The family's class defaults and, unless given, its published checkpoints' token ids
@@ -356,7 +403,9 @@ class VisionModel:
                 field="image_token_id",
             )
         video = video_token_id if video_token_id is not None else defaults[1]
-        return cls(processor, image, video, family, named)
+        if family in GLM_VIDEO_FAMILIES:
+            named = {**GLM_VIDEO_TOKENS[family], "<|image|>": image, **(token_ids or {})}
+        return cls(processor, image, video, family, named, tokenize)
 
     @property
     def family(self) -> Family:
@@ -367,13 +416,23 @@ class VisionModel:
         images: Any = None,
         *,
         videos: Any = None,
+        video_metadata: Sequence[GlmVideoMetadata | Mapping[str, Any] | None] | None = None,
         threads: int | None = None,
     ) -> PreparedMedia:
         """Process ``images`` (one or a list: encoded bytes, paths, ``uint8`` arrays, PIL
-        images) or ``videos`` (Qwen: lists of frames) — one modality per call."""
+        images) or ``videos`` (Qwen, GLM: lists of frames, already sampled) — one modality per
+        call. ``video_metadata`` (GLM only: one entry per video, see
+        :class:`~smg_grpc_proto.vision.GlmVideoMetadata`) gives the frames' timestamps the
+        GLM video prompt writes."""
         if (images is None) == (videos is None):
             raise MultimodalError(
                 "prepare() takes images or videos (one modality per call)", field="images"
+            )
+        if video_metadata is not None and (videos is None or self.family not in GLM_VIDEO_FAMILIES):
+            raise MultimodalError(
+                f"{self.family}: video_metadata is read only with GLM videos "
+                f"({', '.join(GLM_VIDEO_FAMILIES)})",
+                field="video_metadata",
             )
         if images is not None:
             items: list[Any] = [
@@ -407,7 +466,11 @@ class VisionModel:
                 "give the processor VisionTokens (processor_config.json)",
                 field="vision_tokens",
             )
-        structure = self._structure(output.ready, modality, len(digests))
+        if modality == "video" and self.family in GLM_VIDEO_FAMILIES:
+            structure = self._glm_video(output.ready, [len(c) for c in clips], video_metadata)
+            token = self.image_token_id  # the frames' embeddings go to their <|image|> runs
+        else:
+            structure = self._structure(output.ready, modality, len(digests))
         return PreparedMedia(
             processed=output,
             modality=modality,
@@ -419,11 +482,18 @@ class VisionModel:
             **structure,
         )
 
-    def wrap(self, output: ProcessorOutput, *, modality: Modality = "image") -> PreparedMedia:
+    def wrap(
+        self,
+        output: ProcessorOutput,
+        *,
+        modality: Modality = "image",
+        video_metadata: Sequence[GlmVideoMetadata | Mapping[str, Any] | None] | None = None,
+    ) -> PreparedMedia:
         """A :class:`PreparedMedia` for a :class:`ProcessorOutput` made elsewhere with this
         model's processor settings: its items hashed from their tensors (as
         :meth:`PreparedMedia.from_output` does), and this model's prompt replacement and layout
-        — what a family with a structured replacement (Llama 4, the tiled families) needs."""
+        — what a family with a structured replacement (Llama 4, the tiled families, GLM videos:
+        ``video_metadata`` as for :meth:`prepare`) needs."""
         counts = output.num_video_tokens if modality == "video" else output.num_image_tokens
         if counts is None:
             raise MultimodalError(
@@ -437,9 +507,74 @@ class VisionModel:
                 f"{self.family}: no video token id; this model takes no videos",
                 field="video_token_id",
             )
-        structure = self._structure(output, modality, len(counts))
+        if modality == "video" and self.family in GLM_VIDEO_FAMILIES:
+            structure = self._glm_video(output, None, video_metadata)
+            token = self.image_token_id
+        elif video_metadata is not None:
+            raise MultimodalError(
+                f"{self.family}: video_metadata is read only with GLM videos "
+                f"({', '.join(GLM_VIDEO_FAMILIES)})",
+                field="video_metadata",
+            )
+        else:
+            structure = self._structure(output, modality, len(counts))
         counted = structure.pop("token_counts", tuple(int(c) for c in counts))
         return PreparedMedia._hashed(output, modality, token, counted, self.family, structure)
+
+    def _glm_video(
+        self,
+        ready: ProcessorOutput,
+        frames: Sequence[int] | None,
+        metadata: Sequence[GlmVideoMetadata | Mapping[str, Any] | None] | None,
+    ) -> dict[str, Any]:
+        """The :class:`PreparedMedia` fields of GLM videos: each video's ``<|video|>`` anchor
+        becomes its frame groups (``Glm4vProcessor.replace_video_token``), whose ``<|image|>``
+        runs take the embeddings; ``frames`` is the frame count per video (``None``, for an
+        output made elsewhere: the metadata's count, else ``2 · grid_t``, which gives the same
+        fallback timestamps as the odd count ``2 · grid_t - 1``)."""
+        if ready.video_grid_thw is None:
+            raise MultimodalError(f"{self.family}: no video_grid_thw output", field="output")
+        grids = np.asarray(ready.video_grid_thw).reshape(-1, 3).tolist()
+        if metadata is not None and len(metadata) != len(grids):
+            raise MultimodalError(
+                f"video_metadata: one entry per video ({len(grids)}), got {len(metadata)}",
+                field="video_metadata",
+            )
+        merge = self.processor.config.get("merge_size", 2)
+        replacements = []
+        for v, grid in enumerate(grids):
+            meta = GlmVideoMetadata.of(
+                metadata[v] if metadata is not None else None, f"video_metadata[{v}]"
+            )
+            if frames is not None:
+                n = frames[v]
+            elif meta.timestamps is not None:
+                n = len(meta.timestamps)
+            elif meta.frames_indices is not None:
+                n = len(meta.frames_indices)
+            else:
+                n = 2 * int(grid[0])
+            stamps = glm_video_timestamps(n, int(grid[0]), meta)
+            replacements.append(
+                glm_video_replacement(
+                    self.family,
+                    grid,
+                    stamps,
+                    self.token_ids,
+                    self.tokenize,
+                    merge_size=int(merge),
+                )
+            )
+        if self.video_token_id is None:
+            raise MultimodalError(
+                f"{self.family}: no video token id (<|video|>, the prompt's anchor)",
+                field="video_token_id",
+            )
+        return {
+            "token_counts": tuple(int(e.sum()) for _, e in replacements),
+            "anchor_id": self.video_token_id,
+            "replacements": tuple(replacements),
+        }
 
     def _structure(self, ready: ProcessorOutput, modality: Modality, n: int) -> dict[str, Any]:
         """For a family with a structured replacement, the :class:`PreparedMedia` fields that

@@ -74,6 +74,11 @@ _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
 MODEL_TENSOR_NAMES: Mapping[str, Mapping[str, str | None]] = {
     "gemma4": {"image_position_ids": "pixel_position_ids", "num_soft_tokens_per_image": None},
     "inkling": {"num_patches": None},
+    # Gemma4UnifiedForConditionalGeneration reuses Gemma 4's multimodal processor and fields.
+    "gemma4_unified": {
+        "image_position_ids": "pixel_position_ids",
+        "num_soft_tokens_per_image": None,
+    },
 }
 
 

@@ -18,7 +18,7 @@ Available today:
   Phi-4-multimodal and Phi-3-vision bit-exact with their torch references (:data:`Family`
   names them all) — (``from_pretrained(preprocessor_config.json | model dir | dict)`` or
   ``for_family(name)``);
-  a batch of images (bytes, paths, arrays, PIL images) or Qwen videos in, a
+  a batch of images (bytes, paths, arrays, PIL images) or Qwen and GLM videos in, a
   :class:`ProcessorOutput` of numpy tensors and placeholder token counts out;
   :meth:`ImageProcessor.deferred` leaves Qwen's ``pixel_values`` to be written straight into a
   request (:class:`DeferredOutput`).
@@ -29,6 +29,13 @@ Available today:
 from smg_grpc_proto.vision._cache import BufferCache, buffer_cache
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS, ImageSource, decode
+from smg_grpc_proto.vision._glm_video import (
+    GlmVideoMetadata,
+    glm_sample_frames,
+    glm_video_replacement,
+    glm_video_text,
+    glm_video_timestamps,
+)
 from smg_grpc_proto.vision._processor import DeferredOutput, ImageProcessor, ProcessorOutput
 from smg_grpc_proto.vision._resample import (
     PassOrder,
@@ -45,6 +52,7 @@ __all__ = [
     "BufferCache",
     "DeferredOutput",
     "Family",
+    "GlmVideoMetadata",
     "ImageProcessor",
     "ImageSource",
     "PassOrder",
@@ -54,6 +62,10 @@ __all__ = [
     "VisionTokens",
     "buffer_cache",
     "decode",
+    "glm_sample_frames",
+    "glm_video_replacement",
+    "glm_video_text",
+    "glm_video_timestamps",
     "interpolate_bicubic",
     "resize",
     "resize_torch",

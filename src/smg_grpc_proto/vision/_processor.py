@@ -93,9 +93,9 @@ class ProcessorOutput:
     processed ``(height, width)`` (before the batch padding); Phi-3-vision, Phi-4-multimodal:
     the padded HD image's ``(height, width)``."""
     pixel_values_videos: F32Array | None = None
-    """Qwen videos: ``(sum of patches, 3 * T * ps * ps)``."""
+    """Qwen and GLM videos: ``(sum of patches, 3 * T * ps * ps)``."""
     video_grid_thw: I64Array | None = None
-    """Qwen videos: ``(V, 3)`` = ``[grid_t, grid_h, grid_w]`` per video."""
+    """Qwen and GLM videos: ``(V, 3)`` = ``[grid_t, grid_h, grid_w]`` per video."""
     num_image_tokens: tuple[int, ...] | None = None
     """Placeholder tokens per image (``None`` when the family needs :class:`VisionTokens`)."""
     num_video_tokens: tuple[int, ...] | None = None
@@ -353,7 +353,7 @@ class ImageProcessor:
         threads: int | None = None,
     ) -> ProcessorOutput:
         """Process ``images`` (one image or a list: encoded bytes, paths, uint8 ``HxW[xC]``
-        arrays, PIL images) and/or ``videos`` (Qwen: a list of frames, or a list of videos)."""
+        arrays, PIL images) and/or ``videos`` (Qwen, GLM: a list of frames, or a list of videos)."""
         values = self._values(images, videos, threads, deferred=False)
         return self._output(values)
 
