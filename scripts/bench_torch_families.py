@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision, Gemma 4 unified,
-MiniMax-M3-VL, Inkling and Inkling2 against their torch references, side by side in one run, one
-thread.
+MiniMax-M3-VL, Kimi-K2.5, Nemotron-H-Omni, Inkling and Inkling2
+against their torch references, side by side in one run, one thread.
 
 The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor``,
-``Phi4MultimodalImageProcessor``, ``Gemma4UnifiedImageProcessor`` and
-``MiniMaxM3VLImageProcessor`` (there is no PIL class), and the hub's ``Phi3VImageProcessor`` as
-``scripts/gen_torch_goldens.py`` transcribes it (PIL + torchvision + torch). torch runs with one
-thread (``torch.set_num_threads(1)``) and each child process is pinned to one core; ours is
-``ImageProcessor.for_family(family, threads=1)``. Inputs: decoded images (uint8 CHW tensors / PIL
-images for the references, numpy arrays for us) and file bytes (``torchvision.io.decode_image``
-to RGB for the torchvision classes, ``Image.open`` for Phi-3), on real photos
+``Phi4MultimodalImageProcessor``, ``Gemma4UnifiedImageProcessor``, ``MiniMaxM3VLImageProcessor``,
+``Kimi_K25ImageProcessor`` and ``NemotronH_Omni_Reasoning_V3ImageProcessor`` (there is no PIL
+class), and the hub's ``Phi3VImageProcessor`` as ``scripts/gen_torch_goldens.py`` transcribes it
+(PIL + torchvision + torch). torch runs with one thread (``torch.set_num_threads(1)``) and each
+child process is pinned to one core; ours is ``ImageProcessor.for_family(family, threads=1)``.
+Inputs: decoded images (uint8 CHW tensors / PIL images for the references, numpy arrays for us)
+and file bytes (``torchvision.io.decode_image`` to RGB for the torchvision classes,
+``Image.open`` for Phi-3), on real photos
 (``benchkit.REAL_PHOTO_CASES``: JPEG and PNG, 0.26 to 2.1 MP, and a batch of 8). Outputs are
 checked to be byte-identical first. Time: medians over ``--rounds`` fresh processes; peak memory:
 the extra resident memory of one call in a fresh process.
@@ -54,6 +55,8 @@ FAMILIES = (
     "minimax_m3_vl",
     "inkling",
     "inkling2",
+    "kimi_k25",
+    "nemotron_h_omni",
 )
 #: The torchvision families: transformers' class and the output compared.
 TORCHVISION = {
@@ -63,6 +66,8 @@ TORCHVISION = {
     "minimax_m3_vl": ("MiniMaxM3VLImageProcessor", "pixel_values"),
     "inkling": ("InklingImageProcessor", "pixel_values"),
     "inkling2": ("Inkling2ImageProcessor", "pixel_values"),
+    "kimi_k25": ("Kimi_K25ImageProcessor", "pixel_values"),
+    "nemotron_h_omni": ("NemotronH_Omni_Reasoning_V3ImageProcessor", "pixel_values"),
 }
 CASES = tuple(REAL_PHOTO_CASES)
 

@@ -39,6 +39,8 @@ Family = Literal[
     "minimax_m3_vl",
     "inkling",
     "inkling2",
+    "kimi_k25",
+    "nemotron_h_omni",
 ]
 """A model family, by the name transformers' auto classes use."""
 
@@ -69,5 +71,7 @@ FAMILIES: tuple[Family, ...] = (
     "minimax_m3_vl",
     "inkling",
     "inkling2",
+    "kimi_k25",
+    "nemotron_h_omni",
 )
 """Every family, in registry order."""

@@ -416,6 +416,7 @@ def test_client_disconnect_aborts_the_engine_request(
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
 AGREE += ["phi3_v", "gemma4", "glm5_next", "qwen3_omni_moe", "gemma4_unified", "minimax_m3_vl"]
 AGREE += ["inkling"]
+AGREE += ["kimi_k25"]
 #: Families smg 1.13.0 serves that our builders do not yet (none today): they would be skipped
 #: with the reason given here until they are moved into AGREE.
 PENDING: dict[str, str] = {}
@@ -438,6 +439,7 @@ TRANSFORMERS_PROCESSOR = {
     "glm5_next": ("glm5_next", "Glm5NextProcessor"),
     "qwen3_omni_moe": ("qwen3_omni_moe", "Qwen3OmniMoeProcessor"),
     "minimax_m3_vl": ("minimax_m3_vl", "MiniMaxM3VLProcessor"),
+    "kimi_k25": ("kimi_k25", "Kimi_K25Processor"),
 }
 
 # -- where smg 1.13.0 and we differ, and who matches transformers (asserted below) ------------

@@ -512,6 +512,57 @@ GLM5_NEXT_PREPROCESSOR = {  # Glm5NextImageProcessor's class values, as a file w
 }
 # transformers 5.24 Glm5NextConfig: image 154854, video 154855, begin/end of image 154830/154831,
 # begin/end of video 154832/154833; Glm5NextTextConfig pad 154820, vocabulary 154880.
+# Kimi-K2.5 (moonshotai/Kimi-K2.5): its preprocessor_config.json names only remote code and
+# nests every setting in media_proc_cfg (transformers' Kimi_K25ImageProcessor defaults).
+KIMI_K25_PREPROCESSOR = {
+    "auto_map": {
+        "AutoImageProcessor": "kimi_k25_vision_processing.KimiK25VisionProcessor",
+        "AutoProcessor": "kimi_k25_processor.KimiK25Processor",
+    },
+    "media_proc_cfg": {
+        "in_patch_limit": 16384,
+        "patch_size": 14,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "merge_kernel_size": 2,
+        "fixed_output_tokens": None,
+        "patch_limit_on_one_side": 512,
+        "in_patch_limit_each_frame": 4096,
+        "in_patch_limit_video": None,
+        "sample_fps": 2.0,
+        "max_num_frames_each_video": None,
+        "temporal_merge_kernel_size": 4,
+        "timestamp_mode": "hh:mm:ss.fff",
+        "config_type": "media_proc_cfg",
+    },
+}
+# Kimi-K2.5's BOS/EOS and media tokens (Kimi_K25Config: image 163605, media begin/end 163602 and
+# 163604; <|media_content|> between them).
+KIMI_K25_SPECIALS = (
+    ("[BOS]", 163584),
+    ("[EOS]", 163585),
+    ("<|media_begin|>", 163602),
+    ("<|media_content|>", 163603),
+    ("<|media_end|>", 163604),
+    ("<|media_pad|>", 163605),
+)
+# Kimi-K2.5's chat template writes each image as
+# <|media_begin|>image<|media_content|><|media_pad|><|media_end|> (vLLM's placeholder string for
+# the model too); the role markers are plain text here.
+KIMI_K25_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- message['role'] + ': ' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for content in message['content'] -%}"
+    "{%- if content['type'] in ('image', 'image_url') -%}"
+    "{{- '<|media_begin|>image<|media_content|><|media_pad|><|media_end|>' -}}"
+    "{%- elif 'text' in content -%}{{- content['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'assistant: ' -}}{%- endif -%}"
+)
+
 GLM5_NEXT_SPECIALS = (
     ("<|endoftext|>", 154820),
     ("<|begin_of_image|>", 154830),
@@ -1025,6 +1076,39 @@ def inkling() -> Family:
     )
 
 
+def kimi_k25() -> Family:
+    return Family(
+        "kimi_k25",
+        "Kimi-K2.5-tiny",
+        KIMI_K25_SPECIALS,
+        {
+            "architectures": ["KimiK25ForConditionalGeneration"],
+            "model_type": "kimi_k25",
+            **_text(163840, 163584, 163585),
+            "media_placeholder_token_id": 163605,
+            "image_token_id": 163605,
+            "text_config": {"model_type": "deepseek_v3", **_text(163840, 163584, 163585)},
+            "vision_config": {
+                "model_type": "kimi_k25_vision",
+                "patch_size": 14,
+                "merge_kernel_size": [2, 2],
+            },
+        },
+        KIMI_K25_PREPROCESSOR,
+        KIMI_K25_TEMPLATE,
+        "<|media_pad|>",
+        "<|media_pad|>",
+        {
+            "bos_token": "[BOS]",
+            "eos_token": "[EOS]",
+            "pad_token": "[EOS]",
+            "unk_token": None,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        generation={"bos_token_id": 163584, "eos_token_id": [163585], "pad_token_id": 163585},
+    )
+
+
 #: Every family a directory can be written for, by our family name... and by the name the
 #: agreement test uses (``llava`` for the LLaVA-1.5 checkpoint whose image processor is CLIP's).
 FAMILIES = {
@@ -1042,6 +1126,7 @@ FAMILIES = {
     "qwen3_omni_moe": qwen3_omni_moe,
     "minimax_m3_vl": minimax_m3_vl,
     "inkling": inkling,
+    "kimi_k25": kimi_k25,
 }
 
 

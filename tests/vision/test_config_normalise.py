@@ -49,6 +49,8 @@ _CLASSES: dict[str, Family] = {
     "InklingImageProcessor": "inkling",
     "Inkling2ImageProcessor": "inkling2",
     "MiniMaxM3VLImageProcessor": "minimax_m3_vl",
+    "Kimi_K25ImageProcessor": "kimi_k25",
+    "NemotronH_Omni_Reasoning_V3ImageProcessor": "nemotron_h_omni",
 }
 
 _COMMON = (
@@ -80,6 +82,13 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "phi3_v": ("num_crops",),
     "mllama": ("max_image_tiles", "do_pad"),
     "gemma4": ("patch_size", "max_soft_tokens", "pooling_kernel_size"),
+    "nemotron_h_omni": (
+        "patch_size",
+        "downsample_ratio",
+        "min_num_patches",
+        "max_num_patches",
+        "max_model_len",
+    ),
     "glm4v": ("patch_size", "merge_size", "temporal_patch_size"),
     "inkling": ("rescale_image_frac", "rescale_image_max_upscaled_long_edge"),
     "inkling2": (),
@@ -94,22 +103,27 @@ _KEYS: dict[str, tuple[str, ...]] = {
         "video_min_image_tokens",
         "video_max_image_tokens",
     ),
+    "kimi_k25": ("max_patches", "patch_size", "merge_size"),
 }
 # The hub's Phi3VImageProcessor takes only these keys.
 _PHI3_V = ("image_mean", "image_std", "num_crops")
 
 # Families whose class has default_to_square = True: an int size is a square.
 _SQUARE: frozenset[str] = frozenset(
-    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama", "inkling2"}
+    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama", "kimi_k25", "inkling2"}
 )
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
-    | {"glm4v", "glm46v", "glm5_next", "gemma4_unified", "minimax_m3_vl", "inkling", "inkling2"}
+    | {"glm4v", "glm46v", "glm5_next", "gemma4_unified", "minimax_m3_vl", "kimi_k25"}
+    | {"nemotron_h_omni", "inkling", "inkling2"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
 # GLM-5-next's resize reads min/max_image_tokens, never size.
-_NO_SIZE: frozenset[str] = frozenset({"phi3_v", "gemma4", "gemma4_unified", "glm5_next"})
+# Nemotron-H-Omni's resize reads the patch limits, never size.
+_NO_SIZE: frozenset[str] = frozenset(
+    {"phi3_v", "gemma4", "gemma4_unified", "glm5_next", "nemotron_h_omni"}
+)
 
 CONFIG_NAME = "preprocessor_config.json"
 
@@ -139,6 +153,8 @@ def _kind(family: Family) -> str:
         "gemma4",
         "inkling",
         "inkling2",
+        "kimi_k25",
+        "nemotron_h_omni",
     )
     return family if family in own else "clip"
 
@@ -176,6 +192,12 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of ``config`` that ``family`` uses, in the native processor's form."""
     kind = _kind(family)
     out: dict[str, Any] = {}
+    if kind == "nemotron_h_omni":
+        # its __init__: kwargs.setdefault("image_mean", norm_mean), likewise image_std
+        config = dict(config)
+        for legacy, key in (("norm_mean", "image_mean"), ("norm_std", "image_std")):
+            if config.get(legacy) is not None and key not in config:
+                config[key] = config[legacy]
     keys = _PHI3_V if kind == "phi3_v" else (*_COMMON, *_KEYS[kind])
     for key in keys:
         value = config.get(key)
@@ -245,6 +267,28 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
             out["pad_size"] = None if pad is None else _size_dict(pad, square=True)
         if "image_grid_pinpoints" in out:
             out["image_grid_pinpoints"] = [list(p) for p in out["image_grid_pinpoints"]]
+    if family == "kimi_k25" and isinstance(config.get("media_proc_cfg"), Mapping):
+        # The hub checkpoints' nested settings, for the keys the file does not set itself.
+        media = config["media_proc_cfg"]
+        for src, key in (
+            ("in_patch_limit", "max_patches"),
+            ("patch_size", "patch_size"),
+            ("merge_kernel_size", "merge_size"),
+            ("image_mean", "image_mean"),
+            ("image_std", "image_std"),
+        ):
+            if key not in out and media.get(src) is not None:
+                value = media[src]
+                if key in ("image_mean", "image_std") and not isinstance(value, (int, float)):
+                    value = [float(v) for v in value]
+                out[key] = value
+        side = media.get("patch_limit_on_one_side")
+        if "size" not in out and side is not None:
+            out["size"] = {"max_height": side, "max_width": side}
+        for key in ("transparent_bg_config", "fixed_output_tokens"):
+            if media.get(key) is not None:
+                value = media[key]
+                out[key] = "set" if isinstance(value, (Mapping, list, tuple)) else value
     return out
 
 
@@ -363,6 +407,35 @@ VARIED: list[dict[str, Any]] = [
     {"max_patches": 16, "resize_to_max_canvas": False, "pixel_shuffle_ratio": 0.5},
     {"dynamic_hd": 36, "patch_size": 14},
     {"num_crops": 4, "image_mean": [0.1, 0.2, 0.3], "size": 336, "do_resize": False},
+    # Kimi-K2.5's hub file: everything nested in media_proc_cfg (top-level keys win)
+    {
+        "media_proc_cfg": {
+            "in_patch_limit": 16384,
+            "patch_size": 14,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "merge_kernel_size": 2,
+            "fixed_output_tokens": None,
+            "patch_limit_on_one_side": 512,
+            "in_patch_limit_each_frame": 4096,
+            "sample_fps": 2.0,
+        }
+    },
+    {
+        "max_patches": 99,
+        "size": {"max_height": 7, "max_width": 7},
+        "media_proc_cfg": {
+            "in_patch_limit": 4096,
+            "patch_limit_on_one_side": 64,
+            "image_mean": 0.25,
+        },
+    },
+    {"media_proc_cfg": {"transparent_bg_config": {"pattern": "chessboard"}}},
+    {"media_proc_cfg": None},
+    # Nemotron-H-Omni's released keys: norm_mean/norm_std stand in for absent image_mean/std.
+    {"norm_mean": [0.1, 0.2, 0.3], "norm_std": [0.4, 0.5, 0.6], "_downsample_factor": 2},
+    {"norm_mean": [0.1, 0.2, 0.3], "image_mean": [0.5, 0.5, 0.5], "norm_std": None},
+    {"downsample_ratio": 0.25, "min_num_patches": 64, "max_num_patches": 0, "max_model_len": 99},
 ]
 
 

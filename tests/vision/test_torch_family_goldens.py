@@ -29,12 +29,23 @@ from support.torch_inputs import photo_inputs, torch_inputs
 
 from smg_grpc_proto import _native, vision
 
+# Pillow's sugarshack photo (one of the real photos) has a malformed MPO header, read as a plain
+# JPEG; Pillow warns about it while the inputs are made.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Image appears to be a malformed MPO file:UserWarning"
+)
+
 FOLDER = Path(__file__).resolve().parents[1] / "goldens" / "torch"
 PINNED = {"torch": "2.14.1", "torchvision": "0.29.1", "transformers": "5.24.0", "pillow": "13.0.0"}
 FILES = {p.stem: json.loads(p.read_text()) for p in sorted(FOLDER.glob("*.json"))}
 FILES.pop("goldens", None)  # the kernels, Llama 4 and Phi: test_torch_goldens.py
 FAMILIES = {name for name, *_ in _native.families()}
 MIN_PHOTOS = 30
+# Pillow's sugarshack photo has a malformed MPO header, read as a plain JPEG (as the generator
+# read it).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Image appears to be a malformed MPO file:UserWarning"
+)
 
 # One real photo (Pillow's sugarshack MPO) has a malformed MPO header; Pillow warns and reads it
 # as a plain JPEG, in both environments.

@@ -57,7 +57,7 @@ def _llava_next(
 def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) -> tuple[int, ...]:
     """The count transformers' processor of ``family`` writes, from the processed outputs."""
     # Qwen's and GLM's processors: t·h·w / merge² per image (Glm4vProcessor.replace_image_token)
-    if family.startswith(("qwen", "glm", "minimax")):
+    if family.startswith(("qwen", "glm", "minimax", "kimi")):
         return tuple(int(t * h * w) // cfg["merge_size"] ** 2 for t, h, w in out.image_grid_thw)
     if family in ("clip", "llava", "siglip"):
         h, w = out.pixel_values.shape[-2:]
@@ -108,6 +108,10 @@ def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) 
     if family == "gemma4_unified":
         # one soft token per merged patch (all but the (-1, -1) padding rows)
         return tuple(int(n) for n in (out.image_position_ids[..., 0] >= 0).sum(axis=1))
+    if family == "nemotron_h_omni":
+        # NemotronH_Omni_Reasoning_V3Processor.replace_image_token: h * w // merge ** 2
+        merge = round(1 / cfg["downsample_ratio"])
+        return tuple(h * w // merge**2 for h, w in out.image_grid_hw.tolist())
     raise AssertionError(family)
 
 

@@ -12,6 +12,7 @@
 //! - [`torch`]: torch's CPU resampling (antialiased `uint8` bilinear/bicubic, float bicubic
 //!   without antialiasing) and `bfloat16` rounding, bit for bit, for the torchvision-only
 //!   processors.
+//! - [`torch_aa`]: torch's antialiased `float32` resize (bicubic, bilinear), bit for bit.
 //!
 //! Images are interleaved `u8`, `height` rows of `width × channels` bytes, channels 1, 3 or 4.
 
@@ -22,6 +23,7 @@ mod kernels;
 pub mod resample;
 mod scalar;
 pub mod torch;
+pub mod torch_aa;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

@@ -15,10 +15,12 @@ use super::glm::{self, GlmConfig};
 use super::idefics3::{self, Idefics3Config};
 use super::inkling::{self, Inkling2Config, InklingConfig};
 use super::internvl::{self, InternVlConfig};
+use super::kimi::{self, KimiConfig};
 use super::llama4::{self, Llama4Config};
 use super::llava_next::{self, LlavaNextConfig};
 use super::minimax::{self, MiniMaxConfig};
 use super::mllama::{self, MllamaConfig};
+use super::nemotron::{self, NemotronConfig};
 use super::phi3v::{self, Phi3VConfig};
 use super::phi4::{self, Phi4Config};
 use super::pixtral::{self, PixtralConfig};
@@ -121,6 +123,8 @@ registry! {
     MinimaxM3Vl => "minimax_m3_vl", MiniMaxConfig = MiniMaxConfig::minimax_m3_vl(), minimax::MINIMAX_M3_VL;
     Inkling => "inkling", InklingConfig = InklingConfig::inkling(), inkling::INKLING;
     Inkling2 => "inkling2", Inkling2Config = Inkling2Config::inkling2(), inkling::INKLING2;
+    KimiK25 => "kimi_k25", KimiConfig = KimiConfig::kimi_k25(), kimi::KIMI_K25;
+    NemotronHOmni => "nemotron_h_omni", NemotronConfig = NemotronConfig::nemotron_h_omni(), nemotron::NEMOTRON_H_OMNI;
 }
 
 /// The families' `model_type` aliases, one table per module that has them.
@@ -130,6 +134,8 @@ const MODEL_TYPES: &[&[(&str, &str)]] = &[
     gemma4_unified::MODEL_TYPES,
     minimax::MODEL_TYPES,
     inkling::MODEL_TYPES,
+    kimi::MODEL_TYPES,
+    nemotron::MODEL_TYPES,
 ];
 /// The processor classes that name a family, likewise.
 const PROCESSOR_CLASSES: &[&[(&str, &str)]] = &[qwen::PROCESSOR_CLASSES];

@@ -318,7 +318,10 @@ class VisionModel:
             embed = named[spec["embed"]]
             if isinstance(embed, int):
                 defaults = (embed, None)
-        image = _config_int(config, "image_token_id", "image_token_index")
+        # media_placeholder_token_id: Kimi-K2.5's published config.json (its <|media_pad|>)
+        image = _config_int(
+            config, "image_token_id", "image_token_index", "media_placeholder_token_id"
+        )
         image = image if image is not None else defaults[0]
         if image is None:
             raise MultimodalError(

@@ -68,7 +68,10 @@ _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
 #: vLLM's ``Gemma4MultiModalProcessor`` renames ``image_position_ids`` to
 #: ``pixel_position_ids`` (its ``_get_mm_fields_config``: ``pixel_values`` and
 #: ``pixel_position_ids``, batched) and drops ``num_soft_tokens_per_image``, as the SMG gateway
-#: sends them. Inkling: the SMG gateway (1.13, its ``inkling`` spec) sends ``pixel_values`` flat
+#: sends them. Kimi-K2.5: ``KimiK25ForConditionalGeneration`` reads ``pixel_values`` (flat,
+#: ``(Σ t·h·w, 3, 14, 14)``, split by the grid) and ``grid_thws`` (batched), transformers'
+#: ``image_grid_thw`` (its ``_get_mm_fields_config`` and ``_parse_and_validate_media_input``).
+#: Inkling: the SMG gateway (1.13, its ``inkling`` spec) sends ``pixel_values`` flat
 #: by ``tokens_per_item`` (batched) and nothing else; ``num_patches`` (the same counts) stays
 #: home.
 MODEL_TENSOR_NAMES: Mapping[str, Mapping[str, str | None]] = {
@@ -79,6 +82,7 @@ MODEL_TENSOR_NAMES: Mapping[str, Mapping[str, str | None]] = {
         "image_position_ids": "pixel_position_ids",
         "num_soft_tokens_per_image": None,
     },
+    "kimi_k25": {"image_grid_thw": "grid_thws"},
 }
 
 
@@ -282,7 +286,7 @@ def _fill_batch(
         # like the grid instead of handing every item the whole tensor)
         mm.batched_keys.append(sizes_key)
     if media.grid_name is not None:
-        mm.keep_on_cpu_keys.append(media.grid_name)
+        mm.keep_on_cpu_keys.append(names.get(media.grid_name) or media.grid_name)
     mm.im_token_id = media.token_id
     for offset, length in ranges:
         mm.mm_placeholders.add(offset=offset, length=length)

@@ -48,6 +48,7 @@ TENSOR_NAMES = (
     "pixel_values",
     "image_pixel_values",
     "image_grid_thw",
+    "image_grid_hw",
     "image_sizes",
     "image_attention_mask",
     "aspect_ratios",
@@ -132,6 +133,9 @@ class ProcessorOutput:
     for the padding patches (vLLM's ``pixel_position_ids``)."""
     num_soft_tokens_per_image: I64Array | None = None
     """Gemma 4: ``(B,)`` = soft tokens per image (patches / ``pooling_kernel_size ** 2``)."""
+    image_grid_hw: I64Array | None = None
+    """Nemotron-H-Omni: ``(B, 2)`` = each image's patch grid ``(h, w)``; its ``h * w`` rows of
+    ``pixel_values`` follow the previous image's."""
     video_second_per_grid: F32Array | None = None
     """Qwen3-Omni videos: ``(V,)`` float32 = ``temporal_patch_size / fps`` per video (the
     processor's M-RoPE timing; ``fps`` is the configuration's, 1.0 unless given)."""
@@ -165,6 +169,7 @@ class ProcessorOutput:
             if modality == "video"
             else (
                 "image_grid_thw",
+                "image_grid_hw",
                 "image_sizes",
                 "image_attention_mask",
                 "aspect_ratios",
@@ -407,6 +412,7 @@ class ImageProcessor:
             image_pixel_values=values.get("image_pixel_values"),
             image_attention_mask=values.get("image_attention_mask"),
             image_grid_thw=values.get("image_grid_thw"),
+            image_grid_hw=values.get("image_grid_hw"),
             image_sizes=values.get("image_sizes"),
             num_crops=values.get("num_crops"),
             num_patches=values.get("num_patches"),

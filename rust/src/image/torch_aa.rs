@@ -1,0 +1,562 @@
+//! torch's antialiased resize of `float32` images on CPU, bit for bit:
+//! `F.interpolate(x, size, mode="bicubic" | "bilinear", antialias=True, align_corners=False)`
+//! as torch 2.14.1's AVX2 build computes it (the separable generic kernel of ATen's
+//! `UpSampleKernel.cpp`, which torchvision 0.29's `resize` reaches for a float tensor).
+//! transformers' Nemotron-H-Omni image processor resizes its images this way, in `float32`, so
+//! that the bicubic overshoot outside `[0, 255]` is kept.
+//!
+//! What the kernel computes, checked against torch with impulses (every weight of 71 axis pairs)
+//! and random images (100+ sizes from 1×1 to 4032×3024, up- and downscaling), no difference:
+//!
+//! - **weights** ([`aa_taps`]), per axis, in `f32` with some steps in `f64` as C++ promotes
+//!   them: `scale = f32(in) / f32(out)`; `support = f32(2·scale)` (bicubic; `scale` for
+//!   bilinear) when `scale ≥ 1`, else the filter's own; `center = f32(scale·(i + 0.5))` (the
+//!   product in `f64`); `invscale = f32(1 / scale)` when `scale ≥ 1`, else 1; the taps run
+//!   from `xmin = max(trunc((center − support) + 0.5), 0)` to
+//!   `min(trunc((center + support) + 0.5), in)` (the differences in `f32`, the `+ 0.5` in
+//!   `f64`), at most `2·⌈support⌉ + 1`; tap `j` weighs
+//!   `filter(f32((f32(j + xmin) − center + 0.5) · invscale))`, and each weight is divided by
+//!   their `f32` sum (left to right) unless that is 0. Bicubic is Keys' cubic with `a = −0.5`
+//!   evaluated with every step fused (`fma(fma(1.5, x, −2.5)·x, x, 1)` on `[0, 1)`,
+//!   `fma(fma(fma(−0.5, x, 2.5), x, −4), x, 2)` on `[1, 2)`): the compiler contracts them.
+//! - **passes**: horizontal first (an axis whose size does not change is skipped; nothing at all
+//!   when neither does), the intermediate image in `f32`. Each output is
+//!   `x₀·w₀ + x₁·w₁ + …` over its taps, left to right, in the order GCC's vectoriser left it
+//!   ([`dot`]): the products of taps `1 ..= 8·⌊n/8⌋` (`n` the taps after the first), and of the
+//!   next 4 when at least 4 remain, are rounded before being added (the 8- and 4-wide vector
+//!   loops multiply, then add the lanes in order), the remaining taps are fused
+//!   multiply-adds (the scalar tail loop, contracted).
+//! - ours streams ([`resize_plane`]): the horizontal pass runs eight input rows side by side (one
+//!   SIMD lane per row, each lane's operations those above), the vertical pass keeps only the
+//!   rows its current window needs, and each output row goes to the caller as it is made.
+//! - the vertical pass of an image **one pixel wide** gives every output row the value of the
+//!   first (torch's `TensorIterator` makes the rows its inner loop, and the kernel reads the
+//!   weights of that loop's first element only): reproduced.
+
+use crate::memory::{fallible, AllocError};
+
+use super::torch::TorchFilter;
+
+/// The taps of one axis: for output `i`, `counts[i]` input indices from `starts[i]` and their
+/// weights, `weights[i·ksize ..][.. counts[i]]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AaTaps {
+    pub ksize: usize,
+    pub starts: Vec<usize>,
+    pub counts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+impl AaTaps {
+    fn row(&self, i: usize) -> (usize, &[f32]) {
+        (
+            self.starts[i],
+            &self.weights[i * self.ksize..][..self.counts[i]],
+        )
+    }
+}
+
+/// `HelperInterpCubic::aa_filter<float>` (Keys, `a = −0.5`) with the compiler's contractions.
+fn cubic_aa(x: f32) -> f32 {
+    let x = x.abs();
+    if x < 1.0 {
+        (1.5f32.mul_add(x, -2.5) * x).mul_add(x, 1.0)
+    } else if x < 2.0 {
+        (-0.5f32).mul_add(x, 2.5).mul_add(x, -4.0).mul_add(x, 2.0)
+    } else {
+        0.0
+    }
+}
+
+/// Lanczos-3, `sinc(x)·sinc(x / 3)` for `|x| < 3` (computed in `f64`, as the uint8 kernel's).
+fn lanczos_aa(x: f32) -> f32 {
+    let x = f64::from(x.abs());
+    if x >= 3.0 {
+        return 0.0;
+    }
+    let sinc = |v: f64| {
+        if v == 0.0 {
+            1.0
+        } else {
+            let v = v * std::f64::consts::PI;
+            v.sin() / v
+        }
+    };
+    (sinc(x) * sinc(x / 3.0)) as f32
+}
+
+/// `HelperInterpLinear::aa_filter<float>`.
+fn linear_aa(x: f32) -> f32 {
+    let x = x.abs();
+    if x < 1.0 {
+        1.0 - x
+    } else {
+        0.0
+    }
+}
+
+/// torch's antialiased taps (`_compute_indices_min_size_weights_aa` in `float`) for an axis of
+/// `in_size` pixels resized to `out_size` (both non-zero).
+pub fn aa_taps(in_size: usize, out_size: usize, filter: TorchFilter) -> AaTaps {
+    let (half, kernel): (f64, fn(f32) -> f32) = match filter {
+        TorchFilter::Bicubic => (2.0, cubic_aa),
+        TorchFilter::Bilinear => (1.0, linear_aa),
+        // Lanczos-3 as the uint8 kernel defines it; the float path with LANCZOS is not checked
+        // against torch (no processor asks for it: `torch_backend::filter_of` gives bilinear or
+        // bicubic only).
+        TorchFilter::Lanczos => (3.0, lanczos_aa),
+    };
+    let scale = in_size as f32 / out_size as f32;
+    let support = if scale >= 1.0 {
+        (half * f64::from(scale)) as f32
+    } else {
+        half as f32
+    };
+    let ksize = support.ceil() as usize * 2 + 1;
+    let invscale = if scale >= 1.0 {
+        (1.0 / f64::from(scale)) as f32
+    } else {
+        1.0
+    };
+    let mut taps = AaTaps {
+        ksize,
+        starts: Vec::with_capacity(out_size),
+        counts: Vec::with_capacity(out_size),
+        weights: vec![0.0; out_size * ksize],
+    };
+    for i in 0..out_size {
+        let center = (f64::from(scale) * (i as f64 + 0.5)) as f32;
+        let xmin = ((f64::from(center - support) + 0.5) as i64).max(0);
+        let xmax = ((f64::from(center + support) + 0.5) as i64).min(in_size as i64);
+        let count = (xmax - xmin).clamp(0, ksize as i64) as usize;
+        let row = &mut taps.weights[i * ksize..][..count];
+        let mut total = 0.0f32;
+        for (j, w) in row.iter_mut().enumerate() {
+            let offset = (j as i64 + xmin) as f32 - center;
+            *w = kernel(((f64::from(offset) + 0.5) * f64::from(invscale)) as f32);
+            total += *w;
+        }
+        if total != 0.0 {
+            for w in row.iter_mut() {
+                *w /= total;
+            }
+        }
+        taps.starts.push(xmin as usize);
+        taps.counts.push(count);
+    }
+    taps
+}
+
+/// How many taps after the first have their product rounded before the addition (see the
+/// module docs): `8·⌊n/8⌋`, plus 4 when at least 4 more remain.
+#[inline(always)]
+fn rounded_taps(n: usize) -> usize {
+    let eights = n / 8 * 8;
+    if n - eights >= 4 {
+        eights + 4
+    } else {
+        eights
+    }
+}
+
+/// `Σ xⱼ·wⱼ` in torch's order (module docs); `values(j)` is tap `j`'s input value.
+#[inline(always)]
+fn dot(weights: &[f32], values: impl Fn(usize) -> f32) -> f32 {
+    let Some(&w0) = weights.first() else {
+        return 0.0;
+    };
+    let mut acc = values(0) * w0;
+    let plain = rounded_taps(weights.len() - 1);
+    for (j, &w) in weights.iter().enumerate().skip(1) {
+        acc = if j <= plain {
+            acc + values(j) * w
+        } else {
+            values(j).mul_add(w, acc)
+        };
+    }
+    acc
+}
+
+/// The vertical pass of one output row: `out[x] = Σⱼ rows(j)[x]·wⱼ`, one tap at a time over the
+/// whole row (each element's order is the same as [`dot`]'s).
+#[inline(always)]
+fn vertical_body<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mut [f32]) {
+    let Some(&w0) = weights.first() else {
+        out.fill(0.0);
+        return;
+    };
+    for (o, &v) in out.iter_mut().zip(rows(0)) {
+        *o = v * w0;
+    }
+    let plain = rounded_taps(weights.len() - 1);
+    for (j, &w) in weights.iter().enumerate().skip(1) {
+        let row = rows(j);
+        if j <= plain {
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o += v * w;
+            }
+        } else {
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = v.mul_add(w, *o);
+            }
+        }
+    }
+}
+
+/// Rows the horizontal pass runs side by side.
+const LANES: usize = 8;
+
+/// The horizontal pass of LANES rows at once: `tin` holds the input rows transposed
+/// (`in_w × LANES`, lane `l` = row `l`), `tout` gets the outputs likewise (`out_w × LANES`); each
+/// lane's arithmetic is [`dot`]'s.
+#[inline(always)]
+fn horizontal_lanes_body(tin: &[f32], taps: &AaTaps, tout: &mut [f32]) {
+    for (x, o) in tout.chunks_exact_mut(LANES).enumerate() {
+        let (start, weights) = taps.row(x);
+        let Some(&w0) = weights.first() else {
+            o.fill(0.0);
+            continue;
+        };
+        let base = &tin[start * LANES..(start + weights.len()) * LANES];
+        let mut acc = [0f32; LANES];
+        for (a, &v) in acc.iter_mut().zip(&base[..LANES]) {
+            *a = v * w0;
+        }
+        let plain = rounded_taps(weights.len() - 1);
+        for (j, (&w, v)) in weights
+            .iter()
+            .zip(base.chunks_exact(LANES))
+            .enumerate()
+            .skip(1)
+        {
+            if j <= plain {
+                for (a, &v) in acc.iter_mut().zip(v) {
+                    *a += v * w;
+                }
+            } else {
+                for (a, &v) in acc.iter_mut().zip(v) {
+                    *a = v.mul_add(w, *a);
+                }
+            }
+        }
+        o.copy_from_slice(&acc);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn horizontal_lanes_fma(tin: &[f32], taps: &AaTaps, tout: &mut [f32]) {
+    horizontal_lanes_body(tin, taps, tout)
+}
+
+fn horizontal_lanes(tin: &[f32], taps: &AaTaps, tout: &mut [f32], fma: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: `fma` is only true when the CPU has AVX2 and FMA (`has_fma`), the features
+        // the function enables; it is otherwise safe code.
+        unsafe { horizontal_lanes_fma(tin, taps, tout) };
+        return;
+    }
+    let _ = fma;
+    horizontal_lanes_body(tin, taps, tout)
+}
+
+// The two passes compiled for FMA (so `mul_add` is an instruction, not a call into libm) and
+// AVX2 (so the vertical loops vectorise); the same correctly rounded operations either way.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn vertical_fma<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mut [f32]) {
+    vertical_body(weights, rows, out)
+}
+
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn vertical<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mut [f32], fma: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: as in `horizontal`.
+        unsafe { vertical_fma(weights, rows, out) };
+        return;
+    }
+    let _ = fma;
+    vertical_body(weights, rows, out)
+}
+
+/// One channel plane of `F.interpolate(x, (out_h, out_w), mode, antialias=True)`, streamed: the
+/// input's rows come from `fill(r, row)` (`row` has `in_w` values; each row is filled at most
+/// once, in order), and each output row goes to `emit(y, row)` (`out_w` values), in order.
+/// Every size must be non-zero. Only `2·⌈support⌉ + 1` horizontally resampled rows are kept at a
+/// time (the vertical taps of consecutive outputs move forward); `Err` when those few rows
+/// cannot be allocated, before anything is emitted.
+pub fn resize_plane(
+    in_h: usize,
+    in_w: usize,
+    out_h: usize,
+    out_w: usize,
+    filter: TorchFilter,
+    mut fill: impl FnMut(usize, &mut [f32]),
+    mut emit: impl FnMut(usize, &[f32]),
+) -> Result<(), AllocError> {
+    let fma = has_fma();
+    let cols = (in_w != out_w).then(|| aa_taps(in_w, out_w, filter));
+    let mut line = fallible::zeros::<f32>(in_w)?;
+    let (mut tin, mut tout) = match cols {
+        Some(_) => (
+            fallible::zeros::<f32>(in_w * LANES)?,
+            fallible::zeros::<f32>(out_w * LANES)?,
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    let mut out = fallible::zeros::<f32>(out_w)?;
+    // Input rows `r0..r1` (at most LANES), horizontally resampled (or as they are), each handed
+    // to `put(r, row)`. The horizontal pass runs LANES rows at a time, one lane per row (the
+    // same operations per lane as [`dot`]): independent sums side by side instead of one long
+    // dependency chain per output.
+    let mut rows_of = |r0: usize, r1: usize, put: &mut dyn FnMut(usize, &[f32])| match &cols {
+        Some(cols) => {
+            for (lane, r) in (r0..r1).enumerate() {
+                fill(r, &mut line);
+                for (x, &v) in line.iter().enumerate() {
+                    tin[x * LANES + lane] = v;
+                }
+            }
+            horizontal_lanes(&tin, cols, &mut tout, fma);
+            for (lane, r) in (r0..r1).enumerate() {
+                for (o, lanes) in out.iter_mut().zip(tout.chunks_exact(LANES)) {
+                    *o = lanes[lane];
+                }
+                put(r, &out);
+            }
+        }
+        None => {
+            for r in r0..r1 {
+                fill(r, &mut line);
+                put(r, &line);
+            }
+        }
+    };
+    if in_h == out_h {
+        let mut r = 0;
+        while r < in_h {
+            let r1 = (r + LANES).min(in_h);
+            rows_of(r, r1, &mut |y, row| emit(y, row));
+            r = r1;
+        }
+        return Ok(());
+    }
+    let rows = aa_taps(in_h, out_h, filter);
+    let cap = rows.ksize + LANES;
+    let mut ring = fallible::zeros::<f32>(cap * out_w)?;
+    let mut vout = fallible::zeros::<f32>(out_w)?;
+    // Input rows below `next` have been resampled into the ring (slot `r % cap`). A window is at
+    // most `ksize` rows, windows only move forward, and rows are made at most LANES − 1 ahead
+    // of the window's end, so a row is overwritten only once no later output needs it.
+    let mut next = 0usize;
+    for y in 0..out_h {
+        let (start, weights) = rows.row(y);
+        let end = start + weights.len();
+        next = next.max(start);
+        while next < end {
+            let r1 = (next + LANES).min(in_h);
+            rows_of(next, r1, &mut |r, row| {
+                let slot = r % cap;
+                ring[slot * out_w..(slot + 1) * out_w].copy_from_slice(row);
+            });
+            next = r1;
+        }
+        let ring = &ring[..];
+        if out_w == 1 {
+            // torch's one-pixel-wide quirk (module docs): the first output row's value
+            // everywhere.
+            vout[0] = dot(weights, |j| ring[(start + j) % cap]);
+            for each in 0..out_h {
+                emit(each, &vout);
+            }
+            return Ok(());
+        }
+        vertical(
+            weights,
+            |j| {
+                let slot = (start + j) % cap;
+                &ring[slot * out_w..(slot + 1) * out_w]
+            },
+            &mut vout,
+            fma,
+        );
+        emit(y, &vout);
+    }
+    Ok(())
+}
+
+/// [`resize_plane`] into `out` (`out_h × out_w`, row-major).
+pub fn resize_plane_into(
+    in_h: usize,
+    in_w: usize,
+    out_h: usize,
+    out_w: usize,
+    filter: TorchFilter,
+    out: &mut [f32],
+    fill: impl FnMut(usize, &mut [f32]),
+) -> Result<(), AllocError> {
+    debug_assert_eq!(out.len(), out_h * out_w);
+    resize_plane(in_h, in_w, out_h, out_w, filter, fill, |y, row| {
+        out[y * out_w..(y + 1) * out_w].copy_from_slice(row)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The literal arithmetic: each output of a pass summed in `f64`-free `f32` steps.
+    fn literal(
+        src: &[f32],
+        in_h: usize,
+        in_w: usize,
+        out_h: usize,
+        out_w: usize,
+        filter: TorchFilter,
+    ) -> Vec<f32> {
+        let pass =
+            |data: &[f32], h: usize, w: usize, horizontal: bool| -> (Vec<f32>, usize, usize) {
+                let (n_in, n_out) = if horizontal { (w, out_w) } else { (h, out_h) };
+                if n_in == n_out {
+                    return (data.to_vec(), h, w);
+                }
+                let taps = aa_taps(n_in, n_out, filter);
+                let (oh, ow) = if horizontal { (h, out_w) } else { (out_h, w) };
+                let mut out = vec![0.0f32; oh * ow];
+                for y in 0..oh {
+                    for x in 0..ow {
+                        let i = if horizontal { x } else { y };
+                        let (start, weights) = taps.row(i);
+                        let value = |j: usize| {
+                            if horizontal {
+                                data[y * w + start + j]
+                            } else {
+                                data[(start + j) * w + x]
+                            }
+                        };
+                        let n = weights.len() - 1;
+                        let plain = if n % 8 >= 4 { n / 8 * 8 + 4 } else { n / 8 * 8 };
+                        let mut acc = value(0) * weights[0];
+                        for (j, &wt) in weights.iter().enumerate().skip(1) {
+                            if j <= plain {
+                                acc += value(j) * wt;
+                            } else {
+                                acc = value(j).mul_add(wt, acc);
+                            }
+                        }
+                        out[y * ow + x] = acc;
+                    }
+                }
+                (out, oh, ow)
+            };
+        let (mid, h, w) = pass(src, in_h, in_w, true);
+        pass(&mid, h, w, false).0
+    }
+
+    #[test]
+    fn weights_sum_to_one_and_stay_in_range() {
+        for (n_in, n_out) in [
+            (100, 37),
+            (37, 100),
+            (4032, 1664),
+            (7, 1),
+            (1, 32),
+            (16, 17),
+        ] {
+            for filter in [TorchFilter::Bicubic, TorchFilter::Bilinear] {
+                let taps = aa_taps(n_in, n_out, filter);
+                for i in 0..n_out {
+                    let (start, weights) = taps.row(i);
+                    assert!(start + weights.len() <= n_in, "{n_in}->{n_out} #{i}");
+                    assert!(!weights.is_empty());
+                    let sum: f32 = weights.iter().sum();
+                    assert!((sum - 1.0).abs() < 1e-5, "{n_in}->{n_out} #{i}: {sum}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weights_as_torch_computes_them() {
+        // 10 -> 3: scale 10/3, support 20/3, at most 15 taps; centres 5/3, 5 and 25/3, so
+        // the ranges are [0, 8), [0, 10) and [2, 10).
+        let taps = aa_taps(10, 3, TorchFilter::Bicubic);
+        assert_eq!(taps.ksize, 15);
+        assert_eq!(taps.starts, [0, 0, 2]);
+        assert_eq!(taps.counts, [8, 10, 8]);
+        // Upscaling: four taps (support 2), the middle ones largest.
+        let taps = aa_taps(4, 8, TorchFilter::Bicubic);
+        assert_eq!(taps.ksize, 5);
+        let (start, weights) = taps.row(3);
+        assert_eq!((start, weights.len()), (0, 4));
+        assert!(weights[1] > weights[0] && weights[2] > weights[3]);
+    }
+
+    #[test]
+    fn planes_equal_the_literal_arithmetic() {
+        let (in_h, in_w) = (41usize, 53usize);
+        let src: Vec<f32> = (0..in_h * in_w)
+            .map(|i| ((i * 7919 + (i / 13) * 31) % 256) as f32)
+            .collect();
+        for filter in [TorchFilter::Bicubic, TorchFilter::Bilinear] {
+            for (oh, ow) in [
+                (20, 17),
+                (107, 90),
+                (41, 12),
+                (7, 53),
+                (41, 53),
+                (3, 2),
+                (200, 5),
+            ] {
+                let mut ours = vec![0.0f32; oh * ow];
+                resize_plane_into(in_h, in_w, oh, ow, filter, &mut ours, |r, row| {
+                    row.copy_from_slice(&src[r * in_w..(r + 1) * in_w])
+                })
+                .unwrap();
+                let want = literal(&src, in_h, in_w, oh, ow, filter);
+                assert_eq!(
+                    ours.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{filter:?} {in_h}x{in_w} -> {oh}x{ow}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn one_pixel_wide_columns_take_the_first_row() {
+        let src: Vec<f32> = (0..30).map(|v| v as f32 * 3.0).collect();
+        let mut out = vec![0.0f32; 12];
+        resize_plane_into(30, 1, 12, 1, TorchFilter::Bicubic, &mut out, |r, row| {
+            row[0] = src[r]
+        })
+        .unwrap();
+        assert!(out.iter().all(|&v| v == out[0]));
+        assert!(out[0] < 10.0);
+    }
+
+    #[test]
+    fn rounded_taps_split() {
+        assert_eq!(rounded_taps(0), 0);
+        assert_eq!(rounded_taps(3), 0);
+        assert_eq!(rounded_taps(4), 4);
+        assert_eq!(rounded_taps(7), 4);
+        assert_eq!(rounded_taps(8), 8);
+        assert_eq!(rounded_taps(11), 8);
+        assert_eq!(rounded_taps(12), 12);
+        assert_eq!(rounded_taps(16), 16);
+        assert_eq!(rounded_taps(21), 20);
+    }
+}
