@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Torch-only families benchmark: Llama 4, Phi-4-multimodal, Phi-3-vision, Gemma 4 unified,
-MiniMax-M3-VL, Kimi-K2.5 and Nemotron-H-Omni against their torch references, side by side in one
-run, one thread.
+MiniMax-M3-VL, Kimi-K2.5, Nemotron-H-Omni, Inkling and Inkling2
+against their torch references, side by side in one run, one thread.
 
 The references: transformers 5.24.0's torchvision classes ``Llama4ImageProcessor``,
 ``Phi4MultimodalImageProcessor``, ``Gemma4UnifiedImageProcessor``, ``MiniMaxM3VLImageProcessor``,
@@ -53,6 +53,8 @@ FAMILIES = (
     "phi3_v",
     "gemma4_unified",
     "minimax_m3_vl",
+    "inkling",
+    "inkling2",
     "kimi_k25",
     "nemotron_h_omni",
 )
@@ -62,6 +64,8 @@ TORCHVISION = {
     "phi4_multimodal": ("Phi4MultimodalImageProcessor", "image_pixel_values"),
     "gemma4_unified": ("Gemma4UnifiedImageProcessor", "pixel_values"),
     "minimax_m3_vl": ("MiniMaxM3VLImageProcessor", "pixel_values"),
+    "inkling": ("InklingImageProcessor", "pixel_values"),
+    "inkling2": ("Inkling2ImageProcessor", "pixel_values"),
     "kimi_k25": ("Kimi_K25ImageProcessor", "pixel_values"),
     "nemotron_h_omni": ("NemotronH_Omni_Reasoning_V3ImageProcessor", "pixel_values"),
 }

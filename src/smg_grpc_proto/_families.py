@@ -37,6 +37,8 @@ Family = Literal[
     "glm46v",
     "glm5_next",
     "minimax_m3_vl",
+    "inkling",
+    "inkling2",
     "kimi_k25",
     "nemotron_h_omni",
 ]
@@ -67,6 +69,8 @@ FAMILIES: tuple[Family, ...] = (
     "glm46v",
     "glm5_next",
     "minimax_m3_vl",
+    "inkling",
+    "inkling2",
     "kimi_k25",
     "nemotron_h_omni",
 )

@@ -285,6 +285,10 @@ class Preprocessor:
     ) -> Preprocessor: ...
     @property
     def family(self) -> str: ...
+    @property
+    def keeps_alpha(self) -> bool:
+        """Whether PIL images with transparency data are handed over as RGBA arrays (Inkling2's
+        processor composites alpha onto its checkerboard itself)."""
     def config(self) -> dict[str, Any]:
         """Every key of the configuration and its value (defaults included)."""
 

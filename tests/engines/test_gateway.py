@@ -415,6 +415,7 @@ def test_client_disconnect_aborts_the_engine_request(
 #: serve on main: one gateway launch each. Qwen3-Omni: images only (its audio is not ours).
 AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llama4"]
 AGREE += ["phi3_v", "gemma4", "glm5_next", "qwen3_omni_moe", "gemma4_unified", "minimax_m3_vl"]
+AGREE += ["inkling"]
 AGREE += ["kimi_k25"]
 #: Families smg 1.13.0 serves where this vLLM-servicer agreement cannot compare: skipped with
 #: the reason given here.
@@ -501,6 +502,11 @@ LLAVA_NEXT_COUNTS = {"smg": (2640, 1944), "transformers": (2544, 1944)}
 #: which we match bit for bit: tests/goldens/torch); smg's own bicubic differs from it by up to
 #: 0.12 after normalisation (mean 1.7e-3, 53 % of values exactly equal).
 PIXEL_BOUND = {"llava": 3.0, "llava_next": 4.0, "phi3_v": 0.2}
+#: smg's Inkling spec (registry/inkling.rs) starts each image's placeholder range one token
+#: early, at the template's <|content_image|> (with_structural_prefix(1)), not embedded; ours
+#: covers the run InklingProcessor writes in place of <|unused_200054|>. The tokens and the
+#: embedded positions are the same.
+STRUCTURAL_PREFIX = {"inkling": 1}
 
 
 class Agreement:
@@ -626,6 +632,15 @@ def _agreement_images() -> list[bytes]:
     return [photo_bytes(photo), photo_bytes(wide)]
 
 
+def _embedded(batch: Any) -> list[int]:
+    """The prompt positions that take encoder embeddings (a range without a mask: all)."""
+    out: list[int] = []
+    for (offset, length), item in zip(batch.placeholders, batch.items, strict=True):
+        mask = np.ones(length, dtype=bool) if item.embed_mask is None else item.embed_mask
+        out += [offset + int(i) for i in np.flatnonzero(mask)]
+    return out
+
+
 def _without(ids: Any, ranges: Any) -> list[int]:
     """``ids`` with the placeholder ranges cut out."""
     keep = np.ones(len(ids), dtype=bool)
@@ -724,6 +739,12 @@ class TestAgreement:
             assert theirs.placeholders == ours.placeholders
             swapped = [vision_pad if t == media.token_id else t for t in our_ids]
             assert their_ids == swapped
+        elif family.family in STRUCTURAL_PREFIX:
+            k = STRUCTURAL_PREFIX[family.family]
+            assert their_ids == our_ids
+            assert theirs.im_token_id == ours.im_token_id
+            assert theirs.placeholders == tuple((o - k, n + k) for o, n in ours.placeholders)
+            assert _embedded(theirs) == _embedded(ours)
         elif family.family == "llava_next":
             assert theirs.im_token_id == ours.im_token_id
             assert tuple(p[1] for p in theirs.placeholders) == LLAVA_NEXT_COUNTS["smg"][:n]

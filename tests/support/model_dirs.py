@@ -152,6 +152,23 @@ GLM5_NEXT_TEMPLATE = (
 )
 
 
+# Inkling: the checkpoint's template writes <|content_image|> before each image's one soft
+# placeholder (smg 1.13's inkling spec says so; InklingProcessor expands the placeholder only).
+INKLING_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- message['role'] + ': ' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for content in message['content'] -%}"
+    "{%- if content['type'] in ('image', 'image_url') -%}"
+    "{{- '<|content_image|><|unused_200054|>' -}}"
+    "{%- elif 'text' in content -%}{{- content['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'assistant: ' -}}{%- endif -%}"
+)
+
+
 # -- the families -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Family:
@@ -554,6 +571,29 @@ GLM5_NEXT_SPECIALS = (
     ("<|end_of_video|>", 154833),
     ("<|image|>", 154854),
     ("<|video|>", 154855),
+)
+
+INKLING_PREPROCESSOR = {  # InklingImageProcessor's class values, as a file would carry them
+    "image_processor_type": "InklingImageProcessor",
+    "processor_class": "InklingProcessor",
+    "do_convert_rgb": True,
+    "do_rescale": True,
+    "do_normalize": True,
+    "resample": 1,
+    "image_mean": CLIP_MEAN,
+    "image_std": CLIP_STD,
+    "size": {"height": 40, "width": 40},
+    "rescale_image_max_upscaled_long_edge": 2048,
+}
+# transformers 5.24 InklingConfig: image 200054, audio 200053, image/audio bos 200005/200020;
+# InklingTextConfig bos 1, eos 2.
+INKLING_SPECIALS = (
+    ("<s>", 1),
+    ("</s>", 2),
+    ("<|content_image|>", 200005),
+    ("<|content_audio_input|>", 200020),
+    ("<|unused_200053|>", 200053),
+    ("<|unused_200054|>", 200054),
 )
 
 _QWEN_GEN = {"bos_token_id": 151643, "pad_token_id": 151643, "eos_token_id": [151645, 151643]}
@@ -1004,6 +1044,38 @@ def minimax_m3_vl() -> Family:
     )
 
 
+def inkling() -> Family:
+    return Family(
+        "inkling",
+        "Inkling-tiny",
+        INKLING_SPECIALS,
+        {
+            "architectures": ["InklingForConditionalGeneration"],
+            "model_type": "inkling_mm_model",
+            **_text(200064, 1, 2),
+            "image_token_id": 200054,
+            "audio_token_id": 200053,
+            "image_bos_token_id": 200005,
+            "audio_bos_token_id": 200020,
+            "text_config": {"model_type": "inkling_text", **_text(200064, 1, 2)},
+            # smg enables images when the vision tower has a decoder_dmodel
+            "vision_config": {"model_type": "inkling_vision", "decoder_dmodel": 64},
+        },
+        INKLING_PREPROCESSOR,
+        INKLING_TEMPLATE,
+        "<|unused_200054|>",
+        "<|unused_200054|>",
+        {
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "pad_token": None,
+            "unk_token": None,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        generation={"bos_token_id": 1, "eos_token_id": 2},
+    )
+
+
 def kimi_k25() -> Family:
     return Family(
         "kimi_k25",
@@ -1123,6 +1195,7 @@ FAMILIES = {
     "glm5_next": glm5_next,
     "qwen3_omni_moe": qwen3_omni_moe,
     "minimax_m3_vl": minimax_m3_vl,
+    "inkling": inkling,
     "kimi_k25": kimi_k25,
     "nemotron_h_omni": nemotron_h_omni,
 }

@@ -46,6 +46,8 @@ _CLASSES: dict[str, Family] = {
     "Glm4vImageProcessor": "glm4v",
     "Glm46VImageProcessor": "glm46v",
     "Glm5NextImageProcessor": "glm5_next",
+    "InklingImageProcessor": "inkling",
+    "Inkling2ImageProcessor": "inkling2",
     "MiniMaxM3VLImageProcessor": "minimax_m3_vl",
     "Kimi_K25ImageProcessor": "kimi_k25",
     "NemotronH_Omni_Reasoning_V3ImageProcessor": "nemotron_h_omni",
@@ -88,6 +90,8 @@ _KEYS: dict[str, tuple[str, ...]] = {
         "max_model_len",
     ),
     "glm4v": ("patch_size", "merge_size", "temporal_patch_size"),
+    "inkling": ("rescale_image_frac", "rescale_image_max_upscaled_long_edge"),
+    "inkling2": (),
     "minimax": ("patch_size", "merge_size", "temporal_patch_size"),
     "glm5_next": (
         "patch_size",
@@ -106,13 +110,13 @@ _PHI3_V = ("image_mean", "image_std", "num_crops")
 
 # Families whose class has default_to_square = True: an int size is a square.
 _SQUARE: frozenset[str] = frozenset(
-    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama", "kimi_k25"}
+    {"pixtral", "gemma3", "internvl", "llama4", "phi4_multimodal", "mllama", "kimi_k25", "inkling2"}
 )
 # Families whose size, crop and pad keys need none of the CLIP-like handling below.
 _OWN_SIZES: frozenset[str] = frozenset(
     {"gemma3", "internvl", "idefics3", "llama4", "phi4_multimodal", "phi3_v", "mllama", "gemma4"}
     | {"glm4v", "glm46v", "glm5_next", "gemma4_unified", "minimax_m3_vl", "kimi_k25"}
-    | {"nemotron_h_omni"}
+    | {"nemotron_h_omni", "inkling", "inkling2"}
 )
 # Families whose class reads no size at all (Gemma 4: the patch budget drives the resize).
 # GLM-5-next's resize reads min/max_image_tokens, never size.
@@ -147,6 +151,8 @@ def _kind(family: Family) -> str:
         "phi3_v",
         "mllama",
         "gemma4",
+        "inkling",
+        "inkling2",
         "kimi_k25",
         "nemotron_h_omni",
     )
@@ -200,6 +206,10 @@ def _old_normalise(family: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("image_mean", "image_std"):
         if key in out and not isinstance(out[key], (int, float)):
             out[key] = [float(v) for v in out[key]]
+    # Inkling: None is "no cap" (a value of its own, not the class default): false natively.
+    cap = "rescale_image_max_upscaled_long_edge"
+    if kind == "inkling" and cap in config and config[cap] is None:
+        out[cap] = False
     if kind == "minimax" and config.get("size") == [672, 672]:
         # MiniMaxM3VLImageProcessor.__init__: the published checkpoint's stale size is replaced
         # by the class default

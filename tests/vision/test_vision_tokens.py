@@ -75,6 +75,12 @@ def _expected(family: str, cfg: dict[str, Any], out: Any, vision: VisionTokens) 
         return tuple((h // ph) * (w // pw + 1) for h, w in out.image_sizes.tolist())
     if family == "gemma3":
         return tuple((1 + c) * cfg["image_seq_length"] for c in out.num_crops.tolist())
+    if family == "inkling":
+        # InklingProcessor.replace_image_token: num_patches placeholders
+        return tuple(int(n) for n in out.num_patches.tolist())
+    if family == "inkling2":
+        # Inkling2Processor.replace_image_token: prod(image_grid_thw) placeholders
+        return tuple(int(t * h * w) for t, h, w in out.image_grid_thw.tolist())
     if family == "internvl":
         return tuple(n * cfg["image_seq_length"] for n in out.num_patches.tolist())
     if family in ("idefics3", "smolvlm"):

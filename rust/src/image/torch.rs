@@ -3,7 +3,7 @@
 //! `F.interpolate` call them). transformers' torchvision-only processors (Llama 4,
 //! Phi-4-multimodal) and Phi-3-vision's hub code are built on these.
 //!
-//! - [`resize_u8`]: `tvF.resize(uint8, size, BILINEAR | BICUBIC, antialias=True)` on CPU. The
+//! - [`resize_u8`]: `tvF.resize(uint8, size, BILINEAR | BICUBIC | LANCZOS, antialias=True)` on CPU. The
 //!   weights are Pillow's `precompute_coeffs` arithmetic in `f64` (the same loop,
 //!   [`float_coeffs_with`]) with torch's kernels — its bicubic is Keys' with `a = −0.5` written
 //!   as `cubic_convolution1/2`, whose outer lobe rounds differently from Pillow's — then
@@ -41,6 +41,9 @@ pub enum TorchFilter {
     Bilinear,
     /// `InterpolationMode.BICUBIC` (Keys, `a = −0.5`, support 2).
     Bicubic,
+    /// `InterpolationMode.LANCZOS` (Lanczos-3: `sinc(x)·sinc(x / 3)`, support 3), torch 2.14's
+    /// antialiased `uint8` kernel (the same weights machinery).
+    Lanczos,
 }
 
 impl TorchFilter {
@@ -49,6 +52,7 @@ impl TorchFilter {
         match name {
             "bilinear" => Some(TorchFilter::Bilinear),
             "bicubic" => Some(TorchFilter::Bicubic),
+            "lanczos" => Some(TorchFilter::Lanczos),
             _ => None,
         }
     }
@@ -58,6 +62,7 @@ impl TorchFilter {
         match self {
             TorchFilter::Bilinear => "bilinear",
             TorchFilter::Bicubic => "bicubic",
+            TorchFilter::Lanczos => "lanczos",
         }
     }
 
@@ -66,6 +71,7 @@ impl TorchFilter {
         match self {
             TorchFilter::Bilinear => 1.0,
             TorchFilter::Bicubic => 2.0,
+            TorchFilter::Lanczos => 3.0,
         }
     }
 
@@ -89,7 +95,24 @@ impl TorchFilter {
                     0.0
                 }
             }
+            TorchFilter::Lanczos => {
+                if x < 3.0 {
+                    sinc(x) * sinc(x / 3.0)
+                } else {
+                    0.0
+                }
+            }
         }
+    }
+}
+
+/// `sin(πx) / (πx)`, 1 at 0.
+fn sinc(x: f64) -> f64 {
+    if x == 0.0 {
+        1.0
+    } else {
+        let x = x * std::f64::consts::PI;
+        x.sin() / x
     }
 }
 

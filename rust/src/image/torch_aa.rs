@@ -68,6 +68,23 @@ fn cubic_aa(x: f32) -> f32 {
     }
 }
 
+/// Lanczos-3, `sinc(x)·sinc(x / 3)` for `|x| < 3` (computed in `f64`, as the uint8 kernel's).
+fn lanczos_aa(x: f32) -> f32 {
+    let x = f64::from(x.abs());
+    if x >= 3.0 {
+        return 0.0;
+    }
+    let sinc = |v: f64| {
+        if v == 0.0 {
+            1.0
+        } else {
+            let v = v * std::f64::consts::PI;
+            v.sin() / v
+        }
+    };
+    (sinc(x) * sinc(x / 3.0)) as f32
+}
+
 /// `HelperInterpLinear::aa_filter<float>`.
 fn linear_aa(x: f32) -> f32 {
     let x = x.abs();
@@ -84,6 +101,10 @@ pub fn aa_taps(in_size: usize, out_size: usize, filter: TorchFilter) -> AaTaps {
     let (half, kernel): (f64, fn(f32) -> f32) = match filter {
         TorchFilter::Bicubic => (2.0, cubic_aa),
         TorchFilter::Bilinear => (1.0, linear_aa),
+        // Lanczos-3 as the uint8 kernel defines it; the float path with LANCZOS is not checked
+        // against torch (no processor asks for it: `torch_backend::filter_of` gives bilinear or
+        // bicubic only).
+        TorchFilter::Lanczos => (3.0, lanczos_aa),
     };
     let scale = in_size as f32 / out_size as f32;
     let support = if scale >= 1.0 {

@@ -13,6 +13,7 @@ use super::gemma4::{self, Gemma4Config};
 use super::gemma4_unified::{self, Gemma4UnifiedConfig};
 use super::glm::{self, GlmConfig};
 use super::idefics3::{self, Idefics3Config};
+use super::inkling::{self, Inkling2Config, InklingConfig};
 use super::internvl::{self, InternVlConfig};
 use super::kimi::{self, KimiConfig};
 use super::llama4::{self, Llama4Config};
@@ -120,6 +121,8 @@ registry! {
     Glm46v => "glm46v", GlmConfig = GlmConfig::glm4v(), glm::GLM46V;
     Glm5Next => "glm5_next", GlmConfig = GlmConfig::glm5_next(), glm::GLM5_NEXT;
     MinimaxM3Vl => "minimax_m3_vl", MiniMaxConfig = MiniMaxConfig::minimax_m3_vl(), minimax::MINIMAX_M3_VL;
+    Inkling => "inkling", InklingConfig = InklingConfig::inkling(), inkling::INKLING;
+    Inkling2 => "inkling2", Inkling2Config = Inkling2Config::inkling2(), inkling::INKLING2;
     KimiK25 => "kimi_k25", KimiConfig = KimiConfig::kimi_k25(), kimi::KIMI_K25;
     NemotronHOmni => "nemotron_h_omni", NemotronConfig = NemotronConfig::nemotron_h_omni(), nemotron::NEMOTRON_H_OMNI;
 }
@@ -130,6 +133,7 @@ const MODEL_TYPES: &[&[(&str, &str)]] = &[
     glm::MODEL_TYPES,
     gemma4_unified::MODEL_TYPES,
     minimax::MODEL_TYPES,
+    inkling::MODEL_TYPES,
     kimi::MODEL_TYPES,
     nemotron::MODEL_TYPES,
 ];

@@ -236,6 +236,13 @@ pub trait FamilyConfig: fmt::Debug + Send + Sync {
     /// Checks the combination of values (each `set` checked its own).
     fn validate(&self) -> Result<(), ProcessorError>;
 
+    /// Whether the family's processor keeps the alpha of a PIL image (Inkling2:
+    /// `convert("RGBA" if has_transparency_data else "RGB")`, then its own compositing), so
+    /// Python hands such images over as RGBA arrays instead of compositing them onto white.
+    fn keeps_alpha(&self) -> bool {
+        false
+    }
+
     /// Processes a non-empty batch of images.
     fn images(
         &self,

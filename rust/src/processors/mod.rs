@@ -44,6 +44,7 @@ pub mod gemma4;
 pub mod gemma4_unified;
 pub mod glm;
 pub mod idefics3;
+pub mod inkling;
 pub mod input;
 pub mod internvl;
 pub mod kimi;

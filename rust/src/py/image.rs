@@ -172,10 +172,16 @@ fn resize_torch<'py>(
 ) -> PyResult<Bound<'py, PyByteArray>> {
     let filter = TorchFilter::from_name(filter).ok_or_else(|| {
         let message = format!(
-            "unknown filter {filter:?} for torch's antialiased uint8 resize: expected bilinear or \
-             bicubic"
+            "unknown filter {filter:?} for torch's antialiased uint8 resize: expected bilinear, \
+             bicubic or lanczos"
         );
-        bad_value(py, message, "filter", ("bilinear", "bicubic"), filter)
+        bad_value(
+            py,
+            message,
+            "filter",
+            ("bilinear", "bicubic", "lanczos"),
+            filter,
+        )
     })?;
     let (pixels, out_w, out_h, len) = resize_args(image, width, height)?;
     let src = image_ref(&pixels);

@@ -501,6 +501,13 @@ impl PyPreprocessor {
         Ok(out)
     }
 
+    /// Whether PIL images with transparency data go to `images` as RGBA arrays (Inkling2's
+    /// processor composites alpha itself), not composited onto white.
+    #[getter]
+    fn keeps_alpha(&self) -> bool {
+        self.inner.config().get().keeps_alpha()
+    }
+
     /// replacement_spec() -> ReplacementSpec | None
     /// --
     ///

@@ -71,8 +71,12 @@ _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
 #: sends them. Kimi-K2.5: ``KimiK25ForConditionalGeneration`` reads ``pixel_values`` (flat,
 #: ``(Σ t·h·w, 3, 14, 14)``, split by the grid) and ``grid_thws`` (batched), transformers'
 #: ``image_grid_thw`` (its ``_get_mm_fields_config`` and ``_parse_and_validate_media_input``).
+#: Inkling: the SMG gateway (1.13, its ``inkling`` spec) sends ``pixel_values`` flat
+#: by ``tokens_per_item`` (batched) and nothing else; ``num_patches`` (the same counts) stays
+#: home.
 MODEL_TENSOR_NAMES: Mapping[str, Mapping[str, str | None]] = {
     "gemma4": {"image_position_ids": "pixel_position_ids", "num_soft_tokens_per_image": None},
+    "inkling": {"num_patches": None},
     # Gemma4UnifiedForConditionalGeneration reuses Gemma 4's multimodal processor and fields.
     "gemma4_unified": {
         "image_position_ids": "pixel_position_ids",

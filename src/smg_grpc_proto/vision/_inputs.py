@@ -62,8 +62,10 @@ def _pil_to_array(image: Any) -> npt.NDArray[np.uint8]:
     return np.asarray(rgb, dtype=np.uint8)
 
 
-def to_native(item: Any, what: str) -> NativeItem:
-    """One input as ``bytes`` or a C-contiguous ``uint8`` array."""
+def to_native(item: Any, what: str, keep_alpha: bool = False) -> NativeItem:
+    """One input as ``bytes`` or a C-contiguous ``uint8`` array. ``keep_alpha`` (a family whose
+    processor composites alpha itself, Inkling2): a PIL image is converted as that processor
+    converts it, ``convert("RGBA" if has_transparency_data else "RGB")``."""
     if isinstance(item, bytes):
         return item
     if isinstance(item, (bytearray, memoryview)):
@@ -77,6 +79,9 @@ def to_native(item: Any, what: str) -> NativeItem:
             raise ValueError(f"{what}: expected an HxW or HxWxC array, got shape {item.shape}")
         return np.ascontiguousarray(item)
     if _is_pil(item):
+        if keep_alpha:
+            mode = "RGBA" if item.has_transparency_data else "RGB"
+            return np.ascontiguousarray(np.asarray(item.convert(mode), dtype=np.uint8))
         return _pil_to_array(item)
     raise TypeError(
         f"{what}: expected encoded bytes, a path, a uint8 numpy array or a PIL image, "

@@ -389,8 +389,9 @@ class ImageProcessor:
         args = (n_threads, self.apply_exif, self.alpha, self.max_pixels)
         values: dict[str, Any] = {}
         if images is not None:
+            keep_alpha = bool(self._native.keeps_alpha)
             items = [
-                _inputs.to_native(item, f"images[{i}]")
+                _inputs.to_native(item, f"images[{i}]", keep_alpha)
                 for i, item in enumerate(_inputs.flatten_images(images))
             ]
             images_method: Any = self._native.images_deferred if deferred else self._native.images

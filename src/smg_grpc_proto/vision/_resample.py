@@ -37,7 +37,7 @@ __all__ = [
 #: Filter names, as :func:`resize` accepts them (also as Pillow's integer ids).
 Resample: TypeAlias = Literal["nearest", "box", "bilinear", "hamming", "bicubic", "lanczos"]
 #: torch's antialiased ``uint8`` modes (``InterpolationMode.BILINEAR`` / ``BICUBIC``).
-TorchResample: TypeAlias = Literal["bilinear", "bicubic"]
+TorchResample: TypeAlias = Literal["bilinear", "bicubic", "lanczos"]
 #: ``"pillow13"``: Pillow 13's order (vertical pass first iff the height shrinks by more than
 #: twice as many pixels as the width); ``"pillow12"``: Pillow <= 12.2's (always horizontal
 #: first). The order changes output bytes (the intermediate image is rounded to uint8).
@@ -146,10 +146,10 @@ def resize_torch(
     ``bicubic``; ``TypeError`` if ``image`` is not a numpy array.
     """
     width, height = (operator.index(v) for v in size)
-    if resample not in ("bilinear", "bicubic"):
+    if resample not in ("bilinear", "bicubic", "lanczos"):
         raise ValueError(
             f"unknown resample filter {resample!r} for torch's uint8 resize: expected "
-            "'bilinear' or 'bicubic'"
+            "'bilinear', 'bicubic' or 'lanczos'"
         )
     out = _native.resize_torch(image, width, height, resample, _threads(threads))
     shape = (height, width) if image.ndim == 2 else (height, width, image.shape[2])

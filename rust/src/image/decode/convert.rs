@@ -180,6 +180,69 @@ pub fn to_rgb(image: ModeImage, alpha: AlphaMode) -> Result<Vec<u8>, u64> {
     }
 }
 
+/// Pillow's `convert("RGBA")` of an image with transparency data ([`ModeImage::has_alpha`]):
+/// `RGBA` as it is, `LA` spread to `(l, l, l, a)`, a palette with its per-index alphas or
+/// transparent index applied (`putpalettealphas` / `putpalettealpha`), and `1`, `L`, `I;16`,
+/// `RGB` with a transparent colour through `convert_transparent` (alpha 0 where the converted
+/// colour equals it, else 255); `Err(bytes)` if the output cannot be allocated. An image without
+/// transparency data is converted with an opaque alpha.
+pub fn to_rgba(image: ModeImage) -> Result<Vec<u8>, u64> {
+    let n = image.width as usize * image.height as usize;
+    let ModeImage {
+        pixels,
+        transparency,
+        ..
+    } = image;
+    if let Pixels::Rgba(rgba) = pixels {
+        return Ok(rgba);
+    }
+    let mut out: Vec<u8> = super::zeroed(n * 4)?;
+    match &pixels {
+        Pixels::La(la) => {
+            for (px, s) in out.chunks_exact_mut(4).zip(la.chunks_exact(2)) {
+                px.copy_from_slice(&[s[0], s[0], s[0], s[1]]);
+            }
+        }
+        Pixels::P { indices, palette } => {
+            let mut table = palette.entries;
+            match &transparency {
+                Some(Transparency::PaletteAlphas(alphas)) => {
+                    for (entry, &a) in table.iter_mut().zip(alphas) {
+                        entry[3] = a;
+                    }
+                }
+                Some(Transparency::PaletteIndex(i)) => table[usize::from(*i)][3] = 0,
+                _ => {}
+            }
+            for (px, &i) in out.chunks_exact_mut(4).zip(indices) {
+                px.copy_from_slice(&table[usize::from(i)]);
+            }
+        }
+        other => {
+            let mut rgb: Vec<u8> = super::zeroed(n * 3)?;
+            convert_into_or_copy(other, &mut rgb);
+            let key = match transparency {
+                Some(Transparency::Gray(t)) => Some([t as u8; 3]),
+                Some(Transparency::Rgb(r, g, b)) => Some([r as u8, g as u8, b as u8]),
+                _ => None,
+            };
+            for (px, s) in out.chunks_exact_mut(4).zip(rgb.chunks_exact(3)) {
+                let a = if key.is_some_and(|k| k == s) { 0 } else { 255 };
+                px.copy_from_slice(&[s[0], s[1], s[2], a]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The plain RGB of `pixels` (no transparency applied) into `out` (n × 3).
+fn convert_into_or_copy(pixels: &Pixels, out: &mut [u8]) {
+    match pixels {
+        Pixels::Rgb(rgb) => out.copy_from_slice(rgb),
+        other => convert_into(other, None, false, out),
+    }
+}
+
 /// Fills `out` (n × 3) from pixels whose conversion needs a new buffer.
 fn convert_into(
     pixels: &Pixels,

@@ -238,17 +238,33 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// Applies `ImageOps.exif_transpose` for `orientation`; `Err(bytes)` if allocation fails.
 pub fn transpose(image: RgbImage, orientation: u8) -> Result<RgbImage, u64> {
     let (w, h) = (image.width as usize, image.height as usize);
-    let src = &image.pixels;
+    let (pixels, ow, oh) = transpose_pixels(image.pixels, w, h, 3, orientation)?;
+    Ok(RgbImage {
+        width: ow as u32,
+        height: oh as u32,
+        pixels,
+    })
+}
+
+/// [`transpose`] of `w × h` interleaved pixels of `channels` bytes: the pixels and their new
+/// `(width, height)`.
+pub fn transpose_pixels(
+    src: Vec<u8>,
+    w: usize,
+    h: usize,
+    channels: usize,
+    orientation: u8,
+) -> Result<(Vec<u8>, usize, usize), u64> {
     // (out_w, out_h, source pixel index for output (x, y)).
     let (ow, oh): (usize, usize) = match orientation {
         2..=4 => (w, h),
         5..=8 => (h, w),
-        _ => return Ok(image),
+        _ => return Ok((src, w, h)),
     };
-    let mut out: Vec<u8> = super::zeroed(w * h * 3)?;
+    let mut out: Vec<u8> = super::zeroed(w * h * channels)?;
     for y in 0..oh {
-        let row = &mut out[y * ow * 3..(y + 1) * ow * 3];
-        for (x, px) in row.chunks_exact_mut(3).enumerate() {
+        let row = &mut out[y * ow * channels..(y + 1) * ow * channels];
+        for (x, px) in row.chunks_exact_mut(channels).enumerate() {
             let (sx, sy) = match orientation {
                 2 => (w - 1 - x, y),         // FLIP_LEFT_RIGHT
                 3 => (w - 1 - x, h - 1 - y), // ROTATE_180
@@ -258,15 +274,11 @@ pub fn transpose(image: RgbImage, orientation: u8) -> Result<RgbImage, u64> {
                 7 => (w - 1 - y, h - 1 - x), // TRANSVERSE
                 _ => (w - 1 - y, x),         // 8: ROTATE_90 (counter-clockwise)
             };
-            let s = (sy * w + sx) * 3;
-            px.copy_from_slice(&src[s..s + 3]);
+            let s = (sy * w + sx) * channels;
+            px.copy_from_slice(&src[s..s + channels]);
         }
     }
-    Ok(RgbImage {
-        width: ow as u32,
-        height: oh as u32,
-        pixels: out,
-    })
+    Ok((out, ow, oh))
 }
 
 #[cfg(test)]

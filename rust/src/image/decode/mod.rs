@@ -206,6 +206,67 @@ pub fn decode(data: &[u8], options: &DecodeOptions) -> Result<RgbImage, DecodeEr
     exif::transpose(image, orientation).map_err(|bytes| DecodeError::OutOfMemory { format, bytes })
 }
 
+/// What `image.convert("RGBA" if image.has_transparency_data else "RGB")` gives (Inkling2's
+/// processor given a PIL image): RGB pixels, or RGBA ones for an image with transparency data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RgbaImage {
+    Rgb(RgbImage),
+    Rgba {
+        width: u32,
+        height: u32,
+        pixels: Vec<u8>,
+    },
+}
+
+/// Decodes `data` as [`decode`] does, but an image with transparency data (an alpha band or a
+/// transparent colour or palette alpha) comes back as RGBA, as Pillow's `convert("RGBA")`
+/// makes it ([`convert::to_rgba`]); the EXIF orientation applied when `apply_exif`.
+pub fn decode_keeping_alpha(
+    data: &[u8],
+    apply_exif: bool,
+    max_pixels: Option<u64>,
+) -> Result<RgbaImage, DecodeError> {
+    let limit = max_pixels.unwrap_or(u64::MAX);
+    let format = sniff(data).ok_or_else(|| DecodeError::UnknownFormat {
+        head: data[..data.len().min(12)].to_vec(),
+        recognised: recognise_other(data),
+    })?;
+    let decoded = match format {
+        Format::Jpeg => jpeg::decode(data, limit)?,
+        Format::Png => png::decode(data, limit)?,
+        Format::Gif => gif::decode(data, limit)?,
+        Format::Bmp => bmp::decode(data, limit)?,
+        Format::WebP => webp::decode(data, limit)?,
+    };
+    let orientation = if apply_exif {
+        exif::pillow_orientation(format, &decoded)?
+    } else {
+        1
+    };
+    let oom = |bytes| DecodeError::OutOfMemory { format, bytes };
+    let (width, height) = (decoded.image.width, decoded.image.height);
+    if !decoded.image.has_alpha() {
+        let pixels = convert::to_rgb(decoded.image, convert::AlphaMode::Drop).map_err(oom)?;
+        let image = RgbImage {
+            width,
+            height,
+            pixels,
+        };
+        return Ok(RgbaImage::Rgb(
+            exif::transpose(image, orientation).map_err(oom)?,
+        ));
+    }
+    let rgba = convert::to_rgba(decoded.image).map_err(oom)?;
+    let (pixels, w, h) =
+        exif::transpose_pixels(rgba, width as usize, height as usize, 4, orientation)
+            .map_err(oom)?;
+    Ok(RgbaImage::Rgba {
+        width: w as u32,
+        height: h as u32,
+        pixels,
+    })
+}
+
 /// Checks the declared size against the limits before anything is allocated.
 pub(crate) fn check_size(
     format: Format,
