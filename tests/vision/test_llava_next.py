@@ -98,7 +98,7 @@ def test_from_pretrained_sources(tmp_path: Path, corpus: dict[str, Path]) -> Non
     with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
         ImageProcessor.from_pretrained("llava-hf/llava-v1.6-mistral-7b-hf")
     with pytest.raises(ValueError, match="not supported"):
-        ImageProcessor.from_pretrained({"image_processor_type": "Kimi_K25ImageProcessor"})
+        ImageProcessor.from_pretrained({"image_processor_type": "BlipImageProcessor"})
     # Token counts as LlavaNextProcessor computes them.
     paths = [str(corpus[n]) for n in ("grace_hopper.jpg", "wide-3x600.png", "small-50x80.png")]
     out = from_dir(paths)
