@@ -151,6 +151,26 @@ pub struct Replacement {
     pub rows: usize,
 }
 
+impl Replacement {
+    /// `start`, `n` × `image`, `end`, only the image tokens embedded: the replacement of every
+    /// family whose processor brackets a run of one token (Gemma 4, MiniMax-M3-VL,
+    /// Nemotron-H-Omni).
+    pub fn bracketed(start: u32, image: u32, n: usize, end: u32, rows: usize) -> Self {
+        let mut tokens = Vec::with_capacity(n + 2);
+        tokens.push(start);
+        tokens.extend(std::iter::repeat_n(image, n));
+        tokens.push(end);
+        let mut embed = vec![true; n + 2];
+        embed[0] = false;
+        embed[n + 1] = false;
+        Self {
+            tokens,
+            embed,
+            rows,
+        }
+    }
+}
+
 /// What a family is to transformers' `preprocessor_config.json`: the classes that name it and
 /// how its keys read. Each family's module declares one, named by its registry line.
 #[derive(Clone, Copy, Debug)]

@@ -209,18 +209,7 @@ pub fn prompt_replacement(
     let boi = ids.get(BOI)?;
     let eoi = ids.get(EOI)?;
     let image = ids.get(IMAGE)?;
-    let mut tokens = Vec::with_capacity(n + 2);
-    tokens.push(boi);
-    tokens.extend(std::iter::repeat_n(image, n));
-    tokens.push(eoi);
-    let mut embed = vec![true; n + 2];
-    embed[0] = false;
-    embed[n + 1] = false;
-    Ok(Replacement {
-        tokens,
-        embed,
-        rows: 1,
-    })
+    Ok(Replacement::bracketed(boi, image, n, eoi, 1))
 }
 
 /// `get_aspect_ratio_preserving_size(height, width, patch, max_patches, pool)`: the

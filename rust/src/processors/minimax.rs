@@ -333,18 +333,7 @@ pub fn prompt_replacement(
     let start = ids.get(START)?;
     let end = ids.get(END)?;
     let image = ids.get(IMAGE)?;
-    let mut tokens = Vec::with_capacity(n + 2);
-    tokens.push(start);
-    tokens.extend(std::iter::repeat_n(image, n));
-    tokens.push(end);
-    let mut embed = vec![true; n + 2];
-    embed[0] = false;
-    embed[n + 1] = false;
-    Ok(Replacement {
-        tokens,
-        embed,
-        rows: rows as usize,
-    })
+    Ok(Replacement::bracketed(start, image, n, end, rows as usize))
 }
 
 #[cfg(test)]

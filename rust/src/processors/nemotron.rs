@@ -254,18 +254,13 @@ pub fn prompt_replacement(
     let start = ids.get(IMG_START)?;
     let end = ids.get(IMG_END)?;
     let image = ids.get(IMAGE)?;
-    let mut tokens = Vec::with_capacity(n + 2);
-    tokens.push(start);
-    tokens.extend(std::iter::repeat_n(image, n));
-    tokens.push(end);
-    let mut embed = vec![true; n + 2];
-    embed[0] = false;
-    embed[n + 1] = false;
-    Ok(Replacement {
-        tokens,
-        embed,
-        rows: (h * w) as usize,
-    })
+    Ok(Replacement::bracketed(
+        start,
+        image,
+        n,
+        end,
+        (h * w) as usize,
+    ))
 }
 
 /// The patches every image of a call of `images` images may use: the context length (less 4,
