@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from support.model_dirs import KIMI_K25_PREPROCESSOR
 
 from smg_grpc_proto import _native
 from smg_grpc_proto.engines import VisionModel, expand_placeholders
@@ -34,28 +35,7 @@ SPECIAL = {
 PAD = SPECIAL["<|media_pad|>"]
 
 # moonshotai/Kimi-K2.5's preprocessor_config.json (remote code; every setting nested).
-PUBLISHED = {
-    "auto_map": {
-        "AutoImageProcessor": "kimi_k25_vision_processing.KimiK25VisionProcessor",
-        "AutoProcessor": "kimi_k25_processor.KimiK25Processor",
-    },
-    "media_proc_cfg": {
-        "in_patch_limit": 16384,
-        "patch_size": 14,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "merge_kernel_size": 2,
-        "fixed_output_tokens": None,
-        "patch_limit_on_one_side": 512,
-        "in_patch_limit_each_frame": 4096,
-        "in_patch_limit_video": None,
-        "sample_fps": 2.0,
-        "max_num_frames_each_video": None,
-        "temporal_merge_kernel_size": 4,
-        "timestamp_mode": "hh:mm:ss.fff",
-        "config_type": "media_proc_cfg",
-    },
-}
+PUBLISHED = KIMI_K25_PREPROCESSOR
 
 
 def _tokenizer() -> Any:
