@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from support.gemma4_tokens import BOI, EOI, IMAGE, gemma4_tokenizer
 from support.parity import (
     IMAGE_CASES,
     assert_matches,
@@ -37,20 +38,6 @@ from PIL import Image
 from transformers import Gemma4ImageProcessorPil
 
 pytestmark = reference_mark()
-
-# Gemma4Config's defaults (transformers 5.24): boi 255999, eoi 258882, image 258880, video
-# 258884; the audio tokens, which Gemma4Processor's __init__ looks up, at theirs.
-SPECIAL = {
-    "<|image>": 255_999,
-    "<image|>": 258_882,
-    "<|image|>": 258_880,
-    "<|video|>": 258_884,
-    "<|audio|>": 258_881,
-    "<|audio>": 256_000,
-    "<audio|>": 258_883,
-}
-BOI, EOI, IMAGE = SPECIAL["<|image>"], SPECIAL["<image|>"], SPECIAL["<|image|>"]
-VOCAB = {"<pad>": 0, "<unk>": 3, "describe": 1000, "and": 1001, "compare": 1002}
 
 
 # ---- parity on every input kind (the checks are support.parity's) ------------------------
@@ -228,29 +215,6 @@ def test_from_pretrained_file(tmp_path: Path) -> None:
 # ---- the expanded prompt is Gemma4Processor's ------------------------------------------------
 
 
-def _tokenizer() -> Any:
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.WordLevel({**VOCAB, **SPECIAL}, "<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\s]+"), behavior="removed", invert=True)
-    backend.add_special_tokens(list(SPECIAL))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<unk>",
-        pad_token="<pad>",
-        additional_special_tokens=list(SPECIAL),
-        extra_special_tokens={
-            "boi_token": "<|image>",
-            "eoi_token": "<image|>",
-            "image_token": "<|image|>",
-            "audio_token": "<|audio|>",
-            "boa_token": "<|audio>",
-            "eoa_token": "<audio|>",
-        },
-    )
-
-
 def _processor(outputs: dict[str, Any]) -> Any:
     """``Gemma4Processor`` whose image processor hands back our outputs (whose bit-exactness the
     tests above cover); its video processor is torch-only and unused for images, so none is
@@ -278,7 +242,7 @@ def _processor(outputs: dict[str, Any]) -> Any:
     return WithoutVideo(
         feature_extractor=Gemma4AudioFeatureExtractor(),
         image_processor=Outputs(),
-        tokenizer=_tokenizer(),
+        tokenizer=gemma4_tokenizer(),
         video_processor=None,
     )
 
@@ -304,7 +268,7 @@ def test_input_ids_equal_gemma4_processor(sizes: list[tuple[int, int]], budget: 
     text = "describe " + " and ".join(["<|image|>"] * len(sizes)) + " compare"
     images = [Image.new("RGB", (w, h)) for h, w in sizes]
     want = processor(text=text, images=images, return_tensors=None)["input_ids"][0]
-    prompt = _tokenizer()(text)["input_ids"]
+    prompt = gemma4_tokenizer()(text)["input_ids"]
     ids, ranges = expand_placeholders(prompt, [media])
     assert ids.tolist() == list(want)
     # the token counts are transformers' own _get_num_multimodal_tokens

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from support.gemma4_tokens import BOI, EOI, IMAGE, gemma4_tokenizer
 
 from smg_grpc_proto.engines import VisionModel, expand_placeholders
 from smg_grpc_proto.errors import ImageShapeError, ProcessorConfigError
@@ -24,43 +25,6 @@ pytest.importorskip("transformers", reason="the reference is transformers")
 pytest.importorskip("PIL", reason="the processor takes PIL images")
 
 from PIL import Image
-
-# Gemma4UnifiedConfig's defaults (transformers 5.24): boi 255999, eoi 258882, image 258880,
-# video 258884; the audio tokens, which the processor's __init__ looks up, at theirs.
-SPECIAL = {
-    "<|image>": 255_999,
-    "<image|>": 258_882,
-    "<|image|>": 258_880,
-    "<|video|>": 258_884,
-    "<|audio|>": 258_881,
-    "<|audio>": 256_000,
-    "<audio|>": 258_883,
-}
-BOI, EOI, IMAGE = SPECIAL["<|image>"], SPECIAL["<image|>"], SPECIAL["<|image|>"]
-VOCAB = {"<pad>": 0, "<unk>": 3, "describe": 1000, "and": 1001, "compare": 1002}
-
-
-def _tokenizer() -> Any:
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.WordLevel({**VOCAB, **SPECIAL}, "<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\s]+"), behavior="removed", invert=True)
-    backend.add_special_tokens(list(SPECIAL))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<unk>",
-        pad_token="<pad>",
-        additional_special_tokens=list(SPECIAL),
-        extra_special_tokens={
-            "boi_token": "<|image>",
-            "eoi_token": "<image|>",
-            "image_token": "<|image|>",
-            "audio_token": "<|audio|>",
-            "boa_token": "<|audio>",
-            "eoa_token": "<audio|>",
-        },
-    )
 
 
 def _processor(outputs: dict[str, Any], budget: int = 280) -> Any:
@@ -97,7 +61,7 @@ def _processor(outputs: dict[str, Any], budget: int = 280) -> Any:
     return StandIns(
         feature_extractor=Gemma4UnifiedAudioFeatureExtractor(),
         image_processor=Outputs(),
-        tokenizer=_tokenizer(),
+        tokenizer=gemma4_tokenizer(),
         video_processor=None,
     )
 
@@ -128,7 +92,7 @@ def test_input_ids_equal_gemma4_unified_processor(
     text = "describe " + " and ".join(["<|image|>"] * len(sizes)) + " compare"
     images = [Image.new("RGB", (w, h)) for h, w in sizes]
     want = processor(text=text, images=images, return_tensors=None)["input_ids"][0]
-    prompt = _tokenizer()(text)["input_ids"]
+    prompt = gemma4_tokenizer()(text)["input_ids"]
     ids, ranges = expand_placeholders(prompt, [media])
     assert ids.tolist() == list(want)
     counts = processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_tokens"]
