@@ -1,7 +1,7 @@
 """The fuzz campaign (docs/security.md): hostile requests and images, bounded in time.
 
 * Two child processes under an address-space limit mutate real requests (differential against
-  protobuf's parser) and real images (decoders and three processors): zero crashes, zero
+  protobuf's parser) and real images (decoders and four processors): zero crashes, zero
   hangs, zero non-library exceptions. A crash or hang names the case, whose bytes the child
   wrote to ``current.bin`` before running it.
 * Over real gRPC on loopback, the reference servicers answer every mutated request with OK or

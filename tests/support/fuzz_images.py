@@ -1,12 +1,12 @@
 """Fuzz worker for hostile images, run in a child process by tests/security/test_fuzz_campaign.py.
 
-``python -m support.fuzz_images SEED SECONDS WORKDIR HEADROOM_MIB``: encodes small photos in
-every format (and headers declaring huge images: decompression bombs), then, under an
-address-space limit of its current size plus ``HEADROOM_MIB``, mutates them and runs each case
-through ``vision.decode`` and three processors (Qwen2-VL, Gemma 3 on the Pillow path, Llama 4 on
-the torch path): every failure must be a library error (``SmgProtoError``). Each case is written
-to ``WORKDIR/current.bin`` first, so a crash can be replayed. The last stdout line is a JSON
-summary with counts per outcome and the failures.
+``python -m support.fuzz_images SEED SECONDS WORKDIR HEADROOM_MIB``: encodes small photos in every
+format (and headers declaring huge images: decompression bombs), then, under an address-space limit
+of its current size plus ``HEADROOM_MIB``, mutates them and runs each case through ``vision.decode``
+and four processors (Qwen2-VL, Gemma 3 on the Pillow path, Llama 4 on the torch path, Inkling2
+decoding with transparency kept): every failure must be a library error (``SmgProtoError``). Each
+case is written to ``WORKDIR/current.bin`` first, so a crash can be replayed. The last stdout line
+is a JSON summary with counts per outcome and the failures.
 """
 
 from __future__ import annotations
@@ -95,7 +95,10 @@ def main() -> None:
     processors = {
         name: ImageProcessor(name, threads=1) for name in ("qwen2_vl", "gemma3", "llama4")
     }
-    for processor in processors.values():  # warm up (torch's first call allocates pools)
+    # Inkling2 with alpha="white" decodes through its own entry point, keeping transparency (its
+    # checkerboard composite): it runs on every case, before decode's refusal ends the case
+    keeping_alpha = ImageProcessor("inkling2", threads=1, alpha="white")
+    for processor in [*processors.values(), keeping_alpha]:  # warm up (torch allocates pools)
         processor([cases[0]])
     limit = limit_address_space(headroom)
     rng = random.Random(seed)
@@ -110,7 +113,8 @@ def main() -> None:
         if rng.random() < 0.9:
             data = mutate_bytes(rng, data)
         current.write_bytes(data)
-        steps: list[tuple[str, Any]] = [("decode", vision.decode)]
+        steps: list[tuple[str, Any]] = [("inkling2", lambda d: keeping_alpha([d]))]
+        steps.append(("decode", vision.decode))
         steps += [(name, lambda d, p=p: p([d])) for name, p in processors.items()]
         for name, step in steps:
             try:
