@@ -176,9 +176,14 @@ fn recognise_other(data: &[u8]) -> Option<&'static str> {
         .map(|(_, _, name)| *name)
 }
 
-/// Decodes `data` (a whole JPEG, PNG, GIF, BMP or WebP file) to RGB; see the module docs.
-pub fn decode(data: &[u8], options: &DecodeOptions) -> Result<RgbImage, DecodeError> {
-    let limit = options.max_pixels.unwrap_or(u64::MAX);
+/// The file's format, its pixels in their own mode, and Pillow's EXIF orientation (1 unless
+/// `apply_exif`): what [`decode`] and [`decode_keeping_alpha`] share before converting.
+fn decode_mode(
+    data: &[u8],
+    apply_exif: bool,
+    max_pixels: Option<u64>,
+) -> Result<(Format, Decoded, u8), DecodeError> {
+    let limit = max_pixels.unwrap_or(u64::MAX);
     let format = sniff(data).ok_or_else(|| DecodeError::UnknownFormat {
         head: data[..data.len().min(12)].to_vec(),
         recognised: recognise_other(data),
@@ -190,11 +195,17 @@ pub fn decode(data: &[u8], options: &DecodeOptions) -> Result<RgbImage, DecodeEr
         Format::Bmp => bmp::decode(data, limit)?,
         Format::WebP => webp::decode(data, limit)?,
     };
-    let orientation = if options.apply_exif {
+    let orientation = if apply_exif {
         exif::pillow_orientation(format, &decoded)?
     } else {
         1
     };
+    Ok((format, decoded, orientation))
+}
+
+/// Decodes `data` (a whole JPEG, PNG, GIF, BMP or WebP file) to RGB; see the module docs.
+pub fn decode(data: &[u8], options: &DecodeOptions) -> Result<RgbImage, DecodeError> {
+    let (format, decoded, orientation) = decode_mode(data, options.apply_exif, options.max_pixels)?;
     let (width, height) = (decoded.image.width, decoded.image.height);
     let rgb = convert::to_rgb(decoded.image, options.alpha)
         .map_err(|bytes| DecodeError::OutOfMemory { format, bytes })?;
@@ -226,23 +237,7 @@ pub fn decode_keeping_alpha(
     apply_exif: bool,
     max_pixels: Option<u64>,
 ) -> Result<RgbaImage, DecodeError> {
-    let limit = max_pixels.unwrap_or(u64::MAX);
-    let format = sniff(data).ok_or_else(|| DecodeError::UnknownFormat {
-        head: data[..data.len().min(12)].to_vec(),
-        recognised: recognise_other(data),
-    })?;
-    let decoded = match format {
-        Format::Jpeg => jpeg::decode(data, limit)?,
-        Format::Png => png::decode(data, limit)?,
-        Format::Gif => gif::decode(data, limit)?,
-        Format::Bmp => bmp::decode(data, limit)?,
-        Format::WebP => webp::decode(data, limit)?,
-    };
-    let orientation = if apply_exif {
-        exif::pillow_orientation(format, &decoded)?
-    } else {
-        1
-    };
+    let (format, decoded, orientation) = decode_mode(data, apply_exif, max_pixels)?;
     let oom = |bytes| DecodeError::OutOfMemory { format, bytes };
     let (width, height) = (decoded.image.width, decoded.image.height);
     if !decoded.image.has_alpha() {
