@@ -5,8 +5,10 @@ directory (support/model_dirs.py). Our decoder must read the gateway's tensors, 
 completion the HTTP client gets must be exactly the toy engine's answer to what the gateway sent.
 
 ``TestAgreement`` then holds the gateway's request against our builder's for every vision
-family both serve (one gateway launch per family), and our ``input_ids`` against transformers'
-processor; where the gateway differs, the difference is asserted and explained.
+family both serve (one gateway launch per family; Nemotron-H-Omni, which smg sends to TokenSpeed
+workers only, through the TokenSpeed reference servicer and our TokenSpeed builder), and our
+``input_ids`` against transformers' processor; where the gateway differs, the difference is
+asserted and explained.
 
 ``HF_ENDPOINT`` points at a loopback port that is bound but never listens, so nothing can leave
 the machine. The gateway's pixel values are compared with ours (bit-exact with transformers);
