@@ -36,7 +36,7 @@ FAMILIES = [f for f in ALL_FAMILIES if f not in CROSS_ATTENTION]
 
 def _reads(engine: str, family: str) -> bool:
     """Whether ``engine``'s models read ``family``'s layout (ENGINE_LAYOUTS: Nemotron-H-Omni's
-    packed patches only TokenSpeed)."""
+    packed patches only TokenSpeed; TensorRT-LLM takes its files)."""
     engines, _ = ENGINE_LAYOUTS.get(family, (None, ""))
     return engines is None or engine in engines
 
