@@ -32,8 +32,9 @@ TRTLLM_ANCHORS = {
     # modeling_gemma4_unified.py (model_type gemma4_unified): Gemma4UnifiedInputProcessor (as
     # Gemma 4's) with the placeholder <|image|>.
     "gemma4_unified": 258880,
-    # modeling_inkling.py (model_type inkling_mm_model): InklingForConditionalGeneration's
-    # image_token_id <|unused_200054|>, the token the chat template writes per image part.
+    # modeling_inkling.py (model_type inkling_mm_model) with modeling_inkling_multimodal.py:
+    # InklingInputProcessor expands the one <|unused_200054|> (DEFAULT_IMAGE_TOKEN_ID, or
+    # config.image_token_id) per image into one token per patch.
     "inkling": 200054,
     # modeling_nemotron_nano.py (model type NemotronH_Nano_Omni_Reasoning_V3, in _arch_index.py's
     # MULTIMODAL_MODEL_TYPE_TO_MODULE): <image>, the checkpoints' img_context_token_id.
