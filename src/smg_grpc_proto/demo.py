@@ -116,10 +116,13 @@ def plain_decode(data: bytes) -> dict[str, npt.NDArray[Any]]:
 
 
 # -- timing ---------------------------------------------------------------------------------
-def median_ms(fn: Callable[[], Any], repeat: int) -> float:
+def median_ms(fn: Callable[[], Any], repeat: int, min_seconds: float = 0.05) -> float:
+    """Median milliseconds of at least ``repeat`` calls of ``fn`` after a warm-up call; a fast
+    ``fn`` is called until ``min_seconds`` of calls have passed (at most 500 calls), so that a
+    sub-millisecond stage is not left to two samples on a busy machine."""
     fn()  # warm-up: page faults, lazy imports, caches
-    times = []
-    for _ in range(repeat):
+    times: list[float] = []
+    while len(times) < repeat or (sum(times) < min_seconds and len(times) < 500):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -251,7 +254,7 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
         ("image bytes -> engine answer, gRPC inline *", rounds["inline"], rounds.get("plain")),
         ("image bytes -> engine answer, gRPC shm *~", rounds["shm"], rounds.get("plain")),
     ]
-    out(f"\nstage (one thread, median of {repeat})                 ours    plain Python   speed-up")
+    out(f"\nstage (one thread, median of {repeat}+)                ours    plain Python   speed-up")
     for label, ours, ref in timings:
         ref_text = f"{ref:10.2f} ms" if ref is not None else "            -"
         ratio = f"{ref / ours:8.1f}x" if ref is not None and ours > 0 else ""
@@ -275,8 +278,9 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
     size = len(data)
     out(
         f"\nloopback transport of the {size / 2**20:.2f} MiB request, this run (median of "
-        f"{repeat}): grpcio {size / grpc_s / 1e9:.2f} GB/s ({grpc_s * 1e3:.2f} ms), raw TCP "
-        f"socket {size / tcp_s / 1e9:.2f} GB/s ({tcp_s * 1e3:.2f} ms)"
+        f"{3 * repeat}, alternating): grpcio {size / grpc_s / 1e9:.2f} GB/s "
+        f"({grpc_s * 1e3:.2f} ms), raw TCP socket {size / tcp_s / 1e9:.2f} GB/s "
+        f"({tcp_s * 1e3:.2f} ms)"
         + (
             f": gRPC takes {grpc_s / tcp_s:.1f}x the socket's time (HTTP/2 framing and flow "
             "control, grpcio's copies into Python bytes); inline round trips above pay it, "
@@ -410,12 +414,13 @@ def _plain_path(
 
 def _transport_probe(data: bytes, repeat: int) -> tuple[float, float]:
     """Median seconds of one round trip of ``data`` through grpcio (the shipped channel and
-    server options) and through a raw loopback TCP socket, measured back to back."""
-    with loopback.GrpcSink() as sink:
-        grpc_s = loopback.median_seconds(lambda: sink.send(data), repeat)
-    with loopback.TcpSink(len(data)) as sock:
-        tcp_s = loopback.median_seconds(lambda: sock.send(data), repeat)
-    return grpc_s, tcp_s
+    server options) and through a raw loopback TCP socket, the two alternating call by call
+    (``3 * repeat`` each: a round trip takes milliseconds)."""
+    with loopback.GrpcSink() as sink, loopback.TcpSink(len(data)) as sock:
+        ms = interleaved_ms(
+            {"grpc": lambda: sink.send(data), "tcp": lambda: sock.send(data)}, 3 * repeat
+        )
+    return ms["grpc"] / 1e3, ms["tcp"] / 1e3
 
 
 def _other_engines(out: Callable[[str], None]) -> bool:
