@@ -16,13 +16,12 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto import _native
-from smg_grpc_proto._native import PendingTensor
+from smg_grpc_proto._core import native as _native
 from smg_grpc_proto.errors import (
     MultimodalError,
     MultimodalLayoutError,
@@ -40,6 +39,9 @@ from smg_grpc_proto.vision._glm_video import (
 from smg_grpc_proto.vision._inputs import flatten_images, flatten_videos, to_native
 from smg_grpc_proto.vision._processor import TENSOR_NAMES
 from smg_grpc_proto.vision._tokens import VisionTokens
+
+if TYPE_CHECKING:
+    from smg_grpc_proto._native import PendingTensor
 
 __all__ = [
     "Modality",
