@@ -1,0 +1,151 @@
+"""The package without its native core (the pure-Python wheel's situation), in one process.
+
+A copy of the package without ``_native.*.so`` is imported in a subprocess: every module imports,
+the tensors run on the numpy kernels, ``build_info()`` says ``"pure"`` and the vision entry
+points raise ``NativeCoreUnavailableError``. The pure wheel itself is built and tested in
+tests/release/test_pure_wheel.py.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import smg_grpc_proto
+from smg_grpc_proto import _core, errors
+from smg_grpc_proto.vision import _decode
+
+PKG = Path(smg_grpc_proto.__file__).parent
+
+# Runs with the copy first on sys.path; prints what a pure installation does.
+PROBE = r"""
+import importlib, json, pkgutil, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import smg_grpc_proto
+from smg_grpc_proto import errors
+
+failed = {}
+for m in pkgutil.walk_packages(smg_grpc_proto.__path__, "smg_grpc_proto."):
+    if ".dataclasses" in m.name:
+        continue  # optional extra (betterproto2), imported by its own tests
+    try:
+        importlib.import_module(m.name)
+    except Exception as e:
+        failed[m.name] = repr(e)
+
+from smg_grpc_proto import tensors, vision
+from smg_grpc_proto.tensors import _backend
+
+array = np.arange(6, dtype=np.float32).reshape(2, 3)
+calls = {}
+for name, call in {
+    "decode": lambda: vision.decode(b"\x89PNG\r\n\x1a\n"),
+    "ImageProcessor": lambda: vision.ImageProcessor("qwen2_vl"),
+}.items():
+    try:
+        call()
+        calls[name] = None
+    except errors.NativeCoreUnavailableError as e:
+        calls[name] = [str(e), e.field, isinstance(e, ImportError)]
+
+print(json.dumps({
+    "file": smg_grpc_proto.__file__,
+    "failed": failed,
+    "backend": _backend.backend,
+    "build_info": smg_grpc_proto.build_info(),
+    "calls": calls,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def pure_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("pure") / "site"
+    shutil.copytree(
+        PKG,
+        root / "smg_grpc_proto",
+        ignore=shutil.ignore_patterns("_native.*.so", "_native.*.pyd", "__pycache__"),
+    )
+    assert not list((root / "smg_grpc_proto").glob("_native.*.so"))
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", PROBE, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout)
+    assert out["file"].startswith(str(root)), out["file"]
+    return out
+
+
+def test_every_module_imports_without_the_native_core(pure_run):
+    assert pure_run["failed"] == {}
+
+
+def test_tensors_use_the_numpy_kernels(pure_run):
+    assert pure_run["backend"] == "numpy"
+
+
+def test_build_info_says_pure(pure_run):
+    assert pure_run["build_info"] == {
+        "flavour": "pure",
+        "version": smg_grpc_proto.__version__,
+        "profile": "",
+        "target": "",
+        "rustc": "",
+        "cpu_features": [],
+    }
+
+
+@pytest.mark.parametrize("call", ["decode", "ImageProcessor"])
+def test_vision_calls_raise_the_documented_error(pure_run, call):
+    message, field, is_import_error = pure_run["calls"][call]
+    assert is_import_error
+    assert field.startswith("smg_grpc_proto._native.")
+    assert field in message
+    assert "pure-Python wheel (py3-none-any)" in message
+    for tag in _core.NATIVE_WHEEL_TAGS:
+        assert tag in message
+    assert "pip install --no-binary smg-grpc-proto smg-grpc-proto" in message
+    assert "build_info()" in message
+
+
+def test_the_stand_in_raises_on_every_attribute():
+    absent = _core._Absent(None)
+    with pytest.raises(errors.NativeCoreUnavailableError) as info:
+        absent.media_digest  # noqa: B018
+    assert info.value.field == "smg_grpc_proto._native.media_digest"
+    assert isinstance(info.value, ImportError)
+    assert isinstance(info.value, errors.SmgProtoError)
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (type(again), str(again), again.field) == (
+        errors.NativeCoreUnavailableError,
+        str(info.value),
+        info.value.field,
+    )
+
+
+def test_a_native_core_that_fails_to_load_is_named_with_its_error():
+    error = _core.unavailable("x.y", ImportError("GLIBC_2.34 not found"))
+    assert "failed to load: GLIBC_2.34 not found" in str(error)
+    assert "pure-Python wheel" not in str(error)
+
+
+def test_native_build_info_says_native():
+    info = smg_grpc_proto.build_info()
+    assert info["flavour"] == "native"
+    assert _core.AVAILABLE
+    assert _core.LOAD_ERROR is None
+
+
+def test_decode_limit_written_out_equals_the_native_one():
+    assert _decode.DEFAULT_MAX_PIXELS == _core.native.DEFAULT_MAX_PIXELS
