@@ -1,0 +1,245 @@
+"""The pure-Python wheel (``py3-none-any``, scripts/build_pure_wheel.py): its contents and
+metadata, and the non-vision suite run against it installed in a clean virtual environment.
+
+The wheel is built from a fresh ``maturin sdist`` of the working tree (no compilation: a few
+seconds); the slow test installs it with uv into a venv that has no other copy of the package,
+and runs there the tests that need no native core (the ``make pytest-fallback`` set plus the
+stubs, channel and wire-compat tests: 115 tests, about 40 s with the build and the venv).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import build_pure_wheel  # noqa: E402
+import release  # noqa: E402
+
+PACKAGE = ROOT / "src" / "smg_grpc_proto"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# The tests that need no native core, run against the installed pure wheel.
+PURE_SUITE = [
+    "tests/tensors/test_tensors.py",
+    "tests/tensors/test_tensor_frames.py",
+    "tests/test_shm.py",
+    "tests/test_channel.py",
+    "tests/compat/test_wire_compat.py",
+    "tests/stubs/test_stubs.py",
+]
+# As `make pytest-fallback`: the native-versus-fallback comparisons and GIL checks need the core.
+DESELECT = ["-k", "not native and not gil"]
+# What the suite needs besides the wheel and its dependencies.
+SUITE_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ml_dtypes>=0.4"]
+
+
+@pytest.fixture(scope="module")
+def sdist_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("sdist")
+    sdist = build_pure_wheel.make_sdist(ROOT, tmp / "out")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp / "unpacked", filter="data")
+    (tree,) = (tmp / "unpacked").iterdir()
+    return tree
+
+
+@pytest.fixture(scope="module")
+def pure_wheel(sdist_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_pure_wheel.build(tmp_path_factory.mktemp("pure"), source=sdist_tree)
+
+
+def _names(wheel: Path) -> set[str]:
+    return set(zipfile.ZipFile(wheel).namelist())
+
+
+def _read(wheel: Path, suffix: str) -> bytes:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(suffix)]
+        return zf.read(name)
+
+
+@pytest.mark.slow
+def test_name_and_tag(pure_wheel: Path):
+    assert pure_wheel.name == f"smg_grpc_proto-{PYPROJECT['project']['version']}-py3-none-any.whl"
+    wheel_file = _read(pure_wheel, ".dist-info/WHEEL").decode()
+    assert "Root-Is-Purelib: true\n" in wheel_file
+    assert "Tag: py3-none-any\n" in wheel_file
+    assert "Wheel-Version: 1.0\n" in wheel_file
+
+
+@pytest.mark.slow
+def test_contents_are_the_package_without_the_extension(pure_wheel: Path, sdist_tree: Path):
+    names = _names(pure_wheel)
+    package = {n for n in names if not n.startswith("smg_grpc_proto-")}
+    sources = {
+        p.relative_to(sdist_tree / "src").as_posix()
+        for p in (sdist_tree / "src" / "smg_grpc_proto").rglob("*")
+        if p.is_file()
+    }
+    assert package == sources
+    assert not [n for n in names if "_native." in n and n.endswith((".so", ".pyd"))]
+    assert "smg_grpc_proto/_native.pyi" in names  # the stand-in is typed as the module
+    assert "smg_grpc_proto/_core.py" in names
+    stems = sorted(p.stem for p in (ROOT / "protos").glob("*.proto"))
+    assert release.expected_wheel_files(stems) <= names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+@pytest.mark.slow
+def test_metadata_is_the_sdist_metadata(pure_wheel: Path, sdist_tree: Path):
+    """maturin writes the same bytes into PKG-INFO and the native wheel's METADATA."""
+    metadata = _read(pure_wheel, ".dist-info/METADATA")
+    assert metadata == (sdist_tree / "PKG-INFO").read_bytes()
+    meta = release.wheel_metadata(pure_wheel)
+    assert meta["Version"] == PYPROJECT["project"]["version"]
+    assert meta["Requires-Python"] == ">=3.10"
+    requires = meta.get_all("Requires-Dist")
+    assert "protobuf>=5.26.1,<8" in requires or "protobuf<8,>=5.26.1" in requires, requires
+    assert "grpcio>=1.63.2" in requires
+    assert "numpy>=1.22" in requires
+    assert any("betterproto2" in r and "extra == 'dataclasses'" in r for r in requires), requires
+
+
+@pytest.mark.slow
+def test_entry_points_are_the_project_scripts(pure_wheel: Path):
+    text = _read(pure_wheel, ".dist-info/entry_points.txt").decode()
+    assert text == "[console_scripts]\nsmg-proto=smg_grpc_proto.cli:main\n"
+    assert PYPROJECT["project"]["scripts"] == {"smg-proto": "smg_grpc_proto.cli:main"}
+
+
+@pytest.mark.slow
+def test_record_lists_every_file_with_its_hash(pure_wheel: Path):
+    with zipfile.ZipFile(pure_wheel) as zf:
+        (record_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/RECORD")]
+        rows = list(csv.reader(io.StringIO(zf.read(record_name).decode())))
+        assert sorted(r[0] for r in rows) == sorted(zf.namelist())
+        for path, digest, size in rows:
+            if path == record_name:
+                assert (digest, size) == ("", "")
+                continue
+            data = zf.read(path)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert digest == "sha256=" + expected.decode(), path
+            assert int(size) == len(data), path
+        assert zf.namelist()[-1] == record_name
+
+
+@pytest.mark.slow
+def test_build_is_reproducible(pure_wheel: Path, sdist_tree: Path, tmp_path: Path):
+    again = build_pure_wheel.build(tmp_path, source=sdist_tree)
+    assert again.read_bytes() == pure_wheel.read_bytes()
+
+
+def test_a_tree_that_is_not_an_sdist_is_refused(tmp_path: Path):
+    with pytest.raises(build_pure_wheel.PureWheelError, match="not an unpacked sdist"):
+        build_pure_wheel.build(tmp_path / "out", source=tmp_path)
+
+
+@pytest.mark.slow
+def test_twine_check_passes(pure_wheel: Path):
+    release.twine(["check", "--strict", str(pure_wheel)], what="twine check")
+
+
+# Runs in the pure venv: where the package comes from, its flavour, text-only requests through
+# every engine adapter (built, serialized, decoded back), and what a vision call raises.
+PROBE = r"""
+import importlib, json
+import smg_grpc_proto
+from smg_grpc_proto import errors, vision
+from smg_grpc_proto.tensors import _backend
+
+engines = {}
+for name in ("vllm", "sglang", "tokenspeed", "trtllm", "mlx"):
+    engine = importlib.import_module(f"smg_grpc_proto.engines.{name}")
+    kwargs = {"max_tokens": 4} if name == "trtllm" else {}
+    request = engine.generate_request("r1", [1, 2, 3], **kwargs).to_message()
+    again = type(request).FromString(request.SerializeToString())
+    engines[name] = [again == request, list(engine.decode_mm_inputs(again))]
+try:
+    vision.decode(b"\x89PNG\r\n\x1a\n")
+    raised = None
+except errors.NativeCoreUnavailableError as e:
+    raised = [str(e), isinstance(e, ImportError)]
+print(json.dumps({
+    "file": smg_grpc_proto.__file__,
+    "build_info": smg_grpc_proto.build_info(),
+    "backend": _backend.backend,
+    "engines": engines,
+    "raised": raised,
+}))
+"""
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.pop("SMG_GRPC_PROTO_NATIVE", None)
+    env["GRPC_VERBOSITY"] = "ERROR"
+    return env
+
+
+def pure_venv(root: Path, wheel: Path, *extra: str) -> Path:
+    """A clean venv (no system site-packages) holding ``wheel``, its dependencies and ``extra``."""
+    uv = [sys.executable, "-m", "uv"]
+    subprocess.run(
+        [*uv, "venv", "--quiet", "--python", sys.executable, str(root)], check=True, timeout=300
+    )
+    python = root / "bin" / "python"
+    subprocess.run(
+        [*uv, "pip", "install", "--quiet", "--python", str(python), str(wheel), *extra],
+        check=True,
+        timeout=600,
+    )
+    return python
+
+
+@pytest.mark.slow
+def test_pure_wheel_installed_runs_the_non_vision_suite(pure_wheel: Path, tmp_path: Path):
+    python = pure_venv(tmp_path / "venv", pure_wheel, *SUITE_DEPS)
+    probe = subprocess.run(
+        [str(python), "-W", "error", "-c", PROBE],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    out = json.loads(probe.stdout)
+    assert out["file"].startswith(str(tmp_path / "venv")), out["file"]
+    assert out["build_info"]["flavour"] == "pure"
+    assert out["backend"] == "numpy"
+    assert out["engines"] == {name: [True, []] for name in out["engines"]}
+    assert len(out["engines"]) == 5
+    message, is_import_error = out["raised"]
+    assert is_import_error
+    assert "smg_grpc_proto._native.decode_image needs the native core" in message
+    assert "manylinux_2_34_x86_64" in message
+
+    # The suite from the working tree's tests/ against the installed wheel: src/ is not on the
+    # path (the package is under src/, the cwd holds none), so only the venv provides it.
+    suite = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *PURE_SUITE, *DESELECT],
+        cwd=ROOT,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert suite.returncode == 0, suite.stdout[-4000:] + suite.stderr[-2000:]
+    summary = suite.stdout.strip().splitlines()[-1]
+    assert " passed" in summary, summary
+    assert "failed" not in summary, summary
+    assert int(summary.split(" passed")[0].split()[-1]) >= 100, summary
