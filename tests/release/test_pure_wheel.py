@@ -243,3 +243,129 @@ def test_pure_wheel_installed_runs_the_non_vision_suite(pure_wheel: Path, tmp_pa
     assert " passed" in summary, summary
     assert "failed" not in summary, summary
     assert int(summary.split(" passed")[0].split()[-1]) >= 100, summary
+
+
+# --- scripts/release.py on the pure wheel: checks and resolution, with a stand-in native wheel --
+
+
+def _native_stand_in(pure: Path, out: Path, platform: str = "manylinux_2_34_x86_64") -> Path:
+    """The pure wheel's files plus an extension file, tagged as the native wheel is (pip looks at
+    the file name; the release's own run checks the real native wheel)."""
+    out.mkdir(parents=True, exist_ok=True)
+    wheel = out / pure.name.replace("py3-none-any", f"cp310-abi3-{platform}")
+    with zipfile.ZipFile(pure) as src, zipfile.ZipFile(wheel, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name.endswith(".dist-info/WHEEL"):
+                data = data.replace(b"Root-Is-Purelib: true", b"Root-Is-Purelib: false")
+                data = data.replace(b"py3-none-any", f"cp310-abi3-{platform}".encode())
+            dst.writestr(name, data)
+        dst.writestr("smg_grpc_proto/_native.abi3.so", b"\x7fELF")
+    return wheel
+
+
+def _rewrite(wheel: Path, out: Path, change: dict[str, bytes | None]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out / wheel.name, "w") as dst:
+        for name in src.namelist():
+            if name in change:
+                if change[name] is not None:
+                    dst.writestr(name, change[name])
+                continue
+            dst.writestr(name, src.read(name))
+        for name, data in change.items():
+            if name not in src.namelist() and data is not None:
+                dst.writestr(name, data)
+    return out / wheel.name
+
+
+@pytest.mark.slow
+def test_release_accepts_the_pure_wheel_of_the_native_one(pure_wheel: Path, tmp_path: Path):
+    native = _native_stand_in(pure_wheel, tmp_path)
+    assert release.check_pure_wheel(pure_wheel, native) == []
+    assert release.check_native_platforms(native, release.native_core_tags(ROOT)) == []
+
+
+@pytest.mark.slow
+def test_release_reports_a_pure_wheel_that_differs(pure_wheel: Path, tmp_path: Path):
+    native = _native_stand_in(pure_wheel, tmp_path / "native")
+    info = f"smg_grpc_proto-{PYPROJECT['project']['version']}.dist-info"
+    bad = _rewrite(
+        pure_wheel,
+        tmp_path / "bad",
+        {
+            "smg_grpc_proto/shm.py": b"# edited\n",
+            "smg_grpc_proto/py.typed": None,
+            "smg_grpc_proto/_native.abi3.so": b"",
+            f"{info}/METADATA": b"Metadata-Version: 2.4\nName: smg-grpc-proto\n",
+        },
+    )
+    problems = release.check_pure_wheel(bad, native)
+    assert problems[:4] == [
+        "pure wheel: holds the extension smg_grpc_proto/_native.abi3.so",
+        "pure wheel: missing smg_grpc_proto/py.typed",
+        "pure wheel: smg_grpc_proto/shm.py differs from the native wheel's",
+        "pure wheel: .dist-info/METADATA differs from the native wheel's",
+    ]
+    assert "pure wheel: RECORD: wrong hash for smg_grpc_proto/shm.py" in problems
+    assert "pure wheel: RECORD lists smg_grpc_proto/py.typed, which is not in the wheel" in problems
+    assert "pure wheel: RECORD does not list smg_grpc_proto/_native.abi3.so" in problems
+
+
+def test_native_tags_outside_the_message_are_refused(tmp_path: Path):
+    wheel = tmp_path / "smg_grpc_proto-0.6.0-cp310-abi3-manylinux_2_28_x86_64.whl"
+    (problem,) = release.check_native_platforms(wheel, ("manylinux_2_34_x86_64",))
+    assert "tagged manylinux_2_28_x86_64" in problem
+    assert release.native_core_tags(ROOT) == ("manylinux_2_34_x86_64",)
+
+
+def test_resolution_plan():
+    assert release.resolution_plan({"manylinux_2_34_x86_64"}) == [
+        ("manylinux_2_34_x86_64", "native"),
+        ("manylinux_2_28_x86_64", "pure"),
+        ("manylinux2014_aarch64", "pure"),
+        ("macosx_14_0_arm64", "pure"),
+        ("macosx_13_0_x86_64", "pure"),
+        ("win_amd64", "pure"),
+    ]
+    # A native wheel for glibc 2.28 serves the x86_64 systems with 2.28 and newer.
+    plan = dict(release.resolution_plan({"manylinux_2_28_x86_64"}))
+    assert plan["manylinux_2_28_x86_64"] == "native"
+    assert release.accepts("manylinux_2_39_x86_64", "manylinux_2_28_x86_64")
+    assert not release.accepts("manylinux_2_39_aarch64", "manylinux_2_28_x86_64")
+    assert release.accepts("manylinux_2_17_aarch64", "manylinux2014_aarch64")
+
+
+@pytest.mark.slow
+def test_pip_picks_the_native_wheel_on_its_platform_and_the_pure_one_elsewhere(
+    pure_wheel: Path, tmp_path: Path
+):
+    folder = tmp_path / "index"
+    native = _native_stand_in(pure_wheel, folder)
+    pure = folder / pure_wheel.name
+    pure.write_bytes(pure_wheel.read_bytes())
+    version = release.SemVer.parse(PYPROJECT["project"]["version"])
+    artifacts = release.Artifacts(folder / "none.tar.gz", native, pure)
+    lines = release.check_resolution(
+        ["--no-index", "--find-links", str(folder)], version, artifacts
+    )
+    assert lines[0] == "manylinux_2_34_x86_64 (CPython 3.10, 3.13): the native wheel"
+    assert lines[1] == "manylinux_2_28_x86_64 (CPython 3.10, 3.13): the pure wheel"
+    assert len(lines) == 6
+    # Without the native wheel, its platform gets the pure one.
+    native.unlink()
+    source = ["--no-index", "--find-links", str(folder)]
+    assert release.pip_download(source, "manylinux_2_34_x86_64", "3.10", str(version)) == pure.name
+
+
+def test_a_wrong_pick_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    native = tmp_path / "smg_grpc_proto-0.6.0-cp310-abi3-manylinux_2_34_x86_64.whl"
+    pure = tmp_path / "smg_grpc_proto-0.6.0-py3-none-any.whl"
+    monkeypatch.setattr(release, "pip_download", lambda *args: pure.name)
+    artifacts = release.Artifacts(tmp_path / "s.tar.gz", native, pure)
+    with pytest.raises(release.ReleaseError) as info:
+        release.check_resolution([], release.SemVer.parse("0.6.0"), artifacts)
+    assert str(info.value).splitlines()[1:] == [
+        f"    manylinux_2_34_x86_64, CPython {python}: pip picked {pure.name}, not the native wheel"
+        for python in ("3.10", "3.13")
+    ]
