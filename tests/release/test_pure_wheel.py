@@ -369,3 +369,33 @@ def test_a_wrong_pick_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         f"    manylinux_2_34_x86_64, CPython {python}: pip picked {pure.name}, not the native wheel"
         for python in ("3.10", "3.13")
     ]
+
+
+@pytest.mark.slow
+def test_release_dry_run_wiring_with_a_stand_in_native_build(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+):
+    """Steps 1-9 of a dry run on this checkout, the native wheel's compilation replaced by the
+    stand-in (the real one is test_release.py's slow dry run, a 13-minute release build)."""
+    real_run = release.run
+
+    def run(cmd, *, cwd, env=None, what):
+        if "maturin" in cmd and "build" in cmd:
+            out = Path(cmd[cmd.index("--out") + 1])
+            pure = build_pure_wheel.build(tmp_path / "for-stand-in", source=cwd)
+            _native_stand_in(pure, out)
+            return ""
+        return real_run(cmd, cwd=cwd, env=env, what=what)
+
+    monkeypatch.setattr(release, "run", run)
+    monkeypatch.setattr(release, "check_native", lambda wheel, version: [])
+    status = release.main(["--repo", str(ROOT), "--bump", "minor"])
+    out = capsys.readouterr()
+    assert status == 0, out.out[-3000:] + out.err[-3000:]
+    for n in range(1, 10):
+        assert f"[{n}/9]" in out.out, out.out
+    assert "smg_grpc_proto-0.6.0-py3-none-any.whl: the same files but the extension" in out.out
+    assert "twine check --strict: ok (sdist and both wheels)" in out.out
+    assert "manylinux_2_34_x86_64 (CPython 3.10, 3.13): the native wheel: ok" in out.out
+    assert "win_amd64 (CPython 3.10, 3.13): the pure wheel: ok" in out.out
+    assert "would upload smg_grpc_proto-0.6.0.tar.gz, smg_grpc_proto-0.6.0-cp310-abi3" in out.out
