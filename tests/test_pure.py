@@ -55,7 +55,21 @@ for name, call in {
     except errors.NativeCoreUnavailableError as e:
         calls[name] = [str(e), e.field, isinstance(e, ImportError)]
 
+import contextlib, io
+from pathlib import Path
+from smg_grpc_proto import cli
+commands = {}
+for name, argv in {
+    "preprocess": ["preprocess", "--family", "qwen2_vl", "--out", "x.npz", "--format", "npz",
+                   str(Path(smg_grpc_proto.__file__).parent / "data" / "grace_hopper.jpg")],
+    "demo": ["demo", "--repeat", "1"],
+}.items():
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        commands[name] = [cli.main(argv), stdout.getvalue(), stderr.getvalue()]
+
 print(json.dumps({
+    "commands": commands,
     "file": smg_grpc_proto.__file__,
     "failed": failed,
     "backend": _backend.backend,
@@ -76,6 +90,7 @@ def pure_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert not list((root / "smg_grpc_proto").glob("_native.*.so"))
     result = subprocess.run(
         [sys.executable, "-I", "-c", PROBE, str(root)],
+        cwd=root.parent,
         capture_output=True,
         text=True,
         timeout=300,
@@ -85,6 +100,17 @@ def pure_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = json.loads(result.stdout)
     assert out["file"].startswith(str(root)), out["file"]
     return out
+
+
+@pytest.mark.parametrize("command", ["preprocess", "demo"])
+def test_cli_commands_needing_the_core_fail_with_the_message(pure_run, command):
+    status, out, err = pure_run["commands"][command]
+    assert status == 2
+    assert err.startswith(f"smg-proto {command}: error: smg_grpc_proto._native.")
+    assert "Traceback" not in err
+    assert "pure-Python wheel (py3-none-any)" in err
+    if command == "demo":
+        assert "pure-Python wheel (no native core" in out
 
 
 def test_every_module_imports_without_the_native_core(pure_run):

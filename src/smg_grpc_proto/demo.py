@@ -171,10 +171,14 @@ def _generate(ch: grpc.Channel, request: Any, serializer: Callable[[Any], bytes]
 def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] = print) -> int:
     """The demo on ``files`` (encoded images); returns the exit code."""
     info = smg_grpc_proto.build_info()
-    out(
-        f"smg-grpc-proto {smg_grpc_proto.__version__}, native core {info['version']} "
-        f"({info['profile']}, cpu: {', '.join(info['cpu_features']) or '-'})"
-    )
+    if info["flavour"] == "native":
+        core = (
+            f"native core {info['version']} "
+            f"({info['profile']}, cpu: {', '.join(info['cpu_features']) or '-'})"
+        )
+    else:
+        core = "pure-Python wheel (no native core: the demo's preprocessing needs it)"
+    out(f"smg-grpc-proto {smg_grpc_proto.__version__}, {core}")
     model = VisionModel.for_family("qwen2_vl")
     prompt = prompt_for(len(files))
     toy = ToyModel(max_length=12)
