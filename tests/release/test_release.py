@@ -748,7 +748,8 @@ def test_full_release_to_a_local_index_installs_and_runs(tmp_path, package_index
             str(python),
             "-c",
             "import json, smg_grpc_proto as p; "
-            "print(json.dumps([p.__version__, p.build_info()['version'], p.__file__]))",
+            "i = p.build_info(); print(json.dumps([p.__version__, i['version'], i['flavour'],"
+            " p.__file__]))",
         ],
         cwd=tmp_path,
         env=env,
@@ -757,8 +758,8 @@ def test_full_release_to_a_local_index_installs_and_runs(tmp_path, package_index
         timeout=120,
     )
     assert probe.returncode == 0, probe.stderr[-3000:]
-    version, native, location = json.loads(probe.stdout)
-    assert (version, native) == ("0.6.0", "0.6.0")
+    version, native, flavour, location = json.loads(probe.stdout)
+    assert (version, native, flavour) == ("0.6.0", "0.6.0", "native")
     assert str(venv) in location
 
     # The wheel an aarch64 pip downloads from the index is the pure one; it installs and imports
