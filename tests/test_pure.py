@@ -11,14 +11,18 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import smg_grpc_proto
 from smg_grpc_proto import _core, errors
+from smg_grpc_proto.engines import _media
 from smg_grpc_proto.vision import _decode
 
 PKG = Path(smg_grpc_proto.__file__).parent
@@ -68,7 +72,19 @@ for name, argv in {
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         commands[name] = [cli.main(argv), stdout.getvalue(), stderr.getvalue()]
 
+# TensorRT-LLM carries the encoded files: built and decoded without the native core.
+from smg_grpc_proto.engines import trtllm
+photo = (Path(smg_grpc_proto.__file__).parent / "data" / "grace_hopper.jpg").read_bytes()
+request = trtllm.generate_request("r1", [1, 9, 2], [photo], max_tokens=4, image_token_id=9)
+files = trtllm.decode_mm_inputs(request.to_message(), image_token_id=9)
+try:
+    trtllm.generate_request("r2", [1, 9, 2], [b"not an image"], max_tokens=4)
+    refused = None
+except errors.MultimodalError as e:
+    refused = str(e)
+
 print(json.dumps({
+    "trtllm": [files == (photo,), refused],
     "commands": commands,
     "file": smg_grpc_proto.__file__,
     "failed": failed,
@@ -175,3 +191,45 @@ def test_native_build_info_says_native():
 
 def test_decode_limit_written_out_equals_the_native_one():
     assert _decode.DEFAULT_MAX_PIXELS == _core.native.DEFAULT_MAX_PIXELS
+
+
+def test_trtllm_files_are_built_and_decoded_without_the_native_core(pure_run):
+    same, refused = pure_run["trtllm"]
+    assert same
+    assert "media[0]: not a JPEG, PNG, GIF, BMP or WebP file" in refused
+
+
+# The Python twin of the native signature check (engines.image_format without the core).
+SIGNATURES = [
+    b"\xff\xd8\xff\xe0",
+    b"\x89PNG\r\n\x1a\n",
+    b"GIF87a",
+    b"GIF89a",
+    b"BM",
+    *(b"RIFF\0\0\0\0WEBP" + chunk for chunk in (b"VP8 ", b"VP8L", b"VP8X", b"VP8x", b"ALPH")),
+    *(struct.pack("<I", size) for size in (11, 12, 13, 40, 52, 56, 64, 108, 124, 125, 2**31)),
+    b"II*\x00",
+    b"%PDF",
+    b"",
+]
+
+
+@pytest.mark.parametrize("signature", SIGNATURES)
+def test_sniff_twin_agrees_with_the_native_check_on_every_prefix(signature):
+    data = signature + bytes(range(16))
+    for end in range(len(data) + 1):
+        head = data[:end][:16]
+        assert _media._sniff(head) == _core.native.image_format(head), head
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=16),
+        st.sampled_from(SIGNATURES).flatmap(
+            lambda s: st.binary(max_size=16).map(lambda tail: (s + tail)[:16])
+        ),
+    )
+)
+def test_sniff_twin_agrees_with_the_native_check_on_random_heads(head):
+    assert _media._sniff(head) == _core.native.image_format(head)
