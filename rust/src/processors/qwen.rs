@@ -740,6 +740,16 @@ impl<'a> Patches<'a> {
     /// alignment): little-endian `f32` values, row-major, every byte written. The same values
     /// as [`into_outputs`](Self::into_outputs), bit for bit.
     pub fn write(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), ProcessorError> {
+        self.write_streaming(out, store::should_stream(self.byte_len() / 4))
+    }
+
+    /// [`write`](Self::write), with streaming stores (`stream`: the values go to memory, not
+    /// into the caches) or without.
+    fn write_streaming(
+        &self,
+        out: &mut [MaybeUninit<u8>],
+        stream: bool,
+    ) -> Result<(), ProcessorError> {
         if out.len() != self.byte_len() {
             return Err(ProcessorError::BatchShape {
                 what: "destination bytes",
@@ -755,7 +765,6 @@ impl<'a> Patches<'a> {
             .iter()
             .flat_map(|g| std::iter::repeat_n(g.grid_w * m * cols * 4, g.grid_h / m))
             .collect();
-        let stream = store::should_stream(self.byte_len() / 4);
         let mut slices = split_lengths(out, &lengths).into_iter();
         let mut jobs = Vec::with_capacity(lengths.len());
         for group in &self.groups {
@@ -839,7 +848,16 @@ impl<'a> Patches<'a> {
     }
 }
 
-// SAFETY: `write` succeeds only on a destination of exactly `byte_len` bytes, which it splits
+/// Written into a message or segment ([`Produce`]), a tensor of at least this many bytes goes
+/// out with streaming stores, far below [`store::STREAM_MIN_BYTES`] (which is for arrays the
+/// caller reads next): nobody here reads those bytes back, and in the whole path (decode,
+/// resize, serialize, parse) storing them through the caches cost more than it saved — each
+/// line read in before it is written, and the decoder's and resizer's buffers evicted for the
+/// next image. Real photos of 0.25–0.3 MP (5–7 MB of `pixel_values`, Qwen2-VL defaults), one
+/// core, whole path: 4–13% faster than with cached stores (`scripts/bench_engines.py`).
+pub const PRODUCE_STREAM_MIN_BYTES: usize = 1 << 20;
+
+// SAFETY: `write_streaming` succeeds only on a destination of exactly `byte_len` bytes, which it splits
 // into one slice per merge-window row (the slices' lengths sum to `byte_len`); each
 // `write_window_row` writes every value of its slice (all `grid_w × merge` patch rows of the
 // window row, every column of each: grids are multiples of the merge size, checked in
@@ -849,11 +867,15 @@ unsafe impl Produce for Patches<'_> {
         self.byte_len()
     }
 
+    /// Into a serialized message or a shared-memory segment, which this process does not read
+    /// back: streamed from [`PRODUCE_STREAM_MIN_BYTES`] on (see there).
     fn produce(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), TensorError> {
-        self.write(out).map_err(|_| TensorError::DestinationSize {
-            expected: self.byte_len(),
-            actual: out.len(),
-        })
+        let stream = self.byte_len() >= PRODUCE_STREAM_MIN_BYTES;
+        self.write_streaming(out, stream)
+            .map_err(|_| TensorError::DestinationSize {
+                expected: self.byte_len(),
+                actual: out.len(),
+            })
     }
 }
 
@@ -1140,6 +1162,41 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn produced_bytes_are_the_written_values() {
+        // 224 x 224 -> 256 patches, 1.2 MB: `produce` streams it (at least
+        // PRODUCE_STREAM_MIN_BYTES), `values` does not (below store::STREAM_MIN_BYTES); the
+        // same bits, at a misaligned destination too.
+        let data: Vec<u8> = (0..224 * 224 * 3).map(|i| (i * 37 % 253) as u8).collect();
+        let input = Input::Pixels {
+            data: &data,
+            width: 224,
+            height: 224,
+            channels: 3,
+        };
+        let config = QwenConfig::qwen2_vl();
+        let normalize = Normalize::new(Some(1.0 / 255.0), Some((CLIP_MEAN, CLIP_STD)));
+        let patches = plan_images(&config, &normalize, &[input], &Options::default()).unwrap();
+        let len = patches.byte_len();
+        assert!((PRODUCE_STREAM_MIN_BYTES..store::STREAM_MIN_BYTES).contains(&len));
+        let want: Vec<u8> = patches
+            .values()
+            .unwrap()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        for offset in [0, 3] {
+            let mut buffer = vec![MaybeUninit::new(0xAAu8); len + offset];
+            patches.produce(&mut buffer[offset..]).unwrap();
+            // SAFETY: every byte was initialised (0xAA, then overwritten).
+            let got: Vec<u8> = buffer[offset..]
+                .iter()
+                .map(|b| unsafe { b.assume_init() })
+                .collect();
+            assert!(got == want, "offset {offset}: produced bytes differ");
         }
     }
 
