@@ -8,8 +8,9 @@
 installed (e.g. a venv holding the previous release's wheel). Each round runs, in a fresh
 process per interpreter and alternating which goes first, the timed stages of our side of
 
-* ``bench_engines.py`` — image bytes -> vLLM engine tensors for Qwen2-VL (preprocess, encode,
-  decode, whole path) at 512 x 600, 1280 x 960 and a batch of 8, one core;
+* ``bench_engines.py`` — image bytes -> vLLM engine tensors for Qwen2-VL (its stages: decode,
+  processor, build, serialize, parse, whole path) on the synthetic JPEGs of
+  ``bench_vision.write_images`` at 512 x 600, 1280 x 960 and a batch of 8, one core;
 * ``bench_tensors.py`` — encode and decode of a vLLM request carrying a 1 and 25 MiB float32
   tensor (and f32 -> bf16), and the shared-memory round trip (``pack(transport="shm")`` +
   ``unpack``);

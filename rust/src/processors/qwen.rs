@@ -853,7 +853,7 @@ impl<'a> Patches<'a> {
 /// caller reads next): nobody here reads those bytes back, and in the whole path (decode,
 /// resize, serialize, parse) storing them through the caches cost more than it saved — each
 /// line read in before it is written, and the decoder's and resizer's buffers evicted for the
-/// next image. Real photos of 0.25–0.3 MP (5–7 MB of `pixel_values`, Qwen2-VL defaults), one
+/// next image. Real photos of 0.14–0.3 MP (3–7 MB of `pixel_values`, Qwen2-VL defaults), one
 /// core, whole path: 4–13% faster than with cached stores (`scripts/bench_engines.py`).
 pub const PRODUCE_STREAM_MIN_BYTES: usize = 1 << 20;
 
