@@ -422,6 +422,50 @@ mod wide {
             }
         }
     }
+
+    /// Vertical taps [`vertical`] takes (more are left to the portable pass).
+    pub(super) const MAX_ROWS: usize = 32;
+
+    /// The vertical pass of one output row, 16 columns at a time kept in a register over all
+    /// the taps: `out[x] = Σⱼ rows[j][x]·wⱼ` in [`super::dot`]'s order (every column has the
+    /// same taps). `rows` has one row per weight, each at least `out.len()` long; at most
+    /// [`MAX_ROWS`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F ([`available`]).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn vertical(weights: &[f32], rows: &[&[f32]], out: &mut [f32]) {
+        let n = out.len();
+        assert!(
+            !weights.is_empty() && weights.len() == rows.len() && rows.iter().all(|r| r.len() >= n)
+        );
+        let plain = rounded_taps(weights.len() - 1);
+        let mut x = 0;
+        while x < n {
+            let left = n - x;
+            let mask: u16 = if left >= GROUP {
+                u16::MAX
+            } else {
+                (1u16 << left) - 1
+            };
+            // SAFETY: the masked loads and the store touch columns `x .. x + min(16, left)`
+            // only, within every row (each at least `n` long) and within `out`.
+            unsafe {
+                let load = |j: usize| _mm512_maskz_loadu_ps(mask, rows[j].as_ptr().add(x));
+                let mut acc = _mm512_mul_ps(load(0), _mm512_set1_ps(weights[0]));
+                for (j, &w) in weights.iter().enumerate().skip(1) {
+                    let w = _mm512_set1_ps(w);
+                    acc = if j <= plain {
+                        _mm512_add_ps(acc, _mm512_mul_ps(load(j), w))
+                    } else {
+                        _mm512_fmadd_ps(load(j), w, acc)
+                    };
+                }
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(x), mask, acc);
+            }
+            x += GROUP;
+        }
+    }
 }
 
 /// One channel plane of `F.interpolate(x, (out_h, out_w), mode, antialias=True)`, streamed: the
@@ -556,6 +600,8 @@ pub fn resize_planes(
     // rows are made at most LANES − 1 ahead of the window's end, so a row is overwritten only
     // once no later output needs it.
     let at = |r: usize, c: usize| ((r % cap) * planes + c) * out_w;
+    #[cfg(target_arch = "x86_64")]
+    let wide_vertical = wide::available();
     let mut next = 0usize;
     for y in 0..out_h {
         let (start, weights) = rows.row(y);
@@ -583,12 +629,19 @@ pub fn resize_planes(
             return Ok(());
         }
         for c in 0..planes {
-            vertical(
-                weights,
-                |j| &ring[at(start + j, c)..at(start + j, c) + out_w],
-                &mut vout,
-                fma,
-            );
+            let row = |j: usize| &ring[at(start + j, c)..at(start + j, c) + out_w];
+            #[cfg(target_arch = "x86_64")]
+            if wide_vertical && !weights.is_empty() && weights.len() <= wide::MAX_ROWS {
+                let mut taps: [&[f32]; wide::MAX_ROWS] = [&[]; wide::MAX_ROWS];
+                for (j, t) in taps.iter_mut().enumerate().take(weights.len()) {
+                    *t = row(j);
+                }
+                // SAFETY: `wide_vertical` only when `wide::available()` found AVX-512F.
+                unsafe { wide::vertical(weights, &taps[..weights.len()], &mut vout) };
+                emit(y, c, &vout);
+                continue;
+            }
+            vertical(weights, row, &mut vout, fma);
             emit(y, c, &vout);
         }
     }
