@@ -385,38 +385,52 @@ mod wide {
             Some(plan)
         }
 
-        /// One row: `out[x] = Σⱼ line[start(x) + j]·wⱼ` in [`super::dot`]'s order for every
-        /// output column (and garbage in the padding columns).
+        /// `P` rows (of as many planes) at once, sharing each group's index, weight and mask
+        /// loads: `outs[p][x] = Σⱼ lines[p][start(x) + j]·wⱼ` in [`super::dot`]'s order for
+        /// every output column (and garbage in the padding columns).
         ///
         /// # Safety
         /// The CPU must support AVX-512F ([`available`]).
         #[target_feature(enable = "avx512f")]
-        pub(super) unsafe fn row(&self, line: &[f32], out: &mut [f32]) {
-            assert!(line.len() >= self.read_len && out.len() == self.padded_out);
+        pub(super) unsafe fn rows<const P: usize>(
+            &self,
+            lines: [&[f32]; P],
+            outs: [&mut [f32]; P],
+        ) {
+            assert!(lines.iter().all(|l| l.len() >= self.read_len));
+            assert!(outs.iter().all(|o| o.len() == self.padded_out));
             let mut tap = 0;
             for (g, &(base, taps)) in self.groups.iter().enumerate() {
-                // SAFETY: `base + WINDOW ≤ read_len ≤ line.len()`: both loads are in the line;
-                // the group's `taps` index, weight and mask entries start at `tap`; the store
-                // covers `out[16g .. 16g + 16]`, within `padded_out`.
+                // SAFETY: `base + WINDOW ≤ read_len ≤ lines[p].len()`: both loads are in the
+                // line; the group's `taps` index, weight and mask entries start at `tap`; the
+                // store covers `outs[p][16g .. 16g + 16]`, within `padded_out`.
                 unsafe {
-                    let lo = _mm512_loadu_ps(line.as_ptr().add(base));
-                    let hi = _mm512_loadu_ps(line.as_ptr().add(base + GROUP));
+                    let lo = lines.map(|l| _mm512_loadu_ps(l.as_ptr().add(base)));
+                    let hi = lines.map(|l| _mm512_loadu_ps(l.as_ptr().add(base + GROUP)));
                     let idx = _mm512_loadu_si512(self.index.as_ptr().add(tap).cast());
                     let w = _mm512_loadu_ps(self.weight.as_ptr().add(tap).cast());
-                    let mut acc = _mm512_mul_ps(_mm512_permutex2var_ps(lo, idx, hi), w);
+                    let mut acc = [_mm512_setzero_ps(); P];
+                    for p in 0..P {
+                        acc[p] = _mm512_mul_ps(_mm512_permutex2var_ps(lo[p], idx, hi[p]), w);
+                    }
                     for t in tap + 1..tap + taps {
                         let idx = _mm512_loadu_si512(self.index.as_ptr().add(t).cast());
                         let w = _mm512_loadu_ps(self.weight.as_ptr().add(t).cast());
-                        let x = _mm512_permutex2var_ps(lo, idx, hi);
                         let (plains, fused) = *self.masks.get_unchecked(t);
-                        if plains != 0 {
-                            acc = _mm512_mask_add_ps(acc, plains, acc, _mm512_mul_ps(x, w));
-                        }
-                        if fused != 0 {
-                            acc = _mm512_mask3_fmadd_ps(x, w, acc, fused);
+                        for p in 0..P {
+                            let x = _mm512_permutex2var_ps(lo[p], idx, hi[p]);
+                            if plains != 0 {
+                                acc[p] =
+                                    _mm512_mask_add_ps(acc[p], plains, acc[p], _mm512_mul_ps(x, w));
+                            }
+                            if fused != 0 {
+                                acc[p] = _mm512_mask3_fmadd_ps(x, w, acc[p], fused);
+                            }
                         }
                     }
-                    _mm512_storeu_ps(out.as_mut_ptr().add(g * GROUP), acc);
+                    for p in 0..P {
+                        _mm512_storeu_ps(outs[p].as_mut_ptr().add(g * GROUP), acc[p]);
+                    }
                 }
                 tap += taps;
             }
@@ -513,16 +527,15 @@ pub fn resize_planes(
         Some(cols) if wide::available() => wide::Plan::new(cols),
         _ => None,
     };
+    // Per plane, a padded input row and a padded output row.
     #[cfg(target_arch = "x86_64")]
-    let mut wide_line = match &wide {
-        Some(plan) => fallible::zeros::<f32>(plan.read_len.max(in_w))?,
-        None => Vec::new(),
-    };
+    let wide_len = wide
+        .as_ref()
+        .map_or((0, 0), |p| (p.read_len.max(in_w), p.padded_out));
     #[cfg(target_arch = "x86_64")]
-    let mut wide_out = match &wide {
-        Some(plan) => fallible::zeros::<f32>(plan.padded_out)?,
-        None => Vec::new(),
-    };
+    let mut wide_line = fallible::zeros::<f32>(planes * wide_len.0)?;
+    #[cfg(target_arch = "x86_64")]
+    let mut wide_out = fallible::zeros::<f32>(planes * wide_len.1)?;
     let mut line = fallible::zeros::<f32>(in_w)?;
     #[cfg(target_arch = "x86_64")]
     let rows_side_by_side = cols.is_some() && wide.is_none();
@@ -547,12 +560,26 @@ pub fn resize_planes(
         Some(cols) => {
             #[cfg(target_arch = "x86_64")]
             if let Some(plan) = &wide {
+                let (line_len, out_len) = wide_len;
                 for r in r0..r1 {
-                    for c in 0..planes {
-                        fill(r, c, &mut wide_line[..in_w]);
-                        // SAFETY: a plan exists only when `wide::available()` found AVX-512F.
-                        unsafe { plan.row(&wide_line, &mut wide_out) };
-                        put(r, c, &wide_out[..out_w]);
+                    for (c, line) in wide_line.chunks_exact_mut(line_len).enumerate() {
+                        fill(r, c, &mut line[..in_w]);
+                    }
+                    let mut lines = wide_line.chunks_exact(line_len);
+                    let mut outs = wide_out.chunks_exact_mut(out_len);
+                    // SAFETY (both calls): a plan exists only when `wide::available()` found
+                    // AVX-512F.
+                    if planes == 3 {
+                        let lines = [(); 3].map(|_| lines.next().unwrap_or_default());
+                        let outs = [(); 3].map(|_| outs.next().unwrap_or_default());
+                        unsafe { plan.rows(lines, outs) };
+                    } else {
+                        for (line, out) in lines.zip(outs) {
+                            unsafe { plan.rows([line], [out]) };
+                        }
+                    }
+                    for (c, out) in wide_out.chunks_exact(out_len).enumerate() {
+                        put(r, c, &out[..out_w]);
                     }
                 }
                 return;
