@@ -567,14 +567,14 @@ pub fn resize_planes(
                     }
                     let mut lines = wide_line.chunks_exact(line_len);
                     let mut outs = wide_out.chunks_exact_mut(out_len);
-                    // SAFETY (both calls): a plan exists only when `wide::available()` found
-                    // AVX-512F.
                     if planes == 3 {
                         let lines = [(); 3].map(|_| lines.next().unwrap_or_default());
                         let outs = [(); 3].map(|_| outs.next().unwrap_or_default());
+                        // SAFETY: a plan exists only when `wide::available()` found AVX-512F.
                         unsafe { plan.rows(lines, outs) };
                     } else {
                         for (line, out) in lines.zip(outs) {
+                            // SAFETY: as above.
                             unsafe { plan.rows([line], [out]) };
                         }
                     }
