@@ -437,22 +437,26 @@ mod wide {
         }
     }
 
-    /// Vertical taps [`vertical`] takes (more are left to the portable pass).
-    pub(super) const MAX_ROWS: usize = 32;
-
     /// The vertical pass of one output row, 16 columns at a time kept in a register over all
     /// the taps: `out[x] = Σⱼ rows[j][x]·wⱼ` in [`super::dot`]'s order (every column has the
-    /// same taps). `rows` has one row per weight, each at least `out.len()` long; at most
-    /// [`MAX_ROWS`].
+    /// same taps), row `j` being `ring[starts[j] ..][.. out.len()]`.
     ///
     /// # Safety
     /// The CPU must support AVX-512F ([`available`]).
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn vertical(weights: &[f32], rows: &[&[f32]], out: &mut [f32]) {
+    pub(super) unsafe fn vertical(
+        weights: &[f32],
+        ring: &[f32],
+        starts: &[usize],
+        out: &mut [f32],
+    ) {
         let n = out.len();
         assert!(
-            !weights.is_empty() && weights.len() == rows.len() && rows.iter().all(|r| r.len() >= n)
+            !weights.is_empty()
+                && weights.len() == starts.len()
+                && starts.iter().all(|&s| s + n <= ring.len())
         );
+        let rows: &[usize] = starts;
         let plain = rounded_taps(weights.len() - 1);
         let mut x = 0;
         while x < n {
@@ -463,9 +467,9 @@ mod wide {
                 (1u16 << left) - 1
             };
             // SAFETY: the masked loads and the store touch columns `x .. x + min(16, left)`
-            // only, within every row (each at least `n` long) and within `out`.
+            // only, within every row (each ends within `ring`, checked above) and within `out`.
             unsafe {
-                let load = |j: usize| _mm512_maskz_loadu_ps(mask, rows[j].as_ptr().add(x));
+                let load = |j: usize| _mm512_maskz_loadu_ps(mask, ring.as_ptr().add(rows[j] + x));
                 let mut acc = _mm512_mul_ps(load(0), _mm512_set1_ps(weights[0]));
                 for (j, &w) in weights.iter().enumerate().skip(1) {
                     let w = _mm512_set1_ps(w);
@@ -629,6 +633,9 @@ pub fn resize_planes(
     let at = |r: usize, c: usize| ((r % cap) * planes + c) * out_w;
     #[cfg(target_arch = "x86_64")]
     let wide_vertical = wide::available();
+    // Where each vertical tap's row starts in the ring.
+    #[cfg(target_arch = "x86_64")]
+    let mut slots: Vec<usize> = Vec::with_capacity(rows.ksize);
     let mut next = 0usize;
     for y in 0..out_h {
         let (start, weights) = rows.row(y);
@@ -658,13 +665,11 @@ pub fn resize_planes(
         for c in 0..planes {
             let row = |j: usize| &ring[at(start + j, c)..at(start + j, c) + out_w];
             #[cfg(target_arch = "x86_64")]
-            if wide_vertical && !weights.is_empty() && weights.len() <= wide::MAX_ROWS {
-                let mut taps: [&[f32]; wide::MAX_ROWS] = [&[]; wide::MAX_ROWS];
-                for (j, t) in taps.iter_mut().enumerate().take(weights.len()) {
-                    *t = row(j);
-                }
+            if wide_vertical && !weights.is_empty() {
+                slots.clear();
+                slots.extend((0..weights.len()).map(|j| at(start + j, c)));
                 // SAFETY: `wide_vertical` only when `wide::available()` found AVX-512F.
-                unsafe { wide::vertical(weights, &taps[..weights.len()], &mut vout) };
+                unsafe { wide::vertical(weights, ring, &slots, &mut vout) };
                 emit(y, c, &vout);
                 continue;
             }
