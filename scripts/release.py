@@ -15,10 +15,18 @@ Steps (all of them run in a dry run too, on a temporary copy of the repository):
 3. move the changelog's Unreleased notes under ``## [X.Y.Z] - YYYY-MM-DD`` (an empty Unreleased
    section is refused);
 4. write the snapshot ``protos/releases/X.Y.Z.binpb`` (a copy of the generated descriptors.binpb);
-5. build the sdist with maturin, then the abi3 wheel from the unpacked sdist;
-6. check the wheel's contents and run ``twine check --strict`` on both artifacts;
-7. check that the wheel's protobuf floor is not below any gencode stamp of its ``_pb2.py``;
-8. upload both with twine (``--execute`` only). Only after a successful upload are the edits of
+5. build the sdist with maturin, then from the unpacked sdist the native abi3 wheel (maturin)
+   and the pure-Python wheel (``py3-none-any``, scripts/build_pure_wheel.py: the same files but
+   the extension, the same METADATA);
+6. check both wheels' contents (the pure one: the native one's files but the extension, its
+   METADATA and entry points, tag and RECORD; the native one's platform tags are those the
+   "native core unavailable" message names) and run ``twine check --strict`` on all three;
+7. check that the wheels' protobuf floor is not below any gencode stamp of their ``_pb2.py``;
+8. prove which wheel pip picks where, with ``pip download --platform ... --only-binary=:all:``
+   from the three artifacts: the native wheel on its own platform tags, the pure wheel on
+   Linux x86_64 below them, Linux aarch64, macOS and Windows;
+9. upload the three with twine (``--execute`` only), and with ``--index-url`` (the index's
+   simple API) repeat step 8 against the index. Only after a successful upload are the edits of
    steps 2-4 written to the repository and the artifacts copied to ``dist/``.
 
 A dry run writes nothing in the repository except its build cache: the cargo target directory
@@ -31,9 +39,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
 import datetime as dt
 import difflib
 import email
+import hashlib
 import importlib
 import json
 import os
@@ -53,6 +63,7 @@ from typing import NamedTuple, Protocol
 
 from google.protobuf import descriptor_pb2
 from packaging.requirements import Requirement
+from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 if __name__ == "__main__":
@@ -422,8 +433,16 @@ def _touch_all(root: Path) -> None:
             os.utime(path)
 
 
-def build(staging: Path, dist: Path, target_dir: Path) -> tuple[Path, Path]:
-    """The sdist of ``staging``, then the wheel built from that sdist (proving it complete)."""
+class Artifacts(NamedTuple):
+    sdist: Path
+    wheel: Path
+    """The native (abi3) wheel."""
+    pure: Path
+    """The pure-Python (``py3-none-any``) wheel."""
+
+
+def build(staging: Path, dist: Path, target_dir: Path) -> Artifacts:
+    """The sdist of ``staging``, then both wheels built from that sdist (proving it complete)."""
     env = dict(os.environ, CARGO_TARGET_DIR=str(target_dir))
     maturin = [sys.executable, "-m", "maturin"]
     run([*maturin, "sdist", "--out", str(dist)], cwd=staging, env=env, what="maturin sdist")
@@ -439,7 +458,14 @@ def build(staging: Path, dist: Path, target_dir: Path) -> tuple[Path, Path]:
         env=env,
         what="maturin build (wheel from the sdist)",
     )
-    return sdist, _single(dist, "*.whl")
+    wheel = _single(dist, "*.whl")
+    pure_builder = source / "scripts" / "build_pure_wheel.py"
+    run(
+        [sys.executable, str(pure_builder), "--source", str(source), "--out", str(dist)],
+        cwd=source,
+        what="build_pure_wheel.py (pure wheel from the sdist)",
+    )
+    return Artifacts(sdist, wheel, _single(dist, f"*-{PURE_TAG}.whl"))
 
 
 # --- checks on the artifacts ---------------------------------------------------------------------
@@ -490,6 +516,108 @@ def check_wheel_contents(wheel: Path, stems: Sequence[str], version: SemVer) -> 
     return problems
 
 
+PURE_TAG = "py3-none-any"
+
+
+def _zip_files(wheel: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(wheel) as zf:
+        return {name: zf.read(name) for name in zf.namelist() if not name.endswith("/")}
+
+
+def _dist_info(files: dict[str, bytes], name: str) -> bytes | None:
+    found = [data for path, data in files.items() if path.endswith(f".dist-info/{name}")]
+    return found[0] if len(found) == 1 else None
+
+
+def _package_files(files: dict[str, bytes]) -> dict[str, bytes]:
+    return {path: data for path, data in files.items() if ".dist-info/" not in path}
+
+
+def _record_problems(files: dict[str, bytes]) -> list[str]:
+    """RECORD must list every file of the wheel once, with its sha256 and size."""
+    record = _dist_info(files, "RECORD")
+    if record is None:
+        return ["no .dist-info/RECORD"]
+    rows = {}
+    for line in record.decode().splitlines():
+        path, digest, size = line.rsplit(",", 2)
+        rows[path] = (digest, size)
+    problems = [f"RECORD does not list {n}" for n in sorted(files.keys() - rows.keys())]
+    problems += [
+        f"RECORD lists {n}, which is not in the wheel" for n in sorted(rows - files.keys())
+    ]
+    for path, (digest, size) in sorted(rows.items()):
+        if path.endswith(".dist-info/RECORD") or path not in files:
+            continue
+        data = files[path]
+        want = hashlib.sha256(data).digest()
+        if digest != "sha256=" + base64.urlsafe_b64encode(want).rstrip(b"=").decode():
+            problems.append(f"RECORD: wrong hash for {path}")
+        if size != str(len(data)):
+            problems.append(f"RECORD: wrong size for {path}")
+    return problems
+
+
+def check_pure_wheel(pure: Path, native: Path) -> list[str]:
+    """The pure wheel is the native one without the extension: same package files (byte for
+    byte), METADATA and entry points; tagged ``py3-none-any``; a complete RECORD."""
+    problems = []
+    if not pure.name.endswith(f"-{PURE_TAG}.whl"):
+        problems.append(f"{pure.name} is not tagged {PURE_TAG}")
+    files, native_files = _zip_files(pure), _zip_files(native)
+    wheel_file = (_dist_info(files, "WHEEL") or b"").decode()
+    for line in ("Root-Is-Purelib: true", f"Tag: {PURE_TAG}"):
+        if line not in wheel_file.splitlines():
+            problems.append(f"its WHEEL file does not say {line!r}")
+    ours, theirs = _package_files(files), _package_files(native_files)
+    extension = {n for n in theirs if _NATIVE.fullmatch(n)}
+    problems += [f"holds the extension {n}" for n in sorted(ours) if _NATIVE.fullmatch(n)]
+    problems += [f"missing {n}" for n in sorted(theirs.keys() - ours.keys() - extension)]
+    problems += [
+        f"{n} is not in the native wheel"
+        for n in sorted(ours.keys() - theirs.keys())
+        if not _NATIVE.fullmatch(n)
+    ]
+    problems += [
+        f"{n} differs from the native wheel's"
+        for n in sorted(ours.keys() & theirs.keys())
+        if ours[n] != theirs[n] and not _NATIVE.fullmatch(n)
+    ]
+    for name in ("METADATA", "entry_points.txt"):
+        if _dist_info(files, name) != _dist_info(native_files, name):
+            problems.append(f".dist-info/{name} differs from the native wheel's")
+    problems += _record_problems(files)
+    return [f"pure wheel: {problem}" for problem in problems]
+
+
+def native_core_tags(staging: Path) -> tuple[str, ...]:
+    """``NATIVE_WHEEL_TAGS`` of the staged ``_core.py``: the platforms the error message of a pure
+    installation names."""
+    path = staging / "src" / PACKAGE / "_core.py"
+    for node in ast.parse(path.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == "NATIVE_WHEEL_TAGS":
+            assert node.value is not None  # type: ignore[union-attr]
+            return tuple(ast.literal_eval(node.value))  # type: ignore[union-attr]
+    raise ReleaseError(f"{path} defines no NATIVE_WHEEL_TAGS")
+
+
+def wheel_platforms(wheel: Path) -> set[str]:
+    _, _, _, tags = parse_wheel_filename(wheel.name)
+    return {tag.platform for tag in tags}
+
+
+def check_native_platforms(wheel: Path, named: Sequence[str]) -> list[str]:
+    """The native wheel's platform tags are all named by NATIVE_WHEEL_TAGS."""
+    return [
+        f"{wheel.name} is tagged {platform}, which NATIVE_WHEEL_TAGS in src/{PACKAGE}/_core.py "
+        f"({', '.join(named)}) does not name: update it (and its message) for this release"
+        for platform in sorted(wheel_platforms(wheel) - set(named))
+    ]
+
+
 # Loads the extension by path, in an isolated interpreter: nothing else of any installed copy.
 _PROBE = """
 import importlib.util, json, sys
@@ -526,6 +654,82 @@ def check_native(wheel: Path, version: SemVer) -> list[str]:
     if info.get("profile") != "release":
         problems.append(f"_native was built with profile {info.get('profile')}, not release")
     return problems
+
+
+# --- which wheel pip picks where ----------------------------------------------------------------
+
+# Systems no native wheel is built for (Linux x86_64 with an older glibc than the native wheel's
+# tag needs, when it does); each must get the pure wheel.
+FOREIGN_PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux2014_aarch64",
+    "macosx_14_0_arm64",
+    "macosx_13_0_x86_64",
+    "win_amd64",
+)
+RESOLUTION_PYTHONS = ("3.10", "3.13")  # the floor, and the newest the classifiers name
+_LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def _manylinux(platform: str) -> tuple[int, int, str] | None:
+    """(glibc major, minor, arch) of a manylinux platform tag, else None."""
+    match = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", platform)
+    if match:
+        return int(match.group(1)), int(match.group(2)), match.group(3)
+    match = re.fullmatch(r"(manylinux1|manylinux2010|manylinux2014)_(\w+)", platform)
+    if match:
+        return (*_LEGACY_MANYLINUX[match.group(1)], match.group(2))
+    return None
+
+
+def accepts(system: str, wheel_platform: str) -> bool:
+    """Whether a system of platform tag ``system`` installs a wheel tagged ``wheel_platform``
+    (manylinux: same architecture, the wheel's glibc no newer than the system's)."""
+    if system == wheel_platform:
+        return True
+    ours, theirs = _manylinux(system), _manylinux(wheel_platform)
+    return ours is not None and theirs is not None and ours[2] == theirs[2] and theirs <= ours
+
+
+def resolution_plan(native_platforms: set[str]) -> list[tuple[str, str]]:
+    """(target platform, ``"native"`` or ``"pure"``): the wheel each target must get."""
+    targets = sorted(native_platforms) + [p for p in FOREIGN_PLATFORMS if p not in native_platforms]
+    return [
+        (target, "native" if any(accepts(target, n) for n in native_platforms) else "pure")
+        for target in targets
+    ]
+
+
+def pip_download(source: Sequence[str], platform: str, python: str, version: str) -> str:
+    """The file name of the wheel ``pip download`` picks for that platform and Python."""
+    with tempfile.TemporaryDirectory(prefix="smg-resolve-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "--isolated", "download", "--quiet", "--no-deps"]
+        cmd += ["--only-binary=:all:", "--platform", platform, "--python-version", python]
+        cmd += ["--implementation", "cp", "--dest", tmp, *source, f"smg-grpc-proto=={version}"]
+        run(cmd, cwd=Path(tmp), what=f"pip download --platform {platform}")
+        return _single(Path(tmp), "*.whl").name
+
+
+def check_resolution(source: Sequence[str], version: SemVer, artifacts: Artifacts) -> list[str]:
+    """Which wheel pip picks on each platform of the plan, from ``source`` (pip's arguments
+    naming the index or folder); the lines to show. Raises ReleaseError on a wrong pick."""
+    wanted = {"native": artifacts.wheel.name, "pure": artifacts.pure.name}
+    lines, problems = [], []
+    for platform, kind in resolution_plan(wheel_platforms(artifacts.wheel)):
+        for python in RESOLUTION_PYTHONS:
+            try:
+                got = pip_download(source, platform, python, str(version))
+            except ReleaseError as error:
+                problems.append(f"{platform}, CPython {python}: {error}")
+                continue
+            if got != wanted[kind]:
+                problems.append(
+                    f"{platform}, CPython {python}: pip picked {got}, not the {kind} wheel"
+                )
+        lines.append(f"{platform} (CPython {', '.join(RESOLUTION_PYTHONS)}): the {kind} wheel")
+    if problems:
+        raise ReleaseError("wheel resolution check failed:\n" + "\n".join(_listing(problems)))
+    return lines
 
 
 def protobuf_floor(metadata: Message) -> Version | None:
@@ -612,8 +816,11 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
+STEPS = 9
+
+
 def step(number: int, text: str) -> None:
-    say(f"[{number}/8] {text}")
+    say(f"[{number}/{STEPS}] {text}")
 
 
 def step_compat(repo: Path, bump: str | None, version: str | None) -> SemVer:
@@ -655,26 +862,46 @@ def step_edits(repo: Path, version: SemVer, date: dt.date, execute: bool) -> dic
     return edits
 
 
-def step_build(staging: Path, dist: Path, target_dir: Path) -> tuple[Path, Path]:
-    step(5, f"build: sdist, then the abi3 wheel from it (maturin; CARGO_TARGET_DIR={target_dir})")
-    sdist, wheel = build(staging, dist, target_dir)
-    say(f"      {sdist.name}\n      {wheel.name}")
-    return sdist, wheel
+def step_build(staging: Path, dist: Path, target_dir: Path) -> Artifacts:
+    step(
+        5,
+        "build: sdist, then from it the abi3 wheel (maturin; "
+        f"CARGO_TARGET_DIR={target_dir}) and the {PURE_TAG} wheel (build_pure_wheel.py)",
+    )
+    artifacts = build(staging, dist, target_dir)
+    for path in artifacts:
+        say(f"      {path.name}")
+    return artifacts
 
 
-def step_checks(staging: Path, sdist: Path, wheel: Path, version: SemVer) -> None:
+def step_checks(staging: Path, artifacts: Artifacts, version: SemVer) -> None:
+    _, wheel, pure = artifacts
     stems = sorted(p.stem for p in (staging / "protos").glob("*.proto"))
     problems = check_wheel_contents(wheel, stems, version) + check_native(wheel, version)
+    problems += check_native_platforms(wheel, native_core_tags(staging))
+    problems += check_pure_wheel(pure, wheel)
     if problems:
-        raise ReleaseError("the wheel is incomplete:\n" + "\n".join(_listing(problems)))
+        raise ReleaseError("the wheels are incomplete:\n" + "\n".join(_listing(problems)))
     step(6, f"wheel contents: {len(stems)} schemas, stubs, .pyi, py.typed; _native loads: ok")
-    twine(["check", "--strict", str(sdist), str(wheel)], what="twine check --strict")
-    say("      twine check --strict: ok (sdist and wheel)")
-    floor, stamps, problems = check_protobuf_floor(wheel)
-    if problems:
-        raise ReleaseError("protobuf floor check failed:\n" + "\n".join(_listing(problems)))
+    say(f"      {pure.name}: the same files but the extension, the same METADATA: ok")
+    twine(["check", "--strict", *map(str, artifacts)], what="twine check --strict")
+    say("      twine check --strict: ok (sdist and both wheels)")
+    for built in (wheel, pure):
+        floor, stamps, problems = check_protobuf_floor(built)
+        if problems:
+            raise ReleaseError(
+                f"protobuf floor check failed ({built.name}):\n" + "\n".join(_listing(problems))
+            )
     shown = ", ".join(sorted(str(s) for s in stamps))
     step(7, f"protobuf floor: protobuf>={floor} covers the gencode stamps ({shown}): ok")
+
+
+def step_resolution(
+    number: int, source: Sequence[str], where: str, version: SemVer, artifacts: Artifacts
+) -> None:
+    step(number, f"resolution: pip download --platform ... --only-binary=:all: from {where}")
+    for line in check_resolution(source, version, artifacts):
+        say(f"      {line}: ok")
 
 
 @dataclass
@@ -684,6 +911,7 @@ class Options:
     version: str | None
     execute: bool
     repository_url: str | None
+    index_url: str | None
     username: str | None
     password: str | None
     date: dt.date
@@ -700,18 +928,23 @@ def release(opts: Options) -> None:
         staging, dist = Path(tmp) / "repo", Path(tmp) / "dist"
         stage(repo, staging)
         write_edits(staging, edits)
-        sdist, wheel = step_build(staging, dist, opts.target_dir)
-        step_checks(staging, sdist, wheel, version)
+        artifacts = step_build(staging, dist, opts.target_dir)
+        step_checks(staging, artifacts, version)
+        local = ["--no-index", "--find-links", str(dist)]
+        step_resolution(8, local, "the built artifacts", version, artifacts)
+        names = ", ".join(path.name for path in artifacts)
         if not opts.execute:
             target = opts.repository_url or "the index given by --repository-url"
-            step(8, f"upload: would upload {sdist.name} and {wheel.name} to {target}")
+            step(9, f"upload: would upload {names} to {target}")
             say("release: dry run complete; nothing was changed")
             return
         assert opts.repository_url is not None
-        step(8, f"upload: {sdist.name} and {wheel.name} to {opts.repository_url}")
-        upload([sdist, wheel], opts.repository_url, opts.username, opts.password)
+        step(9, f"upload: {names} to {opts.repository_url}")
+        upload(list(artifacts), opts.repository_url, opts.username, opts.password)
+        if opts.index_url:
+            step_resolution(9, ["--index-url", opts.index_url], opts.index_url, version, artifacts)
         write_edits(repo, edits)
-        published = publish_dist(repo, [sdist, wheel])
+        published = publish_dist(repo, list(artifacts))
     say(f"release: {version} uploaded; edits written, artifacts in {published}")
     say(f"release: next, commit and tag: git commit -am 'Release {version}' && git tag v{version}")
 
@@ -729,6 +962,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     which.add_argument("--version", help="exact version X.Y.Z (must be a large enough bump)")
     parser.add_argument("--execute", action="store_true", help="really release (default: dry run)")
     parser.add_argument("--repository-url", help="package index upload URL (twine)")
+    parser.add_argument(
+        "--index-url",
+        help="the index's simple API (e.g. URL/simple/): after the upload, check there which "
+        "wheel pip picks on each platform",
+    )
     parser.add_argument("--username", help="index user name (default: $TWINE_USERNAME)")
     parser.add_argument("--password", help="index password or token (default: $TWINE_PASSWORD)")
     parser.add_argument(
@@ -750,6 +988,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         version=args.version,
         execute=args.execute,
         repository_url=args.repository_url,
+        index_url=args.index_url,
         username=args.username,
         password=args.password,
         date=args.date,

@@ -39,6 +39,19 @@ def test_demo_passes_every_check() -> None:
     # the anchor sits at index 4 of the prompt; 512 x 600 -> a 36 x 42 patch grid -> 378 tokens
     assert "placeholders (offset, length) [(4, 378)] of token 151655" in out
     assert "image bytes -> engine tensors" in out
+    # like with like: both paths do all their work per call and get the same engine answer
+    assert "plain request over the same gRPC: engine answered the same tokens as ours" in out
+    table = out.split("stage (one thread")[1].split("  + ours")[0].splitlines()[1:]
+    speedups = {line[:47].strip(): float(line.split()[-1].rstrip("x")) for line in table}
+    # the inline round trip of the 7 MiB Qwen2-VL request beats the plain path doing the same work
+    assert speedups["image bytes -> engine answer, gRPC inline *"] > 1.0, out
+    assert "image bytes -> engine answer, gRPC shm *~" in speedups
+    # a row where we are slower must carry a footnote mark (+ * ~) whose reason is printed;
+    # the unmarked rows (engine decode, the whole path) are many times faster than plain
+    slower = [label for label, ratio in speedups.items() if ratio <= 1.0]
+    assert all(label[-1] in "+*~" for label in slower), out
+    assert "loopback transport of the 6.78 MiB request" in out
+    assert "raw TCP socket" in out
 
 
 @pytest.mark.slow

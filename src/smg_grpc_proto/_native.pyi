@@ -22,7 +22,7 @@ from typing import Any, TypeAlias, TypedDict, final, type_check_only
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto.build import BuildInfo
+from smg_grpc_proto.build import NativeBuildInfo
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -62,7 +62,7 @@ __version__: str
 # fields are messages with key = 1 and value = 2. Nested at most 100 levels deep.
 _Plan: TypeAlias = int | tuple[tuple[int, "_Plan"], ...]
 
-def build_info() -> BuildInfo: ...
+def build_info() -> NativeBuildInfo: ...
 def dtype_itemsize(name: str) -> int:
     """Bytes per element of a wire dtype (``float32`` 4, ``bfloat16`` 2, ``float16`` 2,
     ``int64`` 8, ``uint32`` 4, ``uint8`` 1).

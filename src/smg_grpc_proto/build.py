@@ -1,11 +1,14 @@
-"""What the native core was built with: attach ``build_info()`` to bug reports."""
+"""Which flavour is installed and what its native core was built with: attach ``build_info()``
+to bug reports."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Literal, TypedDict
+
+from smg_grpc_proto._version import __version__
 
 
-class BuildInfo(TypedDict):
+class NativeBuildInfo(TypedDict):
     """Facts about the compiled ``smg_grpc_proto._native`` extension."""
 
     version: str
@@ -20,8 +23,34 @@ class BuildInfo(TypedDict):
     """SIMD features of the running CPU (detected at call time), e.g. ``["sse4.1", "avx2"]``."""
 
 
-def build_info() -> BuildInfo:
-    """Return the native module's build facts (imports the extension on first call)."""
-    from smg_grpc_proto import _native
+class BuildInfo(NativeBuildInfo):
+    """The installed flavour, and its native core's build facts."""
 
-    return _native.build_info()
+    flavour: Literal["native", "pure"]
+    """``"native"``: the wheel with the compiled core (vision, image decoding, Rust tensor
+    kernels). ``"pure"``: the pure-Python wheel (``py3-none-any``), with no native core: the
+    other fields are then ``version`` and empty values, the tensors use the numpy kernels and
+    vision calls raise :class:`~smg_grpc_proto.errors.NativeCoreUnavailableError`."""
+
+
+def build_info() -> BuildInfo:
+    """Return the installed flavour and the native module's build facts (imports the extension
+    on first call). Raises :class:`~smg_grpc_proto.errors.NativeCoreUnavailableError` when the
+    extension is installed but fails to load (the message says why)."""
+    from smg_grpc_proto import _core
+
+    if _core.AVAILABLE:
+        info = _core.native.build_info()
+        return BuildInfo(
+            flavour="native",
+            version=info["version"],
+            profile=info["profile"],
+            target=info["target"],
+            rustc=info["rustc"],
+            cpu_features=info["cpu_features"],
+        )
+    if _core.LOAD_ERROR is not None:
+        raise _core.unavailable("smg_grpc_proto.build_info", _core.LOAD_ERROR)
+    return BuildInfo(
+        flavour="pure", version=__version__, profile="", target="", rustc="", cpu_features=[]
+    )

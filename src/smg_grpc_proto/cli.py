@@ -150,6 +150,7 @@ def add_preprocess_parser(commands: argparse._SubParsersAction[argparse.Argument
 
 
 def run_preprocess(args: argparse.Namespace) -> int:
+    from smg_grpc_proto.errors import NativeCoreUnavailableError
     from smg_grpc_proto.vision import _cli
 
     try:
@@ -163,7 +164,7 @@ def run_preprocess(args: argparse.Namespace) -> int:
             threads=args.threads,
             progress=args.progress,
         )
-    except _cli.PreprocessError as exc:
+    except (_cli.PreprocessError, NativeCoreUnavailableError) as exc:
         print(f"smg-proto preprocess: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK

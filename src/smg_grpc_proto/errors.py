@@ -28,6 +28,7 @@ __all__ = [
     "MultimodalError",
     "MultimodalLayoutError",
     "MultimodalNotSupportedError",
+    "NativeCoreUnavailableError",
     "PlaceholderError",
     "ProcessingLimitError",
     "ProcessingMemoryError",
@@ -107,6 +108,14 @@ class ShmError(TensorError):
 class InputFileError(SmgProtoError, OSError):
     """A path given as an input is not a regular file (a FIFO, device, directory…) or holds more
     bytes than may be read (``actual`` / ``expected``); refused before any wait or large read."""
+
+
+class NativeCoreUnavailableError(SmgProtoError, ImportError):
+    """A function that needs the native core (``smg_grpc_proto._native``: vision preprocessing,
+    image decoding, media hashing) was called where it is absent, in the pure-Python wheel
+    (``py3-none-any``), or failed to load. Raised on use, never at import; the message names
+    what was called, the platforms the native wheel is published for and how to get it
+    elsewhere. ``field`` is the native function that was needed. Also an ``ImportError``."""
 
 
 class TransportNotImplementedError(SmgProtoError, NotImplementedError):

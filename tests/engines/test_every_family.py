@@ -36,7 +36,7 @@ FAMILIES = [f for f in ALL_FAMILIES if f not in CROSS_ATTENTION]
 
 def _reads(engine: str, family: str) -> bool:
     """Whether ``engine``'s models read ``family``'s layout (ENGINE_LAYOUTS: Nemotron-H-Omni's
-    packed patches only TokenSpeed)."""
+    packed patches only TokenSpeed; TensorRT-LLM takes its files)."""
     engines, _ = ENGINE_LAYOUTS.get(family, (None, ""))
     return engines is None or engine in engines
 
@@ -138,12 +138,33 @@ def _assert_refused(engine: str, build: Any) -> None:
 
 
 @pytest.mark.parametrize("family", sorted(ENGINE_LAYOUTS))
-def test_trtllm_refuses_a_layout_it_does_not_read(family: str) -> None:
+def test_trtllm_follows_engine_layouts(family: str) -> None:
+    """TensorRT-LLM's builder refuses a family its input processors do not serve, and sends the
+    files (prompt unexpanded) of one they do (Nemotron-H-Omni: its own processor)."""
     media = _media(family, 3)
-    _assert_refused(
-        "TensorRT-LLM",
-        lambda: trtllm_adapter.generate_request("r", _prompt(media), media, max_tokens=4),
+    if not _reads("TensorRT-LLM", family):
+        _assert_refused(
+            "TensorRT-LLM",
+            lambda: trtllm_adapter.generate_request("r", _prompt(media), media, max_tokens=4),
+        )
+        return
+    files = [_png(a) for a in _images(3, SHAPES)]
+    encoded = VisionModel.for_family(family).prepare(files)  # type: ignore[arg-type]
+    request = trtllm_adapter.generate_request("r", _prompt(encoded), encoded, max_tokens=4)
+    assert list(request.message.tokenized.input_token_ids) == _prompt(encoded)
+    assert trtllm_adapter.decode_mm_inputs(_wire(request), image_token_id=encoded.anchor) == tuple(
+        files
     )
+
+
+def _png(array: np.ndarray[Any, Any]) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 @pytest.fixture(params=FAMILIES)

@@ -5,8 +5,10 @@ directory (support/model_dirs.py). Our decoder must read the gateway's tensors, 
 completion the HTTP client gets must be exactly the toy engine's answer to what the gateway sent.
 
 ``TestAgreement`` then holds the gateway's request against our builder's for every vision
-family both serve (one gateway launch per family), and our ``input_ids`` against transformers'
-processor; where the gateway differs, the difference is asserted and explained.
+family both serve (one gateway launch per family; Nemotron-H-Omni, which smg sends to TokenSpeed
+workers only, through the TokenSpeed reference servicer and our TokenSpeed builder), and our
+``input_ids`` against transformers' processor; where the gateway differs, the difference is
+asserted and explained.
 
 ``HF_ENDPOINT`` points at a loopback port that is bound but never listens, so nothing can leave
 the machine. The gateway's pixel values are compared with ours (bit-exact with transformers);
@@ -38,6 +40,7 @@ from support.model_dirs import FAMILIES, TOKEN_HIGH, TOKEN_LOW, Family, qwen2_vl
 from smg_grpc_proto.engines import VisionModel
 from smg_grpc_proto.tensors import TensorMessage
 from smg_grpc_proto.testing import ReferenceServer, ToyModel, mm_digest
+from smg_grpc_proto.testing.tokenspeed import TokenSpeedToyServicer
 from smg_grpc_proto.testing.vllm import VllmToyServicer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -107,6 +110,28 @@ class RecordingServicer(VllmToyServicer):
                 if message.HasField("mm_inputs")
                 else None,
             }
+        async for response in super().Generate(request, context):
+            yield response
+
+
+class RecordingTokenSpeedServicer(TokenSpeedToyServicer):
+    """The TokenSpeed reference servicer, also keeping each request as received and as our
+    decoder read it."""
+
+    def __init__(self, model: ToyModel) -> None:
+        self.decoded: dict[str, Any] = {}
+        super().__init__(model, on_decoded=self._on_decoded)
+        self.requests: dict[str, dict[str, Any]] = {}
+        self.raw: dict[str, Any] = {}
+
+    def _on_decoded(self, request_id: str, decoded: Any, seconds: float) -> None:
+        self.decoded[request_id] = decoded
+
+    async def Generate(self, request: Any, context: Any) -> Any:  # type: ignore[override]
+        message = request.message if isinstance(request, TensorMessage) else request
+        if hasattr(message, "request_id"):
+            self.raw[message.request_id] = request
+            self.requests[message.request_id] = {"ids": list(message.tokenized.input_ids)}
         async for response in super().Generate(request, context):
             yield response
 
@@ -251,7 +276,7 @@ def _expected_text(
     return tokenizer.decode(list(output.token_ids), skip_special_tokens=True), len(output.token_ids)
 
 
-def _only_new(servicer: RecordingServicer, before: set[str]) -> str:
+def _only_new(servicer: RecordingServicer | RecordingTokenSpeedServicer, before: set[str]) -> str:
     (request_id,) = set(servicer.requests) - before
     return request_id
 
@@ -417,15 +442,15 @@ AGREE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next",
 AGREE += ["phi3_v", "gemma4", "glm5_next", "qwen3_omni_moe", "gemma4_unified", "minimax_m3_vl"]
 AGREE += ["inkling"]
 AGREE += ["kimi_k25"]
+AGREE += ["nemotron_h_omni"]
 #: Families smg 1.13.0 serves where this vLLM-servicer agreement cannot compare: skipped with
 #: the reason given here.
-PENDING: dict[str, str] = {
-    "nemotron_h_omni": (
-        "smg 1.13.0 sends Nemotron-Omni's packed layout to TokenSpeed workers only "
-        "(capability.rs: EncoderInputFormat::Packed) and leaves a vLLM worker to process the media "
-        "itself; this agreement drives a vLLM servicer, and our vLLM builder refuses the family"
-    ),
-}
+PENDING: dict[str, str] = {}
+#: Families whose requests smg 1.13.0 builds for TokenSpeed workers only: agreed against our
+#: TokenSpeed builder through the TokenSpeed reference servicer (``--backend tokenspeed``).
+#: Nemotron-H-Omni: its spec (registry/nemotron_omni.rs) declares EncoderInputFormat::Packed,
+#: which capability.rs lets only TokenSpeed read (a vLLM worker gets the raw media instead).
+TOKENSPEED_AGREE = {"nemotron_h_omni"}
 # smg 1.13.0's GLM spec (glm53_flash.rs) matches model_type glm53_flash or glm5_next only, not
 # glm4v / glm46v / glm4v_moe (GLM-4.1V, 4.5V, 4.6V): those have nothing to agree with.
 # smg 1.13.0 has no spec for Gemma 3, InternVL, Idefics3, SmolVLM, Pixtral or Phi-4-multimodal
@@ -446,6 +471,7 @@ TRANSFORMERS_PROCESSOR = {
     "qwen3_omni_moe": ("qwen3_omni_moe", "Qwen3OmniMoeProcessor"),
     "minimax_m3_vl": ("minimax_m3_vl", "MiniMaxM3VLProcessor"),
     "kimi_k25": ("kimi_k25", "Kimi_K25Processor"),
+    "nemotron_h_omni": ("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3Processor"),
 }
 
 # -- where smg 1.13.0 and we differ, and who matches transformers (asserted below) ------------
@@ -507,13 +533,30 @@ PIXEL_BOUND = {"llava": 3.0, "llava_next": 4.0, "phi3_v": 0.2}
 #: covers the run InklingProcessor writes in place of <|unused_200054|>. The tokens and the
 #: embedded positions are the same.
 STRUCTURAL_PREFIX = {"inkling": 1}
+#: smg's Nemotron-Omni spec (registry/nemotron_omni.rs, with_feature_span(1, count)) places
+#: each image's range over its <image> run only; ours covers the whole replacement NemotronH_
+#: Omni_Reasoning_V3Processor writes (<img>, the run, </img>) with the run embedded (the
+#: placeholder_token_id mask). The tokens, the embedded positions and the side tensors are the
+#: same; so are the items' modality and placeholder_token_id (18).
+FEATURE_SPAN_ONLY = {"nemotron_h_omni": (1, 1)}
+#: Nemotron-H-Omni's pixels to TokenSpeed, both in bfloat16 (the TokenSpeed default): smg
+#: normalises x / 255 - mean, then / std (vision/processors/nemotron_omni.rs), where
+#: transformers (and we) compute the fused (x - 255 mean) / (255 std) in float32; the float32
+#: values then differ in their last bits, which survives bfloat16 rounding in a few values:
+#: 75 of 933 888 for the 512 x 600 photo, 117 of 844 800 for the 700 x 300 image, at most
+#: 2^-7 apart (one bfloat16 step in [1, 2)).
+TOKENSPEED_PIXELS = {"nemotron_h_omni": (2.0**-7, 2e-4)}
 
 
 class Agreement:
     """One family's gateway, engine and model directory."""
 
     def __init__(
-        self, family: Family, model_dir: Path, servicer: RecordingServicer, gateway: Gateway
+        self,
+        family: Family,
+        model_dir: Path,
+        servicer: RecordingServicer | RecordingTokenSpeedServicer,
+        gateway: Gateway,
     ) -> None:
         self.family = family
         self.model_dir = model_dir
@@ -540,10 +583,12 @@ def agreement(
     toy = ToyModel.from_dir(
         model_dir, token_low=TOKEN_LOW, token_high=TOKEN_HIGH, supports_vision=True
     )
-    servicer = RecordingServicer(toy)
+    tokenspeed = family.family in TOKENSPEED_AGREE
+    servicer = (RecordingTokenSpeedServicer if tokenspeed else RecordingServicer)(toy)
     log = tmp_path_factory.mktemp("smg-logs") / f"{family.name}.log"
-    with ReferenceServer("vllm", servicer) as server:
-        gateway = Gateway(smg_binary, server.target, model_dir, closed_port, log)
+    backend = ("--backend", "tokenspeed") if tokenspeed else ()
+    with ReferenceServer("tokenspeed" if tokenspeed else "vllm", servicer) as server:
+        gateway = Gateway(smg_binary, server.target, model_dir, closed_port, log, *backend)
         try:
             yield Agreement(family, model_dir, servicer, gateway)
         finally:
@@ -592,6 +637,7 @@ def _transformers_ids(
         merge_size = family.preprocessor.get("merge_size", 2)
         image_grid_pinpoints = family.preprocessor.get("image_grid_pinpoints")
         size = family.preprocessor.get("size")
+        downsample_ratio = family.preprocessor.get("downsample_ratio")
 
         def __call__(self, images: Any, **kwargs: Any) -> Any:
             return BatchFeature(outputs)
@@ -609,7 +655,9 @@ def _transformers_ids(
         tokenizer_file=str(model_dir / "tokenizer.json"), **specials
     )
     # MiniMaxM3VLProcessor takes a video processor too (torchvision-only): none for images
-    videos = {"video_processor": None} if family.family == "minimax_m3_vl" else {}
+    videos: dict[str, Any] = {"video_processor": None} if family.family == "minimax_m3_vl" else {}
+    if family.family == "nemotron_h_omni":  # and an audio feature extractor: none for images
+        videos = {"video_processor": None, "feature_extractor": None}
     processor = Processor(
         image_processor=Outputs(),
         tokenizer=tokenizer,
@@ -679,6 +727,10 @@ class TestAgreement:
             before = set(servicer.requests)
             agreement.gateway.chat(messages, max_tokens=4)
             request_id = _only_new(servicer, before)
+        if family.family in TOKENSPEED_AGREE:
+            _agree_tokenspeed(agreement, request_id, messages, images)
+            return
+        assert isinstance(servicer, RecordingServicer)
         theirs_request = servicer.raw[request_id]
         (theirs,) = vllm.decode_mm_inputs(theirs_request)  # inline: decodable again
         (seen,) = servicer.decoded[request_id]  # the engine read it too
@@ -774,3 +826,81 @@ class TestAgreement:
             f"exactly equal {float(np.mean(gap == 0)):.1%}"
         )
         assert float(gap.max()) < PIXEL_BOUND.get(family.family, 0.1)
+
+
+def _agree_tokenspeed(
+    agreement: Agreement, request_id: str, messages: list[dict[str, Any]], images: list[bytes]
+) -> None:
+    """The gateway's TokenSpeed request against our TokenSpeed builder's: one item per image."""
+    from tokenizers import Tokenizer
+
+    from smg_grpc_proto.engines import tokenspeed
+    from smg_grpc_proto.generated import common_pb2
+
+    family, servicer, n = agreement.family, agreement.servicer, len(images)
+    theirs_request = servicer.raw[request_id]
+    theirs = tokenspeed.decode_mm_inputs(theirs_request)  # inline: decodable again
+    assert [b.items[0].placeholders for b in servicer.decoded[request_id]] == [
+        b.items[0].placeholders for b in theirs
+    ]  # the engine read it too
+
+    text = _render(family, messages)
+    assert text.count(family.gateway_anchor) == n
+    text = text.replace(family.gateway_anchor, family.anchor)
+    tokenizer = Tokenizer.from_file(str(agreement.model_dir / "tokenizer.json"))
+    prompt = tokenizer.encode(text, add_special_tokens=False).ids
+    media = VisionModel.from_pretrained(agreement.model_dir).prepare(images)
+    # to_message: the bytes as they travel (bfloat16 for both, TokenSpeed's default)
+    ours_request = tokenspeed.generate_request("ours", prompt, media).to_message()
+    ours = tokenspeed.decode_mm_inputs(ours_request)
+    their_ids = list(theirs_request.message.tokenized.input_ids)
+    our_ids = list(ours_request.tokenized.input_ids)
+
+    # the prompt: the same ids, and transformers' processor writes them too
+    assert their_ids == our_ids
+    outputs = {k: np.asarray(v) for k, v in media.output.tensors().items()}
+    assert our_ids == _transformers_ids(family, agreement.model_dir, text, images, outputs)
+
+    # the items: one per image, in prompt order, the same modality and placeholder token
+    their_items = theirs_request.message.mm_inputs.items
+    our_items = ours_request.mm_inputs.items
+    assert len(their_items) == len(our_items) == len(theirs) == len(ours) == n
+    for t_item, o_item in zip(their_items, our_items, strict=True):
+        assert t_item.modality == o_item.modality == common_pb2.IMAGE
+        assert t_item.placeholder_token_id == o_item.placeholder_token_id == media.token_id
+        assert len(t_item.content_hash) == len(o_item.content_hash) == 32
+        assert set(t_item.model_specific_tensors) == set(o_item.model_specific_tensors)
+        assert t_item.encoder_input.dtype == o_item.encoder_input.dtype == "bfloat16"
+
+    # the ranges: smg's cover the feature run only, ours the whole replacement
+    before, after = FEATURE_SPAN_ONLY[family.family]
+    embedded: list[int] = []
+    for t, o in zip(theirs, ours, strict=True):
+        assert t.im_token_id == o.im_token_id == media.token_id
+        assert t.items[0].placeholders == tuple(
+            (offset + before, length - before - after) for offset, length in o.items[0].placeholders
+        )
+        assert t.items[0].embed_mask is None  # every position of smg's range is embedded
+        assert _embedded(t) == _embedded(o)
+        embedded += _embedded(o)
+    assert embedded == [i for i, tok in enumerate(our_ids) if tok == media.token_id]
+
+    # the tensors: the same names and shapes; grids and patch counts exactly
+    bound, share = TOKENSPEED_PIXELS[family.family]
+    for i, (t, o) in enumerate(zip(theirs, ours, strict=True)):
+        assert {k: v.shape for k, v in t.tensors.items()} == {
+            k: v.shape for k, v in o.tensors.items()
+        }
+        for name, array in o.tensors.items():
+            if name != "pixel_values":
+                np.testing.assert_array_equal(t.tensors[name], array, err_msg=f"[{i}] {name}")
+        mine = np.asarray(o.tensors["pixel_values"], dtype=np.float32)
+        gap = np.abs(np.asarray(t.tensors["pixel_values"], dtype=np.float32) - mine)
+        differ = float(np.mean(gap != 0))
+        print(
+            f"gateway vs ours [{family.name}, TokenSpeed, image {i + 1} of {n}, "
+            f"{list(mine.shape)}, bfloat16]: {int(np.count_nonzero(gap))} values differ "
+            f"({differ:.4%}), max |diff| {gap.max():.6f}"
+        )
+        assert float(gap.max()) <= bound
+        assert differ <= share

@@ -583,8 +583,11 @@ def test_dry_run_checks_everything_and_changes_nothing(tmp_path):
     before = _tree_digest(repo)
     result = _release(repo, "--bump", "minor")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for n in range(1, 9):
-        assert f"[{n}/8]" in result.stdout, result.stdout
+    for n in range(1, 10):
+        assert f"[{n}/9]" in result.stdout, result.stdout
+    assert "-py3-none-any.whl" in result.stdout
+    assert "manylinux_2_34_x86_64 (CPython 3.10, 3.13): the native wheel: ok" in result.stdout
+    assert "manylinux2014_aarch64 (CPython 3.10, 3.13): the pure wheel: ok" in result.stdout
     assert "would set 0.6.0" in result.stdout
     assert '+version = "0.6.0"' in result.stdout
     assert "would upload" in result.stdout
@@ -667,6 +670,8 @@ def test_full_release_to_a_local_index_installs_and_runs(tmp_path, package_index
         "minor",
         "--repository-url",
         f"{url}/",
+        "--index-url",
+        f"{url}/simple/",
         "--username",
         USER,
         "--password",
@@ -684,6 +689,13 @@ def test_full_release_to_a_local_index_installs_and_runs(tmp_path, package_index
     assert published == sorted(p.name for p in (repo / "dist").iterdir())
     assert any(n.endswith(".tar.gz") for n in published)
     assert any(n.endswith(".whl") and "-abi3-" in n for n in published)
+    assert "smg_grpc_proto-0.6.0-py3-none-any.whl" in published
+    # Step 9 checked, against the index, which wheel pip picks on each platform.
+    resolved = (
+        f"[9/9] resolution: pip download --platform ... --only-binary=:all: from {url}/simple/"
+    )
+    assert resolved in result.stdout
+    assert "macosx_14_0_arm64 (CPython 3.10, 3.13): the pure wheel: ok" in result.stdout
 
     # A fresh venv installs 0.6.0 from the local index (dependencies from PyPI).
     venv = tmp_path / "venv"
@@ -736,7 +748,8 @@ def test_full_release_to_a_local_index_installs_and_runs(tmp_path, package_index
             str(python),
             "-c",
             "import json, smg_grpc_proto as p; "
-            "print(json.dumps([p.__version__, p.build_info()['version'], p.__file__]))",
+            "i = p.build_info(); print(json.dumps([p.__version__, i['version'], i['flavour'],"
+            " p.__file__]))",
         ],
         cwd=tmp_path,
         env=env,
@@ -745,6 +758,55 @@ def test_full_release_to_a_local_index_installs_and_runs(tmp_path, package_index
         timeout=120,
     )
     assert probe.returncode == 0, probe.stderr[-3000:]
-    version, native, location = json.loads(probe.stdout)
-    assert (version, native) == ("0.6.0", "0.6.0")
+    version, native, flavour, location = json.loads(probe.stdout)
+    assert (version, native, flavour) == ("0.6.0", "0.6.0", "native")
     assert str(venv) in location
+
+    # The wheel an aarch64 pip downloads from the index is the pure one; it installs and imports
+    # here too (py3-none-any), says its flavour, and a vision call raises the documented error.
+    downloads = tmp_path / "aarch64"
+    pip = [sys.executable, "-m", "pip", "--isolated", "download", "--quiet", "--no-deps"]
+    pip += ["--only-binary=:all:", "--platform", "manylinux2014_aarch64", "--dest", str(downloads)]
+    pip += ["--index-url", f"{url}/simple/", "smg-grpc-proto==0.6.0"]
+    subprocess.run(pip, check=True, timeout=300)
+    (pure,) = downloads.iterdir()
+    assert pure.name == "smg_grpc_proto-0.6.0-py3-none-any.whl"
+    pure_venv = tmp_path / "pure-venv"
+    subprocess.run(
+        [*uv, "venv", "--quiet", "--python", sys.executable, str(pure_venv)],
+        check=True,
+        timeout=300,
+    )
+    subprocess.run(
+        [
+            *uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(pure_venv / "bin" / "python"),
+            str(pure),
+        ],
+        check=True,
+        timeout=600,
+    )
+    pure_probe = subprocess.run(
+        [
+            str(pure_venv / "bin" / "python"),
+            "-c",
+            "import json, smg_grpc_proto as p\n"
+            "from smg_grpc_proto import errors, vision\n"
+            "try:\n    vision.decode(b'')\nexcept errors.NativeCoreUnavailableError as e:\n"
+            "    print(json.dumps([p.build_info()['flavour'], p.__file__, str(e)]))",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert pure_probe.returncode == 0, pure_probe.stderr[-3000:]
+    flavour, location, message = json.loads(pure_probe.stdout)
+    assert flavour == "pure"
+    assert str(pure_venv) in location
+    assert "needs the native core" in message

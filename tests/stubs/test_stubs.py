@@ -143,6 +143,7 @@ def test_version_is_static_and_consistent():
 
 def test_native_module_is_the_built_crate():
     info = smg_grpc_proto.build_info()
+    assert info["flavour"] == "native"
     assert info["version"] == smg_grpc_proto.__version__
     assert info["profile"] in {"release", "debug"}
     assert info["rustc"].startswith("rustc ")

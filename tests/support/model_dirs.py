@@ -1110,8 +1110,9 @@ def kimi_k25() -> Family:
 
 
 # Nemotron-H-Omni (Nemotron 3 Nano Omni): <image> is the checkpoints' img_context_token_id 18;
-# <img> / </img> at 19 / 20 are our defaults (not confirmed against the published tokenizer, so the
-# directory carries them and both sides read them from it).
+# <img> / </img> are the reserved slots 19 / 20 the Omni tokenizer renamed (our defaults: see
+# rust/src/processors/nemotron.rs for the sources); the directory carries them and both sides read
+# them from it.
 NEMOTRON_OMNI_SPECIALS = (
     ("<unk>", 0),
     ("<s>", 1),

@@ -153,7 +153,11 @@ def test_nan_and_inf_survive_conversion(target):
     assert np.isnan(back[: len(NAN_BITS)]).all()
     assert np.signbit(back[: len(NAN_BITS)]).tolist() == np.signbit(NAN_BITS).tolist()
     assert back[-2:].tolist() == [np.inf, -np.inf]
-    src = np.ascontiguousarray(values)
+
+
+@pytest.mark.parametrize("target", ["bfloat16", "float16"])
+def test_nan_and_inf_convert_identically_native_and_fallback(target):
+    src = np.concatenate([NAN_BITS, np.array([np.inf, -np.inf], np.float32)])
     assert native().convert(src, target) == _fallback.convert(src, target)
 
 

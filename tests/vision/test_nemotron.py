@@ -20,6 +20,8 @@ from smg_grpc_proto import vision
 from smg_grpc_proto.engines import VisionModel, expand_placeholders
 from smg_grpc_proto.errors import ProcessorConfigError
 
+# <image> / <img> / </img>: the published ids (reserved slots 18 - 20 renamed by the Omni
+# tokenizer), which our defaults must equal: for_family() below passes no tokenizer.
 SPECIAL = {"<image>": 18, "<img>": 19, "</img>": 20, "<video>": 21, "<so_embedding>": 22}
 IMAGE, START, END = SPECIAL["<image>"], SPECIAL["<img>"], SPECIAL["</img>"]
 VOCAB = {"<pad>": 0, "<unk>": 3, "describe": 1000, "and": 1001, "compare": 1002}

@@ -144,7 +144,75 @@ pub fn composite_on_white(value: u8, alpha: u8) -> u8 {
     blended.round_ties_even() as u8
 }
 
+/// Width × height from the header of a JPEG (first SOF marker), PNG (IHDR), GIF (logical
+/// screen) or BMP file, without decoding it; `None` for anything else or a short header. Only a
+/// scheduling hint (see [`Input::cost_hint`]): the decoder validates the file for real.
+fn header_pixels(data: &[u8]) -> Option<u64> {
+    let be16 = |at: usize| -> Option<u64> {
+        Some(u64::from(u16::from_be_bytes([
+            *data.get(at)?,
+            *data.get(at + 1)?,
+        ])))
+    };
+    let le = |at: usize, n: usize| -> Option<u64> {
+        let bytes = data.get(at..at + n)?;
+        Some(
+            bytes
+                .iter()
+                .rev()
+                .fold(0u64, |v, &b| (v << 8) | u64::from(b)),
+        )
+    };
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        let w = u64::from(u32::from_be_bytes(data.get(16..20)?.try_into().ok()?));
+        let h = u64::from(u32::from_be_bytes(data.get(20..24)?.try_into().ok()?));
+        return Some(w.saturating_mul(h));
+    }
+    if data.starts_with(b"GIF8") {
+        return Some(le(6, 2)? * le(8, 2)?);
+    }
+    if data.starts_with(b"BM") {
+        // BITMAPINFOHEADER: signed 32-bit width and height (negative height: top-down)
+        let w = u64::from((le(18, 4)? as u32 as i32).unsigned_abs());
+        let h = u64::from((le(22, 4)? as u32 as i32).unsigned_abs());
+        return Some(w.saturating_mul(h));
+    }
+    if !data.starts_with(&[0xFF, 0xD8]) {
+        return None;
+    }
+    let mut at = 2;
+    loop {
+        // a marker: 0xFF (fill bytes allowed), then its code
+        while *data.get(at)? != 0xFF {
+            at += 1;
+        }
+        while *data.get(at)? == 0xFF {
+            at += 1;
+        }
+        let code = *data.get(at)?;
+        at += 1;
+        match code {
+            0x01 | 0xD0..=0xD7 => continue,
+            0xC0..=0xCF if !matches!(code, 0xC4 | 0xC8 | 0xCC) => {
+                // SOFn: length (2), precision (1), height (2), width (2)
+                return Some(be16(at + 3)? * be16(at + 5)?);
+            }
+            0xD9 | 0xDA => return None,
+            _ => at += usize::try_from(be16(at)?).ok()?,
+        }
+    }
+}
+
 impl<'a> Input<'a> {
+    /// A rough cost of processing this input, to hand the largest images of a batch out first:
+    /// its pixel count (read from the header of an encoded file), else its byte length.
+    pub fn cost_hint(&self) -> u64 {
+        match *self {
+            Input::Pixels { width, height, .. } => (width as u64).saturating_mul(height as u64),
+            Input::Encoded(bytes) => header_pixels(bytes).unwrap_or(bytes.len() as u64),
+        }
+    }
+
     /// The image as RGB.
     pub fn to_rgb(self, options: &Options) -> Result<Rgb<'a>, ProcessorError> {
         match self {
@@ -251,6 +319,40 @@ fn check_pixels(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_pixels_reads_the_size_without_decoding() {
+        let jpeg = include_bytes!("../../../src/smg_grpc_proto/data/grace_hopper.jpg");
+        assert_eq!(header_pixels(jpeg), Some(512 * 600));
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        png.extend_from_slice(&741u32.to_be_bytes());
+        png.extend_from_slice(&500u32.to_be_bytes());
+        assert_eq!(header_pixels(&png), Some(741 * 500));
+        assert_eq!(header_pixels(b"GIF89a\x10\x00\x20\x00"), Some(16 * 32));
+        let mut bmp = vec![0u8; 26];
+        bmp[..2].copy_from_slice(b"BM");
+        bmp[18..22].copy_from_slice(&300i32.to_le_bytes());
+        bmp[22..26].copy_from_slice(&(-200i32).to_le_bytes());
+        assert_eq!(header_pixels(&bmp), Some(300 * 200));
+        // truncated or unknown: no hint, the byte length is used instead
+        for junk in [
+            &jpeg[..100],
+            &png[..20],
+            b"GIF8".as_slice(),
+            b"RIFF....WEBP",
+            b"",
+        ] {
+            assert_eq!(header_pixels(junk), None);
+        }
+        assert_eq!(Input::Encoded(b"RIFF....WEBP").cost_hint(), 12);
+        let pixels = Input::Pixels {
+            data: &[],
+            width: 7,
+            height: 3,
+            channels: 3,
+        };
+        assert_eq!(pixels.cost_hint(), 21);
+    }
 
     #[test]
     fn composite_matches_numpy() {

@@ -525,8 +525,14 @@ where
 {
     let workers = parallel::workers(options.threads, inputs.len());
     let resize_threads = if workers == 1 { options.threads } else { 1 };
+    // the largest images first, so that none is left for last to one thread while the others idle
+    let order = if workers > 1 {
+        parallel::costliest_first(&inputs.iter().map(Input::cost_hint).collect::<Vec<_>>())
+    } else {
+        Vec::new()
+    };
     let inputs = fallible::copied(inputs).map_err(ProcessorError::oom("batch"))?;
-    let results = parallel::map(inputs, workers, |i, input| {
+    let results = parallel::map_in_order(inputs, workers, &order, |i, input| {
         input
             .to_rgb(options)
             .and_then(|rgb| f(i, rgb, resize_threads))

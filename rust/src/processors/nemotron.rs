@@ -219,9 +219,12 @@ pub const REPLACEMENT: ReplacementSpec = ReplacementSpec {
     anchor: IMAGE,
     embed: IMAGE,
     tokens: &[IMG_START, IMG_END, IMAGE],
-    // NOT confirmed against the published tokenizer (no copy of it was at hand): the ids
-    // recalled for the Nemotron-H VL tokenizer (`<image>` 18 as `img_context_token_id`, `<img>`
-    // 19, `</img>` 20). A caller with the model's tokenizer or config.json passes its own.
+    // The released checkpoints' ids: `<image>` 18 is config.json's `img_context_token_id`;
+    // `<img>` 19 and `</img>` 20 are the Nemotron vocabulary's reserved slots `<SPECIAL_19>` /
+    // `<SPECIAL_20>`, renamed in the Omni tokenizer (with `<SPECIAL_18>` -> `<image>`), as
+    // NVIDIA's Megatron-Bridge Nemotron 3 Nano Omni provider (`img_start_token_id` 19,
+    // `img_end_token_id` 20) and prime-rl's Nemotron-VL assembly script record; the tokenizer
+    // file itself was not at hand. A caller with the model's tokenizer passes its own.
     defaults: &[(IMG_START, 19), (IMG_END, 20), (IMAGE, 18)],
     // pixel_values concatenates the images' patches, split by `patches_per_image` as the SMG
     // gateway's packed Nemotron-Omni layout sends them (smg 1.13.0, registry/nemotron_omni.rs:

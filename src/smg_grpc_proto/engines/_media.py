@@ -16,13 +16,13 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto import _native
-from smg_grpc_proto._native import PendingTensor
+from smg_grpc_proto import _core
+from smg_grpc_proto._core import native as _native
 from smg_grpc_proto.errors import (
     MultimodalError,
     MultimodalLayoutError,
@@ -40,6 +40,9 @@ from smg_grpc_proto.vision._glm_video import (
 from smg_grpc_proto.vision._inputs import flatten_images, flatten_videos, to_native
 from smg_grpc_proto.vision._processor import TENSOR_NAMES
 from smg_grpc_proto.vision._tokens import VisionTokens
+
+if TYPE_CHECKING:
+    from smg_grpc_proto._native import PendingTensor
 
 __all__ = [
     "Modality",
@@ -1213,5 +1216,34 @@ def image_format(data: bytes | bytearray | memoryview) -> str | None:
 
     This is the native decoder's own signature check (Rust ``decode::sniff``, exported as
     ``_native.image_format``) on the first 16 bytes, all any signature needs; nothing is
-    decoded."""
-    return _native.image_format(bytes(data[:16]))
+    decoded. Without the native core (the pure-Python wheel) its Python twin
+    :func:`_sniff` answers, so the TensorRT-LLM adapter, which carries the encoded files, works
+    there too (tests/test_pure.py compares the two)."""
+    head = bytes(data[:16])
+    return _native.image_format(head) if _core.AVAILABLE else _sniff(head)
+
+
+_DIB_HEADER_SIZES = frozenset({12, 40, 52, 56, 64, 108, 124})
+
+
+def _sniff(head: bytes) -> str | None:
+    """Rust ``decode::sniff`` in Python: the formats Pillow's plugins accept by signature (a
+    bare DIB, whose first little-endian u32 is a known info-header size, counts as BMP)."""
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if head.startswith(b"BM") or (
+        len(head) >= 4 and int.from_bytes(head[:4], "little") in _DIB_HEADER_SIZES
+    ):
+        return "bmp"
+    if (
+        len(head) >= 16
+        and head.startswith(b"RIFF")
+        and head[8:12] == b"WEBP"
+        and head[12:16] in (b"VP8 ", b"VP8L", b"VP8X")
+    ):
+        return "webp"
+    return None

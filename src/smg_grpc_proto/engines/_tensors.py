@@ -39,15 +39,18 @@ CROSS_ATTENTION: dict[str, str] = {
 
 ENGINE_LAYOUTS: dict[str, tuple[frozenset[str], str]] = {
     "nemotron_h_omni": (
-        frozenset({"TokenSpeed"}),
+        frozenset({"TokenSpeed", "TensorRT-LLM"}),
         "Nemotron-H-Omni's processor output (pixel_values as 16-px patch rows, image_grid_hw) is "
         "the SMG gateway's packed layout, which only TokenSpeed's model reads (smg 1.13.0 sends "
         "it to TokenSpeed workers alone); vLLM's NemotronH_Nano_VL model reads its own tiler's "
-        "pixel_values_flat / imgs_sizes / num_tokens_per_image, and neither SGLang nor "
-        "TensorRT-LLM has a model for it",
+        "pixel_values_flat / imgs_sizes / num_tokens_per_image, and SGLang has no model for it "
+        "(TensorRT-LLM takes the encoded files and preprocesses them with its own "
+        "NemotronH_Nano_Omni_Reasoning_V3 input processor)",
     ),
 }
-"""Families only some engines' models read, and why the others' builders refuse them."""
+"""Families only some engines' models read, and why the others' builders refuse them (for
+TensorRT-LLM, whose builder sends the encoded files: whether its own input processor serves the
+family)."""
 
 
 def refuse_cross_attention(item: PreparedMedia, engine: str, field: str) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto import _native
+from smg_grpc_proto._core import native as _native
 
 if TYPE_CHECKING:
     from smg_grpc_proto.engines import DecodedBatch

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from smg_grpc_proto import _native
+from smg_grpc_proto._core import native as _native
 
 
 class BufferCache(NamedTuple):

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from smg_grpc_proto import _native
+from smg_grpc_proto._core import native as _native
 from smg_grpc_proto._families import FAMILIES, Family
 
 __all__ = [

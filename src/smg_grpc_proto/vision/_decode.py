@@ -34,13 +34,15 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto import _native
+from smg_grpc_proto._core import native as _native
 from smg_grpc_proto.vision._inputs import read_file
 
 __all__ = ["DEFAULT_MAX_PIXELS", "ImageSource", "decode"]
 
-DEFAULT_MAX_PIXELS: int = _native.DEFAULT_MAX_PIXELS
-"""178 956 970: twice Pillow's ``Image.MAX_IMAGE_PIXELS`` (89 478 485)."""
+DEFAULT_MAX_PIXELS: int = 178_956_970
+"""178 956 970: twice Pillow's ``Image.MAX_IMAGE_PIXELS`` (89 478 485). The native core's
+``DEFAULT_MAX_PIXELS`` (tests/test_pure.py checks they agree), written out so that this module
+imports without it."""
 
 ImageSource = bytes | bytearray | memoryview | str | os.PathLike[str]
 """Encoded image bytes, or the path of an image file."""

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto import _native
+from smg_grpc_proto._core import native as _native
 from smg_grpc_proto.vision import _config, _inputs, _tokens
 from smg_grpc_proto.vision._config import Family
 from smg_grpc_proto.vision._decode import DEFAULT_MAX_PIXELS

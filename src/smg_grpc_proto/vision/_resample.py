@@ -23,7 +23,7 @@ from typing import Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto import _native
+from smg_grpc_proto._core import native as _native
 
 __all__ = [
     "PassOrder",
