@@ -26,9 +26,12 @@
 //!   next 4 when at least 4 remain, are rounded before being added (the 8- and 4-wide vector
 //!   loops multiply, then add the lanes in order), the remaining taps are fused
 //!   multiply-adds (the scalar tail loop, contracted).
-//! - ours streams ([`resize_plane`]): the horizontal pass runs eight input rows side by side (one
-//!   SIMD lane per row, each lane's operations those above), the vertical pass keeps only the
-//!   rows its current window needs, and each output row goes to the caller as it is made.
+//! - ours streams ([`resize_plane`], [`resize_planes`] for several channel planes row by row):
+//!   with AVX-512 the horizontal pass computes 16 output columns of a row at once (one SIMD lane
+//!   per output column, its taps picked from a 32-value window; reductions up to about 1.7×),
+//!   otherwise it runs eight input rows side by side (one lane per row); each lane's operations
+//!   are those above. The vertical pass keeps only the rows its current window needs, and each
+//!   output row goes to the caller as it is made.
 //! - the vertical pass of an image **one pixel wide** gives every output row the value of the
 //!   first (torch's `TensorIterator` makes the rows its inner loop, and the kernel reads the
 //!   weights of that loop's first element only): reproduced.
@@ -291,6 +294,198 @@ fn vertical<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mut [f
     vertical_body(weights, rows, out)
 }
 
+/// The horizontal pass with AVX-512 (F): 16 consecutive output columns of one row at a time,
+/// one SIMD lane per output, each lane doing exactly [`dot`]'s operations on its own taps. A
+/// group's taps are picked from a 32-value window of the row (two loads and one `vpermt2ps` per
+/// tap); the rounded-then-added taps and the fused ones are chosen per lane with masks. Axes
+/// where a group's taps span more than 32 input values (reductions beyond about 1.7×) have no
+/// plan and keep the rows-side-by-side pass.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use std::arch::x86_64::*;
+
+    use super::{rounded_taps, AaTaps};
+
+    /// Output columns per group.
+    pub(super) const GROUP: usize = 16;
+    /// Input values one group may read, from its base.
+    const WINDOW: usize = 32;
+
+    /// Whether the running CPU has AVX-512F (and it is not turned off, see [`crate::simd`]).
+    pub(super) fn available() -> bool {
+        crate::simd::avx512_allowed() && is_x86_feature_detected!("avx512f")
+    }
+
+    /// One group's precomputed taps: `taps` vectors of window indices and weights, and per tap
+    /// the lanes that add a rounded product and the lanes that fuse it.
+    pub(super) struct Plan {
+        /// Per group: the window's first input index and its tap count (the most of its lanes).
+        groups: Vec<(usize, usize)>,
+        /// Per group and tap: each lane's index into the window (0 past its taps).
+        index: Vec<[i32; GROUP]>,
+        /// Per group and tap: each lane's weight (0 past its taps).
+        weight: Vec<[f32; GROUP]>,
+        /// Per group and tap: lanes adding `x·w` rounded, and lanes fusing it.
+        masks: Vec<(u16, u16)>,
+        /// Input values the loads may read (the row must be padded to this length).
+        pub(super) read_len: usize,
+        /// Output columns, rounded up to whole groups (the output row's length).
+        pub(super) padded_out: usize,
+    }
+
+    impl Plan {
+        /// The plan of `taps`, or `None` when a group's taps do not fit one window or some
+        /// output has no tap.
+        pub(super) fn new(taps: &AaTaps) -> Option<Plan> {
+            let out = taps.starts.len();
+            let n_groups = out.div_ceil(GROUP);
+            let mut plan = Plan {
+                groups: Vec::with_capacity(n_groups),
+                index: Vec::new(),
+                weight: Vec::new(),
+                masks: Vec::new(),
+                read_len: 0,
+                padded_out: n_groups * GROUP,
+            };
+            for first in (0..out).step_by(GROUP) {
+                let lanes = first..out.min(first + GROUP);
+                let base = lanes.clone().map(|i| taps.starts[i]).min()?;
+                let mut most = 0;
+                for i in lanes.clone() {
+                    let (start, weights) = taps.row(i);
+                    if weights.is_empty() || start - base + weights.len() > WINDOW {
+                        return None;
+                    }
+                    most = most.max(weights.len());
+                }
+                let at = plan.index.len();
+                plan.index.resize(at + most, [0; GROUP]);
+                plan.weight.resize(at + most, [0.0; GROUP]);
+                plan.masks.resize(at + most, (0, 0));
+                for (lane, i) in lanes.enumerate() {
+                    let (start, weights) = taps.row(i);
+                    let plain = rounded_taps(weights.len() - 1);
+                    for (j, &w) in weights.iter().enumerate() {
+                        plan.index[at + j][lane] = (start - base + j) as i32;
+                        plan.weight[at + j][lane] = w;
+                        if j == 0 {
+                            continue;
+                        }
+                        let (plains, fused) = &mut plan.masks[at + j];
+                        if j <= plain {
+                            *plains |= 1 << lane;
+                        } else {
+                            *fused |= 1 << lane;
+                        }
+                    }
+                }
+                plan.groups.push((base, most));
+                plan.read_len = plan.read_len.max(base + WINDOW);
+            }
+            Some(plan)
+        }
+
+        /// `P` rows (of as many planes) at once, sharing each group's index, weight and mask
+        /// loads: `outs[p][x] = Σⱼ lines[p][start(x) + j]·wⱼ` in [`super::dot`]'s order for
+        /// every output column (and garbage in the padding columns).
+        ///
+        /// # Safety
+        /// The CPU must support AVX-512F ([`available`]).
+        #[target_feature(enable = "avx512f")]
+        pub(super) unsafe fn rows<const P: usize>(
+            &self,
+            lines: [&[f32]; P],
+            outs: [&mut [f32]; P],
+        ) {
+            assert!(lines.iter().all(|l| l.len() >= self.read_len));
+            assert!(outs.iter().all(|o| o.len() == self.padded_out));
+            let mut tap = 0;
+            for (g, &(base, taps)) in self.groups.iter().enumerate() {
+                // SAFETY: `base + WINDOW ≤ read_len ≤ lines[p].len()`: both loads are in the
+                // line; the group's `taps` index, weight and mask entries start at `tap`; the
+                // store covers `outs[p][16g .. 16g + 16]`, within `padded_out`.
+                unsafe {
+                    let lo = lines.map(|l| _mm512_loadu_ps(l.as_ptr().add(base)));
+                    let hi = lines.map(|l| _mm512_loadu_ps(l.as_ptr().add(base + GROUP)));
+                    let idx = _mm512_loadu_si512(self.index.as_ptr().add(tap).cast());
+                    let w = _mm512_loadu_ps(self.weight.as_ptr().add(tap).cast());
+                    let mut acc = [_mm512_setzero_ps(); P];
+                    for p in 0..P {
+                        acc[p] = _mm512_mul_ps(_mm512_permutex2var_ps(lo[p], idx, hi[p]), w);
+                    }
+                    for t in tap + 1..tap + taps {
+                        let idx = _mm512_loadu_si512(self.index.as_ptr().add(t).cast());
+                        let w = _mm512_loadu_ps(self.weight.as_ptr().add(t).cast());
+                        let (plains, fused) = *self.masks.get_unchecked(t);
+                        for p in 0..P {
+                            let x = _mm512_permutex2var_ps(lo[p], idx, hi[p]);
+                            if plains != 0 {
+                                acc[p] =
+                                    _mm512_mask_add_ps(acc[p], plains, acc[p], _mm512_mul_ps(x, w));
+                            }
+                            if fused != 0 {
+                                acc[p] = _mm512_mask3_fmadd_ps(x, w, acc[p], fused);
+                            }
+                        }
+                    }
+                    for p in 0..P {
+                        _mm512_storeu_ps(outs[p].as_mut_ptr().add(g * GROUP), acc[p]);
+                    }
+                }
+                tap += taps;
+            }
+        }
+    }
+
+    /// The vertical pass of one output row, 16 columns at a time kept in a register over all
+    /// the taps: `out[x] = Σⱼ rows[j][x]·wⱼ` in [`super::dot`]'s order (every column has the
+    /// same taps), row `j` being `ring[starts[j] ..][.. out.len()]`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F ([`available`]).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn vertical(
+        weights: &[f32],
+        ring: &[f32],
+        starts: &[usize],
+        out: &mut [f32],
+    ) {
+        let n = out.len();
+        assert!(
+            !weights.is_empty()
+                && weights.len() == starts.len()
+                && starts.iter().all(|&s| s + n <= ring.len())
+        );
+        let rows: &[usize] = starts;
+        let plain = rounded_taps(weights.len() - 1);
+        let mut x = 0;
+        while x < n {
+            let left = n - x;
+            let mask: u16 = if left >= GROUP {
+                u16::MAX
+            } else {
+                (1u16 << left) - 1
+            };
+            // SAFETY: the masked loads and the store touch columns `x .. x + min(16, left)`
+            // only, within every row (each ends within `ring`, checked above) and within `out`.
+            unsafe {
+                let load = |j: usize| _mm512_maskz_loadu_ps(mask, ring.as_ptr().add(rows[j] + x));
+                let mut acc = _mm512_mul_ps(load(0), _mm512_set1_ps(weights[0]));
+                for (j, &w) in weights.iter().enumerate().skip(1) {
+                    let w = _mm512_set1_ps(w);
+                    acc = if j <= plain {
+                        _mm512_add_ps(acc, _mm512_mul_ps(load(j), w))
+                    } else {
+                        _mm512_fmadd_ps(load(j), w, acc)
+                    };
+                }
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(x), mask, acc);
+            }
+            x += GROUP;
+        }
+    }
+}
+
 /// One channel plane of `F.interpolate(x, (out_h, out_w), mode, antialias=True)`, streamed: the
 /// input's rows come from `fill(r, row)` (`row` has `in_w` values; each row is filled at most
 /// once, in order), and each output row goes to `emit(y, row)` (`out_w` values), in order.
@@ -306,41 +501,115 @@ pub fn resize_plane(
     mut fill: impl FnMut(usize, &mut [f32]),
     mut emit: impl FnMut(usize, &[f32]),
 ) -> Result<(), AllocError> {
+    resize_planes(
+        1,
+        (in_h, in_w),
+        (out_h, out_w),
+        filter,
+        |r, _, row| fill(r, row),
+        |y, _, row| emit(y, row),
+    )
+}
+
+/// [`resize_plane`] on `planes` channel planes at once, each resized on its own (the same
+/// values as one call per plane): `fill(r, c, row)` gives row `r` of plane `c`, `emit(y, c,
+/// row)` takes output row `y` of plane `c`. Row `r` of every plane is asked for before row
+/// `r + 1` of any, and output row `y` of every plane is emitted before row `y + 1` of any, so a
+/// caller with interleaved channels reads and writes each row once while it is in cache.
+pub fn resize_planes(
+    planes: usize,
+    (in_h, in_w): (usize, usize),
+    (out_h, out_w): (usize, usize),
+    filter: TorchFilter,
+    mut fill: impl FnMut(usize, usize, &mut [f32]),
+    mut emit: impl FnMut(usize, usize, &[f32]),
+) -> Result<(), AllocError> {
     let fma = has_fma();
     let cols = (in_w != out_w).then(|| aa_taps(in_w, out_w, filter));
+    #[cfg(target_arch = "x86_64")]
+    let wide = match &cols {
+        Some(cols) if wide::available() => wide::Plan::new(cols),
+        _ => None,
+    };
+    // Per plane, a padded input row and a padded output row.
+    #[cfg(target_arch = "x86_64")]
+    let wide_len = wide
+        .as_ref()
+        .map_or((0, 0), |p| (p.read_len.max(in_w), p.padded_out));
+    #[cfg(target_arch = "x86_64")]
+    let mut wide_line = fallible::zeros::<f32>(planes * wide_len.0)?;
+    #[cfg(target_arch = "x86_64")]
+    let mut wide_out = fallible::zeros::<f32>(planes * wide_len.1)?;
     let mut line = fallible::zeros::<f32>(in_w)?;
-    let (mut tin, mut tout) = match cols {
-        Some(_) => (
+    #[cfg(target_arch = "x86_64")]
+    let rows_side_by_side = cols.is_some() && wide.is_none();
+    #[cfg(not(target_arch = "x86_64"))]
+    let rows_side_by_side = cols.is_some();
+    let (mut tin, mut tout) = if rows_side_by_side {
+        (
             fallible::zeros::<f32>(in_w * LANES)?,
             fallible::zeros::<f32>(out_w * LANES)?,
-        ),
-        None => (Vec::new(), Vec::new()),
+        )
+    } else {
+        (Vec::new(), Vec::new())
     };
     let mut out = fallible::zeros::<f32>(out_w)?;
-    // Input rows `r0..r1` (at most LANES), horizontally resampled (or as they are), each handed
-    // to `put(r, row)`. The horizontal pass runs LANES rows at a time, one lane per row (the
-    // same operations per lane as [`dot`]): independent sums side by side instead of one long
-    // dependency chain per output.
-    let mut rows_of = |r0: usize, r1: usize, put: &mut dyn FnMut(usize, &[f32])| match &cols {
+    // Input rows `r0..r1` (at most LANES) of every plane, horizontally resampled (or as they
+    // are), each handed to `put(r, c, row)`. With AVX-512 the horizontal pass runs 16 output
+    // columns of a row at a time ([`wide`]); otherwise LANES rows at a time, one lane per row
+    // (the same operations per lane as [`dot`]): independent sums side by side instead of one
+    // long dependency chain per output.
+    let mut rows_of = |r0: usize, r1: usize, put: &mut dyn FnMut(usize, usize, &[f32])| match &cols
+    {
         Some(cols) => {
-            for (lane, r) in (r0..r1).enumerate() {
-                fill(r, &mut line);
-                for (x, &v) in line.iter().enumerate() {
-                    tin[x * LANES + lane] = v;
+            #[cfg(target_arch = "x86_64")]
+            if let Some(plan) = &wide {
+                let (line_len, out_len) = wide_len;
+                for r in r0..r1 {
+                    for (c, line) in wide_line.chunks_exact_mut(line_len).enumerate() {
+                        fill(r, c, &mut line[..in_w]);
+                    }
+                    let mut lines = wide_line.chunks_exact(line_len);
+                    let mut outs = wide_out.chunks_exact_mut(out_len);
+                    if planes == 3 {
+                        let lines = [(); 3].map(|_| lines.next().unwrap_or_default());
+                        let outs = [(); 3].map(|_| outs.next().unwrap_or_default());
+                        // SAFETY: a plan exists only when `wide::available()` found AVX-512F.
+                        unsafe { plan.rows(lines, outs) };
+                    } else {
+                        for (line, out) in lines.zip(outs) {
+                            // SAFETY: as above.
+                            unsafe { plan.rows([line], [out]) };
+                        }
+                    }
+                    for (c, out) in wide_out.chunks_exact(out_len).enumerate() {
+                        put(r, c, &out[..out_w]);
+                    }
                 }
+                return;
             }
-            horizontal_lanes(&tin, cols, &mut tout, fma);
-            for (lane, r) in (r0..r1).enumerate() {
-                for (o, lanes) in out.iter_mut().zip(tout.chunks_exact(LANES)) {
-                    *o = lanes[lane];
+            for c in 0..planes {
+                for (lane, r) in (r0..r1).enumerate() {
+                    fill(r, c, &mut line);
+                    for (x, &v) in line.iter().enumerate() {
+                        tin[x * LANES + lane] = v;
+                    }
                 }
-                put(r, &out);
+                horizontal_lanes(&tin, cols, &mut tout, fma);
+                for (lane, r) in (r0..r1).enumerate() {
+                    for (o, lanes) in out.iter_mut().zip(tout.chunks_exact(LANES)) {
+                        *o = lanes[lane];
+                    }
+                    put(r, c, &out);
+                }
             }
         }
         None => {
             for r in r0..r1 {
-                fill(r, &mut line);
-                put(r, &line);
+                for c in 0..planes {
+                    fill(r, c, &mut line);
+                    put(r, c, &line);
+                }
             }
         }
     };
@@ -348,18 +617,25 @@ pub fn resize_plane(
         let mut r = 0;
         while r < in_h {
             let r1 = (r + LANES).min(in_h);
-            rows_of(r, r1, &mut |y, row| emit(y, row));
+            rows_of(r, r1, &mut |y, c, row| emit(y, c, row));
             r = r1;
         }
         return Ok(());
     }
     let rows = aa_taps(in_h, out_h, filter);
     let cap = rows.ksize + LANES;
-    let mut ring = fallible::zeros::<f32>(cap * out_w)?;
+    let mut ring = fallible::zeros::<f32>(cap * planes * out_w)?;
     let mut vout = fallible::zeros::<f32>(out_w)?;
-    // Input rows below `next` have been resampled into the ring (slot `r % cap`). A window is at
-    // most `ksize` rows, windows only move forward, and rows are made at most LANES − 1 ahead
-    // of the window's end, so a row is overwritten only once no later output needs it.
+    // Input rows below `next` have been resampled into the ring (row `r` of plane `c` in slot
+    // `(r % cap)·planes + c`). A window is at most `ksize` rows, windows only move forward, and
+    // rows are made at most LANES − 1 ahead of the window's end, so a row is overwritten only
+    // once no later output needs it.
+    let at = |r: usize, c: usize| ((r % cap) * planes + c) * out_w;
+    #[cfg(target_arch = "x86_64")]
+    let wide_vertical = wide::available();
+    // Where each vertical tap's row starts in the ring.
+    #[cfg(target_arch = "x86_64")]
+    let mut slots: Vec<usize> = Vec::with_capacity(rows.ksize);
     let mut next = 0usize;
     for y in 0..out_h {
         let (start, weights) = rows.row(y);
@@ -367,9 +643,8 @@ pub fn resize_plane(
         next = next.max(start);
         while next < end {
             let r1 = (next + LANES).min(in_h);
-            rows_of(next, r1, &mut |r, row| {
-                let slot = r % cap;
-                ring[slot * out_w..(slot + 1) * out_w].copy_from_slice(row);
+            rows_of(next, r1, &mut |r, c, row| {
+                ring[at(r, c)..at(r, c) + out_w].copy_from_slice(row);
             });
             next = r1;
         }
@@ -377,22 +652,30 @@ pub fn resize_plane(
         if out_w == 1 {
             // torch's one-pixel-wide quirk (module docs): the first output row's value
             // everywhere.
-            vout[0] = dot(weights, |j| ring[(start + j) % cap]);
+            let firsts: Vec<f32> = (0..planes)
+                .map(|c| dot(weights, |j| ring[at(start + j, c)]))
+                .collect();
             for each in 0..out_h {
-                emit(each, &vout);
+                for (c, &v) in firsts.iter().enumerate() {
+                    emit(each, c, &[v]);
+                }
             }
             return Ok(());
         }
-        vertical(
-            weights,
-            |j| {
-                let slot = (start + j) % cap;
-                &ring[slot * out_w..(slot + 1) * out_w]
-            },
-            &mut vout,
-            fma,
-        );
-        emit(y, &vout);
+        for c in 0..planes {
+            let row = |j: usize| &ring[at(start + j, c)..at(start + j, c) + out_w];
+            #[cfg(target_arch = "x86_64")]
+            if wide_vertical && !weights.is_empty() {
+                slots.clear();
+                slots.extend((0..weights.len()).map(|j| at(start + j, c)));
+                // SAFETY: `wide_vertical` only when `wide::available()` found AVX-512F.
+                unsafe { wide::vertical(weights, ring, &slots, &mut vout) };
+                emit(y, c, &vout);
+                continue;
+            }
+            vertical(weights, row, &mut vout, fma);
+            emit(y, c, &vout);
+        }
     }
     Ok(())
 }
@@ -519,6 +802,10 @@ mod tests {
                 (41, 53),
                 (3, 2),
                 (200, 5),
+                (41, 70),
+                (30, 40),
+                (41, 31),
+                (41, 33),
             ] {
                 let mut ours = vec![0.0f32; oh * ow];
                 resize_plane_into(in_h, in_w, oh, ow, filter, &mut ours, |r, row| {
@@ -532,6 +819,64 @@ mod tests {
                     "{filter:?} {in_h}x{in_w} -> {oh}x{ow}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn planes_together_equal_planes_apart() {
+        let (in_h, in_w) = (37usize, 45usize);
+        let plane = |c: usize, i: usize| ((i * 31 + c * 97 + (i / 7) * 13) % 256) as f32;
+        for (oh, ow) in [(50, 60), (37, 20), (20, 45), (37, 45), (9, 1)] {
+            let mut together = vec![vec![0.0f32; oh * ow]; 3];
+            resize_planes(
+                3,
+                (in_h, in_w),
+                (oh, ow),
+                TorchFilter::Bicubic,
+                |r, c, row| {
+                    for (x, v) in row.iter_mut().enumerate() {
+                        *v = plane(c, r * in_w + x);
+                    }
+                },
+                |y, c, row| together[c][y * ow..(y + 1) * ow].copy_from_slice(row),
+            )
+            .unwrap();
+            for (c, got) in together.iter().enumerate() {
+                let mut apart = vec![0.0f32; oh * ow];
+                resize_plane_into(
+                    in_h,
+                    in_w,
+                    oh,
+                    ow,
+                    TorchFilter::Bicubic,
+                    &mut apart,
+                    |r, row| {
+                        for (x, v) in row.iter_mut().enumerate() {
+                            *v = plane(c, r * in_w + x);
+                        }
+                    },
+                )
+                .unwrap();
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got), bits(&apart), "plane {c}: {oh}x{ow}");
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn wide_plans_cover_mild_resizes() {
+        // The AVX-512 horizontal pass serves upscaling and reductions up to about 1.7x; the
+        // rows-side-by-side pass the rest (both checked by the test above on such a CPU).
+        for (n_in, n_out, fits) in [
+            (53, 70, true),
+            (53, 40, true),
+            (2000, 2016, true),
+            (741, 768, true),
+            (53, 17, false),
+        ] {
+            let plan = wide::Plan::new(&aa_taps(n_in, n_out, TorchFilter::Bicubic));
+            assert_eq!(plan.is_some(), fits, "{n_in} -> {n_out}");
         }
     }
 

@@ -393,27 +393,167 @@ fn write_image(
     let data = &image.rgb.data;
     let patch_len = 3 * patch * patch;
     debug_assert_eq!(out.len(), gh * gw * patch_len);
-    for c in 0..3 {
-        let (m, s) = fused(common, c);
-        let fill = |r: usize, row: &mut [f32]| {
-            let src = &data[r * in_w * 3..(r + 1) * in_w * 3];
-            for (slot, px) in row.iter_mut().zip(src.chunks_exact(3)) {
-                *slot = f32::from(px[c]);
-            }
-        };
-        let emit = |y: usize, row: &[f32]| {
-            let (py, yy) = (y / patch, y % patch);
-            for (px, values) in row.chunks_exact(patch).enumerate() {
-                let at = (py * gw + px) * patch_len + c * patch * patch + yy * patch;
-                for (slot, &v) in out[at..at + patch].iter_mut().zip(values) {
-                    slot.write((v - m) / s);
-                }
-            }
-        };
-        torch_aa::resize_plane(in_h, in_w, out_h, out_w, filter, fill, emit)
-            .map_err(ProcessorError::oom("resized rows"))?;
-    }
+    let wide = wide::available();
+    let consts: [(f32, f32); 3] = [fused(common, 0), fused(common, 1), fused(common, 2)];
+    let fill = |r: usize, c: usize, row: &mut [f32]| {
+        let src = &data[r * in_w * 3..(r + 1) * in_w * 3];
+        if wide {
+            // SAFETY: `wide::available()` found the features `channel` needs.
+            unsafe { wide::channel(src, c, row) };
+        } else {
+            channel(src, c, row);
+        }
+    };
+    let emit = |y: usize, c: usize, row: &[f32]| {
+        let (m, s) = consts[c];
+        let (py, yy) = (y / patch, y % patch);
+        let first = py * gw * patch_len + c * patch * patch + yy * patch;
+        if wide {
+            // SAFETY: as above.
+            unsafe { wide::scatter(row, m, s, patch, patch_len, first, out) };
+        } else {
+            scatter(row, m, s, patch, patch_len, first, out);
+        }
+    };
+    // The three channels together, so each input row is read, and each output row written,
+    // while in cache.
+    torch_aa::resize_planes(3, (in_h, in_w), (out_h, out_w), filter, fill, emit)
+        .map_err(ProcessorError::oom("resized rows"))?;
     Ok(())
+}
+
+/// Channel `c` of a row of RGB pixels, as `f32`.
+#[inline(always)]
+fn channel(src: &[u8], c: usize, row: &mut [f32]) {
+    for (slot, px) in row.iter_mut().zip(src.chunks_exact(3)) {
+        *slot = f32::from(px[c]);
+    }
+}
+
+/// One resized row of a channel, normalised (`(v − m) / s`) and laid out in patches: the
+/// `patch` values of patch column `px` go to `out[first + px·stride ..]`.
+#[inline(always)]
+fn scatter(
+    row: &[f32],
+    m: f32,
+    s: f32,
+    patch: usize,
+    stride: usize,
+    first: usize,
+    out: &mut [Out],
+) {
+    for (px, values) in row.chunks_exact(patch).enumerate() {
+        let at = first + px * stride;
+        for (slot, &v) in out[at..at + patch].iter_mut().zip(values) {
+            slot.write((v - m) / s);
+        }
+    }
+}
+
+/// [`channel`] and [`scatter`] with AVX-512 (16 values at a time; the same operations).
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use std::arch::x86_64::*;
+
+    use super::Out;
+
+    /// Whether the running CPU has AVX-512F, BW and VBMI (and they are not turned off).
+    pub(super) fn available() -> bool {
+        crate::simd::avx512_allowed()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vbmi")
+    }
+
+    /// [`super::channel`]: 16 pixels per 64-byte load, their channel-`c` bytes picked by
+    /// `vpermb` and widened to `f32`.
+    ///
+    /// # Safety
+    /// The CPU must support what [`available`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    pub(super) unsafe fn channel(src: &[u8], c: usize, row: &mut [f32]) {
+        let n = row.len().min(src.len() / 3);
+        let mut picks = [0u8; 64];
+        for (i, p) in picks.iter_mut().take(16).enumerate() {
+            *p = (3 * i + c) as u8;
+        }
+        // SAFETY: 64 bytes.
+        let picks = unsafe { _mm512_loadu_si512(picks.as_ptr().cast()) };
+        let mut x = 0;
+        // Loads read 64 bytes from byte 3x: within `src` while 3x + 64 ≤ src.len().
+        while x + 16 <= n && 3 * x + 64 <= src.len() {
+            // SAFETY: the load is within `src` (loop condition); the store writes
+            // `row[x .. x + 16]`, x + 16 ≤ n ≤ row.len().
+            unsafe {
+                let v = _mm512_loadu_si512(src.as_ptr().add(3 * x).cast());
+                let bytes = _mm512_castsi512_si128(_mm512_permutexvar_epi8(picks, v));
+                let values = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+                _mm512_storeu_ps(row.as_mut_ptr().add(x), values);
+            }
+            x += 16;
+        }
+        super::channel(&src[3 * x..], c, &mut row[x..]);
+    }
+
+    /// [`super::scatter`]: 16 values at a time.
+    ///
+    /// # Safety
+    /// The CPU must support what [`available`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    pub(super) unsafe fn scatter(
+        row: &[f32],
+        m: f32,
+        s: f32,
+        patch: usize,
+        stride: usize,
+        first: usize,
+        out: &mut [Out],
+    ) {
+        let (mv, sv) = (_mm512_set1_ps(m), _mm512_set1_ps(s));
+        for (px, values) in row.chunks_exact(patch).enumerate() {
+            let at = first + px * stride;
+            let dst = &mut out[at..at + patch];
+            let mut k = 0;
+            while k + 16 <= patch {
+                // SAFETY: `values` and `dst` both have `patch ≥ k + 16` elements;
+                // `MaybeUninit<f32>` has the layout of `f32`.
+                unsafe {
+                    let v = _mm512_loadu_ps(values.as_ptr().add(k));
+                    let r = _mm512_div_ps(_mm512_sub_ps(v, mv), sv);
+                    _mm512_storeu_ps(dst.as_mut_ptr().add(k).cast(), r);
+                }
+                k += 16;
+            }
+            for (slot, &v) in dst[k..].iter_mut().zip(&values[k..]) {
+                slot.write((v - m) / s);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod wide {
+    use super::Out;
+
+    pub(super) fn available() -> bool {
+        false
+    }
+
+    pub(super) unsafe fn channel(src: &[u8], c: usize, row: &mut [f32]) {
+        super::channel(src, c, row)
+    }
+
+    pub(super) unsafe fn scatter(
+        row: &[f32],
+        m: f32,
+        s: f32,
+        patch: usize,
+        stride: usize,
+        first: usize,
+        out: &mut [Out],
+    ) {
+        super::scatter(row, m, s, patch, stride, first, out)
+    }
 }
 
 /// Nemotron-H-Omni on a batch (see the module docs).
