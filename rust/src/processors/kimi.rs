@@ -22,6 +22,7 @@
 use super::family::{FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::{Normalize, Runs};
 use super::torch_backend::{self as tb, fused_f32_table};
+use super::torch_simd::Affine;
 use super::value::{as_count, hf_get, hf_keys, hf_put, BadSize, Common, Raw, RawMap, Value, HALF};
 use super::{
     checked_len, parallel, prepare_all, Input, Options, Out, OutBuffer, Outputs, ProcessorError,
@@ -201,6 +202,18 @@ fn torch_normalize(common: &Common) -> Normalize {
     normalize
 }
 
+/// The same fused rescale + normalize as an [`Affine`] (`(f32(x) − mean') / std'`, its
+/// vector kernel checked against [`fused_f32_table`]) for the patches inside the image.
+fn torch_affine(common: &Common) -> Affine {
+    let inverse = (1.0 / common.rescale_factor) as f32;
+    let scaled = |v: [f64; 3]| v.map(|x| x as f32 * inverse);
+    Affine::new(
+        fused_f32_table(common.rescale_factor, common.image_mean, common.image_std),
+        scaled(common.image_mean),
+        scaled(common.image_std),
+    )
+}
+
 impl FamilyConfig for KimiConfig {
     fn common(&self) -> &Common {
         &self.common
@@ -366,8 +379,9 @@ pub fn images(
         }
     }
     let workers = parallel::workers(options.threads, jobs.len());
+    let affine = torch_affine(&config.common);
     parallel::map(jobs, workers, |_, (p, row, out)| {
-        write_patch_row(&normalize, p, ps, row, out);
+        write_patch_row(&normalize, &affine, p, ps, row, out);
     });
     // SAFETY: the slices cover the whole buffer (their lengths sum to `len`: `grid_h` rows of
     // `grid_w · 3 · ps²` values per image), and `write_patch_row` writes every value of its
@@ -397,6 +411,7 @@ pub fn images(
 /// `0`.
 fn write_patch_row(
     normalize: &Normalize,
+    affine: &Affine,
     p: &Prepared<'_>,
     ps: usize,
     row: usize,
@@ -412,18 +427,7 @@ fn write_patch_row(
         let cols_in = image.width.saturating_sub(left).min(ps);
         if rows_in == ps && cols_in == ps {
             let first = (top * image.width + left) * 3;
-            let runs = Runs {
-                width: ps,
-                rows: ps,
-                stride: image.width * 3,
-                out_stride: ps,
-            };
-            normalize.deinterleave_into(
-                &image.data[first..],
-                runs,
-                patch,
-                &[[0, plane, 2 * plane]],
-            );
+            affine.write_patch_chw(&image.data[first..], image.width * 3, ps, patch);
             continue;
         }
         for (c, channel) in patch.chunks_exact_mut(plane).enumerate() {
