@@ -28,7 +28,7 @@ use super::family::{
 };
 use super::input::Alpha;
 use super::normalize::Normalize;
-use super::torch_simd::Affine;
+use super::torch_simd::{Affine, Rows};
 use super::value::{
     as_hw, hf_keys, hf_put, hw_value, Common, Raw, Value, CLIP_MEAN, CLIP_STD, HALF,
 };
@@ -494,17 +494,22 @@ impl Values {
     ) {
         debug_assert_eq!(out.len(), h * w * 3);
         let inside_w = image.width.saturating_sub(left).min(w);
+        let inside_h = image.height.saturating_sub(top).min(h);
+        if inside_w > 0 && inside_h > 0 {
+            let start = (top * image.width + left) * 3;
+            let rows = Rows {
+                n: inside_w * 3,
+                rows: inside_h,
+                stride: image.width * 3,
+                out_stride: w * 3,
+            };
+            self.affine
+                .write_interleaved_rows(&image.data[start..], rows, out);
+        }
+        let pad = self.pad.map(Out::new);
         for (y, row) in out.chunks_exact_mut(w * 3).enumerate() {
-            let iy = top + y;
-            let (pixels, padding) =
-                row.split_at_mut(if iy < image.height { inside_w * 3 } else { 0 });
-            if !pixels.is_empty() {
-                let start = (iy * image.width + left) * 3;
-                self.affine
-                    .write_interleaved(&image.data[start..start + inside_w * 3], pixels);
-            }
-            let pad = self.pad.map(Out::new);
-            for dst in padding.chunks_exact_mut(3) {
+            let from = if y < inside_h { inside_w * 3 } else { 0 };
+            for dst in row[from..].chunks_exact_mut(3) {
                 dst.copy_from_slice(&pad);
             }
         }

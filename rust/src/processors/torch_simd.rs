@@ -19,6 +19,28 @@
 
 use super::Out;
 
+/// Runs of `n` values, `rows` of them, the input runs `stride` bytes apart and the output runs
+/// `out_stride` values apart.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows {
+    pub n: usize,
+    pub rows: usize,
+    pub stride: usize,
+    pub out_stride: usize,
+}
+
+impl Rows {
+    /// A single run of `n` values.
+    pub fn one(n: usize) -> Self {
+        Rows {
+            n,
+            rows: 1,
+            stride: n,
+            out_stride: n,
+        }
+    }
+}
+
 /// The per-channel constants `m`, `s` of `(x − m[c]) / s[c]` in `f32`, the table they must
 /// reproduce bit for bit, and the AVX-512 kernel when it does.
 pub struct Affine {
@@ -74,20 +96,47 @@ impl Affine {
     /// `out[i]` is the value of `src[i]` in channel `i % 3`. Panics if the lengths differ.
     pub fn write_interleaved(&self, src: &[u8], out: &mut [Out]) {
         assert_eq!(src.len(), out.len(), "run lengths");
+        self.write_interleaved_rows(src, Rows::one(src.len()), out);
+    }
+
+    /// [`Affine::write_interleaved`] on `rows.rows` runs of `rows.n` values: run `y` from
+    /// `src[y · stride..]` to `out[y · out_stride..]`. Panics if a run lies outside `src` or
+    /// `out`.
+    pub fn write_interleaved_rows(&self, src: &[u8], rows: Rows, out: &mut [Out]) {
+        let Rows {
+            n,
+            rows: count,
+            stride,
+            out_stride,
+        } = rows;
+        if n == 0 || count == 0 {
+            return;
+        }
+        let end = |step: usize| (count - 1).checked_mul(step)?.checked_add(n);
+        assert!(
+            end(stride).is_some_and(|e| e <= src.len())
+                && end(out_stride).is_some_and(|e| e <= out.len()),
+            "{rows:?} outside {} bytes or {} values",
+            src.len(),
+            out.len()
+        );
         #[cfg(target_arch = "x86_64")]
         if let Some(kernel) = &self.kernel {
-            if src.len() >= avx512::LANES {
+            if n >= avx512::LANES {
                 // SAFETY: the kernel exists only where the CPU has AVX-512 F/BW/VBMI
-                // (`Kernel::new`); both slices hold `len ≥ LANES` elements, and an `Out` is an
-                // `f32` slot taking any `f32` written through a pointer cast.
-                unsafe {
-                    kernel.interleaved(src.as_ptr(), out.as_mut_ptr().cast::<f32>(), src.len())
-                };
+                // (`Kernel::new`); every run lies within `src` and `out` (asserted above) and
+                // holds `n ≥ LANES` values; an `Out` is an `f32` slot taking any `f32` written
+                // through a pointer cast.
+                unsafe { kernel.interleaved(rows, src.as_ptr(), out.as_mut_ptr().cast::<f32>()) };
                 return;
             }
         }
-        for (i, (slot, &x)) in out.iter_mut().zip(src).enumerate() {
-            *slot = Out::new(self.table[i % 3][usize::from(x)]);
+        for y in 0..count {
+            let src = &src[y * stride..y * stride + n];
+            let out = &mut out[y * out_stride..y * out_stride + n];
+            for (i, (slot, &x)) in out.iter_mut().zip(src).enumerate() {
+                *slot = Out::new(self.table[i % 3][usize::from(x)]);
+            }
         }
     }
 
@@ -133,6 +182,7 @@ impl Affine {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::Rows;
     use std::arch::x86_64::*;
 
     /// Values per vector.
@@ -212,7 +262,7 @@ mod avx512 {
                 kernel.fused = fused;
                 let mut got = vec![0f32; all.len()];
                 // SAFETY: `available()` holds; both buffers hold 768 ≥ LANES elements.
-                unsafe { kernel.interleaved(all.as_ptr(), got.as_mut_ptr(), all.len()) };
+                unsafe { kernel.interleaved(Rows::one(all.len()), all.as_ptr(), got.as_mut_ptr()) };
                 if got.iter().map(|v| v.to_bits()).eq(want.iter().copied()) {
                     // `patch_chw` evaluates each value with the same operations (`value`).
                     return Some(kernel);
@@ -221,19 +271,21 @@ mod avx512 {
             None
         }
 
-        /// `out[i] = f(src[i])` in channel `i % 3` for `i < n`.
+        /// For each row `y < rows.rows`: `out[y · out_stride + i] = f(src[y · stride + i])` in
+        /// channel `i % 3`, for `i < rows.n`.
         ///
         /// # Safety
         ///
-        /// The CPU has AVX-512 F (checked by [`Kernel::new`]); `n ≥ LANES`; `src[..n]` is
-        /// readable and `out[..n]` writable and not accessed by anyone else during the call.
-        pub unsafe fn interleaved(&self, src: *const u8, out: *mut f32, n: usize) {
+        /// The CPU has AVX-512 F (checked by [`Kernel::new`]); `rows.n ≥ LANES`; for every
+        /// row, `src[y · stride..][..n]` is readable and `out[y · out_stride..][..n]` writable
+        /// and not accessed by anyone else during the call.
+        pub unsafe fn interleaved(&self, rows: Rows, src: *const u8, out: *mut f32) {
             // SAFETY: forwarded.
             unsafe {
                 if self.fused {
-                    interleaved::<true>(self, src, out, n);
+                    interleaved::<true>(self, rows, src, out);
                 } else {
-                    interleaved::<false>(self, src, out, n);
+                    interleaved::<false>(self, rows, src, out);
                 }
             }
         }
@@ -259,37 +311,62 @@ mod avx512 {
         }
     }
 
-    /// [`Kernel::interleaved`] with the method fixed: vectors at 0, 16, 32, … and a last one
-    /// ending at `n` (overlapping the one before, whose values it writes again, unchanged),
-    /// each with the lane constants of its phase (`start % 3`).
+    /// [`Kernel::interleaved`] with the method fixed, row by row: groups of three vectors
+    /// (48 values, the lane constants of phases 0, 1, 2 in turn), then single vectors, then a
+    /// last one ending at `n` (overlapping the one before, whose values it writes again,
+    /// unchanged) with the lane constants of its phase (`start % 3`).
     ///
     /// # Safety
     ///
     /// As [`Kernel::interleaved`].
     #[target_feature(enable = "avx512f")]
-    unsafe fn interleaved<const FUSED: bool>(k: &Kernel, src: *const u8, out: *mut f32, n: usize) {
+    unsafe fn interleaved<const FUSED: bool>(
+        k: &Kernel,
+        rows: Rows,
+        src: *const u8,
+        out: *mut f32,
+    ) {
+        let n = rows.n;
         debug_assert!(n >= LANES);
-        let mut consts = [[_mm512_setzero_ps(); 3]; 3];
-        for (vectors, arrays) in consts.iter_mut().zip(&k.lanes) {
-            for (vector, array) in vectors.iter_mut().zip(arrays) {
-                // SAFETY: a 16-value array read with an unaligned load.
-                *vector = unsafe { _mm512_loadu_ps(array.as_ptr()) };
-            }
-        }
-        let mut at = 0;
-        loop {
-            let start = at.min(n - LANES);
-            let [m, s, r] = consts[start % 3];
-            // SAFETY: `start + LANES ≤ n`: the 16 bytes read and the 16 values written lie
-            // within `src[..n]` and `out[..n]` (the contract); unaligned load and store.
+        // SAFETY: 16-value arrays read with unaligned loads.
+        let load =
+            |phase: usize, kind: usize| unsafe { _mm512_loadu_ps(k.lanes[phase][kind].as_ptr()) };
+        let phases = [
+            (load(0, 0), load(0, 1), load(0, 2)),
+            (load(1, 0), load(1, 1), load(1, 2)),
+            (load(2, 0), load(2, 1), load(2, 2)),
+        ];
+        let pick = |at: usize| match at % 3 {
+            0 => phases[0],
+            1 => phases[1],
+            _ => phases[2],
+        };
+        for y in 0..rows.rows {
+            // SAFETY: row `y`'s `n` bytes and `n` values lie within the buffers (the
+            // contract); every vector below reads and writes at `start..start + LANES` with
+            // `start + LANES ≤ n`, unaligned.
             unsafe {
-                let bytes = _mm_loadu_si128(src.add(start).cast());
-                _mm512_storeu_ps(out.add(start), value::<FUSED>(floats(bytes), m, s, r));
+                let (src, out) = (src.add(y * rows.stride), out.add(y * rows.out_stride));
+                let one = |start: usize, (m, s, r): (__m512, __m512, __m512)| {
+                    let bytes = _mm_loadu_si128(src.add(start).cast());
+                    _mm512_storeu_ps(out.add(start), value::<FUSED>(floats(bytes), m, s, r));
+                };
+                let mut at = 0;
+                while at + 3 * LANES <= n {
+                    one(at, phases[0]);
+                    one(at + LANES, phases[1]);
+                    one(at + 2 * LANES, phases[2]);
+                    at += 3 * LANES;
+                }
+                while at + LANES <= n {
+                    one(at, pick(at));
+                    at += LANES;
+                }
+                if at < n {
+                    let start = n - LANES;
+                    one(start, pick(start));
+                }
             }
-            if start + LANES >= n {
-                break;
-            }
-            at += LANES;
         }
     }
 
@@ -415,6 +492,21 @@ mod tests {
                     for (i, &x) in src.iter().enumerate() {
                         assert_eq!(bits(&a)[i], fast.value(i % 3, x).to_bits());
                     }
+                }
+                for n in [5, 16, 40, 120, 3 * 61] {
+                    let rows = Rows {
+                        n,
+                        rows: 4,
+                        stride: 61 * 3,
+                        out_stride: n + 7,
+                    };
+                    let len = 3 * (n + 7) + n;
+                    let (mut a, mut b) = (vec![Out::new(0.5); len], vec![Out::new(0.5); len]);
+                    fast.write_interleaved_rows(&pixels[3..], rows, &mut a);
+                    slow.write_interleaved_rows(&pixels[3..], rows, &mut b);
+                    assert_eq!(bits(&a), bits(&b), "rows of {n}");
+                    // The gaps between runs are left alone.
+                    assert_eq!(bits(&a)[n..n + 7], [0.5f32.to_bits(); 7]);
                 }
                 for ps in [1, 7, 8, 14, 16, 17, 40] {
                     let stride = 61 * 3;
