@@ -347,6 +347,7 @@ mod avx512 {
             // `start + LANES ≤ n`, unaligned.
             unsafe {
                 let (src, out) = (src.add(y * rows.stride), out.add(y * rows.out_stride));
+                prefetch_next(src, n);
                 let one = |start: usize, (m, s, r): (__m512, __m512, __m512)| {
                     let bytes = _mm_loadu_si128(src.add(start).cast());
                     _mm512_storeu_ps(out.add(start), value::<FUSED>(floats(bytes), m, s, r));
@@ -368,6 +369,23 @@ mod avx512 {
                 }
             }
         }
+    }
+
+    /// Asks for the `n` bytes after the run of `n` at `src` — the same row of the next patch
+    /// of a caller walking patches left to right — early: the rows of a patch lie a whole image
+    /// row apart, more streams than the hardware prefetcher follows, and a load that misses
+    /// stalls the kernel while a store that misses does not. The addresses may lie past the
+    /// image (`wrapping_add` claims nothing about them; a prefetch never faults).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn prefetch_next(src: *const u8, n: usize) {
+        let next = src.wrapping_add(n);
+        let mut off = 0;
+        while off < n {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off).cast::<i8>());
+            off += 64;
+        }
+        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(n - 1).cast::<i8>());
     }
 
     /// `vpermb` control gathering channel `c` of 16 interleaved RGB pixels into bytes 0–15.
@@ -405,6 +423,8 @@ mod avx512 {
         let last_mask: u16 = ((1u32 << ps) - 1) as u16;
         let mut rows = [_mm512_setzero_si512(); LANES];
         for (y, row) in rows.iter_mut().enumerate().take(ps) {
+            // The next patches' bytes of this row, asked for early (see `prefetch_next`).
+            _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(y * stride + 3 * ps + 128).cast::<i8>());
             // SAFETY: the masked load touches only the `3·ps` bytes of row `y`, readable by
             // the contract (masked-off bytes are never accessed).
             *row = unsafe { _mm512_maskz_loadu_epi8(bytes_mask, src.add(y * stride).cast()) };
