@@ -144,35 +144,70 @@ impl Affine {
     /// `pixels[y · stride]` channels-first into `out` (`3 × ps × ps` values, every one
     /// written). Panics if a row lies outside `pixels` or `out` has another length.
     pub fn write_patch_chw(&self, pixels: &[u8], stride: usize, ps: usize, out: &mut [Out]) {
+        self.write_padded_patch_chw(pixels, stride, ps, (ps, ps), out);
+    }
+
+    /// [`Affine::write_patch_chw`] of a block of which only the top-left `rows × cols` pixels
+    /// are read from `pixels`, the rest being `0` bytes (an image padded right and below with
+    /// zeros, as the torchvision backend's `pad` fills): every value of `out` written. Panics
+    /// if a row read lies outside `pixels`, `rows` or `cols` exceed `ps`, or `out` has another
+    /// length. `pixels` is not read when `rows` or `cols` is 0.
+    pub fn write_padded_patch_chw(
+        &self,
+        pixels: &[u8],
+        stride: usize,
+        ps: usize,
+        (rows, cols): (usize, usize),
+        out: &mut [Out],
+    ) {
         assert_eq!(out.len(), 3 * ps * ps, "patch length");
-        if ps == 0 {
-            return;
-        }
         assert!(
-            (ps - 1)
-                .checked_mul(stride)
-                .and_then(|v| v.checked_add(3 * ps))
-                .is_some_and(|end| end <= pixels.len()),
-            "a {ps}x{ps} block of rows {stride} apart outside {} bytes",
-            pixels.len()
+            rows <= ps && cols <= ps,
+            "{rows}x{cols} pixels of a {ps}-patch"
         );
+        let (rows, cols) = if rows == 0 || cols == 0 {
+            (0, 0)
+        } else {
+            (rows, cols)
+        };
+        if rows > 0 {
+            assert!(
+                (rows - 1)
+                    .checked_mul(stride)
+                    .and_then(|v| v.checked_add(3 * cols))
+                    .is_some_and(|end| end <= pixels.len()),
+                "{rows}x{cols} pixels of rows {stride} apart outside {} bytes",
+                pixels.len()
+            );
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(kernel) = &self.kernel {
             if (avx512::MIN_PATCH..=avx512::LANES).contains(&ps) {
-                // SAFETY: as in `write_interleaved` for the CPU; rows `y < ps` of `3·ps` bytes
-                // at `y · stride` lie within `pixels` (asserted above), `out` holds the
-                // `3·ps²` values and `ps` is within the kernel's range.
+                // SAFETY: as in `write_interleaved` for the CPU; rows `y < rows` of `3·cols`
+                // bytes at `y · stride` lie within `pixels` (asserted above; none is read when
+                // `rows` is 0), `rows, cols ≤ ps`, `out` holds the `3·ps²` values and `ps` is
+                // within the kernel's range.
                 unsafe {
-                    kernel.patch_chw(pixels.as_ptr(), stride, ps, out.as_mut_ptr().cast::<f32>())
+                    kernel.patch_chw(
+                        pixels.as_ptr(),
+                        stride,
+                        ps,
+                        (rows, cols),
+                        out.as_mut_ptr().cast::<f32>(),
+                    )
                 };
                 return;
             }
         }
         let plane = ps * ps;
         for y in 0..ps {
-            let row = &pixels[y * stride..y * stride + 3 * ps];
-            for (x, px) in row.chunks_exact(3).enumerate() {
-                for (c, &v) in px.iter().enumerate() {
+            for x in 0..ps {
+                for c in 0..3 {
+                    let v = if y < rows && x < cols {
+                        pixels[y * stride + 3 * x + c]
+                    } else {
+                        0
+                    };
                     out[c * plane + y * ps + x] = Out::new(self.table[c][usize::from(v)]);
                 }
             }
@@ -291,21 +326,29 @@ mod avx512 {
         }
 
         /// A `ps × ps` patch channels-first: channel `c` of pixel `x` of row `y`
-        /// (`src[y · stride + 3·x + c]`) to `out[c·ps² + y·ps + x]`.
+        /// (`src[y · stride + 3·x + c]` for `y < rows`, `x < cols` with `block = (rows, cols)`,
+        /// a `0` byte elsewhere) to `out[c·ps² + y·ps + x]`.
         ///
         /// # Safety
         ///
         /// The CPU has AVX-512 F/BW/VBMI (checked by [`Kernel::new`]);
-        /// `MIN_PATCH ≤ ps ≤ LANES`; `src[y · stride..][..3·ps]` is readable for every
-        /// `y < ps`; `out[..3·ps²]` is writable and not accessed by anyone else during the
-        /// call.
-        pub unsafe fn patch_chw(&self, src: *const u8, stride: usize, ps: usize, out: *mut f32) {
+        /// `MIN_PATCH ≤ ps ≤ LANES`; `rows, cols ≤ ps`; `src[y · stride..][..3·cols]` is
+        /// readable for every `y < rows`; `out[..3·ps²]` is writable and not accessed by
+        /// anyone else during the call.
+        pub unsafe fn patch_chw(
+            &self,
+            src: *const u8,
+            stride: usize,
+            ps: usize,
+            block: (usize, usize),
+            out: *mut f32,
+        ) {
             // SAFETY: forwarded.
             unsafe {
                 if self.fused {
-                    patch_chw::<true>(self, src, stride, ps, out);
+                    patch_chw::<true>(self, src, stride, ps, block, out);
                 } else {
-                    patch_chw::<false>(self, src, stride, ps, out);
+                    patch_chw::<false>(self, src, stride, ps, block, out);
                 }
             }
         }
@@ -416,17 +459,19 @@ mod avx512 {
         src: *const u8,
         stride: usize,
         ps: usize,
+        (block_rows, cols): (usize, usize),
         out: *mut f32,
     ) {
-        debug_assert!((MIN_PATCH..=LANES).contains(&ps));
-        let bytes_mask: u64 = (1u64 << (3 * ps)) - 1; // 3·ps ≤ 48 bits
+        debug_assert!((MIN_PATCH..=LANES).contains(&ps) && block_rows <= ps && cols <= ps);
+        let bytes_mask: u64 = (1u64 << (3 * cols)) - 1; // 3·cols ≤ 48 bits
         let last_mask: u16 = ((1u32 << ps) - 1) as u16;
+        // Rows past `block_rows` stay 0 bytes, as do the bytes past `3·cols` of the others.
         let mut rows = [_mm512_setzero_si512(); LANES];
-        for (y, row) in rows.iter_mut().enumerate().take(ps) {
+        for (y, row) in rows.iter_mut().enumerate().take(block_rows) {
             // The next patches' bytes of this row, asked for early (see `prefetch_next`).
             _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(y * stride + 3 * ps + 128).cast::<i8>());
-            // SAFETY: the masked load touches only the `3·ps` bytes of row `y`, readable by
-            // the contract (masked-off bytes are never accessed).
+            // SAFETY: the masked load touches only the `3·cols` bytes of row `y < rows`,
+            // readable by the contract (masked-off bytes are never accessed).
             *row = unsafe { _mm512_maskz_loadu_epi8(bytes_mask, src.add(y * stride).cast()) };
         }
         let plane = ps * ps;
@@ -527,6 +572,25 @@ mod tests {
                     assert_eq!(bits(&a), bits(&b), "rows of {n}");
                     // The gaps between runs are left alone.
                     assert_eq!(bits(&a)[n..n + 7], [0.5f32.to_bits(); 7]);
+                }
+                for (ps, block) in [
+                    (14, (14, 3)),
+                    (14, (5, 14)),
+                    (14, (1, 1)),
+                    (14, (0, 9)),
+                    (9, (8, 0)),
+                    (16, (2, 16)),
+                    (20, (3, 7)),
+                ] {
+                    let stride = 61 * 3;
+                    let (mut a, mut b) = (
+                        vec![Out::uninit(); 3 * ps * ps],
+                        vec![Out::uninit(); 3 * ps * ps],
+                    );
+                    fast.write_padded_patch_chw(&pixels[5..], stride, ps, block, &mut a);
+                    slow.write_padded_patch_chw(&pixels[5..], stride, ps, block, &mut b);
+                    assert_eq!(bits(&a), bits(&b), "padded patch of {ps} {block:?}");
+                    assert_eq!(bits(&a)[3 * ps * ps - 1], fast.value(2, 0).to_bits());
                 }
                 for ps in [1, 7, 8, 14, 16, 17, 40] {
                     let stride = 61 * 3;
