@@ -28,6 +28,7 @@ use super::family::{
 };
 use super::input::Alpha;
 use super::normalize::Normalize;
+use super::torch_simd::{Affine, Rows};
 use super::value::{
     as_hw, hf_keys, hf_put, hw_value, Common, Raw, Value, CLIP_MEAN, CLIP_STD, HALF,
 };
@@ -449,7 +450,8 @@ pub fn torch_value(common: &Common, c: usize, x: f32) -> f32 {
 
 /// [`torch_value`] of every byte value per channel, and of the `-1.0` padding.
 struct Values {
-    table: [[f32; 256]; 3],
+    /// The value of every input ([`torch_value`]), with a vector kernel when one reproduces it.
+    affine: Affine,
     pad: [f32; 3],
 }
 
@@ -462,7 +464,23 @@ impl Values {
             }
         }
         let pad = [0, 1, 2].map(|c| torch_value(common, c, -1.0));
-        Values { table, pad }
+        // `torch_value` as `(x − m) / s` for the kernel to try (`Affine::new` keeps it only if
+        // it gives the table's bits; a rescale alone, `x · factor`, usually does not).
+        let f32s = |v: [f64; 3]| v.map(|x| x as f32);
+        let inverse = (1.0 / common.rescale_factor) as f32;
+        let (m, s) = match (common.do_rescale, common.do_normalize) {
+            (true, true) => (
+                f32s(common.image_mean).map(|x| x * inverse),
+                f32s(common.image_std).map(|x| x * inverse),
+            ),
+            (false, true) => (f32s(common.image_mean), f32s(common.image_std)),
+            (true, false) => ([0.0; 3], [inverse; 3]),
+            (false, false) => ([0.0; 3], [1.0; 3]),
+        };
+        Values {
+            affine: Affine::new(table, m, s),
+            pad,
+        }
     }
 
     /// The `h × w` window at `(top, left)` of `image`, padded where it leaves the image,
@@ -476,21 +494,22 @@ impl Values {
     ) {
         debug_assert_eq!(out.len(), h * w * 3);
         let inside_w = image.width.saturating_sub(left).min(w);
+        let inside_h = image.height.saturating_sub(top).min(h);
+        if inside_w > 0 && inside_h > 0 {
+            let start = (top * image.width + left) * 3;
+            let rows = Rows {
+                n: inside_w * 3,
+                rows: inside_h,
+                stride: image.width * 3,
+                out_stride: w * 3,
+            };
+            self.affine
+                .write_interleaved_rows(&image.data[start..], rows, out);
+        }
+        let pad = self.pad.map(Out::new);
         for (y, row) in out.chunks_exact_mut(w * 3).enumerate() {
-            let iy = top + y;
-            let (pixels, padding) =
-                row.split_at_mut(if iy < image.height { inside_w * 3 } else { 0 });
-            if !pixels.is_empty() {
-                let start = (iy * image.width + left) * 3;
-                let src = &image.data[start..start + inside_w * 3];
-                for (dst, px) in pixels.chunks_exact_mut(3).zip(src.chunks_exact(3)) {
-                    dst[0] = Out::new(self.table[0][usize::from(px[0])]);
-                    dst[1] = Out::new(self.table[1][usize::from(px[1])]);
-                    dst[2] = Out::new(self.table[2][usize::from(px[2])]);
-                }
-            }
-            let pad = self.pad.map(Out::new);
-            for dst in padding.chunks_exact_mut(3) {
+            let from = if y < inside_h { inside_w * 3 } else { 0 };
+            for dst in row[from..].chunks_exact_mut(3) {
                 dst.copy_from_slice(&pad);
             }
         }
@@ -760,7 +779,7 @@ mod tests {
         // The third patch is padding only, in both copies.
         let third = &v[2 * 9600..];
         assert!(third.chunks_exact(3).all(|px| px == values.pad));
-        assert_eq!(v[0], values.table[0][7]);
+        assert_eq!(v[0], values.affine.value(0, 7));
         assert_eq!(i64_values(&out, "num_patches"), Some(&[3i64][..]));
     }
 

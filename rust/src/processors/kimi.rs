@@ -7,8 +7,9 @@
 //! padded at the bottom and right with `0` bytes (`TorchvisionBackend.pad`'s `fill_value`) to a
 //! multiple of `merge_size · patch_size`. The torchvision backend's fused rescale + normalize
 //! (`(f32(x) − mean') / std'` with `mean' = f32(mean) · f32(1 / rescale_factor)`) is one table
-//! of 3 × 256 values ([`super::torch_backend::fused_f32_table`]), run through the shared
-//! [`Normalize`] passes (exact by construction: see [`torch_normalize`]).
+//! of 3 × 256 values ([`super::torch_backend::fused_f32_table`]), evaluated sixteen values at
+//! a time by [`Affine`] (its kernel checked against the table when built), each patch written
+//! once with the padding's `0` bytes normalised like the pixels.
 //!
 //! Outputs: `pixel_values` `(Σ h·w, 3, patch_size, patch_size)` float32, each image's patches
 //! in row-major grid order (no merge-window reordering: `Kimi_K25ImageProcessor.patchify`),
@@ -20,8 +21,9 @@
 //! `temporal_patch_size` whose prompt interleaves timestamp text with the media markers).
 
 use super::family::{FamilyConfig, Hf, Published, VisionTokens};
-use super::normalize::{Normalize, Runs};
+use super::normalize::Normalize;
 use super::torch_backend::{self as tb, fused_f32_table};
+use super::torch_simd::Affine;
 use super::value::{as_count, hf_get, hf_keys, hf_put, BadSize, Common, Raw, RawMap, Value, HALF};
 use super::{
     checked_len, parallel, prepare_all, Input, Options, Out, OutBuffer, Outputs, ProcessorError,
@@ -179,26 +181,16 @@ pub fn navit_resize(
     ((new_h, new_w), (pad(new_h), pad(new_w)))
 }
 
-/// The torchvision backend's fused rescale + normalize as a [`Normalize`]: its table
-/// ([`fused_f32_table`]) is `(f32(x) − mean') / std'` in `f32`, which is the PIL-backend
-/// formula [`Normalize`] evaluates (`(f32(f64(x) · factor) − f32(mean)) / f32(std)`) with
-/// `factor = 1` (exact) and `mean'`, `std'` given as the `f64` values of those `f32`s (exact
-/// again): the same bits for every input, whichever of its passes runs.
-fn torch_normalize(common: &Common) -> Normalize {
+/// The same fused rescale + normalize as an [`Affine`] (`(f32(x) − mean') / std'`, its
+/// vector kernel checked against [`fused_f32_table`]) for the patches inside the image.
+fn torch_affine(common: &Common) -> Affine {
     let inverse = (1.0 / common.rescale_factor) as f32;
-    let scaled = |v: [f64; 3]| v.map(|x| f64::from(x as f32 * inverse));
-    let normalize = Normalize::new(
-        Some(1.0),
-        Some((scaled(common.image_mean), scaled(common.image_std))),
-    );
-    debug_assert!({
-        let table = fused_f32_table(common.rescale_factor, common.image_mean, common.image_std);
-        (0..3).all(|c| {
-            (0..=255u8)
-                .all(|v| normalize.value(c, v).to_bits() == table[c][usize::from(v)].to_bits())
-        })
-    });
-    normalize
+    let scaled = |v: [f64; 3]| v.map(|x| x as f32 * inverse);
+    Affine::new(
+        fused_f32_table(common.rescale_factor, common.image_mean, common.image_std),
+        scaled(common.image_mean),
+        scaled(common.image_std),
+    )
 }
 
 impl FamilyConfig for KimiConfig {
@@ -339,7 +331,6 @@ pub fn images(
     options: &Options,
 ) -> Result<Outputs, ProcessorError> {
     let ps = config.patch_size;
-    let normalize = torch_normalize(&config.common);
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
@@ -366,8 +357,9 @@ pub fn images(
         }
     }
     let workers = parallel::workers(options.threads, jobs.len());
+    let affine = torch_affine(&config.common);
     parallel::map(jobs, workers, |_, (p, row, out)| {
-        write_patch_row(&normalize, p, ps, row, out);
+        write_patch_row(&affine, p, ps, row, out);
     });
     // SAFETY: the slices cover the whole buffer (their lengths sum to `len`: `grid_h` rows of
     // `grid_w · 3 · ps²` values per image), and `write_patch_row` writes every value of its
@@ -395,55 +387,21 @@ pub fn images(
 /// Patch row `row` of an image (its `grid_w` patches, each `3 × ps × ps` channels-first) into
 /// `out`: the image's pixels normalised, the zero padding right and below as the normalised
 /// `0`.
-fn write_patch_row(
-    normalize: &Normalize,
-    p: &Prepared<'_>,
-    ps: usize,
-    row: usize,
-    out: &mut [Out],
-) {
+fn write_patch_row(affine: &Affine, p: &Prepared<'_>, ps: usize, row: usize, out: &mut [Out]) {
     let image = p.image.view();
     let plane = ps * ps;
     let top = row * ps;
     let rows_in = image.height.saturating_sub(top).min(ps);
-    let pad = [0, 1, 2].map(|c| Out::new(normalize.value(c, 0)));
     for (j, patch) in out.chunks_exact_mut(3 * plane).enumerate() {
         let left = j * ps;
         let cols_in = image.width.saturating_sub(left).min(ps);
-        if rows_in == ps && cols_in == ps {
-            let first = (top * image.width + left) * 3;
-            let runs = Runs {
-                width: ps,
-                rows: ps,
-                stride: image.width * 3,
-                out_stride: ps,
-            };
-            normalize.deinterleave_into(
-                &image.data[first..],
-                runs,
-                patch,
-                &[[0, plane, 2 * plane]],
-            );
-            continue;
-        }
-        for (c, channel) in patch.chunks_exact_mut(plane).enumerate() {
-            channel.fill(pad[c]);
-        }
-        if rows_in > 0 && cols_in > 0 {
-            let first = (top * image.width + left) * 3;
-            let runs = Runs {
-                width: cols_in,
-                rows: rows_in,
-                stride: image.width * 3,
-                out_stride: ps,
-            };
-            normalize.deinterleave_into(
-                &image.data[first..],
-                runs,
-                patch,
-                &[[0, plane, 2 * plane]],
-            );
-        }
+        // The pad's 0 bytes go through the same normalisation as the pixels.
+        let pixels = if rows_in > 0 && cols_in > 0 {
+            &image.data[(top * image.width + left) * 3..]
+        } else {
+            &[]
+        };
+        affine.write_padded_patch_chw(pixels, image.width * 3, ps, (rows_in, cols_in), patch);
     }
 }
 
@@ -474,26 +432,5 @@ mod tests {
             )],
         };
         assert_eq!(config.image_tokens(&outputs, None), Some(vec![330, 1]));
-    }
-
-    #[test]
-    fn torch_normalize_is_the_fused_table() {
-        let mut common = Common::new(
-            [0.48145466, 0.4578275, 0.40821073],
-            [0.26862954, 0.26130258, 0.27577711],
-        );
-        for factor in [1.0 / 255.0, 0.5, 1.0 / 127.0] {
-            common.rescale_factor = factor;
-            let n = torch_normalize(&common);
-            let table = fused_f32_table(factor, common.image_mean, common.image_std);
-            let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
-            let mut got = vec![0f32; 768];
-            n.deinterleave_into(&all, Runs::one(256), &mut got, &[[0, 256, 512]]);
-            for c in 0..3 {
-                for v in 0..256 {
-                    assert_eq!(got[c * 256 + v].to_bits(), table[c][v].to_bits(), "{c} {v}");
-                }
-            }
-        }
     }
 }

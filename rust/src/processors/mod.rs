@@ -63,6 +63,7 @@ pub mod siglip;
 pub mod sizes;
 pub mod store;
 pub mod torch_backend;
+pub mod torch_simd;
 pub mod value;
 
 use std::borrow::Cow;
