@@ -484,10 +484,86 @@ struct DataEnd {
 }
 
 /// `load_read` + `ImagingZipDecode`: inflates the image data into `out` (the layout's rows with
-/// their filter bytes) the way Pillow feeds it to zlib: the pieces `load_read` returns, and for
-/// each piece one inflate call per row, into that row's remaining bytes (the row-sized output
-/// matters: it decides which distances reach back into zlib's window).
+/// their filter bytes, zero) the way Pillow feeds it to zlib. First [`inflate_whole`], which
+/// succeeds exactly when Pillow's row-by-row inflate does and then gives the same bytes; when it
+/// does not succeed (a broken or truncated stream, a stream that ends before the last row),
+/// the data is inflated again row by row ([`inflate_rows`]) to fail, or stop, where Pillow does.
 fn inflate_image(
+    data: &[u8],
+    first_body: usize,
+    first_len: usize,
+    layout: &Layout,
+    out: &mut [u8],
+) -> Result<DataEnd, DecodeError> {
+    if let Some(end) = inflate_whole(data, first_body, first_len, out) {
+        return Ok(end);
+    }
+    out.fill(0);
+    inflate_rows(data, first_body, first_len, layout, out)
+}
+
+/// Inflates the image data into all of `out` at once, fed in the same pieces as Pillow's
+/// (`load_read`: at most [`MAXBLOCK`] bytes, never across a chunk boundary). `Some` only when the
+/// output is filled without any inflate error; `None` for everything else (Pillow's outcome is
+/// then worked out by [`inflate_rows`]).
+///
+/// Why this is Pillow's result whenever it is `Some`: the inflated bytes do not depend on how the
+/// output is split, and neither do inflate's errors: zlib (and zlib-rs) made with 15 window bits
+/// keep a 32 KiB window whatever the stream header declares, so a distance is refused exactly
+/// when it reaches before the start of the stream, however many calls produced the bytes before
+/// it. The call that fills the last byte has the rest of the same piece as input in both cases,
+/// and goes on through the end of the stream and its adler32 exactly when Pillow's call for the
+/// last row does (an adler32 mismatch there is an error here too). A stream that ends at a row
+/// boundary before the last row (Pillow's early finish) leaves the output short: `None`.
+fn inflate_whole(
+    data: &[u8],
+    first_body: usize,
+    first_len: usize,
+    out: &mut [u8],
+) -> Option<DataEnd> {
+    let mut z = zlib_rs::Inflate::new(true, 15);
+    let mut filled = 0usize;
+    let (mut pos, mut left) = (first_body, first_len);
+    loop {
+        while left == 0 {
+            pos = pos.saturating_add(4);
+            match read_header(data, pos) {
+                Header::Chunk {
+                    cid: b"IDAT" | b"DDAT",
+                    body,
+                    len,
+                } => (pos, left) = (body, len),
+                _ => return None,
+            }
+        }
+        let want = left.min(MAXBLOCK);
+        let piece = &data[pos.min(data.len())..pos.saturating_add(want).min(data.len())];
+        left -= want;
+        pos += piece.len();
+        if piece.is_empty() {
+            return None;
+        }
+        let before = (z.total_in(), z.total_out());
+        let status = z.decompress(piece, &mut out[filled..], zlib_rs::InflateFlush::NoFlush);
+        let used = (z.total_in() - before.0) as usize;
+        filled += (z.total_out() - before.1) as usize;
+        match status {
+            Ok(zlib_rs::Status::Ok | zlib_rs::Status::StreamEnd) if filled == out.len() => {
+                return Some(DataEnd {
+                    pos,
+                    left_in_chunk: left,
+                })
+            }
+            // Output left over: the whole piece was taken, the next one follows.
+            Ok(zlib_rs::Status::Ok) if used == piece.len() => {}
+            _ => return None,
+        }
+    }
+}
+
+/// [`inflate_image`] as Pillow does it: for each piece one inflate call per row, into that
+/// row's remaining bytes.
+fn inflate_rows(
     data: &[u8],
     first_body: usize,
     first_len: usize,
@@ -632,6 +708,10 @@ fn unfilter(buf: &mut [u8], row_bytes: usize, rows: usize, bpp: usize) -> Result
     Ok(())
 }
 
+/// The PNG specification's Paeth predictor, as Pillow writes it: the neighbour (left `a`, above
+/// `b`, upper left `c`) closest to `a + b - c`, ties going to `a`, then `b`. The reference for
+/// [`paeth_branchless`].
+#[cfg(test)]
 fn paeth(a: u8, b: u8, c: u8) -> u8 {
     let (a16, b16, c16) = (i16::from(a), i16::from(b), i16::from(c));
     let pa = (b16 - c16).abs();
@@ -646,6 +726,19 @@ fn paeth(a: u8, b: u8, c: u8) -> u8 {
     }
 }
 
+/// [`paeth`] rewritten so that it compiles to selects, no branches: with `lo = min(a, b)`,
+/// `hi = max(a, b)` and `t = 3c - a - b`, the predictor is `hi` when `t <= lo`, else `lo` when
+/// `hi <= t`, else `c`. Equal to [`paeth`] for every input: the test `paeth_formulations_agree`
+/// compares all 2^24 of them.
+#[inline(always)]
+fn paeth_branchless(a: u8, b: u8, c: u8) -> u8 {
+    let (a, b, c) = (i16::from(a), i16::from(b), i16::from(c));
+    let t = 3 * c - a - b;
+    let (lo, hi) = (a.min(b), a.max(b));
+    let pick = if hi <= t { lo } else { c };
+    (if t <= lo { hi } else { pick }) as u8
+}
+
 /// Paeth over whole pixels of `BPP` bytes (every row is a whole number of pixels when
 /// `BPP > 1`), keeping the left and upper-left pixels in registers. The first pixel predicts
 /// from above, as Pillow's first `bpp` bytes do.
@@ -653,7 +746,7 @@ fn paeth_row<const BPP: usize>(cur: &mut [u8], prev: &[u8]) {
     let (mut left, mut upper_left) = ([0u8; BPP], [0u8; BPP]);
     for (px, up) in cur.chunks_exact_mut(BPP).zip(prev.chunks_exact(BPP)) {
         for k in 0..BPP {
-            let v = px[k].wrapping_add(paeth(left[k], up[k], upper_left[k]));
+            let v = px[k].wrapping_add(paeth_branchless(left[k], up[k], upper_left[k]));
             px[k] = v;
             left[k] = v;
             upper_left[k] = up[k];
@@ -661,6 +754,60 @@ fn paeth_row<const BPP: usize>(cur: &mut [u8], prev: &[u8]) {
     }
 }
 
+/// Sub (and Paeth with no row above) over whole pixels of `BPP` bytes, the left pixel kept in
+/// registers.
+fn sub_row<const BPP: usize>(cur: &mut [u8]) {
+    let mut left = [0u8; BPP];
+    for px in cur.chunks_exact_mut(BPP) {
+        for k in 0..BPP {
+            px[k] = px[k].wrapping_add(left[k]);
+            left[k] = px[k];
+        }
+    }
+}
+
+/// Average over whole pixels of `BPP` bytes; `prev` is the row above (zero for the first row of
+/// a pass). `(l + u) / 2` is computed in 8 bits as `(l & u) + ((l ^ u) >> 1)`.
+fn average_row<const BPP: usize>(cur: &mut [u8], prev: Option<&[u8]>) {
+    let mut left = [0u8; BPP];
+    match prev {
+        Some(prev) => {
+            for (px, up) in cur.chunks_exact_mut(BPP).zip(prev.chunks_exact(BPP)) {
+                for k in 0..BPP {
+                    let (l, u) = (left[k], up[k]);
+                    px[k] = px[k].wrapping_add((l & u) + ((l ^ u) >> 1));
+                    left[k] = px[k];
+                }
+            }
+        }
+        None => {
+            for px in cur.chunks_exact_mut(BPP) {
+                for k in 0..BPP {
+                    px[k] = px[k].wrapping_add(left[k] >> 1);
+                    left[k] = px[k];
+                }
+            }
+        }
+    }
+}
+
+/// Calls `$kernel::<BPP>` for the bytes per pixel PNG rows have (1 for sub-byte samples).
+macro_rules! per_bpp {
+    ($bpp:expr, $kernel:ident ( $($arg:expr),* )) => {
+        match $bpp {
+            1 => $kernel::<1>($($arg),*),
+            2 => $kernel::<2>($($arg),*),
+            3 => $kernel::<3>($($arg),*),
+            4 => $kernel::<4>($($arg),*),
+            6 => $kernel::<6>($($arg),*),
+            _ => $kernel::<8>($($arg),*),
+        }
+    };
+}
+
+/// Undoes one row's filter in place; `prev` is the unfiltered row above (`None` for the first
+/// row of a pass, which Pillow treats as zero). `bpp` is 1, 2, 3, 4, 6 or 8, and a row is a
+/// whole number of `bpp`-byte pixels whenever `bpp > 1`.
 fn unfilter_row(
     filter: u8,
     cur: &mut [u8],
@@ -668,43 +815,16 @@ fn unfilter_row(
     bpp: usize,
 ) -> Result<(), DecodeError> {
     let n = cur.len();
-    let bpp = bpp.min(n);
     match (filter, prev) {
         (0, _) | (2, None) => {}
-        // Sub, and Paeth with a zero row above (it predicts from the left then).
-        (1, _) | (4, None) => {
-            for i in bpp..n {
-                cur[i] = cur[i].wrapping_add(cur[i - bpp]);
-            }
-        }
+        (1, _) | (4, None) => per_bpp!(bpp, sub_row(cur)),
         (2, Some(prev)) => {
             for (c, &p) in cur.iter_mut().zip(&prev[..n]) {
                 *c = c.wrapping_add(p);
             }
         }
-        (3, None) => {
-            for i in bpp..n {
-                cur[i] = cur[i].wrapping_add(cur[i - bpp] / 2);
-            }
-        }
-        (3, Some(prev)) => {
-            let prev = &prev[..n];
-            for i in 0..bpp {
-                cur[i] = cur[i].wrapping_add(prev[i] / 2);
-            }
-            for i in bpp..n {
-                let avg = (u16::from(cur[i - bpp]) + u16::from(prev[i])) / 2;
-                cur[i] = cur[i].wrapping_add(avg as u8);
-            }
-        }
-        (4, Some(prev)) => match bpp {
-            1 => paeth_row::<1>(cur, &prev[..n]),
-            2 => paeth_row::<2>(cur, &prev[..n]),
-            3 => paeth_row::<3>(cur, &prev[..n]),
-            4 => paeth_row::<4>(cur, &prev[..n]),
-            6 => paeth_row::<6>(cur, &prev[..n]),
-            _ => paeth_row::<8>(cur, &prev[..n]),
-        },
+        (3, prev) => per_bpp!(bpp, average_row(cur, prev.map(|p| &p[..n]))),
+        (4, Some(prev)) => per_bpp!(bpp, paeth_row(cur, &prev[..n])),
         (f, _) => return Err(corrupt(format!("unknown row filter type {f}"))),
     }
     Ok(())
@@ -1073,6 +1193,17 @@ mod tests {
         assert_eq!(l.total, 2 + 2 + 3 + 4 + 4);
         let plain = Layout::new(3, 2, 1, false).unwrap();
         assert_eq!((plain.line, plain.total), (1, 4));
+    }
+
+    #[test]
+    fn paeth_formulations_agree() {
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                for c in 0..=255u8 {
+                    assert_eq!(paeth_branchless(a, b, c), paeth(a, b, c), "{a} {b} {c}");
+                }
+            }
+        }
     }
 
     #[test]
