@@ -1202,10 +1202,11 @@ fn unpack_bits(row: &[u8], bits: u8, dst: &mut [u8]) {
         _ => {
             let per_byte = 8 / usize::from(bits);
             let mask = (1u8 << bits) - 1;
-            for (i, d) in dst.iter_mut().enumerate() {
-                let byte = row[i / per_byte];
-                let shift = 8 - bits as usize * (i % per_byte + 1);
-                *d = (byte >> shift) & mask;
+            for (samples, &byte) in dst.chunks_mut(per_byte).zip(row) {
+                for (j, d) in samples.iter_mut().enumerate() {
+                    let shift = 8 - usize::from(bits) * (j + 1);
+                    *d = (byte >> shift) & mask;
+                }
             }
         }
     }
