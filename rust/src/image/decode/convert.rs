@@ -243,6 +243,15 @@ fn convert_into_or_copy(pixels: &Pixels, out: &mut [u8]) {
     }
 }
 
+/// Gray values replicated into RGB `out`; the value `key` (a transparent gray composited onto
+/// white) becomes white.
+fn gray_into(out: &mut [u8], values: impl Iterator<Item = u8>, key: Option<u8>) {
+    for (px, v) in out.chunks_exact_mut(3).zip(values) {
+        let v = if key == Some(v) { 255 } else { v };
+        px.copy_from_slice(&[v, v, v]);
+    }
+}
+
 /// Fills `out` (n × 3) from pixels whose conversion needs a new buffer.
 fn convert_into(
     pixels: &Pixels,
@@ -255,18 +264,17 @@ fn convert_into(
         Some(Transparency::Gray(t)) if composite => Some(*t as u8),
         _ => None,
     };
-    let gray = |out: &mut [u8], values: &mut dyn Iterator<Item = u8>| {
-        for (px, v) in out.chunks_exact_mut(3).zip(values) {
-            let v = if gray_key == Some(v) { 255 } else { v };
-            px.copy_from_slice(&[v, v, v]);
-        }
-    };
     match pixels {
-        Pixels::Bilevel(bits) => gray(out, &mut bits.iter().map(|&b| if b != 0 { 255 } else { 0 })),
-        Pixels::L(l) => gray(out, &mut l.iter().copied()),
-        Pixels::I16(v) => gray(
+        Pixels::Bilevel(bits) => gray_into(
             out,
-            &mut v.iter().map(|&x| if x > 255 { 255 } else { x as u8 }),
+            bits.iter().map(|&b| if b != 0 { 255 } else { 0 }),
+            gray_key,
+        ),
+        Pixels::L(l) => gray_into(out, l.iter().copied(), gray_key),
+        Pixels::I16(v) => gray_into(
+            out,
+            v.iter().map(|&x| if x > 255 { 255 } else { x as u8 }),
+            gray_key,
         ),
         Pixels::La(la) => {
             for (px, s) in out.chunks_exact_mut(3).zip(la.chunks_exact(2)) {

@@ -484,10 +484,86 @@ struct DataEnd {
 }
 
 /// `load_read` + `ImagingZipDecode`: inflates the image data into `out` (the layout's rows with
-/// their filter bytes) the way Pillow feeds it to zlib: the pieces `load_read` returns, and for
-/// each piece one inflate call per row, into that row's remaining bytes (the row-sized output
-/// matters: it decides which distances reach back into zlib's window).
+/// their filter bytes, zero) the way Pillow feeds it to zlib. First [`inflate_whole`], which
+/// succeeds exactly when Pillow's row-by-row inflate does and then gives the same bytes; when it
+/// does not succeed (a broken or truncated stream, a stream that ends before the last row),
+/// the data is inflated again row by row ([`inflate_rows`]) to fail, or stop, where Pillow does.
 fn inflate_image(
+    data: &[u8],
+    first_body: usize,
+    first_len: usize,
+    layout: &Layout,
+    out: &mut [u8],
+) -> Result<DataEnd, DecodeError> {
+    if let Some(end) = inflate_whole(data, first_body, first_len, out) {
+        return Ok(end);
+    }
+    out.fill(0);
+    inflate_rows(data, first_body, first_len, layout, out)
+}
+
+/// Inflates the image data into all of `out` at once, fed in the same pieces as Pillow's
+/// (`load_read`: at most [`MAXBLOCK`] bytes, never across a chunk boundary). `Some` only when the
+/// output is filled without any inflate error; `None` for everything else (Pillow's outcome is
+/// then worked out by [`inflate_rows`]).
+///
+/// Why this is Pillow's result whenever it is `Some`: the inflated bytes do not depend on how the
+/// output is split, and neither do inflate's errors: zlib (and zlib-rs) made with 15 window bits
+/// keep a 32 KiB window whatever the stream header declares, so a distance is refused exactly
+/// when it reaches before the start of the stream, however many calls produced the bytes before
+/// it. The call that fills the last byte has the rest of the same piece as input in both cases,
+/// and goes on through the end of the stream and its adler32 exactly when Pillow's call for the
+/// last row does (an adler32 mismatch there is an error here too). A stream that ends at a row
+/// boundary before the last row (Pillow's early finish) leaves the output short: `None`.
+fn inflate_whole(
+    data: &[u8],
+    first_body: usize,
+    first_len: usize,
+    out: &mut [u8],
+) -> Option<DataEnd> {
+    let mut z = zlib_rs::Inflate::new(true, 15);
+    let mut filled = 0usize;
+    let (mut pos, mut left) = (first_body, first_len);
+    loop {
+        while left == 0 {
+            pos = pos.saturating_add(4);
+            match read_header(data, pos) {
+                Header::Chunk {
+                    cid: b"IDAT" | b"DDAT",
+                    body,
+                    len,
+                } => (pos, left) = (body, len),
+                _ => return None,
+            }
+        }
+        let want = left.min(MAXBLOCK);
+        let piece = &data[pos.min(data.len())..pos.saturating_add(want).min(data.len())];
+        left -= want;
+        pos += piece.len();
+        if piece.is_empty() {
+            return None;
+        }
+        let before = (z.total_in(), z.total_out());
+        let status = z.decompress(piece, &mut out[filled..], zlib_rs::InflateFlush::NoFlush);
+        let used = (z.total_in() - before.0) as usize;
+        filled += (z.total_out() - before.1) as usize;
+        match status {
+            Ok(zlib_rs::Status::Ok | zlib_rs::Status::StreamEnd) if filled == out.len() => {
+                return Some(DataEnd {
+                    pos,
+                    left_in_chunk: left,
+                })
+            }
+            // Output left over: the whole piece was taken, the next one follows.
+            Ok(zlib_rs::Status::Ok) if used == piece.len() => {}
+            _ => return None,
+        }
+    }
+}
+
+/// [`inflate_image`] as Pillow does it: for each piece one inflate call per row, into that
+/// row's remaining bytes.
+fn inflate_rows(
     data: &[u8],
     first_body: usize,
     first_len: usize,
@@ -632,6 +708,10 @@ fn unfilter(buf: &mut [u8], row_bytes: usize, rows: usize, bpp: usize) -> Result
     Ok(())
 }
 
+/// The PNG specification's Paeth predictor, as Pillow writes it: the neighbour (left `a`, above
+/// `b`, upper left `c`) closest to `a + b - c`, ties going to `a`, then `b`. The reference for
+/// [`paeth_branchless`].
+#[cfg(test)]
 fn paeth(a: u8, b: u8, c: u8) -> u8 {
     let (a16, b16, c16) = (i16::from(a), i16::from(b), i16::from(c));
     let pa = (b16 - c16).abs();
@@ -646,21 +726,136 @@ fn paeth(a: u8, b: u8, c: u8) -> u8 {
     }
 }
 
+/// [`paeth`] rewritten so that it compiles to selects, no branches: with `lo = min(a, b)`,
+/// `hi = max(a, b)` and `t = 3c - a - b`, the predictor is `hi` when `t <= lo`, else `lo` when
+/// `hi <= t`, else `c`. Equal to [`paeth`] for every input: the test `paeth_formulations_agree`
+/// compares all 2^24 of them.
+#[inline(always)]
+fn paeth_branchless(a: i16, b: i16, c: i16) -> i16 {
+    let t = 3 * c - a - b;
+    let (lo, hi) = (a.min(b), a.max(b));
+    let pick = if hi <= t { lo } else { c };
+    if t <= lo {
+        hi
+    } else {
+        pick
+    }
+}
+
 /// Paeth over whole pixels of `BPP` bytes (every row is a whole number of pixels when
-/// `BPP > 1`), keeping the left and upper-left pixels in registers. The first pixel predicts
-/// from above, as Pillow's first `bpp` bytes do.
-fn paeth_row<const BPP: usize>(cur: &mut [u8], prev: &[u8]) {
-    let (mut left, mut upper_left) = ([0u8; BPP], [0u8; BPP]);
+/// `BPP > 1`), the left and upper-left pixels kept in `LANES >= BPP` 16-bit lanes (the spare
+/// lanes compute on zeros and are never stored), so that a pixel is one pass of vector
+/// operations. The first pixel predicts from above, as Pillow's first `bpp` bytes do.
+fn paeth_row<const BPP: usize, const LANES: usize>(cur: &mut [u8], prev: &[u8]) {
+    let (mut left, mut upper_left) = ([0i16; LANES], [0i16; LANES]);
     for (px, up) in cur.chunks_exact_mut(BPP).zip(prev.chunks_exact(BPP)) {
+        let (mut above, mut raw) = ([0i16; LANES], [0i16; LANES]);
         for k in 0..BPP {
-            let v = px[k].wrapping_add(paeth(left[k], up[k], upper_left[k]));
-            px[k] = v;
-            left[k] = v;
-            upper_left[k] = up[k];
+            above[k] = i16::from(up[k]);
+            raw[k] = i16::from(px[k]);
+        }
+        for k in 0..LANES {
+            let predicted = paeth_branchless(left[k], above[k], upper_left[k]);
+            left[k] = (raw[k] + predicted) & 0xff;
+        }
+        for k in 0..BPP {
+            px[k] = left[k] as u8;
+        }
+        upper_left = above;
+    }
+}
+
+/// [`paeth_row`] for 3- and 4-byte pixels with SSE2: the pixel's samples in 16-bit lanes, the
+/// same selects as [`paeth_branchless`], four lanes at once (the fourth computes on zeros for RGB
+/// and is not stored). No pointers: bytes go in and out through `i32`s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn paeth_row_sse2<const BPP: usize>(cur: &mut [u8], prev: &[u8]) {
+    use std::arch::x86_64::{
+        _mm_add_epi16, _mm_and_si128, _mm_andnot_si128, _mm_cmpgt_epi16, _mm_cvtsi128_si32,
+        _mm_cvtsi32_si128, _mm_max_epi16, _mm_min_epi16, _mm_or_si128, _mm_packus_epi16,
+        _mm_set1_epi16, _mm_setzero_si128, _mm_sub_epi16, _mm_unpacklo_epi8,
+    };
+    let zero = _mm_setzero_si128();
+    let low_byte = _mm_set1_epi16(0xff);
+    let word = |bytes: &[u8]| {
+        let mut word = [0u8; 4];
+        word[..BPP].copy_from_slice(bytes);
+        i32::from_le_bytes(word)
+    };
+    let (mut left, mut upper_left) = (zero, zero);
+    for (px, up) in cur.chunks_exact_mut(BPP).zip(prev.chunks_exact(BPP)) {
+        let above = _mm_unpacklo_epi8(_mm_cvtsi32_si128(word(up)), zero);
+        let (a, b, c) = (left, above, upper_left);
+        let t = _mm_sub_epi16(_mm_add_epi16(c, _mm_add_epi16(c, c)), _mm_add_epi16(a, b));
+        let (lo, hi) = (_mm_min_epi16(a, b), _mm_max_epi16(a, b));
+        // `if mask { yes } else { no }` per lane is `(mask & yes) | (!mask & no)`.
+        let m = _mm_cmpgt_epi16(hi, t);
+        let pick = _mm_or_si128(_mm_and_si128(m, c), _mm_andnot_si128(m, lo));
+        let m = _mm_cmpgt_epi16(t, lo);
+        let predicted = _mm_or_si128(_mm_and_si128(m, pick), _mm_andnot_si128(m, hi));
+        let raw = _mm_unpacklo_epi8(_mm_cvtsi32_si128(word(px)), zero);
+        left = _mm_and_si128(_mm_add_epi16(raw, predicted), low_byte);
+        let bytes = _mm_cvtsi128_si32(_mm_packus_epi16(left, left)).to_le_bytes();
+        px.copy_from_slice(&bytes[..BPP]);
+        upper_left = above;
+    }
+}
+
+/// Sub (and Paeth with no row above) over whole pixels of `BPP` bytes, the left pixel kept in
+/// registers.
+fn sub_row<const BPP: usize>(cur: &mut [u8]) {
+    let mut left = [0u8; BPP];
+    for px in cur.chunks_exact_mut(BPP) {
+        for k in 0..BPP {
+            px[k] = px[k].wrapping_add(left[k]);
+            left[k] = px[k];
         }
     }
 }
 
+/// Average over whole pixels of `BPP` bytes; `prev` is the row above (zero for the first row of
+/// a pass). `(l + u) / 2` is computed in 8 bits as `(l & u) + ((l ^ u) >> 1)`.
+fn average_row<const BPP: usize>(cur: &mut [u8], prev: Option<&[u8]>) {
+    let mut left = [0u8; BPP];
+    match prev {
+        Some(prev) => {
+            for (px, up) in cur.chunks_exact_mut(BPP).zip(prev.chunks_exact(BPP)) {
+                for k in 0..BPP {
+                    let (l, u) = (left[k], up[k]);
+                    px[k] = px[k].wrapping_add((l & u) + ((l ^ u) >> 1));
+                    left[k] = px[k];
+                }
+            }
+        }
+        None => {
+            for px in cur.chunks_exact_mut(BPP) {
+                for k in 0..BPP {
+                    px[k] = px[k].wrapping_add(left[k] >> 1);
+                    left[k] = px[k];
+                }
+            }
+        }
+    }
+}
+
+/// Calls `$kernel::<BPP>` for the bytes per pixel PNG rows have (1 for sub-byte samples).
+macro_rules! per_bpp {
+    ($bpp:expr, $kernel:ident ( $($arg:expr),* )) => {
+        match $bpp {
+            1 => $kernel::<1>($($arg),*),
+            2 => $kernel::<2>($($arg),*),
+            3 => $kernel::<3>($($arg),*),
+            4 => $kernel::<4>($($arg),*),
+            6 => $kernel::<6>($($arg),*),
+            _ => $kernel::<8>($($arg),*),
+        }
+    };
+}
+
+/// Undoes one row's filter in place; `prev` is the unfiltered row above (`None` for the first
+/// row of a pass, which Pillow treats as zero). `bpp` is 1, 2, 3, 4, 6 or 8, and a row is a
+/// whole number of `bpp`-byte pixels whenever `bpp > 1`.
 fn unfilter_row(
     filter: u8,
     cur: &mut [u8],
@@ -668,42 +863,31 @@ fn unfilter_row(
     bpp: usize,
 ) -> Result<(), DecodeError> {
     let n = cur.len();
-    let bpp = bpp.min(n);
     match (filter, prev) {
         (0, _) | (2, None) => {}
-        // Sub, and Paeth with a zero row above (it predicts from the left then).
-        (1, _) | (4, None) => {
-            for i in bpp..n {
-                cur[i] = cur[i].wrapping_add(cur[i - bpp]);
-            }
-        }
+        (1, _) | (4, None) => per_bpp!(bpp, sub_row(cur)),
         (2, Some(prev)) => {
             for (c, &p) in cur.iter_mut().zip(&prev[..n]) {
                 *c = c.wrapping_add(p);
             }
         }
-        (3, None) => {
-            for i in bpp..n {
-                cur[i] = cur[i].wrapping_add(cur[i - bpp] / 2);
-            }
-        }
-        (3, Some(prev)) => {
-            let prev = &prev[..n];
-            for i in 0..bpp {
-                cur[i] = cur[i].wrapping_add(prev[i] / 2);
-            }
-            for i in bpp..n {
-                let avg = (u16::from(cur[i - bpp]) + u16::from(prev[i])) / 2;
-                cur[i] = cur[i].wrapping_add(avg as u8);
-            }
-        }
+        (3, prev) => per_bpp!(bpp, average_row(cur, prev.map(|p| &p[..n]))),
         (4, Some(prev)) => match bpp {
-            1 => paeth_row::<1>(cur, &prev[..n]),
-            2 => paeth_row::<2>(cur, &prev[..n]),
-            3 => paeth_row::<3>(cur, &prev[..n]),
-            4 => paeth_row::<4>(cur, &prev[..n]),
-            6 => paeth_row::<6>(cur, &prev[..n]),
-            _ => paeth_row::<8>(cur, &prev[..n]),
+            1 => paeth_row::<1, 1>(cur, &prev[..n]),
+            2 => paeth_row::<2, 4>(cur, &prev[..n]),
+            // SAFETY: the function's only requirement is the `sse2` target feature, which every
+            // x86-64 CPU has (it is enabled in the x86_64 targets' baseline).
+            #[cfg(target_arch = "x86_64")]
+            3 => unsafe { paeth_row_sse2::<3>(cur, &prev[..n]) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            4 => unsafe { paeth_row_sse2::<4>(cur, &prev[..n]) },
+            #[cfg(not(target_arch = "x86_64"))]
+            3 => paeth_row::<3, 4>(cur, &prev[..n]),
+            #[cfg(not(target_arch = "x86_64"))]
+            4 => paeth_row::<4, 4>(cur, &prev[..n]),
+            6 => paeth_row::<6, 8>(cur, &prev[..n]),
+            _ => paeth_row::<8, 8>(cur, &prev[..n]),
         },
         (f, _) => return Err(corrupt(format!("unknown row filter type {f}"))),
     }
@@ -815,7 +999,7 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
     let end = inflate_image(data, body, len, &layout, &mut inflated)?;
     let rows = reconstruct(inflated, &layout, width, height, stream.interlaced)?;
     load_end(data, end, &mut stream)?;
-    let image = to_mode_image(&rows, layout.line + 1, width, height, bits, color, &stream)?;
+    let image = to_mode_image(rows, layout.line + 1, width, height, bits, color, &stream)?;
     // Pillow's getexif: info["exif"], else `bytes.fromhex` of the raw profile (a ValueError
     // when it is not hex).
     let (exif, exif_error) = match stream.exif {
@@ -864,8 +1048,19 @@ fn raw_profile(value: &[u8]) -> Result<Vec<u8>, ()> {
     Ok(out)
 }
 
+/// Drops the filter byte that starts each of the `rows` rows of `stride` bytes, in place: the
+/// rows' samples, packed.
+fn without_filter_bytes(mut raw: Vec<u8>, stride: usize, rows: usize) -> Vec<u8> {
+    let line = stride - 1;
+    for r in 0..rows {
+        raw.copy_within(r * stride + 1..(r + 1) * stride, r * line);
+    }
+    raw.truncate(rows * line);
+    raw
+}
+
 fn to_mode_image(
-    raw: &[u8],
+    raw: Vec<u8>,
     stride: usize,
     width: u32,
     height: u32,
@@ -898,10 +1093,15 @@ fn to_mode_image(
             (Pixels::I16(v), transparency)
         }
         (0, _) | (3, _) => {
-            let mut v = alloc(n)?;
-            for (dst, row) in v.chunks_exact_mut(w).zip(rows()) {
-                unpack_bits(row, bits, dst);
-            }
+            let mut v = if bits == 8 {
+                without_filter_bytes(raw, stride, h)
+            } else {
+                let mut v = alloc(n)?;
+                for (dst, row) in v.chunks_exact_mut(w).zip(rows()) {
+                    unpack_bits(row, bits, dst);
+                }
+                v
+            };
             if color == 3 {
                 let palette = Palette::from_packed(
                     stream.palette.as_deref().unwrap_or_default(),
@@ -939,16 +1139,17 @@ fn to_mode_image(
                 }
             }
         }
+        (2, 8) => (
+            Pixels::Rgb(without_filter_bytes(raw, stride, h)),
+            transparency,
+        ),
+        (6, 8) => (Pixels::Rgba(without_filter_bytes(raw, stride, h)), None),
+        // 16-bit RGB: the most significant byte of each sample.
         (2, _) => {
-            let step = usize::from(bits / 8) * 3;
             let mut v = alloc(n * 3)?;
             for (dst, row) in v.chunks_exact_mut(w * 3).zip(rows()) {
-                if bits == 8 {
-                    dst.copy_from_slice(&row[..w * 3]);
-                } else {
-                    for (d, s) in dst.chunks_exact_mut(3).zip(row.chunks_exact(step)) {
-                        d.copy_from_slice(&[s[0], s[2], s[4]]);
-                    }
+                for (d, s) in dst.chunks_exact_mut(3).zip(row.chunks_exact(6)) {
+                    d.copy_from_slice(&[s[0], s[2], s[4]]);
                 }
             }
             (Pixels::Rgb(v), transparency)
@@ -963,16 +1164,12 @@ fn to_mode_image(
             }
             (Pixels::La(v), None)
         }
+        // 16-bit RGBA.
         _ => {
-            let step = usize::from(bits / 8) * 4;
             let mut v = alloc(n * 4)?;
             for (dst, row) in v.chunks_exact_mut(w * 4).zip(rows()) {
-                if bits == 8 {
-                    dst.copy_from_slice(&row[..w * 4]);
-                } else {
-                    for (d, s) in dst.chunks_exact_mut(4).zip(row.chunks_exact(step)) {
-                        d.copy_from_slice(&[s[0], s[2], s[4], s[6]]);
-                    }
+                for (d, s) in dst.chunks_exact_mut(4).zip(row.chunks_exact(8)) {
+                    d.copy_from_slice(&[s[0], s[2], s[4], s[6]]);
                 }
             }
             (Pixels::Rgba(v), None)
@@ -1005,10 +1202,11 @@ fn unpack_bits(row: &[u8], bits: u8, dst: &mut [u8]) {
         _ => {
             let per_byte = 8 / usize::from(bits);
             let mask = (1u8 << bits) - 1;
-            for (i, d) in dst.iter_mut().enumerate() {
-                let byte = row[i / per_byte];
-                let shift = 8 - bits as usize * (i % per_byte + 1);
-                *d = (byte >> shift) & mask;
+            for (samples, &byte) in dst.chunks_mut(per_byte).zip(row) {
+                for (j, d) in samples.iter_mut().enumerate() {
+                    let shift = 8 - usize::from(bits) * (j + 1);
+                    *d = (byte >> shift) & mask;
+                }
             }
         }
     }
@@ -1073,6 +1271,63 @@ mod tests {
         assert_eq!(l.total, 2 + 2 + 3 + 4 + 4);
         let plain = Layout::new(3, 2, 1, false).unwrap();
         assert_eq!((plain.line, plain.total), (1, 4));
+    }
+
+    #[test]
+    fn paeth_formulations_agree() {
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                for c in 0..=255u8 {
+                    let (a16, b16, c16) = (i16::from(a), i16::from(b), i16::from(c));
+                    let fast = paeth_branchless(a16, b16, c16);
+                    assert_eq!(fast, i16::from(paeth(a, b, c)), "{a} {b} {c}");
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn paeth_sse2_matches_the_portable_kernel() {
+        // Pseudo-random rows (a fixed LCG), with runs of equal bytes for the ties.
+        let mut state = 0x2545_f491_u32;
+        let mut next = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let v = (state >> 24) as u8;
+            if v < 64 {
+                v & 3
+            } else {
+                v
+            }
+        };
+        for bpp in [3usize, 4] {
+            for len in [bpp, 2 * bpp, 99 * bpp] {
+                let prev: Vec<u8> = (0..len).map(|_| next()).collect();
+                let row: Vec<u8> = (0..len).map(|_| next()).collect();
+                let (mut want, mut got) = (row.clone(), row.clone());
+                if bpp == 3 {
+                    paeth_row::<3, 4>(&mut want, &prev);
+                    // SAFETY: sse2 is in every x86-64 CPU's baseline.
+                    unsafe { paeth_row_sse2::<3>(&mut got, &prev) };
+                } else {
+                    paeth_row::<4, 4>(&mut want, &prev);
+                    // SAFETY: as above.
+                    unsafe { paeth_row_sse2::<4>(&mut got, &prev) };
+                }
+                assert_eq!(got, want, "bpp {bpp} len {len}");
+                // And both are the specification's predictor, byte by byte.
+                let mut spec = row.clone();
+                for i in 0..len {
+                    let (a, c) = if i >= bpp {
+                        (spec[i - bpp], prev[i - bpp])
+                    } else {
+                        (0, 0)
+                    };
+                    spec[i] = spec[i].wrapping_add(paeth(a, prev[i], c));
+                }
+                assert_eq!(want, spec, "bpp {bpp} len {len}");
+            }
+        }
     }
 
     #[test]
