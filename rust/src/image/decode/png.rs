@@ -992,10 +992,16 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
         stream.interlaced,
     )
     .ok_or_else(oom)?;
-    let mut inflated: Vec<u8> = zeroed(layout.total).map_err(|bytes| DecodeError::OutOfMemory {
-        format: FORMAT,
-        bytes,
-    })?;
+    // Recycled when a kept buffer fits (no page faults of fresh memory): `inflate_image` either
+    // fills every byte or zeroes the buffer before its row-by-row retry, so stale bytes are
+    // never read.
+    let mut inflated: Vec<u8> =
+        crate::memory::overwritable_bytes(layout.total).map_err(|bytes| {
+            DecodeError::OutOfMemory {
+                format: FORMAT,
+                bytes,
+            }
+        })?;
     let end = inflate_image(data, body, len, &layout, &mut inflated)?;
     let rows = reconstruct(inflated, &layout, width, height, stream.interlaced)?;
     load_end(data, end, &mut stream)?;
