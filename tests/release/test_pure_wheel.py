@@ -441,3 +441,25 @@ def test_release_dry_run_wiring_with_a_stand_in_native_build(
     assert "manylinux2014_x86_64 (CPython 3.10, 3.13): the pure wheel: ok" in out.out
     assert "win_amd64 (CPython 3.10, 3.13): the pure wheel: ok" in out.out
     assert "would upload smg_grpc_proto-0.6.0.tar.gz, smg_grpc_proto-0.6.0-cp310-abi3" in out.out
+
+
+def test_the_hosted_wheel_workflow_covers_the_platforms_built_elsewhere():
+    """.github/workflows/wheels.yml (GitHub-hosted runners; not run on this project's CI machine)
+    builds and tests the native wheels for Linux aarch64 and macOS arm64 and x86_64."""
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "wheels.yml").read_text())
+    builds = workflow["jobs"]["build"]["strategy"]["matrix"]["include"]
+    assert {b["target"] for b in builds} == {
+        "aarch64-unknown-linux-gnu",
+        "aarch64-apple-darwin",
+        "x86_64-apple-darwin",
+    }
+    assert [b["manylinux"] for b in builds if "linux" in b["target"]] == ["2_28"]
+    test = workflow["jobs"]["test"]
+    assert test["needs"] == "build"
+    assert set(test["strategy"]["matrix"]["name"]) == {b["name"] for b in builds}
+    commands = "\n".join(step.get("run", "") for step in test["steps"])
+    assert 'python -m pytest -m "not slow"' in commands
+    assert "python -m smg_grpc_proto.cli demo" in commands
+    assert "auditwheel show" in commands
