@@ -13,6 +13,10 @@ RELEASE_ARGS ?=
 VENV ?= .venv
 VPY  := $(VENV)/bin/python
 # The fast test selection of `make check`; `make pytest` (CI) runs everything.
+# maturin's flags for the native wheel (= NATIVE_WHEEL_FLAGS of scripts/release.py): zig, from the
+# `ziglang` package of the test group, compiles the bundled C libraries and links against glibc
+# 2.28, so the wheel is manylinux_2_28_x86_64 whatever this machine's glibc.
+NATIVE_WHEEL_FLAGS := --zig --compatibility manylinux_2_28
 FAST_TESTS ?= -m "not slow"
 
 .DEFAULT_GOAL := test
@@ -31,9 +35,10 @@ deps: system-deps ## install the test and lint tools (pip >= 25.1 for dependency
 	$(PIP) install --quiet --disable-pip-version-check "pip>=25.1"
 	$(PIP) install --quiet --disable-pip-version-check --group test
 
-wheel: system-deps ## build the abi3 wheel into dist/ with maturin (stale wheels removed first)
+wheel: system-deps ## build the abi3 wheel (manylinux_2_28: zig against glibc 2.28) into dist/
 	rm -rf $(WHEEL_DIR)
-	$(PYTHON) -m maturin build --release --quiet --out $(WHEEL_DIR)
+	CARGO_ZIGBUILD_PYTHON_PATH="$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
+		$(PYTHON) -m maturin build --release --quiet $(NATIVE_WHEEL_FLAGS) --out $(WHEEL_DIR)
 
 install: deps wheel ## build the wheel and install it (with the [dataclasses] extra)
 	$(PIP) install --quiet --disable-pip-version-check --force-reinstall \

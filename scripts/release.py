@@ -15,12 +15,14 @@ Steps (all of them run in a dry run too, on a temporary copy of the repository):
 3. move the changelog's Unreleased notes under ``## [X.Y.Z] - YYYY-MM-DD`` (an empty Unreleased
    section is refused);
 4. write the snapshot ``protos/releases/X.Y.Z.binpb`` (a copy of the generated descriptors.binpb);
-5. build the sdist with maturin, then from the unpacked sdist the native abi3 wheel (maturin)
-   and the pure-Python wheel (``py3-none-any``, scripts/build_pure_wheel.py: the same files but
+5. build the sdist with maturin, then from the unpacked sdist the native abi3 wheel (maturin
+   with zig as the C compiler and linker, against glibc 2.28: ``NATIVE_WHEEL_FLAGS``) and the
+   pure-Python wheel (``py3-none-any``, scripts/build_pure_wheel.py: the same files but
    the extension, the same METADATA);
 6. check both wheels' contents (the pure one: the native one's files but the extension, its
    METADATA and entry points, tag and RECORD; the native one's platform tags are those the
-   "native core unavailable" message names) and run ``twine check --strict`` on all three;
+   "native core unavailable" message names, and ``auditwheel show`` finds it consistent with
+   its tag and with glibc 2.28) and run ``twine check --strict`` on all three;
 7. check that the wheels' protobuf floor is not below any gencode stamp of their ``_pb2.py``;
 8. prove which wheel pip picks where, with ``pip download --platform ... --only-binary=:all:``
    from the three artifacts: the native wheel on its own platform tags, the pure wheel on
@@ -433,6 +435,23 @@ def _touch_all(root: Path) -> None:
             os.utime(path)
 
 
+#: maturin's flags for the native wheel: zig compiles the bundled C libraries (through the cc
+#: and cmake wrappers maturin hands their build scripts) and links the extension against glibc
+#: 2.28's symbol versions, so that one wheel serves RHEL 8 and every newer Linux x86_64. The
+#: sdist does not set them: ``pip install`` from source links against the builder's own glibc.
+NATIVE_WHEEL_FLAGS = ("--zig", "--compatibility", "manylinux_2_28")
+#: The newest glibc the native wheel may need (auditwheel's verdict, step 6).
+NATIVE_GLIBC = (2, 28)
+
+
+def native_wheel_env(target_dir: Path) -> dict[str, str]:
+    """The environment of the native build: maturin runs ``python -m ziglang`` (the ``ziglang``
+    package of the test dependency group) with this interpreter, not the first python3 on PATH."""
+    return dict(
+        os.environ, CARGO_TARGET_DIR=str(target_dir), CARGO_ZIGBUILD_PYTHON_PATH=sys.executable
+    )
+
+
 class Artifacts(NamedTuple):
     sdist: Path
     wheel: Path
@@ -443,7 +462,7 @@ class Artifacts(NamedTuple):
 
 def build(staging: Path, dist: Path, target_dir: Path) -> Artifacts:
     """The sdist of ``staging``, then both wheels built from that sdist (proving it complete)."""
-    env = dict(os.environ, CARGO_TARGET_DIR=str(target_dir))
+    env = native_wheel_env(target_dir)
     maturin = [sys.executable, "-m", "maturin"]
     run([*maturin, "sdist", "--out", str(dist)], cwd=staging, env=env, what="maturin sdist")
     sdist = _single(dist, "*.tar.gz")
@@ -453,7 +472,7 @@ def build(staging: Path, dist: Path, target_dir: Path) -> Artifacts:
     (source,) = unpacked.iterdir()
     _touch_all(source)
     run(
-        [*maturin, "build", "--release", "--quiet", "--out", str(dist)],
+        [*maturin, "build", "--release", "--quiet", *NATIVE_WHEEL_FLAGS, "--out", str(dist)],
         cwd=source,
         env=env,
         what="maturin build (wheel from the sdist)",
@@ -618,6 +637,41 @@ def check_native_platforms(wheel: Path, named: Sequence[str]) -> list[str]:
     ]
 
 
+_AUDITWHEEL_TAG = re.compile(r'consistent with the following platform tag: "([^"]+)"')
+
+
+def auditwheel_platform(wheel: Path) -> str:
+    """The most compatible platform tag ``auditwheel show`` finds the wheel consistent with
+    (from the symbol versions its extension needs)."""
+    out = run(
+        [sys.executable, "-m", "auditwheel", "show", str(wheel)],
+        cwd=wheel.parent,
+        what="auditwheel show",
+    )
+    match = _AUDITWHEEL_TAG.search(" ".join(out.split()))
+    if match is None:
+        raise ReleaseError(f"auditwheel show names no platform tag for {wheel.name}:\n{out}")
+    return match.group(1)
+
+
+def check_auditwheel(wheel: Path, audited: str) -> list[str]:
+    """The wheel's tags promise no older glibc than auditwheel's verdict ``audited`` needs, and
+    that verdict is glibc 2.28 or older."""
+    problems = [
+        f"{wheel.name} is tagged {platform}, but auditwheel show finds it needs {audited}"
+        for platform in sorted(wheel_platforms(wheel))
+        if not accepts(platform, audited)
+    ]
+    glibc = _manylinux(audited)
+    if glibc is None or glibc[:2] > NATIVE_GLIBC:
+        floor = "manylinux_{}_{}".format(*NATIVE_GLIBC)
+        problems.append(
+            f"auditwheel show: {wheel.name} is consistent with {audited} only, not {floor} "
+            "or older: was it built without zig (NATIVE_WHEEL_FLAGS)?"
+        )
+    return problems
+
+
 # Loads the extension by path, in an isolated interpreter: nothing else of any installed copy.
 _PROBE = """
 import importlib.util, json, sys
@@ -658,10 +712,13 @@ def check_native(wheel: Path, version: SemVer) -> list[str]:
 
 # --- which wheel pip picks where ----------------------------------------------------------------
 
-# Systems no native wheel is built for (Linux x86_64 with an older glibc than the native wheel's
-# tag needs, when it does); each must get the pure wheel.
+# Systems besides the native wheel's own tags: a newer glibc (must get the native wheel too), an
+# older one than the native wheel needs, and systems no native wheel is built for (the pure
+# wheel).
 FOREIGN_PLATFORMS = (
+    "manylinux_2_34_x86_64",
     "manylinux_2_28_x86_64",
+    "manylinux2014_x86_64",
     "manylinux2014_aarch64",
     "macosx_14_0_arm64",
     "macosx_13_0_x86_64",
@@ -700,11 +757,34 @@ def resolution_plan(native_platforms: set[str]) -> list[tuple[str, str]]:
     ]
 
 
+_LEGACY_ALIAS = {minor: name for name, (_, minor) in _LEGACY_MANYLINUX.items()}
+
+
+def system_platforms(platform: str) -> list[str]:
+    """The platform tags pip accepts on a system of tag ``platform``, most specific first: for
+    manylinux, every glibc 2.x from the system's down to 2.5 (and the legacy aliases), as pip does
+    on a real system; ``pip --platform manylinux_2_34_x86_64`` alone takes that tag only."""
+    glibc = _manylinux(platform)
+    if glibc is None:
+        return [platform]
+    major, minor, arch = glibc
+    if major != 2:
+        return [platform]
+    tags = []
+    for m in range(minor, 4, -1):
+        tags.append(f"manylinux_2_{m}_{arch}")
+        if m in _LEGACY_ALIAS:
+            tags.append(f"{_LEGACY_ALIAS[m]}_{arch}")
+    return tags
+
+
 def pip_download(source: Sequence[str], platform: str, python: str, version: str) -> str:
     """The file name of the wheel ``pip download`` picks for that platform and Python."""
     with tempfile.TemporaryDirectory(prefix="smg-resolve-") as tmp:
         cmd = [sys.executable, "-m", "pip", "--isolated", "download", "--quiet", "--no-deps"]
-        cmd += ["--only-binary=:all:", "--platform", platform, "--python-version", python]
+        cmd += ["--only-binary=:all:", "--python-version", python]
+        for tag in system_platforms(platform):
+            cmd += ["--platform", tag]
         cmd += ["--implementation", "cp", "--dest", tmp, *source, f"smg-grpc-proto=={version}"]
         run(cmd, cwd=Path(tmp), what=f"pip download --platform {platform}")
         return _single(Path(tmp), "*.whl").name
@@ -865,7 +945,7 @@ def step_edits(repo: Path, version: SemVer, date: dt.date, execute: bool) -> dic
 def step_build(staging: Path, dist: Path, target_dir: Path) -> Artifacts:
     step(
         5,
-        "build: sdist, then from it the abi3 wheel (maturin; "
+        "build: sdist, then from it the abi3 wheel (maturin --zig, glibc 2.28; "
         f"CARGO_TARGET_DIR={target_dir}) and the {PURE_TAG} wheel (build_pure_wheel.py)",
     )
     artifacts = build(staging, dist, target_dir)
@@ -879,10 +959,13 @@ def step_checks(staging: Path, artifacts: Artifacts, version: SemVer) -> None:
     stems = sorted(p.stem for p in (staging / "protos").glob("*.proto"))
     problems = check_wheel_contents(wheel, stems, version) + check_native(wheel, version)
     problems += check_native_platforms(wheel, native_core_tags(staging))
+    audited = auditwheel_platform(wheel)
+    problems += check_auditwheel(wheel, audited)
     problems += check_pure_wheel(pure, wheel)
     if problems:
         raise ReleaseError("the wheels are incomplete:\n" + "\n".join(_listing(problems)))
     step(6, f"wheel contents: {len(stems)} schemas, stubs, .pyi, py.typed; _native loads: ok")
+    say(f"      auditwheel show: consistent with {audited}: ok")
     say(f"      {pure.name}: the same files but the extension, the same METADATA: ok")
     twine(["check", "--strict", *map(str, artifacts)], what="twine check --strict")
     say("      twine check --strict: ok (sdist and both wheels)")

@@ -18,8 +18,8 @@ __all__ = ["AVAILABLE", "LOAD_ERROR", "NATIVE_WHEEL_TAGS", "native", "unavailabl
 
 #: The platform tags of the native wheels a release publishes (scripts/release.py refuses a
 #: native wheel tagged otherwise, so that the message below stays true).
-NATIVE_WHEEL_TAGS: tuple[str, ...] = ("manylinux_2_34_x86_64",)
-_PLATFORMS = "Linux x86_64 with glibc >= 2.34 (manylinux_2_34_x86_64), CPython >= 3.10"
+NATIVE_WHEEL_TAGS: tuple[str, ...] = ("manylinux_2_28_x86_64",)
+_PLATFORMS = "Linux x86_64 with glibc >= 2.28 (manylinux_2_28_x86_64), CPython >= 3.10"
 _ELSEWHERE = (
     "elsewhere, build it from the sdist (needs Rust >= 1.89, cmake and nasm): "
     "pip install --no-binary smg-grpc-proto smg-grpc-proto"

@@ -226,7 +226,7 @@ def test_pure_wheel_installed_runs_the_non_vision_suite(pure_wheel: Path, tmp_pa
     message, is_import_error = out["raised"]
     assert is_import_error
     assert "smg_grpc_proto._native.decode_image needs the native core" in message
-    assert "manylinux_2_34_x86_64" in message
+    assert "manylinux_2_28_x86_64" in message
 
     # The suite from the working tree's tests/ against the installed wheel: src/ is not on the
     # path (the package is under src/, the cwd holds none), so only the venv provides it.
@@ -248,7 +248,7 @@ def test_pure_wheel_installed_runs_the_non_vision_suite(pure_wheel: Path, tmp_pa
 # --- scripts/release.py on the pure wheel: checks and resolution, with a stand-in native wheel --
 
 
-def _native_stand_in(pure: Path, out: Path, platform: str = "manylinux_2_34_x86_64") -> Path:
+def _native_stand_in(pure: Path, out: Path, platform: str = "manylinux_2_28_x86_64") -> Path:
     """The pure wheel's files plus an extension file, tagged as the native wheel is (pip looks at
     the file name; the release's own run checks the real native wheel)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -313,24 +313,63 @@ def test_release_reports_a_pure_wheel_that_differs(pure_wheel: Path, tmp_path: P
 
 
 def test_native_tags_outside_the_message_are_refused(tmp_path: Path):
+    wheel = tmp_path / "smg_grpc_proto-0.6.0-cp310-abi3-manylinux_2_34_x86_64.whl"
+    (problem,) = release.check_native_platforms(wheel, ("manylinux_2_28_x86_64",))
+    assert "tagged manylinux_2_34_x86_64" in problem
+    assert release.native_core_tags(ROOT) == ("manylinux_2_28_x86_64",)
+
+
+def test_auditwheel_verdicts_are_checked_against_the_tag_and_glibc_2_28(tmp_path: Path):
     wheel = tmp_path / "smg_grpc_proto-0.6.0-cp310-abi3-manylinux_2_28_x86_64.whl"
-    (problem,) = release.check_native_platforms(wheel, ("manylinux_2_34_x86_64",))
-    assert "tagged manylinux_2_28_x86_64" in problem
-    assert release.native_core_tags(ROOT) == ("manylinux_2_34_x86_64",)
+    assert release.check_auditwheel(wheel, "manylinux_2_28_x86_64") == []
+    assert release.check_auditwheel(wheel, "manylinux_2_17_x86_64") == []
+    # A wheel linked against a newer glibc than its tag says, or than 2.28, is refused.
+    tagged, too_new = release.check_auditwheel(wheel, "manylinux_2_34_x86_64")
+    assert "is tagged manylinux_2_28_x86_64, but auditwheel show finds it needs" in tagged
+    assert "manylinux_2_34_x86_64 only, not manylinux_2_28 or older" in too_new
+    native = tmp_path / "smg_grpc_proto-0.6.0-cp310-abi3-manylinux_2_34_x86_64.whl"
+    assert release.check_auditwheel(native, "manylinux_2_34_x86_64") == [
+        too_new.replace(wheel.name, native.name)
+    ]
+
+
+def test_make_wheel_builds_with_the_release_flags():
+    """`make wheel` (what CI installs and tests) and the release build the same wheel."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"NATIVE_WHEEL_FLAGS := {' '.join(release.NATIVE_WHEEL_FLAGS)}\n" in makefile
+    recipe = makefile.split("\nwheel:", 1)[1].split("\n\n", 1)[0]
+    assert "maturin build --release --quiet $(NATIVE_WHEEL_FLAGS)" in recipe
+    assert "CARGO_ZIGBUILD_PYTHON_PATH=" in recipe
+    groups = PYPROJECT["dependency-groups"]["test"]
+    assert any(g.startswith("ziglang") for g in groups)
+    assert any(g.startswith("auditwheel") for g in groups)
 
 
 def test_resolution_plan():
-    assert release.resolution_plan({"manylinux_2_34_x86_64"}) == [
+    # The native wheel for glibc 2.28 serves the x86_64 systems with 2.28 and newer.
+    assert release.resolution_plan({"manylinux_2_28_x86_64"}) == [
+        ("manylinux_2_28_x86_64", "native"),
         ("manylinux_2_34_x86_64", "native"),
-        ("manylinux_2_28_x86_64", "pure"),
+        ("manylinux2014_x86_64", "pure"),
         ("manylinux2014_aarch64", "pure"),
         ("macosx_14_0_arm64", "pure"),
         ("macosx_13_0_x86_64", "pure"),
         ("win_amd64", "pure"),
     ]
-    # A native wheel for glibc 2.28 serves the x86_64 systems with 2.28 and newer.
-    plan = dict(release.resolution_plan({"manylinux_2_28_x86_64"}))
-    assert plan["manylinux_2_28_x86_64"] == "native"
+    # pip --platform takes the one tag given; a real system takes every older glibc too.
+    assert release.system_platforms("manylinux_2_34_x86_64")[:2] == [
+        "manylinux_2_34_x86_64",
+        "manylinux_2_33_x86_64",
+    ]
+    assert "manylinux_2_28_x86_64" in release.system_platforms("manylinux_2_34_x86_64")
+    assert release.system_platforms("manylinux2014_aarch64")[:2] == [
+        "manylinux_2_17_aarch64",
+        "manylinux2014_aarch64",
+    ]
+    assert "manylinux_2_28_x86_64" not in release.system_platforms("manylinux2014_x86_64")
+    assert release.system_platforms("macosx_14_0_arm64") == ["macosx_14_0_arm64"]
+    plan = dict(release.resolution_plan({"manylinux_2_34_x86_64"}))
+    assert plan["manylinux_2_28_x86_64"] == "pure"
     assert release.accepts("manylinux_2_39_x86_64", "manylinux_2_28_x86_64")
     assert not release.accepts("manylinux_2_39_aarch64", "manylinux_2_28_x86_64")
     assert release.accepts("manylinux_2_17_aarch64", "manylinux2014_aarch64")
@@ -349,13 +388,14 @@ def test_pip_picks_the_native_wheel_on_its_platform_and_the_pure_one_elsewhere(
     lines = release.check_resolution(
         ["--no-index", "--find-links", str(folder)], version, artifacts
     )
-    assert lines[0] == "manylinux_2_34_x86_64 (CPython 3.10, 3.13): the native wheel"
-    assert lines[1] == "manylinux_2_28_x86_64 (CPython 3.10, 3.13): the pure wheel"
-    assert len(lines) == 6
+    assert lines[0] == "manylinux_2_28_x86_64 (CPython 3.10, 3.13): the native wheel"
+    assert lines[1] == "manylinux_2_34_x86_64 (CPython 3.10, 3.13): the native wheel"
+    assert lines[2] == "manylinux2014_x86_64 (CPython 3.10, 3.13): the pure wheel"
+    assert len(lines) == 7
     # Without the native wheel, its platform gets the pure one.
     native.unlink()
     source = ["--no-index", "--find-links", str(folder)]
-    assert release.pip_download(source, "manylinux_2_34_x86_64", "3.10", str(version)) == pure.name
+    assert release.pip_download(source, "manylinux_2_28_x86_64", "3.10", str(version)) == pure.name
 
 
 def test_a_wrong_pick_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
@@ -389,6 +429,7 @@ def test_release_dry_run_wiring_with_a_stand_in_native_build(
 
     monkeypatch.setattr(release, "run", run)
     monkeypatch.setattr(release, "check_native", lambda wheel, version: [])
+    monkeypatch.setattr(release, "auditwheel_platform", lambda wheel: "manylinux_2_28_x86_64")
     status = release.main(["--repo", str(ROOT), "--bump", "minor"])
     out = capsys.readouterr()
     assert status == 0, out.out[-3000:] + out.err[-3000:]
@@ -396,6 +437,29 @@ def test_release_dry_run_wiring_with_a_stand_in_native_build(
         assert f"[{n}/9]" in out.out, out.out
     assert "smg_grpc_proto-0.6.0-py3-none-any.whl: the same files but the extension" in out.out
     assert "twine check --strict: ok (sdist and both wheels)" in out.out
-    assert "manylinux_2_34_x86_64 (CPython 3.10, 3.13): the native wheel: ok" in out.out
+    assert "manylinux_2_28_x86_64 (CPython 3.10, 3.13): the native wheel: ok" in out.out
+    assert "manylinux2014_x86_64 (CPython 3.10, 3.13): the pure wheel: ok" in out.out
     assert "win_amd64 (CPython 3.10, 3.13): the pure wheel: ok" in out.out
     assert "would upload smg_grpc_proto-0.6.0.tar.gz, smg_grpc_proto-0.6.0-cp310-abi3" in out.out
+
+
+def test_the_hosted_wheel_workflow_covers_the_platforms_built_elsewhere():
+    """.github/workflows/wheels.yml (GitHub-hosted runners; not run on this project's CI machine)
+    builds and tests the native wheels for Linux aarch64 and macOS arm64 and x86_64."""
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "wheels.yml").read_text())
+    builds = workflow["jobs"]["build"]["strategy"]["matrix"]["include"]
+    assert {b["target"] for b in builds} == {
+        "aarch64-unknown-linux-gnu",
+        "aarch64-apple-darwin",
+        "x86_64-apple-darwin",
+    }
+    assert [b["manylinux"] for b in builds if "linux" in b["target"]] == ["2_28"]
+    test = workflow["jobs"]["test"]
+    assert test["needs"] == "build"
+    assert set(test["strategy"]["matrix"]["name"]) == {b["name"] for b in builds}
+    commands = "\n".join(step.get("run", "") for step in test["steps"])
+    assert 'python -m pytest -m "not slow"' in commands
+    assert "python -m smg_grpc_proto.cli demo" in commands
+    assert "auditwheel show" in commands

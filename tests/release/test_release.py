@@ -586,6 +586,8 @@ def test_dry_run_checks_everything_and_changes_nothing(tmp_path):
     for n in range(1, 10):
         assert f"[{n}/9]" in result.stdout, result.stdout
     assert "-py3-none-any.whl" in result.stdout
+    assert "auditwheel show: consistent with manylinux_2_28_x86_64: ok" in result.stdout
+    assert "manylinux_2_28_x86_64 (CPython 3.10, 3.13): the native wheel: ok" in result.stdout
     assert "manylinux_2_34_x86_64 (CPython 3.10, 3.13): the native wheel: ok" in result.stdout
     assert "manylinux2014_aarch64 (CPython 3.10, 3.13): the pure wheel: ok" in result.stdout
     assert "would set 0.6.0" in result.stdout
