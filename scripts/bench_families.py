@@ -33,7 +33,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import REAL_PHOTO_CASES, cpu_model, real_photo_cases, time_op  # noqa: E402
+from benchkit import (  # noqa: E402
+    REAL_PHOTO_CASES,
+    cpu_model,
+    decoding_cells,
+    real_photo_cases,
+    time_op,
+)
 
 # family -> (transformers class, its kwargs)
 REFERENCES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -172,14 +178,7 @@ def main() -> None:
             for inp in ("decoded", "bytes"):
                 theirs = statistics.median(r[f"{case}|theirs|{inp}"] for r in rounds) * 1e3
                 ours = statistics.median(r[f"{case}|ours|{inp}"] for r in rounds) * 1e3
-                decoding = " | "
-                if inp == "bytes":
-                    # ceiling: the speed-up if everything after our decoder cost nothing.
-                    dec = [
-                        statistics.median(r[f"{case}|{side}|decode"] for r in rounds) * 1e3
-                        for side in ("theirs", "ours")
-                    ]
-                    decoding = f"{dec[0]:.2f} / {dec[1]:.2f} | {theirs / dec[1]:.1f}x"
+                decoding = decoding_cells(rounds, case, inp, theirs)
                 print(
                     f"| {family} | {case} | {inp} | {theirs:.2f} | {ours:.2f} | "
                     f"**{theirs / ours:.1f}x** | {decoding} |"

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from benchkit import (  # noqa: E402
     REAL_PHOTO_CASES,
     cpu_model,
+    decoding_cells,
     measure_peak,
     real_photo_cases,
     time_op,
@@ -220,16 +221,7 @@ def main() -> None:
                     run_child({**spec, "peak": [case, f"{side}|{inp}"]})["peak"]
                     for side in ("theirs", "ours")
                 ]
-                decoding = ""
-                if inp == "bytes":
-                    # ceiling: the speed-up if everything after our decoder cost nothing.
-                    dec = [
-                        statistics.median(r[f"{case}|{side}|decode"] for r in rounds) * 1e3
-                        for side in ("theirs", "ours")
-                    ]
-                    decoding = f"{dec[0]:.2f} / {dec[1]:.2f} | {theirs / dec[1]:.1f}x"
-                else:
-                    decoding = " | "
+                decoding = decoding_cells(rounds, case, inp, theirs)
                 print(
                     f"| {family} | {case} | {inp} | {theirs:.2f} | {ours:.2f} | "
                     f"**{theirs / ours:.1f}x** | {peaks[0]:.0f} / {peaks[1]:.0f} | {decoding} |",

@@ -91,3 +91,17 @@ def real_photo_cases() -> dict[str, list[Path]]:
 
     photos = real_photos()
     return {case: [photos[name] for name in names] for case, names in REAL_PHOTO_CASES.items()}
+
+
+def decoding_cells(rounds: list[dict[str, float]], case: str, inp: str, theirs_ms: float) -> str:
+    """The "decode alone (ms) reference / ours | ceiling" cells of a family benchmark row: for
+    the bytes rows, each side's decoding alone (the ``<case>|<side>|decode`` timings of the
+    rounds) and the ceiling, the reference's time over our decoder's (the speed-up if everything
+    after our decoder cost nothing); empty cells for the decoded rows."""
+    if inp != "bytes":
+        return " | "
+    theirs, ours = (
+        statistics.median(r[f"{case}|{side}|decode"] for r in rounds) * 1e3
+        for side in ("theirs", "ours")
+    )
+    return f"{theirs:.2f} / {ours:.2f} | {theirs_ms / ours:.1f}x"
