@@ -572,7 +572,7 @@ mod avx2 {
 /// same floating-point operations per value as the AVX2 kernel, masked stores (a run of any
 /// width, no overlapping vectors).
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     /// Values per vector.
@@ -599,7 +599,8 @@ mod avx512 {
         bytes
     }
 
-    const CONTROLS: [[u8; 64]; 3] = [control(0), control(1), control(2)];
+    /// The three controls, one per channel (also used by `torch_simd`).
+    pub(crate) const CONTROLS: [[u8; 64]; 3] = [control(0), control(1), control(2)];
 
     /// As the AVX2 kernel's `spread::<true>`, with the constants `[hi, lo]` (the split rescale
     /// factor) and `[mean, std, recip]` per channel.

@@ -431,18 +431,8 @@ mod avx512 {
         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(n - 1).cast::<i8>());
     }
 
-    /// `vpermb` control gathering channel `c` of 16 interleaved RGB pixels into bytes 0–15.
-    const fn control(c: usize) -> [u8; 64] {
-        let mut bytes = [0u8; 64];
-        let mut j = 0;
-        while j < LANES {
-            bytes[j] = (3 * j + c) as u8;
-            j += 1;
-        }
-        bytes
-    }
-
-    const CONTROLS: [[u8; 64]; 3] = [control(0), control(1), control(2)];
+    // `vpermb` controls gathering each channel of 16 interleaved RGB pixels into bytes 0–15.
+    use crate::processors::normalize::avx512::CONTROLS;
 
     /// [`Kernel::patch_chw`] with the method fixed. Each row's pixels are loaded once (a
     /// masked load of its `3·ps` bytes); then plane by plane, row by row, a whole vector of 16
