@@ -33,6 +33,15 @@ __all__ = [
     "ProcessingLimitError",
     "ProcessingMemoryError",
     "ProcessorConfigError",
+    "RemoteArenaFullError",
+    "RemoteDescriptorError",
+    "RemoteError",
+    "RemoteExportRefusedError",
+    "RemotePayloadTooLargeError",
+    "RemoteStampError",
+    "RemoteTimeoutError",
+    "RemoteTransferError",
+    "RemoteUnavailableError",
     "ResizeError",
     "ShmError",
     "SmgProtoError",
@@ -120,6 +129,53 @@ class NativeCoreUnavailableError(SmgProtoError, ImportError):
 
 class TransportNotImplementedError(SmgProtoError, NotImplementedError):
     """The payload uses a transport this package cannot read (``remote``)."""
+
+
+class RemoteError(SmgProtoError):
+    """Base class of the remote (NIXL) tensor transport's failures (``smg_grpc_proto.remote``)."""
+
+
+class RemoteUnavailableError(RemoteError, ImportError):
+    """NIXL cannot be imported (none of ``nixl_cu13``, ``nixl_cu12``, ``nixl``): the message says
+    what to install. Raised on use, never at import. Also an ``ImportError``."""
+
+
+class RemoteDescriptorError(RemoteError, ValueError):
+    """A remote descriptor or its ``nbytes`` is malformed: bad magic, wrong length, an ip or port
+    that cannot be dialled, a slot key that disagrees with the request, an ``nbytes`` other than
+    ``product(shape) x itemsize``. ``field`` names the part at fault. Also a ``ValueError``."""
+
+
+class RemoteStampError(RemoteError, ValueError):
+    """The generation stamps around a pulled slot disagree with the descriptor's ``gen``: the
+    exporter recycled the slot (its lease ended: notification or TTL) or the read was torn.
+    ``expected`` is the descriptor's gen, ``actual`` the ``(header, trailer)`` stamps read.
+    The pulled bytes are discarded. Also a ``ValueError``."""
+
+
+class RemoteTransferError(RemoteError, OSError):
+    """The exporter could not be reached or the NIXL transfer failed: connection refused, the
+    metadata exchange failed, the READ ended in error. Also an ``OSError``."""
+
+
+class RemoteTimeoutError(RemoteTransferError, TimeoutError):
+    """A metadata exchange or READ did not finish within its timeout (``expected``: the timeout
+    in seconds). Also a ``TimeoutError``."""
+
+
+class RemoteExportRefusedError(RemoteError):
+    """The exporter cannot stage this tensor now; the caller sends it inline instead. Catch this
+    base class for the fallback: :class:`RemoteArenaFullError` and
+    :class:`RemotePayloadTooLargeError` are its kinds."""
+
+
+class RemoteArenaFullError(RemoteExportRefusedError):
+    """Every slot of the exporter's arena is leased (``expected``: the slot count)."""
+
+
+class RemotePayloadTooLargeError(RemoteExportRefusedError):
+    """The payload plus its 16 bytes of generation stamps exceeds one slot (``expected``: the
+    slot size in bytes, ``actual``: the payload's framed size)."""
 
 
 class MultimodalError(SmgProtoError, ValueError):
