@@ -291,21 +291,31 @@ class RemotePuller:
                     field="slot_addr",
                     actual=desc.slot_addr,
                 ) from exc
-            state = agent.transfer(handle)
-            spins = 0
-            while state == "PROC":
-                if time.monotonic() > deadline:
-                    try:
-                        agent.release_xfer_handle(handle)
-                    except Exception:
-                        # Not cancellable: keep everything alive, NIXL may still write.
-                        keep_registered = True
-                        self._abandoned.append((handle, reg, landing))
-                    raise _timeout((desc.ip, desc.port), budget, f"during the READ of {where}")
-                spins += 1
-                if spins > 64:
-                    time.sleep(0.0002)
-                state = agent.check_xfer_state(handle)
+            try:
+                state = agent.transfer(handle)
+                spins = 0
+                while state == "PROC":
+                    if time.monotonic() > deadline:
+                        raise _timeout((desc.ip, desc.port), budget, f"during the READ of {where}")
+                    spins += 1
+                    if spins > 64:
+                        time.sleep(0.0002)
+                    state = agent.check_xfer_state(handle)
+            except Exception as exc:
+                # Cancel; if NIXL cannot, keep the buffer registered and alive (it may still
+                # be written) rather than free memory under a live transfer.
+                try:
+                    agent.release_xfer_handle(handle)
+                except Exception:
+                    keep_registered = True
+                    self._abandoned.append((handle, reg, landing))
+                if isinstance(exc, RemoteTimeoutError):
+                    raise
+                raise RemoteTransferError(
+                    f"NIXL READ of {size} bytes from {where} failed: {exc!r}",
+                    field="transfer",
+                    actual=type(exc).__name__,
+                ) from exc
             agent.release_xfer_handle(handle)
             if state != "DONE":
                 raise RemoteTransferError(
