@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.remote_peers import digest, payload
 
 from smg_grpc_proto.errors import (
     RemoteArenaFullError,
@@ -34,11 +35,10 @@ from smg_grpc_proto.remote import (
     nixl_available,
 )
 
-from support.remote_peers import digest, payload
-
 pytestmark = pytest.mark.skipif(
     not nixl_available(),
-    reason='NIXL cannot be imported here (pip install --no-deps nixl-cu12, or "smg-grpc-proto[nixl]")',
+    reason="NIXL cannot be imported here "
+    '(pip install --no-deps nixl-cu12, or "smg-grpc-proto[nixl]")',
 )
 
 PEERS = Path(__file__).resolve().parents[1] / "support" / "remote_peers.py"
@@ -46,7 +46,8 @@ MiB = 1 << 20
 
 
 class Peer:
-    """A NIXL peer process (tests/support/remote_peers.py) answering one ``@@ json`` line per command."""
+    """A NIXL peer process (tests/support/remote_peers.py) answering one ``@@ json`` line per
+    command."""
 
     def __init__(self, *args: str, python: str = sys.executable, path: list[str] | None = None):
         env = dict(os.environ)
@@ -156,21 +157,25 @@ def test_our_exporter_to_our_puller_every_byte(peers, puller):
         got = exporter.ask("export", nbytes, seed)
         assert (got["transport"], got["nbytes"]) == (TRANSPORT, nbytes)
         desc = bytes.fromhex(got["descriptor"])
-        assert desc.startswith(b"SMGRDMA1") and decode_descriptor(desc).port == exporter.hello["port"]
+        assert desc.startswith(b"SMGRDMA1")
+        assert decode_descriptor(desc).port == exporter.hello["port"]
         out = puller.pull(desc, nbytes)
-        assert out.dtype == np.uint8 and out.shape == (nbytes,)
+        assert out.dtype == np.uint8
+        assert out.shape == (nbytes,)
         assert np.array_equal(out, payload(nbytes, seed))
     # Every slot came back on the puller's notification, none by TTL.
     assert _wait(lambda: exporter.ask("leased")["leased"] == 0, 5)
     stats = exporter.ask("leased")["stats"]
-    assert stats["released_by_notification"] == len(SIZES) and stats["released_by_ttl"] == 0
+    assert stats["released_by_notification"] == len(SIZES)
+    assert stats["released_by_ttl"] == 0
 
 
 def test_every_listener_of_the_exporter_is_on_loopback(peers):
     exporter = peers("exporter", "1", str(MiB), "60")
     addresses = _listening_addresses(exporter.hello["pid"])
     # 0100007F is 127.0.0.1 in /proc/net/tcp's byte order.
-    assert addresses and addresses <= {"0100007F"}, addresses
+    assert addresses, "no listening socket found"
+    assert addresses <= {"0100007F"}, addresses
 
 
 @pytest.mark.parametrize(
@@ -183,7 +188,8 @@ def test_in_process_pull_with_shape_and_dtype(puller, dtype, shape):
         transport, desc, nbytes = exporter.export(array)
         assert (transport, nbytes) == ("nixl", array.nbytes)
         out = puller.pull(desc, nbytes, shape=shape, dtype=dtype)
-        assert out.dtype == np.dtype(dtype) and out.shape == shape
+        assert out.dtype == np.dtype(dtype)
+        assert out.shape == shape
         assert np.array_equal(out, array)
         key = decode_descriptor(desc).slot_key
         assert _wait(lambda: not exporter.is_leased(key), 5)
@@ -211,10 +217,12 @@ def test_reused_slot_is_refused_by_its_stamp(puller):
         assert exporter.release(a.slot_key)  # lease over (as a TTL would end it)
         _, desc_b, _ = exporter.export(second)
         b = decode_descriptor(desc_b)
-        assert b.slot_addr == a.slot_addr and b.gen > a.gen  # same memory, new generation
+        assert b.slot_addr == a.slot_addr  # same memory...
+        assert b.gen > a.gen  # ...new generation
         with pytest.raises(RemoteStampError) as info:
             puller.pull(desc_a, n)
-        assert info.value.expected == a.gen and info.value.actual == (b.gen, b.gen)
+        assert info.value.expected == a.gen
+        assert info.value.actual == (b.gen, b.gen)
         assert exporter.is_leased(b.slot_key)  # the stale reader's notification freed nothing
         assert np.array_equal(puller.pull(desc_b, n), second)
 
@@ -271,12 +279,13 @@ def test_our_exporter_to_the_servicers_real_puller(peers):
     torch_python = _torch_python()
     if torch_python is None:
         pytest.skip("smg-grpc-servicer's RdmaPixelPuller needs torch: set SMG_TORCH_PYTHON")
-    from support.servicer import _package
-
     import importlib.util
 
+    from support.servicer import _package
+
     spec = importlib.util.find_spec("nixl_cu12")
-    assert spec is not None and spec.submodule_search_locations
+    assert spec is not None
+    assert spec.submodule_search_locations
     nixl_site = str(Path(next(iter(spec.submodule_search_locations))).parent)
     os.environ.setdefault("SMG_RDMA_LANDING_SLOTS", "2")
     exporter = peers("exporter", "2", str(32 * MiB), "60")

@@ -20,6 +20,7 @@ Payloads are generated from a seed on both sides (:func:`payload`), so only dige
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -104,10 +105,8 @@ class GatewayFormatExporter:
             time.sleep(0.02)
             for tags in self.agent.get_new_notifs().values():
                 for tag in tags:
-                    try:
+                    with contextlib.suppress(ValueError):
                         self.free_key(int(tag.decode()))
-                    except ValueError:
-                        pass
             now = time.monotonic()
             with self.lock:
                 stale = [k for k, (_, at) in self.occupied.items() if now - at >= self.ttl]
@@ -141,7 +140,13 @@ def run_exporter(gateway: bool, args: list[str]) -> None:
                 if gateway:
                     next_key += 1
                     desc = exp.export(next_key, data)
-                    reply({"descriptor": desc.hex() if desc else None, "nbytes": nbytes, "key": next_key})
+                    reply(
+                        {
+                            "descriptor": desc.hex() if desc else None,
+                            "nbytes": nbytes,
+                            "key": next_key,
+                        }
+                    )
                 else:
                     transport, desc, n = exp.export(data)
                     reply({"transport": transport, "descriptor": desc.hex(), "nbytes": n})
@@ -220,7 +225,9 @@ def run_servicer_puller(args: list[str]) -> None:
         cmd, *rest = line.split()
         try:
             if cmd == "pull":  # pull TRANSPORT DESC_HEX NBYTES
-                td = TD(Remote(rest[0], bytes.fromhex(rest[1]), int(rest[2])), [int(rest[2])], "uint8")
+                td = TD(
+                    Remote(rest[0], bytes.fromhex(rest[1]), int(rest[2])), [int(rest[2])], "uint8"
+                )
                 tensor = puller.feature_from_remote(td, explicit_room=None, cast_to=None)
                 reply({"digest": digest(tensor.numpy()), "nbytes": int(tensor.numel())})
         except Exception as exc:

@@ -154,7 +154,7 @@ def fetch_metadata(ip: str, port: int, timeout: float, *, send_own: bytes | None
                         return payload
     except RemoteTransferError:
         raise
-    except socket.timeout as exc:
+    except TimeoutError as exc:
         raise RemoteTimeoutError(
             f"NIXL metadata from {ip}:{port} did not arrive within {timeout} s",
             field="metadata",

@@ -254,7 +254,9 @@ class RemoteExporter:
                 actual=nbytes + FRAME_BYTES,
             )
         if slot_key is not None and (
-            isinstance(slot_key, bool) or not isinstance(slot_key, int) or not -_I64_MAX - 1 <= slot_key <= _I64_MAX
+            isinstance(slot_key, bool)
+            or not isinstance(slot_key, int)
+            or not -_I64_MAX - 1 <= slot_key <= _I64_MAX
         ):
             raise RemoteDescriptorError(
                 f"slot_key must be an int64, got {slot_key!r}", field="slot_key", actual=slot_key
@@ -375,7 +377,9 @@ class RemoteExporter:
             except OSError:
                 return False
             except Exception:  # a peer's bad metadata must not stop the listener
-                logger.warning("remote exporter: NIXLCOMM:%s from a peer failed", header, exc_info=True)
+                logger.warning(
+                    "remote exporter: NIXLCOMM:%s from a peer failed", header, exc_info=True
+                )
         return True
 
     # -- lifetime ---------------------------------------------------------------------------

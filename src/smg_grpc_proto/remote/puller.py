@@ -329,7 +329,9 @@ class RemotePuller:
                 try:
                     agent.deregister_memory(reg, backends=["UCX"])
                 except Exception:
-                    logger.debug("remote puller: deregistering a landing buffer failed", exc_info=True)
+                    logger.debug(
+                        "remote puller: deregistering a landing buffer failed", exc_info=True
+                    )
 
     def close(self) -> None:
         """Forget every exporter and release the agent."""
