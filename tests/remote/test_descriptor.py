@@ -174,3 +174,20 @@ def test_stamps(gen, payload, other):
 def test_short_framed_read_is_refused():
     with pytest.raises(RemoteDescriptorError, match="less than nbytes=10"):
         read_stamps(b"\0" * 25, 10)
+
+
+def test_without_nixl_the_error_says_what_to_install(monkeypatch):
+    import sys
+
+    from smg_grpc_proto.errors import RemoteUnavailableError
+    from smg_grpc_proto.remote import RemoteExporter, RemotePuller, _nixl, nixl_available
+
+    monkeypatch.setattr(_nixl, "_api", None)
+    for name in ("nixl_cu13", "nixl_cu13._api", "nixl_cu12", "nixl_cu12._api", "nixl", "nixl._api"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
+    assert not nixl_available()
+    for make in (RemotePuller, RemoteExporter):
+        with pytest.raises(RemoteUnavailableError, match=r'pip install "smg-grpc-proto\[nixl\]"'):
+            make()
+    with pytest.raises(ImportError, match=r"nixl_cu12\._api"):
+        _nixl.load_nixl()
