@@ -347,3 +347,49 @@ def test_killed_puller_leaves_the_slot_to_the_ttl(peers):
         _, desc, n = exporter.export(b"r" * 99)
         with RemotePuller(timeout=10) as other:
             assert bytes(other.pull(desc, n)) == b"r" * 99
+
+
+@pytest.mark.slow
+def test_two_exporters_with_the_gateways_name_take_turns(peers):
+    """NIXL keys remote agents by name and every gateway is ``smg-gateway-encode``: the puller
+    swaps the loaded metadata when the endpoint changes, never reading from the wrong one."""
+    first = peers("exporter", "2", str(4 * MiB), "60")
+    second = peers("exporter", "2", str(4 * MiB), "60")
+    assert first.hello["port"] != second.hello["port"]
+    with RemotePuller(timeout=20) as puller:
+        for seed in range(6):
+            exporter = (first, second)[seed % 2]
+            got = exporter.ask("export", 10_000 + seed, seed)
+            out = puller.pull(bytes.fromhex(got["descriptor"]), got["nbytes"])
+            assert np.array_equal(out, payload(10_000 + seed, seed))
+
+
+@pytest.mark.slow
+def test_32_concurrent_pulls_every_result_checked(peers):
+    exporter = peers("exporter", "40", str(2 * MiB), "60")
+    staged = []
+    for seed in range(40):
+        nbytes = 1000 + seed * 37_000
+        got = exporter.ask("export", nbytes, seed)
+        staged.append((bytes.fromhex(got["descriptor"]), nbytes, seed))
+    results: dict[int, bool] = {}
+    errors: list[BaseException] = []
+    with RemotePuller(timeout=60) as puller:
+
+        def pull(desc: bytes, nbytes: int, seed: int) -> None:
+            try:
+                results[seed] = bool(
+                    np.array_equal(puller.pull(desc, nbytes), payload(nbytes, seed))
+                )
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=pull, args=item) for item in staged[:32]]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert not errors, errors
+    assert len(results) == 32
+    assert all(results.values())
+    assert _wait(lambda: exporter.ask("leased")["leased"] == 40 - 32, 5)
