@@ -151,6 +151,7 @@ def _listening_addresses(pid: int) -> set[str]:
 SIZES = [1, 7, 8, 9, 4095, 4096, 65_537, MiB, 7 * MiB, 28 * MiB, 32 * MiB - 16]
 
 
+@pytest.mark.slow
 def test_our_exporter_to_our_puller_every_byte(peers, puller):
     exporter = peers("exporter", "4", str(32 * MiB), "60")
     for seed, nbytes in enumerate(SIZES):
@@ -170,6 +171,7 @@ def test_our_exporter_to_our_puller_every_byte(peers, puller):
     assert stats["released_by_ttl"] == 0
 
 
+@pytest.mark.slow
 def test_every_listener_of_the_exporter_is_on_loopback(peers):
     exporter = peers("exporter", "1", str(MiB), "60")
     addresses = _listening_addresses(exporter.hello["pid"])
@@ -255,6 +257,7 @@ def test_listener_survives_garbage(puller):
         assert bytes(puller.pull(desc, n)) == b"still fine"
 
 
+@pytest.mark.slow
 def test_gateway_format_exporter_to_our_puller(peers):
     port = _free_port()
     gateway = peers("gateway", "2", str(32 * MiB), "60", str(port))
@@ -275,6 +278,7 @@ def _torch_python() -> str | None:
     return candidate if probe.returncode == 0 else None
 
 
+@pytest.mark.slow
 def test_our_exporter_to_the_servicers_real_puller(peers):
     torch_python = _torch_python()
     if torch_python is None:
@@ -303,6 +307,7 @@ def test_our_exporter_to_the_servicers_real_puller(peers):
     assert exporter.ask("leased")["stats"]["released_by_notification"] == 4
 
 
+@pytest.mark.slow
 def test_killed_exporter_fails_the_puller_within_its_timeout(peers):
     exporter = peers("exporter", "2", str(8 * MiB), "60")
     with RemotePuller(timeout=5) as puller:
@@ -321,6 +326,7 @@ def test_killed_exporter_fails_the_puller_within_its_timeout(peers):
         assert time.monotonic() - start < 5 + 2
 
 
+@pytest.mark.slow
 def test_puller_recovers_when_the_exporter_restarts(peers):
     port = _free_port()
     with RemotePuller(timeout=10) as puller:
@@ -333,6 +339,7 @@ def test_puller_recovers_when_the_exporter_restarts(peers):
         assert np.array_equal(puller.pull(bytes.fromhex(got["descriptor"]), 6000), payload(6000, 2))
 
 
+@pytest.mark.slow
 def test_killed_puller_leaves_the_slot_to_the_ttl(peers):
     reader = peers("puller", "5")  # started first: its start-up is slower than the TTL
     with RemoteExporter(slots=1, slot_bytes=MiB, ttl=3.0) as exporter:
