@@ -180,6 +180,14 @@ def test_every_listener_of_the_exporter_is_on_loopback(peers):
     assert addresses <= {"0100007F"}, addresses
 
 
+def test_metadata_agent_name_reads_real_metadata():
+    from smg_grpc_proto.remote._nixl import metadata_agent_name
+
+    with RemotePuller(agent_name="reader-7") as reader:
+        assert metadata_agent_name(reader._agent.get_agent_metadata()) == "reader-7"
+    assert metadata_agent_name(b"not metadata") == ""
+
+
 @pytest.mark.parametrize(
     ("dtype", "shape"),
     [("float32", (3, 224, 224)), ("uint8", (1,)), ("int64", (2, 3, 5)), ("float16", (7, 1000))],

@@ -88,7 +88,9 @@ class RemoteExporter:
     default) on ``listen_port`` (0 picks a free port; see :attr:`port`). Descriptors carry
     ``advertise_ip`` (default: ``listen_ip``), which must be set when listening on a wildcard
     address. Anyone who can reach the listener can READ any slot of the arena while it is
-    registered: bind it to an address only trusted peers reach.
+    registered: bind it to an address only trusted peers reach. UCX, under NIXL, opens its
+    own sockets on every device ``UCX_NET_DEVICES`` allows (all by default): set it (e.g.
+    ``lo`` for loopback, or the RDMA NIC) before the first exporter or puller is created.
 
     Thread-safe: :meth:`export` may be called from any thread; it makes no NIXL call.
     """
@@ -371,7 +373,7 @@ class RemoteExporter:
                 if header == b"SEND":
                     _nixl.send_message(conn, b"NIXLCOMM:LOAD" + self._agent.get_agent_metadata())
                 elif header == b"LOAD":
-                    self._agent.add_remote_agent(payload)
+                    self._load_peer(payload)
                 elif header == b"INVL":
                     self._agent.remove_remote_agent(payload.decode("utf-8", "replace"))
             except OSError:
@@ -381,6 +383,18 @@ class RemoteExporter:
                     "remote exporter: NIXLCOMM:%s from a peer failed", header, exc_info=True
                 )
         return True
+
+    def _load_peer(self, metadata: bytes) -> None:
+        """Load a reader's metadata, as NIXL's listener does (the exporter does not need it
+        to serve READs or receive notifications); a restarted reader's replaces its old one."""
+        try:
+            self._agent.add_remote_agent(metadata)
+        except Exception:
+            name = _nixl.metadata_agent_name(metadata)
+            if not name or name == self._agent_name:
+                raise
+            self._agent.remove_remote_agent(name)
+            self._agent.add_remote_agent(metadata)
 
     # -- lifetime ---------------------------------------------------------------------------
 

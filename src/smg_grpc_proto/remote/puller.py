@@ -45,8 +45,9 @@ class RemotePuller:
     first time it meets that listener (cached afterwards; refetched once if a READ fails, e.g.
     the exporter restarted), READs ``nbytes + 16`` bytes, checks both generation stamps,
     notifies the exporter with ``str(slot_key)`` so it frees the slot, and returns the payload.
-    Every wait is bounded by ``timeout`` seconds. Thread-safe; one instance per process is
-    enough (it opens no listening socket).
+    Every wait is bounded by ``timeout`` seconds. Thread-safe (but :meth:`close` only once no
+    pull is running); one instance per process is enough. It runs no metadata listener; UCX
+    itself listens on the devices ``UCX_NET_DEVICES`` allows (all by default).
     """
 
     def __init__(
@@ -183,7 +184,7 @@ class RemotePuller:
 
     def _load(self, metadata: bytes, endpoint: _Endpoint) -> str:
         # Called with self._cond held.
-        name = _agent_name_of(metadata)
+        name = _nixl.metadata_agent_name(metadata)
         owner = self._owners.get(name) if name else None
         if owner is not None:
             if self._inflight.get(name, 0):
@@ -354,23 +355,6 @@ class _Busy(Exception):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
-
-
-def _agent_name_of(metadata: bytes) -> str:
-    """The agent name a NIXL metadata blob announces, or "" if it does not parse (NIXL 1.x
-    serialises ``nixlSerDes|`` then the tag ``Agent``, a u64 LE length and the name). Only used
-    to find a same-named agent to replace before loading; NIXL itself validates the blob."""
-    prefix = b"nixlSerDes|Agent"
-    if not metadata.startswith(prefix) or len(metadata) < len(prefix) + 8:
-        return ""
-    size = int.from_bytes(metadata[len(prefix) : len(prefix) + 8], "little")
-    raw = metadata[len(prefix) + 8 : len(prefix) + 8 + size]
-    if len(raw) != size:
-        return ""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return ""
 
 
 def _timeout(endpoint: _Endpoint, budget: float, when: str) -> RemoteTimeoutError:
