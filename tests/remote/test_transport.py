@@ -257,12 +257,20 @@ def test_export_refusals_are_distinct_and_catchable(puller):
 
 
 def test_listener_survives_garbage(puller):
-    with RemoteExporter(slots=1, slot_bytes=MiB) as exporter:
+    with RemoteExporter(slots=3, slot_bytes=MiB) as exporter:
         for junk in (b"", b"\x01", (1 << 40).to_bytes(8, "little"), b"\x05" + b"\0" * 7 + b"NIXLC"):
             with socket.create_connection(("127.0.0.1", exporter.port), timeout=2) as s:
                 s.sendall(junk)
         _, desc, n = exporter.export(b"still fine")
         assert bytes(puller.pull(desc, n)) == b"still fine"
+        # A peer that sends half a message and goes silent delays nobody.
+        with socket.create_connection(("127.0.0.1", exporter.port), timeout=2) as stuck:
+            stuck.sendall((100).to_bytes(8, "little") + b"NIXLCOMM:")
+            _, desc, n = exporter.export(b"not delayed")
+            with RemotePuller(timeout=3) as fresh:  # fetches the metadata now
+                start = time.monotonic()
+                assert bytes(fresh.pull(desc, n)) == b"not delayed"
+                assert time.monotonic() - start < 2
 
 
 @pytest.mark.slow
