@@ -296,7 +296,7 @@ def _torch_python() -> str | None:
 
 
 @pytest.mark.slow
-def test_our_exporter_to_the_servicers_real_puller(peers):
+def test_our_exporter_to_the_servicers_real_puller(peers, monkeypatch):
     torch_python = _torch_python()
     if torch_python is None:
         pytest.skip("smg-grpc-servicer's RdmaPixelPuller needs torch: set SMG_TORCH_PYTHON")
@@ -308,7 +308,7 @@ def test_our_exporter_to_the_servicers_real_puller(peers):
     assert spec is not None
     assert spec.submodule_search_locations
     nixl_site = str(Path(next(iter(spec.submodule_search_locations))).parent)
-    os.environ.setdefault("SMG_RDMA_LANDING_SLOTS", "2")
+    monkeypatch.setenv("SMG_RDMA_LANDING_SLOTS", "2")  # its landing ring: 2 x 32 MiB
     exporter = peers("exporter", "2", str(32 * MiB), "60")
     reader = peers(
         "servicer-puller",
