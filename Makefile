@@ -18,6 +18,8 @@ VPY  := $(VENV)/bin/python
 # 2.28, so the wheel is manylinux_2_28_x86_64 whatever this machine's glibc.
 NATIVE_WHEEL_FLAGS := --zig --compatibility manylinux_2_28
 FAST_TESTS ?= -m "not slow"
+# torch for the tests that run a real peer needing it (tests/remote: the servicer's puller).
+TORCH_VENV ?= $(or $(SMG_TEST_CACHE),.cache)/torch-venv
 
 .DEFAULT_GOAL := test
 
@@ -37,6 +39,10 @@ deps: system-deps ## install the test and lint tools (pip >= 25.1 for dependency
 	$(PIP) install --quiet --disable-pip-version-check "pip>=25.1"
 	$(PIP) install --quiet --disable-pip-version-check --group test
 	$(PIP) install --quiet --disable-pip-version-check --no-deps "nixl-cu12>=1.5,<2"
+	@# smg-grpc-servicer's RdmaPixelPuller (a real peer of tests/remote) needs torch: its own venv,
+	@# kept apart from the test environment (torch is not a dependency of ours).
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+	$(PYTHON) -m uv pip install --quiet --python $(TORCH_VENV)/bin/python "torch==2.14.1" "numpy>=1.26"
 
 wheel: system-deps ## build the abi3 wheel (manylinux_2_28: zig against glibc 2.28) into dist/
 	rm -rf $(WHEEL_DIR)

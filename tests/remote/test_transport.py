@@ -288,7 +288,10 @@ def test_gateway_format_exporter_to_our_puller(peers):
 
 
 def _torch_python() -> str | None:
-    candidate = os.environ.get("SMG_TORCH_PYTHON", "/work/torchenv/bin/python")
+    # `make deps` creates the torch venv in the test cache; SMG_TORCH_PYTHON overrides it.
+    from support.images import CACHE
+
+    candidate = os.environ.get("SMG_TORCH_PYTHON", str(CACHE / "torch-venv" / "bin" / "python"))
     if not os.path.exists(candidate):
         return None
     probe = subprocess.run([candidate, "-c", "import torch"], capture_output=True, check=False)
@@ -299,7 +302,10 @@ def _torch_python() -> str | None:
 def test_our_exporter_to_the_servicers_real_puller(peers, monkeypatch):
     torch_python = _torch_python()
     if torch_python is None:
-        pytest.skip("smg-grpc-servicer's RdmaPixelPuller needs torch: set SMG_TORCH_PYTHON")
+        pytest.skip(
+            "smg-grpc-servicer's RdmaPixelPuller needs torch: run `make deps` (it creates "
+            "<test cache>/torch-venv) or set SMG_TORCH_PYTHON"
+        )
     import importlib.util
 
     from support.servicer import _package
