@@ -48,6 +48,7 @@ __all__ = [
     "image_format",
     "interpolate_bicubic",
     "media_digest",
+    "media_digests",
     "normalise_config",
     "processor_error_kinds",
     "processor_families",
@@ -364,6 +365,14 @@ def media_digest(
     """The 32-byte BLAKE3 digest of ``parts`` (bytes and C-contiguous arrays, raw memory), each
     preceded by its length as a little-endian u64. The GIL is released while hashing. Any other
     part (or a non-contiguous array) raises ``ImageTypeError`` naming ``parts[i]``."""
+
+def media_digests(
+    batches: list[list[bytes | npt.NDArray[Any]]] | tuple[list[bytes | npt.NDArray[Any]], ...],
+    threads: int = 0,
+) -> list[bytes]:
+    """:func:`media_digest` of each list of parts, on up to ``threads`` threads (0: one per
+    core; a small batch stays on the calling thread) with the GIL released. Errors as
+    :func:`media_digest`'s, naming ``batches[i][j]``."""
 
 def blake3(data: bytes) -> bytes:
     """The plain 32-byte BLAKE3 hash of ``data``; the GIL is released while hashing."""
