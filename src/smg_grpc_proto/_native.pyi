@@ -47,6 +47,7 @@ __all__ = [
     "family_of_processor_class",
     "image_format",
     "interpolate_bicubic",
+    "keep_freed_memory",
     "media_digest",
     "media_digests",
     "normalise_config",
@@ -379,6 +380,10 @@ def blake3(data: bytes) -> bytes:
 
 def buffer_cache(limit: int | None = None) -> tuple[int, int]:
     """The buffer cache: set its limit in bytes (0: off); ``(previous limit, held)``."""
+
+def keep_freed_memory(max_bytes: int) -> bool:
+    """glibc: allocations up to ``max_bytes`` from the heap, freed memory kept (process-wide);
+    ``False`` where the allocator is not glibc's or refuses the value."""
 
 def processor_error_kinds() -> list[str]:
     """The kind of every processing failure, one per Rust ``ProcessorError`` variant."""
