@@ -47,7 +47,9 @@ __all__ = [
     "family_of_processor_class",
     "image_format",
     "interpolate_bicubic",
+    "keep_freed_memory",
     "media_digest",
+    "media_digests",
     "normalise_config",
     "processor_error_kinds",
     "processor_families",
@@ -365,11 +367,23 @@ def media_digest(
     preceded by its length as a little-endian u64. The GIL is released while hashing. Any other
     part (or a non-contiguous array) raises ``ImageTypeError`` naming ``parts[i]``."""
 
+def media_digests(
+    batches: list[list[bytes | npt.NDArray[Any]]] | tuple[list[bytes | npt.NDArray[Any]], ...],
+    threads: int = 0,
+) -> list[bytes]:
+    """:func:`media_digest` of each list of parts, on up to ``threads`` threads (0: one per
+    core; a small batch stays on the calling thread) with the GIL released. Errors as
+    :func:`media_digest`'s, naming ``batches[i][j]``."""
+
 def blake3(data: bytes) -> bytes:
     """The plain 32-byte BLAKE3 hash of ``data``; the GIL is released while hashing."""
 
 def buffer_cache(limit: int | None = None) -> tuple[int, int]:
     """The buffer cache: set its limit in bytes (0: off); ``(previous limit, held)``."""
+
+def keep_freed_memory(max_bytes: int) -> bool:
+    """glibc: allocations up to ``max_bytes`` from the heap, freed memory kept (process-wide);
+    ``False`` where the allocator is not glibc's or refuses the value."""
 
 def processor_error_kinds() -> list[str]:
     """The kind of every processing failure, one per Rust ``ProcessorError`` variant."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -59,6 +59,13 @@ Layout = Literal["batched", "flat", "shared"]
 
 _HASH_DOMAIN = b"smg-grpc-proto/media/v1\x00"
 
+_VIDEO_NAMES = frozenset(("pixel_values_videos", "video_grid_thw", "video_second_per_grid"))
+#: The tensors of each modality (by transformers' name), fixed: looked up on every request.
+_MODALITY_NAMES: dict[str, frozenset[str]] = {
+    "video": _VIDEO_NAMES,
+    "image": frozenset(n for n in TENSOR_NAMES if n not in _VIDEO_NAMES),
+}
+
 
 def _published(processor: ImageProcessor) -> tuple[int | None, int | None, VisionTokens | None]:
     """The family's published checkpoints (the Rust family's ``Hf.published``): image and video
@@ -84,12 +91,14 @@ def _native_of(family: str) -> _native.Preprocessor | None:
         return None
 
 
+@functools.cache  # fixed per family: asked on every request
 def _structured(family: str) -> bool:
     """Whether one of our families' image anchor becomes more than a run of one token."""
     native = _native_of(family)
     return native is not None and native.replacement_spec() is not None
 
 
+@functools.cache  # fixed per family: asked on every request
 def _count_tensor(family: str) -> str | None:
     """The per-image placeholder count tensor the family's engine model takes as an input
     (Phi-4-multimodal ``num_img_tokens``), from the Rust family; ``None`` for other families and
@@ -448,7 +457,7 @@ class VisionModel:
             counts = output.ready.num_image_tokens
             modality: Modality = "image"
             token = self.image_token_id
-            digests = tuple(self._digest("image", [x]) for x in items)
+            digests = self._digests("image", [[x] for x in items], threads)
             raw = tuple(x if isinstance(x, bytes) else None for x in items)
         else:
             if self.video_token_id is None:
@@ -464,7 +473,7 @@ class VisionModel:
             counts = output.ready.num_video_tokens
             modality = "video"
             token = self.video_token_id
-            digests = tuple(self._digest("video", clip) for clip in clips)
+            digests = self._digests("video", clips, threads)
             raw = tuple(None for _ in clips)
         if counts is None:
             raise MultimodalError(
@@ -627,9 +636,8 @@ class VisionModel:
         }
         return json.dumps(params, sort_keys=True, separators=(",", ":"), default=str).encode()
 
-    def _digest(self, kind: str, parts: Sequence[Any]) -> bytes:
-        """BLAKE3 over the preprocessing parameters and the item's raw content, so a changed
-        configuration never reuses a cached encoder output."""
+    def _framed(self, kind: str, parts: Sequence[Any]) -> list[bytes | npt.NDArray[Any]]:
+        """What an item's digest covers: the preprocessing parameters and its raw content."""
         framed: list[bytes | npt.NDArray[Any]] = [_HASH_DOMAIN, self._parameters, kind.encode()]
         for part in parts:
             if isinstance(part, bytes):
@@ -637,7 +645,21 @@ class VisionModel:
             else:
                 array = np.ascontiguousarray(part)
                 framed += [f"array:{array.dtype.str}:{list(array.shape)}".encode(), array]
-        return _native.media_digest(framed)
+        return framed
+
+    def _digest(self, kind: str, parts: Sequence[Any]) -> bytes:
+        """BLAKE3 over the preprocessing parameters and the item's raw content, so a changed
+        configuration never reuses a cached encoder output."""
+        return _native.media_digest(self._framed(kind, parts))
+
+    def _digests(
+        self, kind: str, items: Sequence[Sequence[Any]], threads: int | None
+    ) -> tuple[bytes, ...]:
+        """:meth:`_digest` of each item, on the batch's threads (GIL released): not one after
+        the other on the calling thread while the other cores wait."""
+        n_threads = threads if threads is not None else (self.processor.threads or 0)
+        framed = [self._framed(kind, parts) for parts in items]
+        return tuple(_native.media_digests(framed, n_threads))
 
 
 @dataclass(frozen=True)
@@ -763,7 +785,7 @@ class PreparedMedia:
                     expected=n,
                     actual=len(values),
                 )
-        layout = self.layout()
+        layout = self.layout_of(wire)
         for name, array in wire.items():
             if layout[name] == "batched" and array.shape[0] != n:
                 raise MultimodalLayoutError(
@@ -864,11 +886,8 @@ class PreparedMedia:
         return self.token_id if self.anchor_id is None else self.anchor_id
 
     @property
-    def _names(self) -> tuple[str, ...]:
-        videos = ("pixel_values_videos", "video_grid_thw", "video_second_per_grid")
-        if self.modality == "video":
-            return videos
-        return tuple(n for n in TENSOR_NAMES if n not in videos)
+    def _names(self) -> frozenset[str]:
+        return _MODALITY_NAMES[self.modality]
 
     @property
     def count(self) -> int:
@@ -914,8 +933,13 @@ class PreparedMedia:
         """How each tensor splits into items: Qwen's patches are flat (rows per item from the
         grid), the tiled families' :attr:`flat_names` too (rows per item from
         :attr:`item_rows`); everything else has one entry per item on dim 0."""
+        return self.layout_of(self.wire_tensors())
+
+    def layout_of(self, names: Iterable[str]) -> dict[str, Layout]:
+        """:meth:`layout` for the tensors ``names`` (the keys of a :meth:`wire_tensors` result
+        already at hand: computed once per request instead of again)."""
         flat = self._flat()
-        return {name: ("flat" if name in flat else "batched") for name in self.wire_tensors()}
+        return {name: ("flat" if name in flat else "batched") for name in names}
 
     def flat_sizes(self) -> tuple[int, ...]:
         """Rows of the flat tensors per item (Qwen: ``t * h * w`` of each grid row; tiled

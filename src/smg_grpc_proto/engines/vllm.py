@@ -245,9 +245,9 @@ def _fill_batch(
     for step in at.replace("]", "").split("."):
         name, _, index = step.partition("[")
         mm = getattr(mm, name)[int(index)] if index else getattr(mm, name)
-    layout = media.layout()
-    primary = media.primary_name
     tensors = media.wire_tensors()
+    layout = media.layout_of(tensors)
+    primary = media.primary_name
     names = MODEL_TENSOR_NAMES.get(media.family, {}) if media.modality == "image" else {}
     if names:
         renamed = {k: names.get(k, k) for k in tensors}
@@ -285,8 +285,9 @@ def _fill_batch(
         # one size per item: batched, as the SMG gateway marks it (vLLM then slices it per item
         # like the grid instead of handing every item the whole tensor)
         mm.batched_keys.append(sizes_key)
-    if media.grid_name is not None:
-        mm.keep_on_cpu_keys.append(names.get(media.grid_name) or media.grid_name)
+    grid_name = media.grid_name
+    if grid_name is not None:
+        mm.keep_on_cpu_keys.append(names.get(grid_name) or grid_name)
     mm.im_token_id = media.token_id
     for offset, length in ranges:
         mm.mm_placeholders.add(offset=offset, length=length)

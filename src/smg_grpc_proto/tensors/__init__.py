@@ -10,6 +10,8 @@ The wire rules (``protos/README.md``): raw little-endian, C-contiguous row-major
 * :func:`pack` / :func:`unpack` / :func:`unpack_torch`: one ``TensorData`` at a time;
 * :class:`TensorMessage`, :func:`serialize`, :func:`deserializer`, :func:`parse`: whole requests
   whose tensors are written with one copy and read with none (grpcio serializers);
+* :func:`keep_freed_memory`: let glibc reuse freed request buffers instead of faulting in
+  fresh pages for each large request (opt-in, process-wide);
 * :data:`backend`: ``"native"`` (Rust) or ``"numpy"`` (fallback, ``SMG_GRPC_PROTO_NATIVE=0``).
 
 Bad input raises :class:`~smg_grpc_proto.errors.TensorError` (a ``ValueError``) naming the field
@@ -34,6 +36,7 @@ from smg_grpc_proto.tensors._frames import (
     shm_payloads,
 )
 from smg_grpc_proto.tensors._layout import ITEMSIZE, LAYOUTS, plan_for
+from smg_grpc_proto.tensors._memory import keep_freed_memory
 
 __all__ = [
     "ITEMSIZE",
@@ -44,6 +47,7 @@ __all__ = [
     "Transport",
     "backend",
     "deserializer",
+    "keep_freed_memory",
     "pack",
     "parse",
     "plan_for",
