@@ -153,13 +153,32 @@ def engine(model_dir: Path) -> Iterator[tuple[ReferenceServer, RecordingServicer
         yield server, servicer
 
 
+class _PortTaken(Exception):
+    """smg could not bind the port we picked for it: someone else took it first."""
+
+
 class Gateway:
     """``smg launch`` on loopback, ready when ``/readiness`` says so."""
 
     def __init__(self, binary: Path, worker: str, model_dir: Path, hf_port: int, log: Path,
                  *extra: str) -> None:  # fmt: skip
-        self.port = _free_port()
         self.model = model_dir.name  # the worker's served model name (ToyModel.from_dir)
+        self.log = log
+        # A free port is only free until someone else binds it (another program on the machine
+        # can take it between our probe and smg's bind): a launch that lost its port is retried
+        # on new ones; every other failure is raised at once.
+        for attempt in range(3):
+            try:
+                self._launch(binary, worker, model_dir, hf_port, extra)
+                return
+            except _PortTaken:
+                if attempt == 2:
+                    raise RuntimeError(f"smg lost its port three times:\n{self.tail()}") from None
+
+    def _launch(
+        self, binary: Path, worker: str, model_dir: Path, hf_port: int, extra: tuple[str, ...]
+    ) -> None:
+        self.port = _free_port()
         command = [
             str(binary), "launch", "--host", "127.0.0.1", "--port", str(self.port),
             "--worker-urls", f"grpc://{worker}", "--model-path", str(model_dir),
@@ -167,8 +186,7 @@ class Gateway:
             "--worker-startup-check-interval", "1", *extra,
         ]  # fmt: skip
         env = dict(os.environ, HF_ENDPOINT=f"http://127.0.0.1:{hf_port}", HF_HUB_OFFLINE="1")
-        self.log = log
-        self._log_file = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self._log_file = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             command, stdout=self._log_file, stderr=subprocess.STDOUT, env=env
         )
@@ -176,6 +194,8 @@ class Gateway:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.stop()
+                if "address already in use" in self.tail().lower():
+                    raise _PortTaken
                 raise RuntimeError(f"smg exited with {self.process.returncode}:\n{self.tail()}")
             try:
                 status, body = self.request("GET", "/readiness", timeout=2)
