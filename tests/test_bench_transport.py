@@ -36,6 +36,8 @@ def test_quick_run_checks_every_transport(tmp_path: Path) -> None:
         str(SCRIPT),
         "--sizes",
         "0.05,0.3",
+        "--image-mib",
+        "0.12",  # the larger request takes 3 images
         "--rounds",
         "2",
         "--warmup",
@@ -55,6 +57,8 @@ def test_quick_run_checks_every_transport(tmp_path: Path) -> None:
     assert len(report["cases"]) == 2
     small, large = report["cases"]
     assert small["nbytes"] < large["nbytes"]
+    assert (small["images"], large["images"]) == (1, 3)
+    assert len(large["shape"]) == 2
     for case in report["cases"]:
         assert case["fallbacks"] == 0
         assert set(case["rows"]) == expected
