@@ -77,6 +77,7 @@ from smg_grpc_proto.engines import VisionModel
 from smg_grpc_proto.engines import vllm as vllm_adapter
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.loopback import TcpSink
+from smg_grpc_proto.tensors import Transport
 
 MIB = 1 << 20
 SERVICE = "smg.bench.TransportBench"
@@ -84,6 +85,8 @@ PUT = f"/{SERVICE}/Put"
 MEMORY = f"/{SERVICE}/Memory"
 PIXELS = "mm_inputs.pixel_values"
 TCP = "raw TCP socket"
+#: The transports the builders speak today (``remote`` is staged by hand, see Client.request).
+BUILDER_TRANSPORTS: dict[str, Transport] = {"inline": "inline", "shm": "shm"}
 #: Qwen2-VL: every 14 x 14 patch of the resized image is 2 x 3 x 14 x 14 float32 values, so
 #: ``pixel_values`` takes 24 bytes per pixel of the resized image (multiples of 28 per side).
 QWEN2_VL_BYTES_PER_PIXEL = 2 * 3 * 4
@@ -309,8 +312,8 @@ class Client:
 
     def __init__(self, target: str, max_bytes: int, remote: bool, stack: ExitStack) -> None:
         self.channel = stack.enter_context(channel.insecure_channel(target))
-        self._put = self.channel.unary_unary(PUT, request_serializer=tensors.serialize)
-        self._memory = self.channel.unary_unary(MEMORY)
+        self._put: Any = self.channel.unary_unary(PUT, request_serializer=tensors.serialize)
+        self._memory: Any = self.channel.unary_unary(MEMORY)
         self.tcp = stack.enter_context(TcpSink(max_bytes))
         self.exporter: Any = None
         if remote:
@@ -330,8 +333,9 @@ class Client:
 
     def request(self, case: Case, transport: str, rid: str) -> Any:
         """The request of ``transport`` (its copy of the pixels included)."""
-        if transport in ("inline", "shm"):
-            return vllm_adapter.generate_request(rid, case.prompt, case.media, transport=transport)
+        if transport in BUILDER_TRANSPORTS:
+            kind = BUILDER_TRANSPORTS[transport]
+            return vllm_adapter.generate_request(rid, case.prompt, case.media, transport=kind)
         # remote: the builders' transport="remote" is not there yet; the request is built as
         # inline, then pixel_values becomes a RemoteTensorHandle of a freshly exported slot.
         from smg_grpc_proto.errors import RemoteExportRefusedError
