@@ -118,13 +118,12 @@ def reset_peak() -> dict[str, int]:
 def remote_reason() -> str | None:
     """Why the remote transport cannot run here, or ``None`` when it can."""
     try:
-        from smg_grpc_proto import remote  # noqa: F401
         from smg_grpc_proto.remote import _nixl
-
-        _nixl.load_nixl()
     except ImportError as exc:
         return f"smg_grpc_proto.remote is not importable ({exc})"
-    except Exception as exc:  # RemoteUnavailableError: NIXL missing
+    try:
+        _nixl.load_nixl()
+    except ImportError as exc:  # RemoteUnavailableError: says what to install
         return str(exc)
     return None
 
