@@ -31,9 +31,12 @@ system-deps: ## build tools for the bundled C libraries (cmake, nasm for libjpeg
 	@command -v cmake >/dev/null && command -v nasm >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake nasm; }
 
+# NIXL for tests/remote goes in with --no-deps: nixl-cu12 declares torch (and with it the CUDA
+# wheels) although its host-memory API never imports it. Same version range as the [nixl] extra.
 deps: system-deps ## install the test and lint tools (pip >= 25.1 for dependency groups)
 	$(PIP) install --quiet --disable-pip-version-check "pip>=25.1"
 	$(PIP) install --quiet --disable-pip-version-check --group test
+	$(PIP) install --quiet --disable-pip-version-check --no-deps "nixl-cu12>=1.5,<2"
 
 wheel: system-deps ## build the abi3 wheel (manylinux_2_28: zig against glibc 2.28) into dist/
 	rm -rf $(WHEEL_DIR)

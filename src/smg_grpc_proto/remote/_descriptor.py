@@ -21,6 +21,9 @@ import math
 import struct
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from smg_grpc_proto.errors import RemoteDescriptorError, RemoteStampError
 
 __all__ = [
@@ -52,6 +55,9 @@ _I64_MAX = (1 << 63) - 1
 _HEAD = struct.Struct("<QQqH")  # slot_addr, gen, slot_key, port (after the magic)
 _LEGACY_HEAD = struct.Struct("<QQH")  # slot_addr, gen, port
 _STAMP = struct.Struct("<Q")
+
+Framed = bytes | bytearray | memoryview | npt.NDArray[np.uint8]
+"""A framed slot read: ``[gen][payload][gen]``."""
 
 
 @dataclass(frozen=True)
@@ -249,9 +255,13 @@ def frame_stamps(gen: int) -> bytes:
     return _STAMP.pack(gen)
 
 
-def read_stamps(framed: bytes | bytearray | memoryview, nbytes: int) -> tuple[int, int]:
+def read_stamps(framed: Framed, nbytes: int) -> tuple[int, int]:
     """The ``(header, trailer)`` stamps of a framed slot read of ``nbytes + FRAME_BYTES``."""
-    view = memoryview(framed).cast("B")
+    view = (
+        framed.reshape(-1).view(np.uint8)
+        if isinstance(framed, np.ndarray)
+        else np.frombuffer(framed, dtype=np.uint8)
+    )
     if len(view) < nbytes + FRAME_BYTES:
         raise RemoteDescriptorError(
             f"framed slot is {len(view)} bytes, less than nbytes={nbytes} + {FRAME_BYTES}",
@@ -259,14 +269,12 @@ def read_stamps(framed: bytes | bytearray | memoryview, nbytes: int) -> tuple[in
             expected=nbytes + FRAME_BYTES,
             actual=len(view),
         )
-    (header,) = _STAMP.unpack_from(view, 0)
-    (trailer,) = _STAMP.unpack_from(view, GEN_BYTES + nbytes)
+    (header,) = _STAMP.unpack(view[:GEN_BYTES].tobytes())
+    (trailer,) = _STAMP.unpack(view[GEN_BYTES + nbytes : FRAME_BYTES + nbytes].tobytes())
     return header, trailer
 
 
-def verify_stamps(
-    framed: bytes | bytearray | memoryview, nbytes: int, descriptor: RemoteDescriptor
-) -> None:
+def verify_stamps(framed: Framed, nbytes: int, descriptor: RemoteDescriptor) -> None:
     """Raise :class:`~smg_grpc_proto.errors.RemoteStampError` unless both stamps of ``framed``
     equal ``descriptor.gen`` (a recycled or torn slot otherwise)."""
     header, trailer = read_stamps(framed, nbytes)

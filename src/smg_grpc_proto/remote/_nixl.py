@@ -27,6 +27,7 @@ __all__ = [
     "fetch_metadata",
     "load_nixl",
     "make_agent",
+    "metadata_agent_name",
     "recv_message",
     "send_message",
 ]
@@ -154,7 +155,7 @@ def fetch_metadata(ip: str, port: int, timeout: float, *, send_own: bytes | None
                         return payload
     except RemoteTransferError:
         raise
-    except socket.timeout as exc:
+    except TimeoutError as exc:
         raise RemoteTimeoutError(
             f"NIXL metadata from {ip}:{port} did not arrive within {timeout} s",
             field="metadata",
@@ -166,3 +167,20 @@ def fetch_metadata(ip: str, port: int, timeout: float, *, send_own: bytes | None
             field="metadata",
             actual=str(exc),
         ) from exc
+
+
+def metadata_agent_name(metadata: bytes) -> str:
+    """The agent name a NIXL metadata blob announces, or "" if it does not parse (NIXL 1.x
+    serialises ``nixlSerDes|`` then the tag ``Agent``, a u64 LE length and the name). Only used
+    to find a same-named agent to replace before loading; NIXL itself validates the blob."""
+    prefix = b"nixlSerDes|Agent"
+    if not metadata.startswith(prefix) or len(metadata) < len(prefix) + 8:
+        return ""
+    size = int.from_bytes(metadata[len(prefix) : len(prefix) + 8], "little")
+    raw = metadata[len(prefix) + 8 : len(prefix) + 8 + size]
+    if len(raw) != size:
+        return ""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return ""

@@ -88,7 +88,9 @@ class RemoteExporter:
     default) on ``listen_port`` (0 picks a free port; see :attr:`port`). Descriptors carry
     ``advertise_ip`` (default: ``listen_ip``), which must be set when listening on a wildcard
     address. Anyone who can reach the listener can READ any slot of the arena while it is
-    registered: bind it to an address only trusted peers reach.
+    registered: bind it to an address only trusted peers reach. UCX, under NIXL, opens its
+    own sockets on every device ``UCX_NET_DEVICES`` allows (all by default): set it (e.g.
+    ``lo`` for loopback, or the RDMA NIC) before the first exporter or puller is created.
 
     Thread-safe: :meth:`export` may be called from any thread; it makes no NIXL call.
     """
@@ -254,7 +256,9 @@ class RemoteExporter:
                 actual=nbytes + FRAME_BYTES,
             )
         if slot_key is not None and (
-            isinstance(slot_key, bool) or not isinstance(slot_key, int) or not -_I64_MAX - 1 <= slot_key <= _I64_MAX
+            isinstance(slot_key, bool)
+            or not isinstance(slot_key, int)
+            or not -_I64_MAX - 1 <= slot_key <= _I64_MAX
         ):
             raise RemoteDescriptorError(
                 f"slot_key must be an int64, got {slot_key!r}", field="slot_key", actual=slot_key
@@ -369,14 +373,28 @@ class RemoteExporter:
                 if header == b"SEND":
                     _nixl.send_message(conn, b"NIXLCOMM:LOAD" + self._agent.get_agent_metadata())
                 elif header == b"LOAD":
-                    self._agent.add_remote_agent(payload)
+                    self._load_peer(payload)
                 elif header == b"INVL":
                     self._agent.remove_remote_agent(payload.decode("utf-8", "replace"))
             except OSError:
                 return False
             except Exception:  # a peer's bad metadata must not stop the listener
-                logger.warning("remote exporter: NIXLCOMM:%s from a peer failed", header, exc_info=True)
+                logger.warning(
+                    "remote exporter: NIXLCOMM:%s from a peer failed", header, exc_info=True
+                )
         return True
+
+    def _load_peer(self, metadata: bytes) -> None:
+        """Load a reader's metadata, as NIXL's listener does (the exporter does not need it
+        to serve READs or receive notifications); a restarted reader's replaces its old one."""
+        try:
+            self._agent.add_remote_agent(metadata)
+        except Exception:
+            name = _nixl.metadata_agent_name(metadata)
+            if not name or name == self._agent_name:
+                raise
+            self._agent.remove_remote_agent(name)
+            self._agent.add_remote_agent(metadata)
 
     # -- lifetime ---------------------------------------------------------------------------
 

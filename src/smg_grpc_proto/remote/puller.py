@@ -45,8 +45,9 @@ class RemotePuller:
     first time it meets that listener (cached afterwards; refetched once if a READ fails, e.g.
     the exporter restarted), READs ``nbytes + 16`` bytes, checks both generation stamps,
     notifies the exporter with ``str(slot_key)`` so it frees the slot, and returns the payload.
-    Every wait is bounded by ``timeout`` seconds. Thread-safe; one instance per process is
-    enough (it opens no listening socket).
+    Every wait is bounded by ``timeout`` seconds. Thread-safe (but :meth:`close` only once no
+    pull is running); one instance per process is enough. It runs no metadata listener; UCX
+    itself listens on the devices ``UCX_NET_DEVICES`` allows (all by default).
     """
 
     def __init__(
@@ -183,7 +184,7 @@ class RemotePuller:
 
     def _load(self, metadata: bytes, endpoint: _Endpoint) -> str:
         # Called with self._cond held.
-        name = _agent_name_of(metadata)
+        name = _nixl.metadata_agent_name(metadata)
         owner = self._owners.get(name) if name else None
         if owner is not None:
             if self._inflight.get(name, 0):
@@ -291,21 +292,31 @@ class RemotePuller:
                     field="slot_addr",
                     actual=desc.slot_addr,
                 ) from exc
-            state = agent.transfer(handle)
-            spins = 0
-            while state == "PROC":
-                if time.monotonic() > deadline:
-                    try:
-                        agent.release_xfer_handle(handle)
-                    except Exception:
-                        # Not cancellable: keep everything alive, NIXL may still write.
-                        keep_registered = True
-                        self._abandoned.append((handle, reg, landing))
-                    raise _timeout((desc.ip, desc.port), budget, f"during the READ of {where}")
-                spins += 1
-                if spins > 64:
-                    time.sleep(0.0002)
-                state = agent.check_xfer_state(handle)
+            try:
+                state = agent.transfer(handle)
+                spins = 0
+                while state == "PROC":
+                    if time.monotonic() > deadline:
+                        raise _timeout((desc.ip, desc.port), budget, f"during the READ of {where}")
+                    spins += 1
+                    if spins > 64:
+                        time.sleep(0.0002)
+                    state = agent.check_xfer_state(handle)
+            except Exception as exc:
+                # Cancel; if NIXL cannot, keep the buffer registered and alive (it may still
+                # be written) rather than free memory under a live transfer.
+                try:
+                    agent.release_xfer_handle(handle)
+                except Exception:
+                    keep_registered = True
+                    self._abandoned.append((handle, reg, landing))
+                if isinstance(exc, RemoteTimeoutError):
+                    raise
+                raise RemoteTransferError(
+                    f"NIXL READ of {size} bytes from {where} failed: {exc!r}",
+                    field="transfer",
+                    actual=type(exc).__name__,
+                ) from exc
             agent.release_xfer_handle(handle)
             if state != "DONE":
                 raise RemoteTransferError(
@@ -319,7 +330,9 @@ class RemotePuller:
                 try:
                     agent.deregister_memory(reg, backends=["UCX"])
                 except Exception:
-                    logger.debug("remote puller: deregistering a landing buffer failed", exc_info=True)
+                    logger.debug(
+                        "remote puller: deregistering a landing buffer failed", exc_info=True
+                    )
 
     def close(self) -> None:
         """Forget every exporter and release the agent."""
@@ -342,23 +355,6 @@ class _Busy(Exception):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
-
-
-def _agent_name_of(metadata: bytes) -> str:
-    """The agent name a NIXL metadata blob announces, or "" if it does not parse (NIXL 1.x
-    serialises ``nixlSerDes|`` then the tag ``Agent``, a u64 LE length and the name). Only used
-    to find a same-named agent to replace before loading; NIXL itself validates the blob."""
-    prefix = b"nixlSerDes|Agent"
-    if not metadata.startswith(prefix) or len(metadata) < len(prefix) + 8:
-        return ""
-    size = int.from_bytes(metadata[len(prefix) : len(prefix) + 8], "little")
-    raw = metadata[len(prefix) + 8 : len(prefix) + 8 + size]
-    if len(raw) != size:
-        return ""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return ""
 
 
 def _timeout(endpoint: _Endpoint, budget: float, when: str) -> RemoteTimeoutError:
