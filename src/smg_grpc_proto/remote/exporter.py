@@ -335,9 +335,12 @@ class RemoteExporter:
                 self._free_key(key, "ttl")
 
     def _serve_metadata(self) -> None:
+        """NIXL's metadata protocol (see ``_nixl``) on the bound listener: one thread, every
+        connection non-blocking with its own receive buffer, so a slow or silent peer delays
+        nobody."""
         sel = selectors.DefaultSelector()
         self._listener.setblocking(False)
-        sel.register(self._listener, selectors.EVENT_READ)
+        sel.register(self._listener, selectors.EVENT_READ, None)
         try:
             while not self._stop.is_set():
                 for key, _ in sel.select(timeout=0.1):
@@ -348,11 +351,10 @@ class RemoteExporter:
                             conn, _addr = self._listener.accept()
                         except OSError:
                             continue
-                        conn.setblocking(True)
-                        conn.settimeout(5.0)  # a message must arrive whole within this
-                        sel.register(conn, selectors.EVENT_READ)
+                        conn.setblocking(False)
+                        sel.register(conn, selectors.EVENT_READ, bytearray())
                         continue
-                    if not self._answer(sock):
+                    if not self._receive(sock, key.data):
                         sel.unregister(sock)
                         sock.close()
         finally:
@@ -362,16 +364,40 @@ class RemoteExporter:
                     sock.close()
             sel.close()
 
-    def _answer(self, conn: socket.socket) -> bool:
-        """Handle one message from a peer; False when the connection is done."""
+    def _receive(self, conn: socket.socket, buffer: bytearray) -> bool:
+        """Read what ``conn`` has and answer each complete message; False when it is done."""
         try:
-            body = _nixl.recv_message(conn)
-        except (OSError, EOFError, RemoteTransferError):
+            chunk = conn.recv(1 << 16)
+        except BlockingIOError:
+            return True
+        except OSError:
             return False
+        if not chunk:
+            return False
+        buffer += chunk
+        while len(buffer) >= 8:
+            size = int.from_bytes(buffer[:8], "little")
+            if size > _nixl.MAX_METADATA_BYTES:
+                return False
+            if len(buffer) < 8 + size:
+                break
+            body = bytes(buffer[8 : 8 + size])
+            del buffer[: 8 + size]
+            if not self._answer(conn, body):
+                return False
+        return True
+
+    def _answer(self, conn: socket.socket, body: bytes) -> bool:
+        """Handle one message from a peer; False when the connection must close."""
         for header, payload in _nixl.split_commands(body):
             try:
                 if header == b"SEND":
-                    _nixl.send_message(conn, b"NIXLCOMM:LOAD" + self._agent.get_agent_metadata())
+                    reply = b"NIXLCOMM:LOAD" + self._agent.get_agent_metadata()
+                    conn.settimeout(5.0)  # the answer is small; a peer not reading is dropped
+                    try:
+                        _nixl.send_message(conn, reply)
+                    finally:
+                        conn.setblocking(False)
                 elif header == b"LOAD":
                     self._load_peer(payload)
                 elif header == b"INVL":
