@@ -112,10 +112,10 @@ def peak_child(path: Path, decoder: str) -> float:
     return measure_peak(decoders(data, torch_too)[decoder])
 
 
-def child(path: Path, rounds: int) -> dict[str, Any]:
+def child(path: Path, rounds: int, clock: str = "wall") -> dict[str, Any]:
     """Runs in the fresh process: the pixel check and the timings of one file."""
     import numpy as np
-    from benchkit import time_op
+    from benchkit import CLOCKS, time_op
     from PIL import Image
 
     data = path.read_bytes()
@@ -135,7 +135,7 @@ def child(path: Path, rounds: int) -> dict[str, Any]:
     medians: dict[str, list[float]] = {name: [] for name in ops}
     for _ in range(rounds):
         for name, fn in ops.items():
-            medians[name].append(time_op(fn, 5, min_seconds=0.1))
+            medians[name].append(time_op(fn, 5, min_seconds=0.1, clock=CLOCKS[clock]))
     out["ms"] = {name: statistics.median(v) * 1e3 for name, v in medians.items()}
     return out
 
@@ -169,6 +169,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated file names")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time, or process CPU time (steadier on a loaded machine)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--peak", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -176,12 +182,12 @@ def main() -> None:
         print(json.dumps(peak_child(Path(args.child), args.peak)))
         return
     if args.child:
-        print(json.dumps(child(Path(args.child), args.rounds)))
+        print(json.dumps(child(Path(args.child), args.rounds, args.clock)))
         return
     only = {n for n in args.only.split(",") if n}
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
     print(versions())
-    print()
+    print(f"clock: {args.clock}; {args.rounds} rounds\n")
     print(
         "| file | size | mode | ours ms | Pillow ms | x | torchvision ms (same) "
         "| peak MiB ours / Pillow |"
@@ -192,6 +198,7 @@ def main() -> None:
         if only and name not in only and name.removeprefix("pillow:") not in only:
             continue
         cmd = [*pin, sys.executable, __file__, "--child", str(path), "--rounds", str(args.rounds)]
+        cmd += ["--clock", args.clock]
         run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if run.returncode != 0:
             print(f"| {name} | failed: {run.stderr.strip().splitlines()[-1:]} |")

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchkit import (  # noqa: E402
+    CLOCKS,
     REAL_PHOTO_CASES,
     cpu_model,
     decoding_cells,
@@ -137,7 +138,7 @@ def child(spec: dict[str, Any]) -> None:
     result = {}
     for case, paths in spec["cases"].items():
         for key, fn in ops(spec["family"], [Path(p) for p in paths]).items():
-            result[f"{case}|{key}"] = time_op(fn, spec["repeat"])
+            result[f"{case}|{key}"] = time_op(fn, spec["repeat"], clock=CLOCKS[spec["clock"]])
     print(json.dumps(result))
 
 
@@ -146,6 +147,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--families", nargs="*", default=list(REFERENCES), choices=REFERENCES)
+    parser.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="wall",
+        help="wall time, or process CPU time (steadier on a loaded machine; one thread only)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -154,14 +161,17 @@ def main() -> None:
     cases = real_photo_cases()
     chosen = {c: [str(p) for p in cases[c]] for c in CASES}
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; one pinned core per process")
-    print(f"rounds: {args.rounds} fresh processes, median of >= {args.repeat} calls\n")
+    print(
+        f"rounds: {args.rounds} fresh processes, median of >= {args.repeat} calls; "
+        f"clock: {args.clock}\n"
+    )
     print(
         "| family | case | input | transformers PIL (ms) | ours (ms) | speed-up "
         "| decode alone (ms) Pillow / ours | ceiling |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for family in args.families:
-        spec = {"family": family, "cases": chosen, "repeat": args.repeat}
+        spec = {"family": family, "cases": chosen, "repeat": args.repeat, "clock": args.clock}
         rounds = []
         for _ in range(args.rounds):
             out = subprocess.run(
