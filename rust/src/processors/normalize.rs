@@ -516,14 +516,15 @@ mod avx2 {
         // with the count known at compile time: the stores unrolled, no loop over `copies` per
         // vector. More copies (rare: a longer temporal patch) are written one pass each, the
         // same values.
-        // SAFETY (all three arms): forwarded from this function's contract; each arm passes
-        // entries of `copies`, which the contract covers.
         match copies {
+            // SAFETY: forwarded from this function's contract; `[*a]` is `copies`.
             [a] => unsafe { spread_to::<FUSED, 1>(formula, pixels, runs, out, [*a]) },
+            // SAFETY: forwarded from this function's contract; `[*a, *b]` is `copies`.
             [a, b] => unsafe { spread_to::<FUSED, 2>(formula, pixels, runs, out, [*a, *b]) },
             _ => {
                 for start in copies {
-                    // SAFETY: as above.
+                    // SAFETY: forwarded from this function's contract; `start` is an entry of
+                    // `copies`, which the contract covers.
                     unsafe { spread_to::<FUSED, 1>(formula, pixels, runs, out, [*start]) };
                 }
             }
