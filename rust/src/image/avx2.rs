@@ -422,13 +422,16 @@ pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8
     let mut heap = Vec::new();
     let pairs = tap_pairs(rows, weights, &mut stack, &mut heap);
     let zero = _mm256_setzero_si256();
+    let rounding = _mm256_set1_epi32(ROUNDING);
     let mut i = 0;
     loop {
         // The last chunk overlaps the previous one when n is not a multiple of 32: those
         // samples are recomputed to the same values.
         let at = i.min(n - STEP);
-        let mut lo = [_mm256_set1_epi32(ROUNDING); 4];
-        let mut hi = [zero; 4];
+        // Named accumulators, not arrays mapped by closures: a closure does not inherit
+        // `target_feature`, so it is not inlined and the accumulators go through the stack.
+        let (mut lo0, mut lo1, mut lo2, mut lo3) = (rounding, rounding, rounding, rounding);
+        let (mut hi0, mut hi1, mut hi2, mut hi3) = (zero, zero, zero, zero);
         for &(p0, p1, wl, wh) in pairs {
             // SAFETY: both pointers start rows of at least `n ≥ at + 32` bytes (asserted).
             let (r0, r1) = unsafe {
@@ -441,26 +444,25 @@ pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8
             let x = _mm256_unpacklo_epi8(r0, r1);
             let y = _mm256_unpackhi_epi8(r0, r1);
             // Samples [0..4 | 16..20], [4..8 | 20..24], [8..12 | 24..28], [12..16 | 28..32].
-            let v = [
-                _mm256_unpacklo_epi8(x, zero),
-                _mm256_unpackhi_epi8(x, zero),
-                _mm256_unpacklo_epi8(y, zero),
-                _mm256_unpackhi_epi8(y, zero),
-            ];
-            for k in 0..4 {
-                lo[k] = _mm256_add_epi32(lo[k], _mm256_madd_epi16(v[k], wl));
-                hi[k] = _mm256_add_epi32(hi[k], _mm256_madd_epi16(v[k], wh));
-            }
+            let v0 = _mm256_unpacklo_epi8(x, zero);
+            let v1 = _mm256_unpackhi_epi8(x, zero);
+            let v2 = _mm256_unpacklo_epi8(y, zero);
+            let v3 = _mm256_unpackhi_epi8(y, zero);
+            lo0 = _mm256_add_epi32(lo0, _mm256_madd_epi16(v0, wl));
+            hi0 = _mm256_add_epi32(hi0, _mm256_madd_epi16(v0, wh));
+            lo1 = _mm256_add_epi32(lo1, _mm256_madd_epi16(v1, wl));
+            hi1 = _mm256_add_epi32(hi1, _mm256_madd_epi16(v1, wh));
+            lo2 = _mm256_add_epi32(lo2, _mm256_madd_epi16(v2, wl));
+            hi2 = _mm256_add_epi32(hi2, _mm256_madd_epi16(v2, wh));
+            lo3 = _mm256_add_epi32(lo3, _mm256_madd_epi16(v3, wl));
+            hi3 = _mm256_add_epi32(hi3, _mm256_madd_epi16(v3, wh));
         }
-        let s = [0, 1, 2, 3].map(|k| {
-            let acc = _mm256_add_epi32(lo[k], _mm256_slli_epi32::<16>(hi[k]));
-            _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(acc)
-        });
+        let s0 = shifted(lo0, hi0);
+        let s1 = shifted(lo1, hi1);
+        let s2 = shifted(lo2, hi2);
+        let s3 = shifted(lo3, hi3);
         // In-lane packs put the samples back in order: lane 0 gets 0..16, lane 1 16..32.
-        let bytes = _mm256_packus_epi16(
-            _mm256_packs_epi32(s[0], s[1]),
-            _mm256_packs_epi32(s[2], s[3]),
-        );
+        let bytes = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
         // SAFETY: `at + 32 ≤ n = out.len()`.
         unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(at).cast(), bytes) };
         if at + STEP >= n {
@@ -468,6 +470,15 @@ pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8
         }
         i += STEP;
     }
+}
+
+/// `(lo + (hi << 16)) >> 22`: the sums of the split weights recombined and shifted (not yet
+/// clamped).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn shifted(lo: __m256i, hi: __m256i) -> __m256i {
+    let acc = _mm256_add_epi32(lo, _mm256_slli_epi32::<16>(hi));
+    _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(acc)
 }
 
 #[cfg(test)]

@@ -256,10 +256,14 @@ pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8
                 hi[k] = _mm512_dpwssd_epi32(hi[k], v[k], wh);
             }
         }
-        let s = [0, 1, 2, 3].map(|k| {
-            let acc = _mm512_add_epi32(lo[k], _mm512_slli_epi32::<16>(hi[k]));
-            _mm512_srai_epi32::<{ PRECISION_BITS }>(acc)
-        });
+        // Not a closure mapped over the array: a closure does not inherit `target_feature`, is
+        // not inlined, and would take the accumulators through the stack.
+        let s = [
+            shifted(lo[0], hi[0]),
+            shifted(lo[1], hi[1]),
+            shifted(lo[2], hi[2]),
+            shifted(lo[3], hi[3]),
+        ];
         // In-lane packs put the samples back in order: lane L gets 16L..16L + 16.
         let bytes = _mm512_packus_epi16(
             _mm512_packs_epi32(s[0], s[1]),
@@ -272,6 +276,15 @@ pub(crate) unsafe fn vertical_row(rows: &[&[u8]], weights: &[i32], out: &mut [u8
         }
         i += STEP;
     }
+}
+
+/// `(lo + (hi << 16)) >> 22`: the sums of the split weights recombined and shifted (not yet
+/// clamped).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn shifted(lo: __m512i, hi: __m512i) -> __m512i {
+    let acc = _mm512_add_epi32(lo, _mm512_slli_epi32::<16>(hi));
+    _mm512_srai_epi32::<{ PRECISION_BITS }>(acc)
 }
 
 #[cfg(test)]

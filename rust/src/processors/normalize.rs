@@ -512,9 +512,31 @@ mod avx2 {
         out: *mut f32,
         copies: &[[usize; 3]],
     ) {
-        let n = runs.width;
-        debug_assert!(n >= LANES);
-        let channel = |c: usize| Channel {
+        // One or two places per value (a still image over Qwen's two-frame temporal patch)
+        // with the count known at compile time: the stores unrolled, no loop over `copies` per
+        // vector. More copies (rare: a longer temporal patch) are written one pass each, the
+        // same values.
+        match copies {
+            // SAFETY: forwarded from this function's contract; `[*a]` is `copies`.
+            [a] => unsafe { spread_to::<FUSED, 1>(formula, pixels, runs, out, [*a]) },
+            // SAFETY: forwarded from this function's contract; `[*a, *b]` is `copies`.
+            [a, b] => unsafe { spread_to::<FUSED, 2>(formula, pixels, runs, out, [*a, *b]) },
+            _ => {
+                for start in copies {
+                    // SAFETY: forwarded from this function's contract; `start` is an entry of
+                    // `copies`, which the contract covers.
+                    unsafe { spread_to::<FUSED, 1>(formula, pixels, runs, out, [*start]) };
+                }
+            }
+        }
+    }
+
+    /// The constants of channel `c`, broadcast (a function with the target features rather
+    /// than a closure, which would not inherit them and would not be inlined).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn channel(formula: &Formula, c: usize) -> Channel {
+        Channel {
             // SAFETY: each mask is a 16-byte array, read with an unaligned load.
             mask: unsafe {
                 (
@@ -525,8 +547,30 @@ mod avx2 {
             mean: _mm256_set1_ps(formula.mean[c]),
             std: _mm256_set1_ps(formula.std[c]),
             recip: _mm256_set1_ps(formula.recip[c]),
-        };
-        let channels = [channel(0), channel(1), channel(2)];
+        }
+    }
+
+    /// [`spread`] into the `N` places `copies`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Formula::spread`], with `copies` for its `copies`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn spread_to<const FUSED: bool, const N: usize>(
+        formula: &Formula,
+        pixels: &[u8],
+        runs: super::Runs,
+        out: *mut f32,
+        copies: [[usize; 3]; N],
+    ) {
+        let n = runs.width;
+        debug_assert!(n >= LANES);
+        let channels = [
+            channel(formula, 0),
+            channel(formula, 1),
+            channel(formula, 2),
+        ];
         let factor = _mm256_set1_pd(formula.factor);
         let split = (_mm256_set1_ps(formula.hi), _mm256_set1_ps(formula.lo));
         for y in 0..runs.rows {
@@ -553,7 +597,7 @@ mod avx2 {
                     let bytes = (_mm_loadu_si128(p.cast()), _mm_loadl_epi64(p.add(16).cast()));
                     for (c, &ch) in channels.iter().enumerate() {
                         let v = value::<FUSED>(bytes, ch, factor, split);
-                        for start in copies {
+                        for start in &copies {
                             _mm256_storeu_ps(out.add(start[c] + dst + at), v);
                         }
                     }
