@@ -34,6 +34,9 @@ use super::coeffs::{float_coeffs_with, AxisCoeffs, PRECISION_BITS};
 use super::resample::{check_destination, run_passes, ImageRef, Passes, ResampleError};
 use crate::processors::normalize::Slot;
 
+#[cfg(target_arch = "x86_64")]
+mod fast;
+
 /// The interpolation modes of torch's antialiased `uint8` resize that the processors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TorchFilter {
@@ -233,15 +236,81 @@ pub fn resize_u8(
 ) -> Result<(), ResampleError> {
     check_destination(src, dst, out_w, out_h)?;
     let (w, h) = (src.width, src.height);
+    let horizontal = (out_w != w).then(|| int16_coeffs(w, out_w, filter));
+    let vertical = (out_h != h).then(|| int16_coeffs(h, out_h, filter));
+    #[cfg(target_arch = "x86_64")]
+    if fast_resize(src, dst, horizontal.as_ref(), vertical.as_ref(), threads) {
+        return Ok(());
+    }
     let passes = Passes {
-        horizontal: (out_w != w).then(|| int16_coeffs(w, out_w, filter).to_axis_coeffs()),
-        vertical: (out_h != h).then(|| int16_coeffs(h, out_h, filter).to_axis_coeffs()),
+        horizontal: horizontal.map(|k| k.to_axis_coeffs()),
+        vertical: vertical.map(|k| k.to_axis_coeffs()),
         out_w,
         out_h,
         horizontal_first: true,
     };
     run_passes(src, dst, passes, threads, true);
     Ok(())
+}
+
+/// [`resize_u8`] with the AVX-512 kernels of [`fast`], in bands of output rows over up to
+/// `threads` threads; `false` (nothing written) when they do not apply: no AVX-512, nothing to
+/// resample, a reduction too large for the horizontal kernel's window, or a zero precision.
+#[cfg(target_arch = "x86_64")]
+fn fast_resize(
+    src: &ImageRef<'_>,
+    dst: &mut [u8],
+    horizontal: Option<&Int16Coeffs>,
+    vertical: Option<&Int16Coeffs>,
+    threads: usize,
+) -> bool {
+    if !fast::available() || (horizontal.is_none() && vertical.is_none()) {
+        return false;
+    }
+    if vertical.is_some_and(|k| k.precision == 0) {
+        return false;
+    }
+    let plan = match horizontal {
+        Some(k) => match fast::Horizontal::new(k, src.channels) {
+            Some(plan) => Some(plan),
+            None => return false,
+        },
+        None => None,
+    };
+    let out_h = vertical.map_or(src.height, |k| k.starts.len());
+    let row_len = dst.len() / out_h.max(1);
+    let threads = threads.clamp(1, out_h.div_ceil(32).max(1));
+    let per_band = out_h.div_ceil(threads);
+    // Each band is taken once: by a spawned thread, or by the calling thread (the first band,
+    // and any whose thread could not be spawned).
+    let bands: Vec<std::sync::Mutex<Option<(usize, &mut [u8])>>> = dst
+        .chunks_mut(per_band * row_len)
+        .enumerate()
+        .map(|(i, band)| std::sync::Mutex::new(Some((i * per_band, band))))
+        .collect();
+    let run = |i: usize| {
+        let band = bands[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((first, band)) = band {
+            let rows = first..first + band.len() / row_len;
+            // SAFETY: `fast::available()` holds (checked above).
+            unsafe { fast::band(src, plan.as_ref(), vertical, rows, band) };
+        }
+    };
+    std::thread::scope(|scope| {
+        for i in 1..bands.len() {
+            let run = &run;
+            if std::thread::Builder::new()
+                .spawn_scoped(scope, move || run(i))
+                .is_err()
+            {
+                break;
+            }
+        }
+        for i in 0..bands.len() {
+            run(i);
+        }
+    });
+    true
 }
 
 /// torch's cubic taps of one axis (`HelperInterpCubic::compute_indices_weights`, `f32`):
