@@ -12,8 +12,10 @@
 //!   zero. Each pass is `clamp((2^(p−1) + Σ wᵢ·xᵢ) >> p, 0, 255)`, horizontal first; an axis
 //!   that keeps its size is not resampled.
 //!
-//!   These passes run on the Pillow resampler's kernels ([`run_passes`], SIMD and threads
-//!   included): a weight `w` at precision `p` is the 22-bit weight `w·2^(22−p)`, and
+//!   With AVX2 the passes run on kernels of their own on these `int16` weights ([`fast`]: one
+//!   `vpmaddwd` per tap pair, vertical blocks of four output rows, streamed). Otherwise, and
+//!   for reductions past the horizontal kernel's window, they run on the Pillow resampler's
+//!   kernels ([`run_passes`], SIMD and threads included): a weight `w` at precision `p` is the 22-bit weight `w·2^(22−p)`, and
 //!   `(2²¹ + Σ (wᵢ·2^(22−p))·xᵢ) >> 22 = (2^(p−1) + Σ wᵢ·xᵢ) >> p` exactly (an arithmetic
 //!   shift is a floor division, and `⌊a·2^s / 2²²⌋ = ⌊a / 2^p⌋`), with sums of the same size as
 //!   Pillow's own (the weights of a pixel add up to about 2²² either way).
@@ -253,8 +255,8 @@ pub fn resize_u8(
     Ok(())
 }
 
-/// [`resize_u8`] with the AVX-512 kernels of [`fast`], in bands of output rows over up to
-/// `threads` threads; `false` (nothing written) when they do not apply: no AVX-512, nothing to
+/// [`resize_u8`] with the AVX2 kernels of [`fast`], in bands of output rows over up to
+/// `threads` threads; `false` (nothing written) when they do not apply: no AVX2, nothing to
 /// resample, a reduction too large for the horizontal kernel's window, or a zero precision.
 #[cfg(target_arch = "x86_64")]
 fn fast_resize(
@@ -560,6 +562,133 @@ pub fn bf16_value(bits: u16) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The resampler's kernels on the same weights (`to_axis_coeffs`), without [`fast`].
+    fn reference(src: &ImageRef<'_>, ow: usize, oh: usize, filter: TorchFilter) -> Vec<u8> {
+        let (w, h) = (src.width, src.height);
+        let passes = Passes {
+            horizontal: (ow != w).then(|| int16_coeffs(w, ow, filter).to_axis_coeffs()),
+            vertical: (oh != h).then(|| int16_coeffs(h, oh, filter).to_axis_coeffs()),
+            out_w: ow,
+            out_h: oh,
+            horizontal_first: true,
+        };
+        let mut out = vec![0u8; ow * oh * src.channels];
+        run_passes(src, &mut out, passes, 1, false);
+        out
+    }
+
+    /// [`resize_u8`] (the AVX2 kernels where the CPU has them) equals the scalar passes on
+    /// random images: every channel count, up- and downscaling, odd sizes, short rows, one axis
+    /// kept, reductions past the horizontal window, several threads.
+    #[test]
+    fn fast_kernels_equal_the_scalar_passes() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |m: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        };
+        let mut cases = vec![
+            (600, 512, 3, 504, 588),
+            (1000, 872, 3, 644, 560),
+            (2000, 1072, 3, 924, 476),
+            (741, 500, 3, 812, 532),
+            (64, 64, 3, 64, 30),
+            (64, 64, 3, 30, 64),
+            (33, 7, 1, 70, 3),
+            (1, 1, 3, 9, 5),
+            (900, 40, 4, 60, 41),
+            (4032, 60, 3, 336, 20),
+        ];
+        for _ in 0..60 {
+            let (w, h) = (1 + next(300), 1 + next(300));
+            cases.push((w, h, [1, 3, 4][next(3)], 1 + next(400), 1 + next(400)));
+        }
+        for (w, h, c, ow, oh) in cases {
+            let data: Vec<u8> = (0..w * h * c).map(|_| next(256) as u8).collect();
+            let src = ImageRef {
+                data: &data,
+                width: w,
+                height: h,
+                channels: c,
+            };
+            for filter in [
+                TorchFilter::Bilinear,
+                TorchFilter::Bicubic,
+                TorchFilter::Lanczos,
+            ] {
+                let want = reference(&src, ow, oh, filter);
+                for threads in [1, 3] {
+                    let mut ours = vec![0u8; ow * oh * c];
+                    resize_u8(&src, &mut ours, ow, oh, filter, threads).unwrap();
+                    assert!(
+                        ours == want,
+                        "{filter:?} {w}x{h}x{c} -> {ow}x{oh}, {threads} threads"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Timing of [`resize_u8`] against the resampler's path on the benchmark's photo sizes:
+    /// `cargo test --release -- --ignored --nocapture resize_timing`.
+    #[test]
+    #[ignore]
+    fn resize_timing() {
+        for (w, h, ow, oh) in [
+            (512, 600, 504, 588),
+            (1000, 872, 644, 560),
+            (2000, 1072, 924, 476),
+        ] {
+            let data: Vec<u8> = (0..w * h * 3).map(|i| (i * 7919 % 251) as u8).collect();
+            let src = ImageRef {
+                data: &data,
+                width: w,
+                height: h,
+                channels: 3,
+            };
+            let mut out = vec![0u8; ow * oh * 3];
+            // The thread's CPU time (the machine may be shared), best of 7 runs of 20 calls.
+            let cpu = || {
+                let mut t = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                // SAFETY: `t` is a valid timespec to write.
+                unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+                t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+            };
+            let time = |f: &mut dyn FnMut()| {
+                let mut best = f64::MAX;
+                for _ in 0..7 {
+                    let t = cpu();
+                    for _ in 0..20 {
+                        f();
+                    }
+                    best = best.min((cpu() - t) / 20.0);
+                }
+                best * 1e3
+            };
+            let filter = TorchFilter::Bicubic;
+            let fast = time(&mut || resize_u8(&src, &mut out, ow, oh, filter, 1).unwrap());
+            let old = time(&mut || {
+                let passes = Passes {
+                    horizontal: Some(int16_coeffs(w, ow, filter).to_axis_coeffs()),
+                    vertical: Some(int16_coeffs(h, oh, filter).to_axis_coeffs()),
+                    out_w: ow,
+                    out_h: oh,
+                    horizontal_first: true,
+                };
+                run_passes(&src, &mut out, passes, 1, true);
+            });
+            println!(
+                "{w}x{h} -> {ow}x{oh}: resampler {old:.3} ms, fast {fast:.3} ms, {:.2}x",
+                old / fast
+            );
+        }
+    }
 
     #[test]
     fn bf16_rounds_to_nearest_even() {

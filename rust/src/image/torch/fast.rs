@@ -1,18 +1,18 @@
-//! torch's antialiased `uint8` resize ([`super::resize_u8`]) with AVX-512 (BW, VBMI, VNNI) on
-//! its own `int16` weights: each pass is `clamp((2^(p−1) + Σ wᵢ·xᵢ) >> p, 0, 255)` in `i32`,
-//! exactly as the scalar formula (integer sums do not depend on their order, and none of them
-//! can overflow: `Σ|wᵢ| < 2^(p+1)` and `2^p·wt_max < 2^14`, so `|Σ wᵢ·xᵢ| < 2^31`).
+//! torch's antialiased `uint8` resize ([`super::resize_u8`]) with AVX2 on its own `int16`
+//! weights: each pass is `clamp((2^(p−1) + Σ wᵢ·xᵢ) >> p, 0, 255)` in `i32`, exactly as the
+//! scalar formula (integer sums do not depend on their order, and none of them can overflow:
+//! `Σ|wᵢ| < 2^(p+1)` and `2^p·wt_max < 2^14`, so `|Σ wᵢ·xᵢ| < 2^31`).
 //!
 //! Unlike the Pillow resampler's kernels (22-bit weights split in two `i16` halves, two
-//! `vpdpwssd` per tap pair), every tap pair is one `vpdpwssd` here, and:
+//! `vpmaddwd` per tap pair), every tap pair is one `vpmaddwd` here, and:
 //!
-//! - horizontal pass: 16 output samples per group, each sample's two taps picked from one
-//!   64-byte load by a zero-masking `vpermb` (sample bytes within 64 of the group's first: up to
-//!   about 3.5× reduction with three channels; larger reductions use the resampler's path), four
-//!   input rows at a time sharing the controls and weights;
+//! - horizontal pass: 8 output samples per group, four per 128-bit lane, each sample's two taps
+//!   picked from one 16-byte load per lane by `vpshufb` (a lane's tap bytes within 16 bytes:
+//!   reductions up to about 2.5× with three channels; larger ones use the resampler's path),
+//!   four input rows at a time sharing the controls and weights;
 //! - vertical pass: the input rows paired globally (`2q`, `2q + 1`), so that the byte interleave
-//!   and zero extension of a pair, the costly shuffles, are done once for all the output rows of
-//!   a block of four that read it (a row's weight for a row it does not read is 0);
+//!   and zero extension of a pair, the shuffles, are done once for all the output rows of a
+//!   block of four that read it (a row's weight for a row it does not read is 0);
 //! - the two are streamed: the horizontal rows live in a small ring that the vertical blocks
 //!   read, never a whole intermediate image.
 
@@ -21,20 +21,23 @@ use std::arch::x86_64::*;
 use super::Int16Coeffs;
 use crate::image::resample::ImageRef;
 
-/// Output samples per horizontal group.
-const GROUP: usize = 16;
-/// Bytes one horizontal load covers.
-const WINDOW: usize = 64;
-/// `vpermb` writes the even bytes of each `i16` (the tap bytes), zeroes the odd ones.
-const EVEN_BYTES: u64 = 0x5555_5555_5555_5555;
+/// Output samples per horizontal group (four per 128-bit lane).
+const GROUP: usize = 8;
+const LANE: usize = 4;
+/// Bytes one horizontal lane load covers.
+const WINDOW: usize = 16;
+/// `vpshufb` index that writes zero.
+const ZERO: u8 = 0x80;
 /// Samples per vertical step.
-const STEP: usize = 64;
-/// Output rows per vertical block, input rows per horizontal batch.
-const ROWS: usize = 4;
+const STEP: usize = 32;
+/// Output rows per vertical block.
+const ROWS: usize = 2;
+/// Input rows per horizontal batch.
+const BATCH: usize = 4;
 
-/// Whether the CPU has what these kernels use (and AVX-512 is not turned off).
+/// Whether the CPU has AVX2.
 pub(super) fn available() -> bool {
-    crate::image::avx512::available()
+    is_x86_feature_detected!("avx2")
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -42,25 +45,28 @@ struct Group {
     out: usize,
     n: usize,
     pairs: usize,
-    base: usize,
+    /// Byte offsets of the low and high lane's loads for pair 0 from the row's start.
+    base: [usize; 2],
 }
 
 /// The horizontal pass of one axis for one channel count.
 pub(super) struct Horizontal {
     groups: Vec<Group>,
-    controls: Vec<[u8; 64]>,
-    /// Per group and tap pair, the 16 samples' `(w₂ₚ, w₂ₚ₊₁)`.
-    weights: Vec<[i16; 32]>,
+    /// Per group, the two lanes' `vpshufb` controls.
+    controls: Vec<[u8; 32]>,
+    /// Per group and tap pair, the 8 samples' `(w₂ₚ, w₂ₚ₊₁)`.
+    weights: Vec<[i16; 16]>,
     step: usize,
     /// Bytes from a row's start that the loads may read.
     read_len: usize,
-    narrow: bool,
     samples: usize,
     precision: u32,
+    /// Every group's eight samples fit one 16-byte window (both lanes load the same bytes).
+    shared: bool,
 }
 
 impl Horizontal {
-    /// `None` when some group's taps do not fit one 64-byte window, or the precision is 0.
+    /// `None` when some lane's taps do not fit one 16-byte window, or the precision is 0.
     pub(super) fn new(k: &Int16Coeffs, channels: usize) -> Option<Horizontal> {
         let c = channels;
         if k.precision == 0 || c == 0 {
@@ -74,20 +80,33 @@ impl Horizontal {
             weights: Vec::new(),
             step: 2 * c,
             read_len: 0,
-            narrow: true,
             samples,
             precision: k.precision,
+            shared: true,
         };
         for first in (0..samples).step_by(GROUP) {
             let n = GROUP.min(samples - first);
-            let (base, last) = (first..first + n)
+            let mut base = [0usize; 2];
+            for lane in 0..2 {
+                let from = first + lane * LANE;
+                let to = (from + LANE).min(first + n);
+                if from >= to {
+                    base[lane] = base[0];
+                    continue;
+                }
+                let (lo, hi) = (from..to)
+                    .map(first_byte)
+                    .fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
+                if hi - lo + c >= WINDOW {
+                    return None;
+                }
+                base[lane] = lo;
+            }
+            let (lo, hi) = (first..first + n)
                 .map(first_byte)
                 .fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
-            if last - base + c >= WINDOW {
-                return None;
-            }
-            if last - base + c >= WINDOW / 2 {
-                plan.narrow = false;
+            if hi - lo + c >= WINDOW {
+                plan.shared = false;
             }
             let taps = (first..first + n)
                 .map(|j| k.counts[j / c])
@@ -95,11 +114,11 @@ impl Horizontal {
                 .unwrap_or(0);
             let pairs = taps.div_ceil(2).max(1);
             let at = plan.weights.len();
-            plan.weights.resize(at + pairs, [0i16; 32]);
-            let mut control = [0u8; 64];
+            plan.weights.resize(at + pairs, [0i16; 16]);
+            let mut control = [ZERO; 32];
             for s in 0..n {
                 let j = first + s;
-                let d = first_byte(j) - base;
+                let d = first_byte(j) - base[s / LANE];
                 control[4 * s] = d as u8;
                 control[4 * s + 2] = (d + c) as u8;
                 let x = j / c;
@@ -110,7 +129,8 @@ impl Horizontal {
                     }
                 }
             }
-            plan.read_len = plan.read_len.max(base + plan.step * (pairs - 1) + WINDOW);
+            let end = base[0].max(base[1]) + plan.step * (pairs - 1) + WINDOW;
+            plan.read_len = plan.read_len.max(end);
             plan.groups.push(Group {
                 out: first,
                 n,
@@ -119,6 +139,16 @@ impl Horizontal {
             });
             plan.controls.push(control);
         }
+        if plan.shared {
+            // Both lanes from the group's first byte: the high lane's offsets move up.
+            for (g, control) in plan.groups.iter_mut().zip(&mut plan.controls) {
+                let shift = g.base[1] - g.base[0];
+                for b in control[16..].iter_mut().filter(|b| **b != ZERO) {
+                    *b += shift as u8;
+                }
+                g.base[1] = g.base[0];
+            }
+        }
         Some(plan)
     }
 
@@ -126,47 +156,76 @@ impl Horizontal {
     /// [`read_len`](Self::read_len) bytes from its start.
     ///
     /// # Safety
-    /// The CPU must have what [`available`] checks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    /// The CPU must have AVX2.
+    #[target_feature(enable = "avx2")]
     unsafe fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
+        // SAFETY: the same conditions.
+        unsafe {
+            if self.shared {
+                self.rows_with::<true, R>(src, out)
+            } else {
+                self.rows_with::<false, R>(src, out)
+            }
+        }
+    }
+
+    /// [`rows`](Self::rows); with `SHARED`, one 16-byte load serves both lanes.
+    ///
+    /// # Safety
+    /// As [`rows`](Self::rows).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows_with<const SHARED: bool, const R: usize>(
+        &self,
+        src: [&[u8]; R],
+        out: [&mut [u8]; R],
+    ) {
         assert!(src.iter().all(|s| s.len() >= self.read_len));
         assert!(out.iter().all(|o| o.len() == self.samples));
         let ptrs = src.map(|s| s.as_ptr());
-        let zero = _mm512_setzero_si512();
-        let rounding = _mm512_set1_epi32(1 << (self.precision - 1));
+        let rounding = _mm256_set1_epi32(1 << (self.precision - 1));
         let shift = _mm_cvtsi32_si128(self.precision as i32);
+        // Dwords 0 and 4: the low lane's four bytes, then the high lane's.
+        let gather = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
         let mut weights = self.weights.as_ptr();
         for (g, control) in self.groups.iter().zip(&self.controls) {
-            // SAFETY: `control` is 64 bytes; the loads read 64 (or 32) bytes at `base + p·step`
+            // SAFETY: `control` is 32 bytes; the lane loads read 16 bytes at `base[l] + p·step`
             // for p < pairs, which end within `read_len ≤ src[r].len()` (asserted); `pairs`
-            // weight vectors of 64 bytes follow `weights` (built so in `new`); the stores
-            // write `out[r][g.out .. g.out + g.n]`, inside the row (`out + n ≤ samples`).
+            // weight vectors of 32 bytes follow `weights` (built so in `new`); the stores write
+            // `out[r][g.out .. g.out + g.n]`, inside the row (`out + n ≤ samples`).
             unsafe {
-                let control = _mm512_loadu_si512(control.as_ptr().cast());
+                let control = _mm256_loadu_si256(control.as_ptr().cast());
                 let mut acc = [rounding; R];
-                let mut at = g.base;
+                let (mut lo, mut hi) = (g.base[0], g.base[1]);
                 for _ in 0..g.pairs {
-                    let w = _mm512_loadu_si512(weights.cast());
+                    let w = _mm256_loadu_si256(weights.cast());
                     for r in 0..R {
-                        let v = if self.narrow {
-                            _mm512_castsi256_si512(_mm256_loadu_si256(ptrs[r].add(at).cast()))
+                        let v = if SHARED {
+                            _mm256_broadcastsi128_si256(_mm_loadu_si128(ptrs[r].add(lo).cast()))
                         } else {
-                            _mm512_loadu_si512(ptrs[r].add(at).cast())
+                            _mm256_loadu2_m128i(ptrs[r].add(hi).cast(), ptrs[r].add(lo).cast())
                         };
-                        let v = _mm512_maskz_permutexvar_epi8(EVEN_BYTES, control, v);
-                        acc[r] = _mm512_dpwssd_epi32(acc[r], v, w);
+                        let v = _mm256_shuffle_epi8(v, control);
+                        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(v, w));
                     }
-                    at += self.step;
+                    lo += self.step;
+                    hi += self.step;
                     weights = weights.add(1);
                 }
                 for r in 0..R {
-                    let v = _mm512_sra_epi32(acc[r], shift);
-                    let bytes = _mm512_cvtusepi32_epi8(_mm512_max_epi32(v, zero));
+                    let v = _mm256_sra_epi32(acc[r], shift);
+                    // Saturating packs clamp to 0..=255 (in-lane: each lane's 4 bytes first).
+                    let p = _mm256_packs_epi32(v, v);
+                    let b = _mm256_packus_epi16(p, p);
+                    let b = _mm256_permutevar8x32_epi32(b, gather);
+                    let bytes = _mm256_castsi256_si128(b);
                     let dst = out[r].as_mut_ptr().add(g.out);
                     if g.n == GROUP {
-                        _mm_storeu_si128(dst.cast(), bytes);
+                        _mm_storel_epi64(dst.cast(), bytes);
                     } else {
-                        _mm_mask_storeu_epi8(dst.cast(), (1u16 << g.n) - 1, bytes);
+                        let mut tmp = [0u8; 16];
+                        _mm_storeu_si128(tmp.as_mut_ptr().cast(), bytes);
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, g.n);
                     }
                 }
             }
@@ -220,8 +279,8 @@ fn blocks(k: &Int16Coeffs, from: usize, to: usize) -> Vec<Block> {
 /// input rows (at least `n` bytes each), `weights` the block's packed weights.
 ///
 /// # Safety
-/// The CPU must have what [`available`] checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2")]
 unsafe fn vertical<const R: usize>(
     rows: &[*const u8],
     weights: &[i32],
@@ -230,50 +289,50 @@ unsafe fn vertical<const R: usize>(
     out: [*mut u8; R],
 ) {
     let pairs = rows.len() / 2;
-    debug_assert!(n >= STEP && weights.len() >= pairs * ROWS);
-    let zero = _mm512_setzero_si512();
-    let rounding = _mm512_set1_epi32(1 << (precision - 1));
+    assert!(n >= STEP && weights.len() >= pairs * ROWS);
+    let rounding = _mm256_set1_epi32(1 << (precision - 1));
     let shift = _mm_cvtsi32_si128(precision as i32);
+    let zero = _mm256_setzero_si256();
     let mut i = 0;
     loop {
-        // The last step overlaps the one before when n is not a multiple of 64: those samples
+        // The last step overlaps the one before when n is not a multiple of 32: those samples
         // are computed again, to the same values.
         let at = i.min(n - STEP);
         let mut acc = [[rounding; 4]; R];
         for q in 0..pairs {
-            // SAFETY: the caller's rows are at least `n ≥ at + 64` bytes.
+            // SAFETY: the caller's rows are at least `n ≥ at + 32` bytes.
             let (r0, r1) = unsafe {
                 (
-                    _mm512_loadu_si512(rows[2 * q].add(at).cast()),
-                    _mm512_loadu_si512(rows[2 * q + 1].add(at).cast()),
+                    _mm256_loadu_si256(rows[2 * q].add(at).cast()),
+                    _mm256_loadu_si256(rows[2 * q + 1].add(at).cast()),
                 )
             };
-            let x = _mm512_unpacklo_epi8(r0, r1);
-            let y = _mm512_unpackhi_epi8(r0, r1);
+            let x = _mm256_unpacklo_epi8(r0, r1);
+            let y = _mm256_unpackhi_epi8(r0, r1);
             // Per 128-bit lane L: samples 16L + [0..4], [4..8], [8..12], [12..16], each dword
             // (row 2q's byte, row 2q + 1's byte) as two i16.
             let v = [
-                _mm512_unpacklo_epi8(x, zero),
-                _mm512_unpackhi_epi8(x, zero),
-                _mm512_unpacklo_epi8(y, zero),
-                _mm512_unpackhi_epi8(y, zero),
+                _mm256_unpacklo_epi8(x, zero),
+                _mm256_unpackhi_epi8(x, zero),
+                _mm256_unpacklo_epi8(y, zero),
+                _mm256_unpackhi_epi8(y, zero),
             ];
             for (r, acc) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_epi32(weights[q * ROWS + r]);
+                let w = _mm256_set1_epi32(weights[q * ROWS + r]);
                 for k in 0..4 {
-                    acc[k] = _mm512_dpwssd_epi32(acc[k], v[k], w);
+                    acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(v[k], w));
                 }
             }
         }
         for (r, acc) in acc.iter().enumerate() {
-            let s = acc.map(|a| _mm512_sra_epi32(a, shift));
-            // In-lane packs put the samples back in order; packus clamps to 0..=255.
-            let bytes = _mm512_packus_epi16(
-                _mm512_packs_epi32(s[0], s[1]),
-                _mm512_packs_epi32(s[2], s[3]),
+            let s = [0, 1, 2, 3].map(|k| _mm256_sra_epi32(acc[k], shift));
+            // In-lane packs put each lane's 16 samples back in order; packus clamps to 0..=255.
+            let bytes = _mm256_packus_epi16(
+                _mm256_packs_epi32(s[0], s[1]),
+                _mm256_packs_epi32(s[2], s[3]),
             );
-            // SAFETY: `at + 64 ≤ n`, the length of every output row (the caller's).
-            unsafe { _mm512_storeu_si512(out[r].add(at).cast(), bytes) };
+            // SAFETY: `at + 32 ≤ n`, the length of every output row (the caller's).
+            unsafe { _mm256_storeu_si256(out[r].add(at).cast(), bytes) };
         }
         if at + STEP >= n {
             break;
@@ -323,12 +382,14 @@ pub(super) unsafe fn band(
         let mut outs = dst.chunks_exact_mut(n);
         while y < rows.end {
             let fits = |y: usize| src.data.len() - y * in_row >= read_len;
-            if y + ROWS <= rows.end && fits(y + ROWS - 1) {
-                let src_rows: [&[u8]; ROWS] = std::array::from_fn(|r| &src.data[(y + r) * in_row..]);
-                let out: [&mut [u8]; ROWS] = std::array::from_fn(|_| outs.next().unwrap_or_default());
+            if y + BATCH <= rows.end && fits(y + BATCH - 1) {
+                let src_rows: [&[u8]; BATCH] =
+                    std::array::from_fn(|r| &src.data[(y + r) * in_row..]);
+                let out: [&mut [u8]; BATCH] =
+                    std::array::from_fn(|_| outs.next().unwrap_or_default());
                 // SAFETY: the caller's CPU check; the rows are long enough (`fits`).
-                unsafe { h.rows::<ROWS>(src_rows, out) };
-                y += ROWS;
+                unsafe { h.rows::<BATCH>(src_rows, out) };
+                y += BATCH;
             } else {
                 let row = padded(src, y, read_len, &mut pad);
                 let out = outs.next().unwrap_or_default();
@@ -342,7 +403,8 @@ pub(super) unsafe fn band(
     let blocks = blocks(v, rows.start, rows.end);
     // The ring of horizontal rows: row i in slot i % cap (the blocks' input rows only move
     // forward, so a slot is reused only when its row is behind every later block).
-    let cap = blocks.iter().map(|b| 2 * b.pairs).max().unwrap_or(2) + ROWS;
+    // Batches run up to `BATCH − 1` rows ahead of the block that needs them.
+    let cap = blocks.iter().map(|b| 2 * b.pairs).max().unwrap_or(2) + BATCH;
     let stride = n.next_multiple_of(64);
     let mut ring = if h.is_some() {
         vec![0u8; cap * stride]
@@ -359,14 +421,19 @@ pub(super) unsafe fn band(
             next = next.max(b.lo);
             while next < last {
                 let fits = |y: usize| src.data.len() - y * in_row >= read_len;
-                if next + ROWS <= last && fits(next + ROWS - 1) {
-                    let src_rows: [&[u8]; ROWS] =
+                // A whole batch when it stays in the image and in the ring (its rows overwrite
+                // only rows before this block's first).
+                if next + BATCH <= src.height
+                    && next + BATCH <= b.lo + cap
+                    && fits(next + BATCH - 1)
+                {
+                    let src_rows: [&[u8]; BATCH] =
                         std::array::from_fn(|r| &src.data[(next + r) * in_row..]);
-                    let slots: [usize; ROWS] = std::array::from_fn(|r| (next + r) % cap);
+                    let slots: [usize; BATCH] = std::array::from_fn(|r| (next + r) % cap);
                     let out = ring_rows(&mut ring, stride, n, slots);
                     // SAFETY: the caller's CPU check; the rows are long enough (`fits`).
-                    unsafe { h.rows::<ROWS>(src_rows, out) };
-                    next += ROWS;
+                    unsafe { h.rows::<BATCH>(src_rows, out) };
+                    next += BATCH;
                 } else {
                     let row = padded(src, next, read_len, &mut pad);
                     let [out] = ring_rows(&mut ring, stride, n, [next % cap]);
@@ -397,8 +464,7 @@ pub(super) unsafe fn band(
                 if out.len() == ROWS {
                     let mut rows = out.iter_mut();
                     let o: [*mut u8; ROWS] = std::array::from_fn(|_| {
-                        rows.next()
-                            .map_or(std::ptr::null_mut(), |o| o.as_mut_ptr())
+                        rows.next().map_or(std::ptr::null_mut(), |o| o.as_mut_ptr())
                     });
                     vertical::<ROWS>(&ptrs, &b.weights, v.precision, n, o);
                 } else {
