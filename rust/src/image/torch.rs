@@ -255,6 +255,10 @@ pub fn resize_u8(
     Ok(())
 }
 
+/// A band of output rows not yet taken: its first row and its bytes.
+#[cfg(target_arch = "x86_64")]
+type Band<'a> = std::sync::Mutex<Option<(usize, &'a mut [u8])>>;
+
 /// [`resize_u8`] with the AVX2 kernels of [`fast`], in bands of output rows over up to
 /// `threads` threads; `false` (nothing written) when they do not apply: no AVX2, nothing to
 /// resample, a reduction too large for the horizontal kernel's window, or a zero precision.
@@ -285,7 +289,7 @@ fn fast_resize(
     let per_band = out_h.div_ceil(threads);
     // Each band is taken once: by a spawned thread, or by the calling thread (the first band,
     // and any whose thread could not be spawned).
-    let bands: Vec<std::sync::Mutex<Option<(usize, &mut [u8])>>> = dst
+    let bands: Vec<Band<'_>> = dst
         .chunks_mut(per_band * row_len)
         .enumerate()
         .map(|(i, band)| std::sync::Mutex::new(Some((i * per_band, band))))
