@@ -47,6 +47,8 @@ struct Group {
     pairs: usize,
     /// Byte offsets of the low and high lane's loads for pair 0 from the row's start.
     base: [usize; 2],
+    /// The eight samples fit one 16-byte window: one load serves both lanes (`base` equal).
+    shared: bool,
 }
 
 /// The horizontal pass of one axis for one channel count.
@@ -61,8 +63,6 @@ pub(super) struct Horizontal {
     read_len: usize,
     samples: usize,
     precision: u32,
-    /// Every group's eight samples fit one 16-byte window (both lanes load the same bytes).
-    shared: bool,
 }
 
 impl Horizontal {
@@ -82,7 +82,6 @@ impl Horizontal {
             read_len: 0,
             samples,
             precision: k.precision,
-            shared: true,
         };
         for first in (0..samples).step_by(GROUP) {
             let n = GROUP.min(samples - first);
@@ -105,9 +104,7 @@ impl Horizontal {
             let (lo, hi) = (first..first + n)
                 .map(first_byte)
                 .fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
-            if hi - lo + c >= WINDOW {
-                plan.shared = false;
-            }
+            let shared = hi - lo + c < WINDOW;
             let taps = (first..first + n)
                 .map(|j| k.counts[j / c])
                 .max()
@@ -131,23 +128,24 @@ impl Horizontal {
             }
             let end = base[0].max(base[1]) + plan.step * (pairs - 1) + WINDOW;
             plan.read_len = plan.read_len.max(end);
+            if shared {
+                // Both lanes from the group's lowest byte: each lane's offsets move up by its
+                // own base's distance from it.
+                for (lane, control) in control.chunks_exact_mut(16).enumerate() {
+                    for b in control.iter_mut().filter(|b| **b != ZERO) {
+                        *b += (base[lane] - lo) as u8;
+                    }
+                }
+                base = [lo, lo];
+            }
             plan.groups.push(Group {
                 out: first,
                 n,
                 pairs,
                 base,
+                shared,
             });
             plan.controls.push(control);
-        }
-        if plan.shared {
-            // Both lanes from the group's first byte: the high lane's offsets move up.
-            for (g, control) in plan.groups.iter_mut().zip(&mut plan.controls) {
-                let shift = g.base[1] - g.base[0];
-                for b in control[16..].iter_mut().filter(|b| **b != ZERO) {
-                    *b += shift as u8;
-                }
-                g.base[1] = g.base[0];
-            }
         }
         Some(plan)
     }
@@ -159,27 +157,6 @@ impl Horizontal {
     /// The CPU must have AVX2.
     #[target_feature(enable = "avx2")]
     unsafe fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
-        // SAFETY: the same conditions.
-        unsafe {
-            if self.shared {
-                self.rows_with::<true, R>(src, out)
-            } else {
-                self.rows_with::<false, R>(src, out)
-            }
-        }
-    }
-
-    /// [`rows`](Self::rows); with `SHARED`, one 16-byte load serves both lanes.
-    ///
-    /// # Safety
-    /// As [`rows`](Self::rows).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn rows_with<const SHARED: bool, const R: usize>(
-        &self,
-        src: [&[u8]; R],
-        out: [&mut [u8]; R],
-    ) {
         assert!(src.iter().all(|s| s.len() >= self.read_len));
         assert!(out.iter().all(|o| o.len() == self.samples));
         let ptrs = src.map(|s| s.as_ptr());
@@ -200,7 +177,7 @@ impl Horizontal {
                 for _ in 0..g.pairs {
                     let w = _mm256_loadu_si256(weights.cast());
                     for r in 0..R {
-                        let v = if SHARED {
+                        let v = if g.shared {
                             _mm256_broadcastsi128_si256(_mm_loadu_si128(ptrs[r].add(lo).cast()))
                         } else {
                             _mm256_loadu2_m128i(ptrs[r].add(hi).cast(), ptrs[r].add(lo).cast())
