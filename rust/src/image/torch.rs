@@ -12,7 +12,7 @@
 //!   zero. Each pass is `clamp((2^(p−1) + Σ wᵢ·xᵢ) >> p, 0, 255)`, horizontal first; an axis
 //!   that keeps its size is not resampled.
 //!
-//!   With AVX2 the passes run on kernels of their own on these `int16` weights ([`fast`]: one
+//!   With AVX2 the passes run on kernels of their own on these `int16` weights ([`avx2`]: one
 //!   `vpmaddwd` per tap pair, vertical blocks of four output rows, streamed). Otherwise, and
 //!   for reductions past the horizontal kernel's window, they run on the Pillow resampler's
 //!   kernels ([`run_passes`], SIMD and threads included): a weight `w` at precision `p` is the 22-bit weight `w·2^(22−p)`, and
@@ -37,7 +37,7 @@ use super::resample::{check_destination, run_passes, ImageRef, Passes, ResampleE
 use crate::processors::normalize::Slot;
 
 #[cfg(target_arch = "x86_64")]
-mod fast;
+mod avx2;
 
 /// The interpolation modes of torch's antialiased `uint8` resize that the processors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,7 +241,7 @@ pub fn resize_u8(
     let horizontal = (out_w != w).then(|| int16_coeffs(w, out_w, filter));
     let vertical = (out_h != h).then(|| int16_coeffs(h, out_h, filter));
     #[cfg(target_arch = "x86_64")]
-    if fast_resize(src, dst, horizontal.as_ref(), vertical.as_ref(), threads) {
+    if resize_avx2(src, dst, horizontal.as_ref(), vertical.as_ref(), threads) {
         return Ok(());
     }
     let passes = Passes {
@@ -259,25 +259,25 @@ pub fn resize_u8(
 #[cfg(target_arch = "x86_64")]
 type Band<'a> = std::sync::Mutex<Option<(usize, &'a mut [u8])>>;
 
-/// [`resize_u8`] with the AVX2 kernels of [`fast`], in bands of output rows over up to
+/// [`resize_u8`] with the AVX2 kernels of [`avx2`], in bands of output rows over up to
 /// `threads` threads; `false` (nothing written) when they do not apply: no AVX2, nothing to
 /// resample, a reduction too large for the horizontal kernel's window, or a zero precision.
 #[cfg(target_arch = "x86_64")]
-fn fast_resize(
+fn resize_avx2(
     src: &ImageRef<'_>,
     dst: &mut [u8],
     horizontal: Option<&Int16Coeffs>,
     vertical: Option<&Int16Coeffs>,
     threads: usize,
 ) -> bool {
-    if !fast::available() || (horizontal.is_none() && vertical.is_none()) {
+    if !avx2::available() || (horizontal.is_none() && vertical.is_none()) {
         return false;
     }
     if vertical.is_some_and(|k| k.precision == 0) {
         return false;
     }
     let plan = match horizontal {
-        Some(k) => match fast::Horizontal::new(k, src.channels) {
+        Some(k) => match avx2::Horizontal::new(k, src.channels) {
             Some(plan) => Some(plan),
             None => return false,
         },
@@ -298,8 +298,8 @@ fn fast_resize(
         let band = bands[i].lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some((first, band)) = band {
             let rows = first..first + band.len() / row_len;
-            // SAFETY: `fast::available()` holds (checked above).
-            unsafe { fast::band(src, plan.as_ref(), vertical, rows, band) };
+            // SAFETY: `avx2::available()` holds (checked above).
+            unsafe { avx2::band(src, plan.as_ref(), vertical, rows, band) };
         }
     };
     std::thread::scope(|scope| {
@@ -567,7 +567,7 @@ pub fn bf16_value(bits: u16) -> f32 {
 mod tests {
     use super::*;
 
-    /// The resampler's kernels on the same weights (`to_axis_coeffs`), without [`fast`].
+    /// The resampler's kernels on the same weights (`to_axis_coeffs`), without [`avx2`].
     fn reference(src: &ImageRef<'_>, ow: usize, oh: usize, filter: TorchFilter) -> Vec<u8> {
         let (w, h) = (src.width, src.height);
         let passes = Passes {
