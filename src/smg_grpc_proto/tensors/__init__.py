@@ -12,9 +12,16 @@ The wire rules (``protos/README.md``): raw little-endian, C-contiguous row-major
   whose tensors are written with one copy and read with none (grpcio serializers);
 * :data:`backend`: ``"native"`` (Rust) or ``"numpy"`` (fallback, ``SMG_GRPC_PROTO_NATIVE=0``).
 
+``transport="remote"`` (vLLM and TokenSpeed layouts) stages a tensor in a NIXL exporter's arena
+and sends a ``RemoteTensorHandle`` (``transport="nixl"``, wire-compatible with the SMG gateway);
+readers pull it. :func:`remote_context` picks the exporter / puller for a block (else a process
+default is created on first use); a tensor the exporter refuses (arena full, larger than a slot)
+or that finds NIXL missing goes inline, counted by :func:`remote_stats`. NIXL is the ``[nixl]``
+extra; reading a ``remote`` payload without it raises
+:class:`~smg_grpc_proto.errors.RemoteTransportUnavailableError`.
+
 Bad input raises :class:`~smg_grpc_proto.errors.TensorError` (a ``ValueError``) naming the field
-and the numbers; a ``remote`` payload raises
-:class:`~smg_grpc_proto.errors.TransportNotImplementedError`.
+and the numbers.
 """
 
 from smg_grpc_proto.tensors._backend import backend
@@ -34,10 +41,13 @@ from smg_grpc_proto.tensors._frames import (
     shm_payloads,
 )
 from smg_grpc_proto.tensors._layout import ITEMSIZE, LAYOUTS, plan_for
+from smg_grpc_proto.tensors._remote import RemoteStats, remote_stats
+from smg_grpc_proto.tensors._remote import using as remote_context
 
 __all__ = [
     "ITEMSIZE",
     "LAYOUTS",
+    "RemoteStats",
     "SHM_MIN_BYTES",
     "ShmRead",
     "TensorMessage",
@@ -47,6 +57,8 @@ __all__ = [
     "pack",
     "parse",
     "plan_for",
+    "remote_context",
+    "remote_stats",
     "serialize",
     "shm_payloads",
     "unpack",
