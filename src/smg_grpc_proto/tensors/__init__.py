@@ -47,8 +47,8 @@ from smg_grpc_proto.tensors._remote import using as remote_context
 __all__ = [
     "ITEMSIZE",
     "LAYOUTS",
-    "RemoteStats",
     "SHM_MIN_BYTES",
+    "RemoteStats",
     "ShmRead",
     "TensorMessage",
     "Transport",

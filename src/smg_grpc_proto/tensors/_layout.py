@@ -147,7 +147,12 @@ LAYOUTS: dict[str, Layout] = {
         "sglang.grpc.scheduler.TensorData", "data", 1, None, supports_shm=False
     ),
     "vllm.grpc.engine.TensorData": Layout(
-        "vllm.grpc.engine.TensorData", "inline", 1, "payload", supports_shm=True, supports_remote=True
+        "vllm.grpc.engine.TensorData",
+        "inline",
+        1,
+        "payload",
+        supports_shm=True,
+        supports_remote=True,
     ),
     "tokenspeed.grpc.scheduler.TensorData": Layout(
         "tokenspeed.grpc.scheduler.TensorData",

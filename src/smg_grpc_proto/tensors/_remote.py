@@ -123,7 +123,7 @@ def default_exporter() -> RemoteExporter:
 
             exporter = RemoteExporter()
             _defaults["exporter"] = exporter
-        return exporter  # type: ignore[no-any-return]
+        return exporter
 
 
 def default_puller() -> RemotePuller:
@@ -135,7 +135,7 @@ def default_puller() -> RemotePuller:
 
             puller = RemotePuller()
             _defaults["puller"] = puller
-        return puller  # type: ignore[no-any-return]
+        return puller
 
 
 def reset_defaults() -> None:
@@ -153,16 +153,15 @@ def using(
 ) -> Iterator[None]:
     """Within the block (this thread or task), remote payloads are exported with ``exporter``
     and pulled with ``puller`` (``None`` keeps the enclosing choice)."""
-    tokens = []
-    if exporter is not None:
-        tokens.append((_exporter, _exporter.set(exporter)))
-    if puller is not None:
-        tokens.append((_puller, _puller.set(puller)))
+    exporter_token = _exporter.set(exporter) if exporter is not None else None
+    puller_token = _puller.set(puller) if puller is not None else None
     try:
         yield
     finally:
-        for var, token in reversed(tokens):
-            var.reset(token)  # type: ignore[attr-defined]
+        if puller_token is not None:
+            _puller.reset(puller_token)
+        if exporter_token is not None:
+            _exporter.reset(exporter_token)
 
 
 def _warn_once(key: str, message: str) -> None:

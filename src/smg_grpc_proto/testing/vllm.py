@@ -21,6 +21,7 @@ What it shows an engine maintainer:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc.aio
 
@@ -32,6 +33,9 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 from smg_grpc_proto.tensors import ShmRead, TensorMessage
 from smg_grpc_proto.testing._base import Context, RejectedRequest, ToyEngineCore, add_service
 from smg_grpc_proto.testing._toy import mm_digest
+
+if TYPE_CHECKING:
+    from smg_grpc_proto.remote import RemotePuller
 
 __all__ = ["SERVICE", "VllmToyServicer", "add_to_server"]
 
@@ -61,7 +65,7 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
         digest = await self.decode(
             context,
             message.request_id,
-            lambda: _decode(received, merge_size, self.shm_read),
+            lambda: _decode(received, merge_size, self.shm_read, self.puller),
             mm_digest,
         )
         output = self.model.generate(
@@ -165,10 +169,13 @@ def _decode(
     received: pb.GenerateRequest | TensorMessage[pb.GenerateRequest],
     merge_size: int | None,
     shm_read: ShmRead | None,
+    puller: RemotePuller | None = None,
 ) -> tuple[DecodedBatch, ...]:
     """The request's batches; its KV transfer params checked as vLLM's servicer checks them
     (after decoding, so the request's shared-memory segments are consumed either way)."""
-    batches = adapter.decode_mm_inputs(received, merge_size=merge_size, shm_read=shm_read)
+    batches = adapter.decode_mm_inputs(
+        received, merge_size=merge_size, shm_read=shm_read, puller=puller
+    )
     adapter.kv_transfer_params(received)
     return batches
 
