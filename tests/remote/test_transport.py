@@ -29,6 +29,7 @@ from smg_grpc_proto.errors import (
 )
 from smg_grpc_proto.remote import (
     TRANSPORT,
+    RemoteDescriptor,
     RemoteExporter,
     RemotePuller,
     decode_descriptor,
@@ -295,7 +296,7 @@ def _torch_python() -> str | None:
 
 
 @pytest.mark.slow
-def test_our_exporter_to_the_servicers_real_puller(peers):
+def test_our_exporter_to_the_servicers_real_puller(peers, monkeypatch):
     torch_python = _torch_python()
     if torch_python is None:
         pytest.skip("smg-grpc-servicer's RdmaPixelPuller needs torch: set SMG_TORCH_PYTHON")
@@ -307,7 +308,7 @@ def test_our_exporter_to_the_servicers_real_puller(peers):
     assert spec is not None
     assert spec.submodule_search_locations
     nixl_site = str(Path(next(iter(spec.submodule_search_locations))).parent)
-    os.environ.setdefault("SMG_RDMA_LANDING_SLOTS", "2")
+    monkeypatch.setenv("SMG_RDMA_LANDING_SLOTS", "2")  # its landing ring: 2 x 32 MiB
     exporter = peers("exporter", "2", str(32 * MiB), "60")
     reader = peers(
         "servicer-puller",
@@ -416,3 +417,14 @@ def test_32_concurrent_pulls_every_result_checked(peers):
     assert len(results) == 32
     assert all(results.values())
     assert _wait(lambda: exporter.ask("leased")["leased"] == 40 - 32, 5)
+
+
+def test_a_descriptor_outside_the_arena_is_refused_by_nixl(puller):
+    with RemoteExporter(slots=1, slot_bytes=MiB) as exporter:
+        _, raw, n = exporter.export(b"a" * 100)
+        desc = decode_descriptor(raw)
+        for addr, nbytes in ((desc.slot_addr - 4096, n), (desc.slot_addr, MiB)):
+            forged = RemoteDescriptor(addr, desc.gen, desc.slot_key, desc.port, desc.ip)
+            with pytest.raises(RemoteTransferError, match="could not start"):
+                puller.pull(forged, nbytes)
+        assert bytes(puller.pull(raw, n)) == b"a" * 100

@@ -241,20 +241,14 @@ class RemotePuller:
             except RemoteTransferError:
                 # The exporter may have restarted (new metadata): forget it and retry once,
                 # unless the metadata was just fetched.
-                if fresh or attempt:
-                    with self._cond:
-                        self._inflight[name] -= 1
-                        if not self._inflight[name]:
-                            self._drop(endpoint)
-                        self._cond.notify_all()
-                    name = ""
-                    raise
                 with self._cond:
                     self._inflight[name] -= 1
                     if not self._inflight[name] and self._endpoints.get(endpoint) == name:
                         self._drop(endpoint)
                     self._cond.notify_all()
                 name = ""
+                if fresh or attempt:
+                    raise
             finally:
                 if name:
                     self._done(name)
