@@ -430,6 +430,9 @@ def test_killed_exporter_never_hangs_the_servicer() -> None:
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
+        for stream in (child.stdin, child.stdout):
+            if stream is not None:
+                stream.close()
     with (
         RemotePuller(timeout=3.0) as short,
         ReferenceServer("vllm", servicer_kwargs={"puller": short}) as server,
@@ -445,7 +448,9 @@ def test_killed_exporter_never_hangs_the_servicer() -> None:
             list(call(data, timeout=60))
         assert time.monotonic() - start < 3.0 + 5
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "mm_inputs.pixel_values.remote" in (info.value.details() or "")
+        details = info.value.details() or ""
+        assert details.startswith("mm_inputs.pixel_values: ")
+        assert "TensorData.remote: cannot fetch NIXL metadata" in details
         # the servicer still serves
         media = VISION.prepare(_images(15, [(56, 84)]))
         out = list(call(tensors.serialize(_vllm("alive", media, 1)), timeout=30))
@@ -510,3 +515,5 @@ def test_killed_puller_never_hangs_the_exporter() -> None:
         if server.poll() is None:
             os.kill(server.pid, signal.SIGKILL)
         server.wait(10)
+        if server.stdout is not None:
+            server.stdout.close()

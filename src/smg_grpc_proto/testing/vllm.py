@@ -5,8 +5,10 @@ What it shows an engine maintainer:
 * ``Generate`` receives a :class:`~smg_grpc_proto.tensors.TensorMessage` (register with
   :func:`add_to_server`), decodes ``mm_inputs``/``extra_mm_inputs`` with
   :func:`smg_grpc_proto.engines.vllm.decode_mm_inputs` in a worker thread — inline tensors are
-  zero-copy views of the received bytes, shared-memory ones are mapped and unlinked — and turns
-  every decoding error into ``INVALID_ARGUMENT`` with the decoder's message.
+  zero-copy views of the received bytes, shared-memory ones are mapped and unlinked, remote
+  (NIXL) ones are pulled with the servicer's ``puller`` — and turns every decoding error into
+  ``INVALID_ARGUMENT`` with the decoder's message (a remote payload that cannot be pulled:
+  ``UNAVAILABLE``).
 * Disaggregated prefill/decode as vLLM's servicer takes it: malformed KV transfer params are
   refused, and a decode-side batch without ``pixel_values`` is accepted exactly when the
   request carries KV transfer params (the toy model has no KV to receive: its output follows
