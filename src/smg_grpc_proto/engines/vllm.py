@@ -115,9 +115,11 @@ def generate_request(
     further to ``extra_mm_inputs``). ``dtype`` converts ``pixel_values`` (e.g.
     ``"bfloat16"``); ``transport`` sends it ``"inline"``, through shared memory (``"shm"``),
     through shared memory from ``shm_min_bytes`` on (``"auto"``) or staged for a NIXL READ
-    (``"remote"``: with ``exporter``, else the process default of
-    :func:`smg_grpc_proto.tensors.remote_context`; inline when the exporter refuses it or NIXL is
-    missing, counted by :func:`smg_grpc_proto.tensors.remote_stats`; side tensors stay inline).
+    (``"remote"``: with ``exporter``, else that of an enclosing
+    :func:`smg_grpc_proto.tensors.remote_context`, else the process default; inline when the
+    exporter refuses it or NIXL is missing, counted by
+    :func:`smg_grpc_proto.tensors.remote_stats`; side tensors stay inline; slots staged before a
+    failure are reclaimed by the exporter's TTL).
     Send the result with
     :func:`smg_grpc_proto.tensors.serialize` as the request serializer (or ``.to_message()``).
 
