@@ -517,3 +517,36 @@ def test_killed_puller_never_hangs_the_exporter() -> None:
         server.wait(10)
         if server.stdout is not None:
             server.stdout.close()
+
+
+def test_servicer_without_nixl_answers_unimplemented(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reference servicer where NIXL does not import: a remote payload is UNIMPLEMENTED,
+    naming the extra; the servicer keeps serving inline requests."""
+    from smg_grpc_proto.errors import RemoteUnavailableError
+
+    def missing() -> Any:
+        raise RemoteUnavailableError(
+            'NIXL is not importable; install it: pip install "smg-grpc-proto[nixl]"',
+            field="nixl",
+        )
+
+    monkeypatch.setattr(_remote, "default_puller", missing)
+    media = VISION.prepare(_images(17, [(56, 84)]))
+    message = _vllm("no-nixl", media, 1).to_message()
+    pv = message.mm_inputs.pixel_values
+    nbytes = len(pv.inline)
+    pv.remote.transport, pv.remote.descriptor, pv.remote.nbytes = "nixl", b"SMGRDMA1", nbytes
+    assert pv.WhichOneof("payload") == "remote"
+    with ReferenceServer("vllm") as server, grpc.insecure_channel(server.target) as ch:
+        call = ch.unary_stream(
+            VLLM_GENERATE,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=vllm_pb.GenerateResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(call(message, timeout=30))
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        details = info.value.details() or ""
+        assert "mm_inputs.pixel_values" in details
+        assert "smg-grpc-proto[nixl]" in details
+        assert list(call(_vllm("ok", media, 1).to_message(), timeout=30))
