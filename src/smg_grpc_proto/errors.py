@@ -41,6 +41,7 @@ __all__ = [
     "RemoteStampError",
     "RemoteTimeoutError",
     "RemoteTransferError",
+    "RemoteTransportUnavailableError",
     "RemoteUnavailableError",
     "ResizeError",
     "ShmError",
@@ -128,7 +129,9 @@ class NativeCoreUnavailableError(SmgProtoError, ImportError):
 
 
 class TransportNotImplementedError(SmgProtoError, NotImplementedError):
-    """The payload uses a transport this package cannot read (``remote``)."""
+    """The payload uses a transport this package cannot read: a ``remote`` handle naming a
+    transport other than ``"nixl"``, or (as :class:`RemoteTransportUnavailableError`) a NIXL
+    handle where NIXL is not installed."""
 
 
 class RemoteError(SmgProtoError):
@@ -138,6 +141,14 @@ class RemoteError(SmgProtoError):
 class RemoteUnavailableError(RemoteError, ImportError):
     """NIXL cannot be imported (none of ``nixl_cu13``, ``nixl_cu12``, ``nixl``): the message says
     what to install. Raised on use, never at import. Also an ``ImportError``."""
+
+
+class RemoteTransportUnavailableError(RemoteUnavailableError, TransportNotImplementedError):
+    """A received ``remote`` payload cannot be read here because NIXL does not import: the
+    message names the field and what to install (``pip install "smg-grpc-proto[nixl]"``).
+    Raised by :func:`~smg_grpc_proto.tensors.unpack` and the engines' ``decode_mm_inputs``;
+    also a :class:`TransportNotImplementedError` (what a ``remote`` payload raised before the
+    transport was implemented) and an ``ImportError``."""
 
 
 class RemoteDescriptorError(RemoteError, ValueError):
