@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -450,3 +450,54 @@ def test_stamps_written_last_and_scrub_on_free():
         exporter.release(decode_descriptor(desc).slot_key)
         assert read_stamps(arena[: n + 16], n) == (0, 0)
         assert (arena[16:1000] == 7).all()  # kept unless scrub_freed (see docs/security.md)
+
+
+class _Recorder(np.ndarray):  # type: ignore[type-arg]
+    """An arena view that logs every write (slice, bytes) the exporter makes."""
+
+    log: ClassVar[list[tuple[Any, Any]]] = []
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _Recorder.log.append((key, np.array(value, dtype=np.uint8, copy=True)))
+        super().__setitem__(key, value)
+
+
+@needs_nixl
+@pytest.mark.parametrize("n_new", [600, 1000, 1500])
+def test_a_read_torn_by_reuse_never_passes_both_stamps(n_new):
+    """Replay, write by write, a lease ending and the slot's next lease, and read the old
+    descriptor's header, payload and trailer at any three moments in address order (low to high
+    or high to low, as a one-piece transfer goes): whenever both stamps show the old gen, the
+    payload is the old one."""
+    n_old = 1000
+    with RemoteExporter(slots=1, slot_bytes=4096, ttl=60) as exporter:
+        old = np.arange(n_old, dtype=np.uint32).astype(np.uint8)
+        _, desc, _ = exporter.export(old)
+        a = decode_descriptor(desc)
+        start = exporter._arena.copy()
+        exporter._arena = exporter._arena.view(_Recorder)
+        _Recorder.log = []
+        exporter.release(a.slot_key)
+        exporter.export(np.full(n_new, 0xEE, np.uint8))
+        ops = list(_Recorder.log)
+    assert len(ops) >= 4  # stamps zeroed, payload, trailer, header
+    states = [start]
+    for key, value in ops:
+        nxt = states[-1].copy()
+        nxt[key] = value
+        states.append(nxt)
+    stamp = np.frombuffer(a.gen.to_bytes(8, "little"), np.uint8)
+    accepted = 0
+    k = len(states)
+    for i in range(k):
+        for j in range(k):
+            for m in range(k):
+                if not (i <= j <= m or i >= j >= m):
+                    continue
+                header = states[i][:8]
+                body = states[j][8 : 8 + n_old]
+                trailer = states[m][8 + n_old : 16 + n_old]
+                if np.array_equal(header, stamp) and np.array_equal(trailer, stamp):
+                    accepted += 1
+                    assert np.array_equal(body, old), (i, j, m, ops)
+    assert accepted  # reads finished before the lease ended still pass
