@@ -38,6 +38,7 @@ __all__ = [
     "RemoteError",
     "RemoteExportRefusedError",
     "RemotePayloadTooLargeError",
+    "RemotePeerRefusedError",
     "RemoteStampError",
     "RemoteTimeoutError",
     "RemoteTransferError",
@@ -155,6 +156,11 @@ class RemoteDescriptorError(RemoteError, ValueError):
     """A remote descriptor or its ``nbytes`` is malformed: bad magic, wrong length, an ip or port
     that cannot be dialled, a slot key that disagrees with the request, an ``nbytes`` other than
     ``product(shape) x itemsize``. ``field`` names the part at fault. Also a ``ValueError``."""
+
+
+class RemotePeerRefusedError(RemoteDescriptorError):
+    """A remote descriptor names an exporter (``field="ip"`` or ``"port"``) outside the puller's
+    ``allowed_peers``: refused before any connection is made. Also a ``ValueError``."""
 
 
 class RemoteStampError(RemoteError, ValueError):
