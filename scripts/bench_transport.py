@@ -138,7 +138,8 @@ def remote_reason() -> str | None:
 
 def timed_puller() -> RemotePuller:
     """A :class:`~smg_grpc_proto.remote.RemotePuller` that adds the seconds each of its pulls
-    takes to ``seconds`` of the calling thread (the servicer reads it around a decode)."""
+    takes to a total of the calling thread; ``take()`` returns that total and resets it (the
+    servicer calls it around ``decode_mm_inputs`` to split pulling from decoding)."""
     from smg_grpc_proto.remote import RemotePuller
 
     class TimedPuller(RemotePuller):
