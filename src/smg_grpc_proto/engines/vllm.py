@@ -37,7 +37,7 @@ from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Layout
 from smg_grpc_proto.engines._media import (
     PreparedMedia,
-    expand_placeholders,
+    expand_packed,
     placeholder_ranges,
 )
 from smg_grpc_proto.engines._tensors import (
@@ -62,6 +62,7 @@ __all__ = [
 ]
 
 _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
+_INPUT_IDS_FIELD: int = pb.TokenizedInput.DESCRIPTOR.fields_by_name["input_ids"].number
 
 #: Per family, the image tensors vLLM's model takes under another name than transformers'
 #: processor returns them (``None``: vLLM's model does not take it, so it is not sent). Gemma 4:
@@ -116,9 +117,13 @@ def generate_request(
     :class:`~smg_grpc_proto.errors.DisaggregationError` is raised.
     """
     batches = as_media_list(media, "vLLM")
-    ids, ranges = expand_placeholders(input_ids, batches)
+    packed, ids, ranges = expand_packed(input_ids, batches, _INPUT_IDS_FIELD)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
-    request.tokenized.input_ids.extend(ids.tolist())
+    if packed is not None:
+        request.tokenized.MergeFromString(packed)  # parsed in C: no Python int per token
+    else:
+        assert ids is not None
+        request.tokenized.input_ids.extend(ids.tolist())
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     if isinstance(kv_transfer_params, pb.KvTransferParams):
