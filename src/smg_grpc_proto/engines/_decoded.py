@@ -317,7 +317,7 @@ def check_hashes(hashes: Sequence[str], n: int, field: str) -> list[str | None]:
             actual=len(hashes),
         )
     for i, h in enumerate(hashes):
-        if not _HEX64.match(h):
+        if not _HEX64.fullmatch(h):
             raise MultimodalError(
                 f"{field}[{i}]: expected 64 lower-case hex characters (blake3), got "
                 f"{h[:80]!r} ({len(h)} characters)",
