@@ -192,7 +192,7 @@ def _check_few(
 ) -> None:
     """:func:`check_placeholders` for a few ranges, without numpy (the same errors)."""
     flat = [(int(r[0]), int(r[1])) for _, ranges in groups for r in ranges]
-    for i, (offset, length) in enumerate(flat):
+    for i, (_, length) in enumerate(flat):
         if length <= 0:
             name = _range_name(groups, i)
             raise PlaceholderError(
