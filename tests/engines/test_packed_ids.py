@@ -44,15 +44,25 @@ def test_packed_ids_equal_the_expanded_list(media: Any, head: list[int]) -> None
     assert plain.SerializeToString() == request.SerializeToString()
 
 
-def test_long_prompts_take_the_list_path(media: Any) -> None:
-    prompt = [5] * (_media._FEW_IDS + 1) + _prompt(media.anchor, [], media.count)
+@pytest.mark.parametrize("form", ["long", "array", "numpy ints"])
+def test_other_prompts_take_the_array_path(media: Any, form: str) -> None:
+    prompt: Any = _prompt(media.anchor, [3], media.count)
+    if form == "long":
+        prompt = [5] * (_media._FEW_IDS + 1) + prompt
+    elif form == "array":
+        prompt = np.asarray(prompt, dtype=np.uint32)
+    else:
+        prompt = [np.int64(t) for t in prompt]
+    assert _media._few_runs(prompt, [media]) is None
     request = vllm_adapter.generate_request("r", prompt, media).message
-    assert list(request.tokenized.input_ids) == expand_placeholders(prompt, [media])[0].tolist()
+    expanded, ranges = expand_placeholders(prompt, [media])
+    assert list(request.tokenized.input_ids) == expanded.tolist()
+    assert [(p.offset, p.length) for p in request.mm_inputs.mm_placeholders] == ranges[0]
 
 
 @pytest.mark.parametrize(
     "prompt",
-    [[1, 2], [-1, 7], [2**32, 7], "anchors"],
+    [[1, 2], [-1, 7], [2**32, 7], [True, 7], [1.5, 7], [[1], [2]], "anchors"],
 )
 def test_packed_path_refuses_what_expand_refuses(media: Any, prompt: Any) -> None:
     if prompt == "anchors":

@@ -1098,21 +1098,50 @@ def expand_packed(
     (tag, length, varints: one varint per prompt token, repeated over its run) to merge into the
     message, without a Python int per expanded token; else the expanded ids (``bytes`` is then
     ``None``)."""
-    ids, repeats, positions = _anchor_runs(input_ids, media)
-    n = ids.shape[0]
-    if n == 0 or n > _FEW_IDS or any(item.replacements or item.joins for item in media):
+    runs_of = None
+    if not any(item.replacements or item.joins for item in media):
+        runs_of = _few_runs(input_ids, media)
+    if runs_of is None:
+        ids, repeats, positions = _anchor_runs(input_ids, media)
         expanded, ranges = _expand(ids, repeats, positions, media)
         return None, expanded, ranges
-    tokens: list[int] = ids.tolist()
-    runs: list[int] = repeats.tolist()
+    tokens, runs, anchors = runs_of
     starts: list[int] = []
     start = 0
     for run in runs:
         starts.append(start)
         start += run
-    ranges = [[(starts[p], runs[p]) for p in where.tolist()] for where in positions]
+    ranges = [[(starts[p], runs[p]) for p in where] for where in anchors]
     payload = b"".join([_varint(t) * r for t, r in zip(tokens, runs, strict=True)])
     return _varint(field_number << 3 | 2) + _varint(len(payload)) + payload, None, ranges
+
+
+def _few_runs(
+    input_ids: Sequence[int] | npt.NDArray[Any], media: Sequence[PreparedMedia]
+) -> tuple[list[int], list[int], list[list[int]]] | None:
+    """For a short list of Python ints that :func:`_anchor_runs` accepts, its result as Python
+    lists (tokens, runs, anchor positions per media), computed without numpy; ``None`` for
+    anything else (other inputs, or any check failing: :func:`_anchor_runs` then raises its
+    error)."""
+    if type(input_ids) is not list or not 0 < len(input_ids) <= _FEW_IDS:
+        return None
+    tokens: list[int] = input_ids
+    if any(type(t) is not int for t in tokens) or min(tokens) < 0 or max(tokens) > 0xFFFFFFFF:
+        return None
+    runs = [1] * len(tokens)
+    anchors: list[list[int]] = []
+    seen: set[int] = set()
+    for item in media:
+        anchor = item.anchor
+        counts = item.token_counts
+        where = [i for i, t in enumerate(tokens) if t == anchor]
+        if anchor in seen or len(where) != len(counts) or any(c < 1 for c in counts):
+            return None
+        seen.add(anchor)
+        for i, c in zip(where, counts, strict=True):
+            runs[i] = int(c)
+        anchors.append(where)
+    return tokens, runs, anchors
 
 
 def _join_edges(
