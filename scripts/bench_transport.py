@@ -11,28 +11,33 @@ tensors written out once. Every round then sends it to a server in **another pro
 gRPC on 127.0.0.1, once per transport, in a shuffled order per round (drift on a shared machine
 hits every transport alike):
 
-* ``inline`` / ``shm``: ``vllm.generate_request(..., transport=...)``, sent with
+* ``inline`` / ``shm`` / ``remote``: ``vllm.generate_request(..., transport=...)``, sent with
   ``tensors.serialize``; the server receives it with ``tensors.deserializer`` and decodes it
   with ``vllm.decode_mm_inputs`` (shared memory: mapped read-only and unlinked).
-* ``remote``: the client (the gateway's role) copies ``pixel_values`` into a slot of a
-  :class:`~smg_grpc_proto.remote.RemoteExporter` (NIXL over UCX, listener bound to 127.0.0.1)
-  and sends the same request with ``pixel_values`` as a ``RemoteTensorHandle``; the server
-  READs the slot with a :class:`~smg_grpc_proto.remote.RemotePuller` (stamps checked, slot
-  released by its notification), then decodes the request with ``vllm.decode_mm_inputs``.
-  Skipped, with the reason printed, when ``smg_grpc_proto.remote`` or NIXL cannot be imported.
+* ``remote`` in particular: the client (the gateway's role) builds with ``transport="remote"``
+  and its own :class:`~smg_grpc_proto.remote.RemoteExporter` (NIXL over UCX, metadata listener
+  bound to 127.0.0.1), which copies ``pixel_values`` into a slot and sends it as a
+  ``RemoteTensorHandle`` (the side tensors stay inline); the server decodes with
+  ``decode_mm_inputs(..., puller=...)``, whose :class:`~smg_grpc_proto.remote.RemotePuller`
+  READs the slot (stamps checked, slot released by its notification). A request the exporter
+  refuses goes inline: the client counts those fallbacks with ``tensors.remote_stats()`` and
+  prints them, and the server reports which payload it received, which must be ``remote``
+  unless that request fell back. Skipped, with the reason printed, when
+  ``smg_grpc_proto.remote`` or NIXL cannot be imported.
 * ``raw TCP socket``: the same number of bytes through a plain loopback socket
   (:class:`~smg_grpc_proto.loopback.TcpSink`, receiver in this process): the floor of copying
   the bytes once through the kernel.
 
 A round trip is timed from building the request (the copy into the request bytes, the segment or
 the slot is part of each transport) to the server's answer, which comes after the server has
-decoded the request and checked the tensors: ``pixel_values`` shape, dtype and BLAKE3 digest of
+decoded the request and checked the tensors: the payload kind of ``pixel_values`` (``inline``,
+``shm`` or ``remote``, as asked), its shape, dtype and BLAKE3 digest of
 every byte, and ``image_grid_thw``, must equal what the client sent, and the decoded batch must
 account for the image's placeholder tokens. A mismatch stops the benchmark (exit status 1).
 Throughput = tensor bytes / median round-trip time (GB/s, 1e9 bytes); "without the check" takes
 the server's check time off each round trip first (for shared memory that check is also where
 the server's mapping first touches every page). The server reports how long it spent pulling
-(remote), decoding and checking.
+(remote: the puller's READs inside ``decode_mm_inputs``), decoding (the rest of it) and checking.
 
 The remote row runs UCX with its own choice of transports, or what ``UCX_TLS`` /
 ``UCX_NET_DEVICES`` say (recorded in the header): between two processes of one host UCX may use
@@ -47,6 +52,7 @@ client and server (MiB), and the part of it above the resident memory at the res
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import io
 import json
@@ -64,7 +70,7 @@ from concurrent import futures
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -79,14 +85,16 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.loopback import TcpSink
 from smg_grpc_proto.tensors import Transport
 
+if TYPE_CHECKING:
+    from smg_grpc_proto.remote import RemoteExporter, RemotePuller
+
 MIB = 1 << 20
 SERVICE = "smg.bench.TransportBench"
 PUT = f"/{SERVICE}/Put"
 MEMORY = f"/{SERVICE}/Memory"
-PIXELS = "mm_inputs.pixel_values"
 TCP = "raw TCP socket"
-#: The transports the builders speak today (``remote`` is staged by hand, see Client.request).
-BUILDER_TRANSPORTS: dict[str, Transport] = {"inline": "inline", "shm": "shm"}
+#: The transports of the builders this benchmark compares.
+TRANSPORTS: dict[str, Transport] = {"inline": "inline", "shm": "shm", "remote": "remote"}
 #: Qwen2-VL: every 14 x 14 patch of the resized image is 2 x 3 x 14 x 14 float32 values, so
 #: ``pixel_values`` takes 24 bytes per pixel of the resized image (multiples of 28 per side).
 QWEN2_VL_BYTES_PER_PIXEL = 2 * 3 * 4
@@ -128,41 +136,60 @@ def remote_reason() -> str | None:
     return None
 
 
+def timed_puller() -> RemotePuller:
+    """A :class:`~smg_grpc_proto.remote.RemotePuller` that adds the seconds each of its pulls
+    takes to a total of the calling thread; ``take()`` returns that total and resets it (the
+    servicer calls it around ``decode_mm_inputs`` to split pulling from decoding)."""
+    from smg_grpc_proto.remote import RemotePuller
+
+    class TimedPuller(RemotePuller):
+        def __init__(self) -> None:
+            super().__init__()
+            self.local = threading.local()
+
+        def take(self) -> float:
+            """Seconds pulled by this thread since the last call."""
+            seconds: float = getattr(self.local, "seconds", 0.0)
+            self.local.seconds = 0.0
+            return seconds
+
+        def pull(self, *args: Any, **kwargs: Any) -> npt.NDArray[Any]:
+            start = time.perf_counter()
+            try:
+                return super().pull(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - start
+                self.local.seconds = getattr(self.local, "seconds", 0.0) + spent
+
+    return TimedPuller()
+
+
 class BenchServicer:
     """Decodes each request as an engine would, checks it, answers what it found."""
 
     def __init__(self) -> None:
-        self._puller: Any = None
+        self._puller: Any = None  # a timed_puller(), made for the first remote request
         self._lock = threading.Lock()
 
-    def _pull_remote(self, received: tensors.TensorMessage[pb.GenerateRequest]) -> float:
-        """Read a remote ``pixel_values`` into this process and attach it to ``received`` (so
-        the decoder sees it as a received tensor); seconds spent. ``decode_mm_inputs`` does not
-        read ``remote`` payloads itself yet."""
-        td = received.message.mm_inputs.pixel_values
-        if td.WhichOneof("payload") != "remote":
-            return 0.0
-        from smg_grpc_proto.remote import RemotePuller
-
+    def puller(self) -> Any:
         with self._lock:
             if self._puller is None:
-                self._puller = RemotePuller()
-        start = time.perf_counter()
-        remote = td.remote
-        array = self._puller.pull(
-            remote.descriptor, remote.nbytes, shape=tuple(td.shape), dtype=np.dtype(td.dtype)
-        )
-        received.attach(PIXELS, array)
-        return time.perf_counter() - start
+                self._puller = timed_puller()
+            return self._puller
 
     def put(self, received: tensors.TensorMessage[pb.GenerateRequest], context: Any) -> bytes:
         del context
+        payload = received.message.mm_inputs.pixel_values.WhichOneof("payload")
+        puller = self.puller() if payload == "remote" else None
+        if puller is not None:
+            puller.take()
         start = time.perf_counter()
-        pull_s = self._pull_remote(received)
-        (batch,) = vllm_adapter.decode_mm_inputs(received, merge_size=2)
+        (batch,) = vllm_adapter.decode_mm_inputs(received, merge_size=2, puller=puller)
         decoded = time.perf_counter()
+        pull_s = puller.take() if puller is not None else 0.0
         pixels = batch.tensors["pixel_values"]
         answer = {
+            "payload": payload,
             "shape": list(pixels.shape),
             "dtype": str(pixels.dtype),
             "digest": digest(pixels),
@@ -254,6 +281,7 @@ class Case:
     delivered: dict[str, list[float]] = field(default_factory=dict)
     server: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     checked: dict[str, int] = field(default_factory=dict)
+    payloads: dict[str, dict[str, int]] = field(default_factory=dict)  # as the server saw them
     fallbacks: int = 0
 
     @property
@@ -314,7 +342,7 @@ class Client:
         self._put: Any = self.channel.unary_unary(PUT, request_serializer=tensors.serialize)
         self._memory: Any = self.channel.unary_unary(MEMORY)
         self.tcp = stack.enter_context(TcpSink(max_bytes))
-        self.exporter: Any = None
+        self.exporter: RemoteExporter | None = None
         if remote:
             from smg_grpc_proto.remote import RemoteExporter
 
@@ -330,34 +358,22 @@ class Client:
         )
         return answer
 
-    def request(self, case: Case, transport: str, rid: str) -> Any:
-        """The request of ``transport`` (its copy of the pixels included)."""
-        if transport in BUILDER_TRANSPORTS:
-            kind = BUILDER_TRANSPORTS[transport]
-            return vllm_adapter.generate_request(rid, case.prompt, case.media, transport=kind)
-        # remote: the builders' transport="remote" is not there yet; the request is built as
-        # inline, then pixel_values becomes a RemoteTensorHandle of a freshly exported slot.
-        from smg_grpc_proto.errors import RemoteExportRefusedError
-
-        built = vllm_adapter.generate_request(rid, case.prompt, case.media)
-        td = built.message.mm_inputs.pixel_values
-        try:
-            handle = self.exporter.export(case.pixels)
-        except RemoteExportRefusedError:
-            case.fallbacks += 1  # arena full (or tensor too big): it goes inline, counted
-            return built
-        message = pb.GenerateRequest()
-        message.CopyFrom(built.message)
-        pixels = message.mm_inputs.pixel_values
-        pixels.Clear()
-        pixels.shape.extend(td.shape)
-        pixels.dtype = td.dtype
-        pixels.remote.transport, pixels.remote.descriptor, pixels.remote.nbytes = handle
-        out = tensors.TensorMessage(message)
-        for path in built:  # the side tensors travel inline, as the builder attached them
-            if path != PIXELS:
-                out.attach(path, built[path])
-        return out
+    def request(self, case: Case, transport: str, rid: str) -> tuple[Any, str]:
+        """The request of ``transport`` (its copy of the pixels included, for ``remote`` into a
+        slot of this client's exporter) and the payload kind ``pixel_values`` must arrive as:
+        ``inline`` when the exporter refused it (such fallbacks are counted in
+        ``case.fallbacks``)."""
+        kind = TRANSPORTS[transport]
+        if kind != "remote":
+            built = vllm_adapter.generate_request(rid, case.prompt, case.media, transport=kind)
+            return built, kind
+        before = tensors.remote_stats().fallbacks
+        built = vllm_adapter.generate_request(
+            rid, case.prompt, case.media, transport=kind, exporter=self.exporter
+        )
+        fell_back = tensors.remote_stats().fallbacks - before
+        case.fallbacks += fell_back
+        return built, "inline" if fell_back else "remote"
 
     def send(self, case: Case, transport: str, rid: str) -> tuple[float, dict[str, Any] | None]:
         """One round trip of ``transport``: seconds, and the server's answer (checked)."""
@@ -366,9 +382,14 @@ class Client:
             self.tcp.send(case.payload)
             return time.perf_counter() - start, None
         start = time.perf_counter()
-        request = self.request(case, transport, rid)
+        request, payload = self.request(case, transport, rid)
         answer = json.loads(self._put(request, timeout=120))
         seconds = time.perf_counter() - start
+        if answer["payload"] != payload:
+            raise SystemExit(
+                f"{case.label} {transport}: pixel_values arrived as {answer['payload']!r}, "
+                f"not {payload!r}"
+            )
         check(case, transport, answer)
         left = [n for n in getattr(request, "shm_segments", []) if Path(f"/dev/shm/{n}").exists()]
         if left:
@@ -435,6 +456,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     check_s = answer["check_s"] if answer is not None else 0.0
                     case.delivered[t].append(seconds - check_s)
                     if answer is not None:
+                        seen = case.payloads.setdefault(t, {})
+                        seen[answer["payload"]] = seen.get(answer["payload"], 0) + 1
                         for key in case.server[t]:
                             case.server[t][key].append(answer[key])
             timed_checked = dict(case.checked)  # the memory probes' answers are checked too
@@ -461,6 +484,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if client.exporter is not None
             else None
         )
+        stats = tensors.remote_stats()
+        report["remote_stats"] = {**dataclasses.asdict(stats), "fallbacks": stats.fallbacks}
     return report
 
 
@@ -483,6 +508,7 @@ def summarize(case: Case, rows: list[str], memory: dict[str, Any]) -> dict[str, 
             "gbps_without_check": case.nbytes / statistics.median(delivered) / 1e9,
             "rounds": len(times),
             "checked": case.checked.get(t),
+            "payloads": case.payloads.get(t),
             **memory[t],
         }
         for key, values in case.server.get(t, {}).items():
@@ -513,6 +539,11 @@ def print_report(report: dict[str, Any], args: argparse.Namespace) -> None:
         print(
             f"# remote arena: {e['slots']} slots x {e['slot_bytes'] / MIB:.0f} MiB = "
             f"{e['slots'] * e['slot_bytes'] / MIB:.0f} MiB registered with NIXL (client)"
+        )
+        r = report["remote_stats"]
+        print(
+            f"# remote exports (tensors.remote_stats(), client, warm-up and memory probes "
+            f"included): {r['exported']} sent remote, {r['fallbacks']} fell back inline"
         )
     for case in report["cases"]:
         print(

@@ -71,8 +71,20 @@ def test_quick_run_checks_every_transport(tmp_path: Path) -> None:
             # every answer of the server matched what was sent (shape, dtype, digest, grid,
             # placeholders); the raw socket carries bytes only
             assert row["checked"] == (None if name == "raw TCP socket" else 2), (name, row)
+            # the server saw pixel_values arrive as the transport asked: remote really went
+            # remote (a fallback would arrive inline)
+            expected_payloads = None if name == "raw TCP socket" else {name: 2}
+            assert row["payloads"] == expected_payloads, (name, row)
         assert "| inline | " in run.stdout
     assert run.stdout.count("2/2 equal") == 2 * (len(expected) - 1)
+    stats = report["remote_stats"]
+    if remote:
+        # every remote request of the run (warm-up, timed, memory probes) went out remote
+        assert stats["fallbacks"] == 0, stats
+        assert stats["exported"] == 2 * (1 + 2 + 1), stats
+        assert "remote: skipped" not in run.stdout
+    else:
+        assert stats["exported"] == 0, stats
 
 
 def test_the_check_refuses_other_tensors() -> None:

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 from support.images import grace_hopper
 
+from smg_grpc_proto.remote import nixl_available
+
 pytestmark = pytest.mark.timeout(300)
+
+# The remote (NIXL) row runs where NIXL imports (CI installs it), else it is skipped with a hint.
+NIXL = nixl_available()
 
 
 def _demo(*args: str) -> subprocess.CompletedProcess[str]:
@@ -25,14 +30,20 @@ def test_demo_passes_every_check() -> None:
     out = run.stdout
     assert "demo passed" in out
     assert "gives the same bytes as ours for every tensor" in out
-    assert out.count("as the request must produce") == 3  # inline, shm, Llama 4
+    # inline, shm, (remote,) Llama 4
+    assert out.count("as the request must produce") == (4 if NIXL else 3)
     # Llama 4: 512 x 600 -> a 2 x 2 canvas + the global tile = 5 tiles of 144 <|patch|> each
     assert "tiles 2x2" in out
     assert "pixel_values [5, 3, 336, 336] bfloat16" in out
     assert "720 <|patch|> positions" in out
     assert "engine decoded the same tiles" in out
     assert "1 segment(s) written, 0 left after read" in out
-    assert out.count("= sent") == 6
+    assert out.count("= sent") == (9 if NIXL else 6)
+    if NIXL:
+        assert "remote: pixel_values staged as a 'nixl' handle of 7112448 bytes, pulled" in out
+        assert "remote: the exporter refused" not in out
+    else:
+        assert 'remote (NIXL) row skipped: pip install "smg-grpc-proto[nixl]"' in out
     assert "!= sent" not in out
     for engine in ("sglang", "tokenspeed", "trtllm", "mlx"):
         assert f"  {engine}" in out
@@ -46,6 +57,7 @@ def test_demo_passes_every_check() -> None:
     # the inline round trip of the 7 MiB Qwen2-VL request beats the plain path doing the same work
     assert speedups["image bytes -> engine answer, gRPC inline *"] > 1.0, out
     assert "image bytes -> engine answer, gRPC shm *~" in speedups
+    assert ("image bytes -> engine answer, NIXL remote *~" in speedups) == NIXL
     # a row where we are slower must carry a footnote mark (+ * ~) whose reason is printed;
     # the unmarked rows (engine decode, the whole path) are many times faster than plain
     slower = [label for label, ratio in speedups.items() if ratio <= 1.0]

@@ -18,9 +18,11 @@ the reference of ``scripts/bench_engines.py``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
+import os
 import statistics
 import threading
 import time
@@ -185,7 +187,10 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
     recorder = _Recorder()
     timings: list[tuple[str, float, float | None]] = []
     ok = True
-    with ReferenceServer("vllm", model=toy, servicer_kwargs={"on_decoded": recorder}) as server:
+    stack = contextlib.ExitStack()
+    exporter, puller = _remote_peers(stack, out)
+    servicer_kwargs: dict[str, Any] = {"on_decoded": recorder, "puller": puller}
+    with stack, ReferenceServer("vllm", model=toy, servicer_kwargs=servicer_kwargs) as server:
         out(f"\nreference vLLM servicer listening on {server.target} (grpc.aio, toy model)")
         with channel.insecure_channel(server.target) as ch:
             t_pre = median_ms(lambda: model.prepare(list(files), threads=1), repeat)
@@ -208,9 +213,13 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
             )
             calls: dict[str, Callable[[], Any]] = {}
             transports: tuple[Transport, ...] = ("inline", "shm")
+            if exporter is not None:
+                transports += ("remote",)
             for transport in transports:
                 rid = f"demo-{transport}"
-                request = vllm_adapter.generate_request(rid, prompt, media, transport=transport)
+                request = vllm_adapter.generate_request(
+                    rid, prompt, media, transport=transport, exporter=exporter
+                )
                 segments = request.shm_segments
                 (response,) = _generate(ch, request, tensors.serialize)
                 decoded, seconds = recorder.seen[rid]
@@ -228,7 +237,9 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
                     # all the work per call, as the plain path does: decode + preprocess,
                     # build, send; the engine decodes and answers
                     fresh = model.prepare(list(files), threads=1)
-                    again = vllm_adapter.generate_request("t", prompt, fresh, transport=transport)
+                    again = vllm_adapter.generate_request(
+                        "t", prompt, fresh, transport=transport, exporter=exporter
+                    )
                     _generate(ch, again, tensors.serialize)
 
                 calls[transport] = call
@@ -258,6 +269,10 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
         ("image bytes -> engine answer, gRPC inline *", rounds["inline"], rounds.get("plain")),
         ("image bytes -> engine answer, gRPC shm *~", rounds["shm"], rounds.get("plain")),
     ]
+    if "remote" in rounds:
+        timings.append(
+            ("image bytes -> engine answer, NIXL remote *~", rounds["remote"], rounds.get("plain"))
+        )
     out(f"\nstage (one thread, median of {repeat}+)                ours    plain Python   speed-up")
     for label, ours, ref in timings:
         ref_text = f"{ref:10.2f} ms" if ref is not None else "            -"
@@ -279,6 +294,13 @@ def run(files: Sequence[bytes], *, repeat: int = 5, out: Callable[[str], None] =
         "engine maps it): it skips grpcio's transport of the payload but pays those page faults, "
         "so on loopback it gains less than the transport figure below suggests"
     )
+    if "remote" in rounds:
+        out(
+            "  ~ remote (NIXL) has no plain counterpart either: each request copies "
+            "pixel_values into the exporter's registered arena, the engine READs it over UCX "
+            "(loopback here; the transport is for engines on other hosts) and notifies the "
+            "exporter, which frees the slot"
+        )
     size = len(data)
     out(
         f"\nloopback transport of the {size / 2**20:.2f} MiB request, this run (median of "
@@ -366,11 +388,36 @@ def _report(
         )
     out(f"  placeholders (offset, length) {list(batch.placeholders)} of token {batch.im_token_id}")
     out(f"  mm_hashes {[h[:16] + '...' for h in mm.mm_hashes]}")
+    if transport == "remote":
+        handle = mm.pixel_values.remote
+        pulled = mm.pixel_values.WhichOneof("payload") == "remote"
+        out(
+            f"  remote: pixel_values staged as a {handle.transport!r} handle of {handle.nbytes} "
+            f"bytes, pulled by the engine with a NIXL READ"
+            if pulled
+            else "  remote: the exporter refused pixel_values, sent inline (fallback)"
+        )
+        ok &= pulled
     if transport == "shm":
         left = [s for s in segments if Path(f"/dev/shm/{s}").exists()]
         out(f"  shared memory: {len(segments)} segment(s) written, {len(left)} left after read")
         ok &= not left
     return ok
+
+
+def _remote_peers(stack: contextlib.ExitStack, out: Callable[[str], None]) -> tuple[Any, Any]:
+    """A NIXL exporter (the gateway's side) and puller (the engine's) on loopback, closed with
+    ``stack``; ``(None, None)`` where NIXL does not import (the remote row is skipped)."""
+    from smg_grpc_proto.remote import RemoteExporter, RemotePuller, nixl_available
+
+    if not nixl_available():
+        out('\nremote (NIXL) row skipped: pip install "smg-grpc-proto[nixl]"')
+        return None, None
+    # loopback only: UCX would otherwise listen on every network device
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    exporter = stack.enter_context(RemoteExporter(slots=4, slot_bytes=16 << 20, ttl=60.0))
+    puller = stack.enter_context(RemotePuller(timeout=30.0))
+    return exporter, puller
 
 
 def _plain_path(

@@ -38,9 +38,11 @@ __all__ = [
     "RemoteError",
     "RemoteExportRefusedError",
     "RemotePayloadTooLargeError",
+    "RemotePeerRefusedError",
     "RemoteStampError",
     "RemoteTimeoutError",
     "RemoteTransferError",
+    "RemoteTransportUnavailableError",
     "RemoteUnavailableError",
     "ResizeError",
     "ShmError",
@@ -128,7 +130,9 @@ class NativeCoreUnavailableError(SmgProtoError, ImportError):
 
 
 class TransportNotImplementedError(SmgProtoError, NotImplementedError):
-    """The payload uses a transport this package cannot read (``remote``)."""
+    """The payload uses a transport this package cannot read: a ``remote`` handle naming a
+    transport other than ``"nixl"``, or (as :class:`RemoteTransportUnavailableError`) a NIXL
+    handle where NIXL is not installed."""
 
 
 class RemoteError(SmgProtoError):
@@ -140,10 +144,23 @@ class RemoteUnavailableError(RemoteError, ImportError):
     what to install. Raised on use, never at import. Also an ``ImportError``."""
 
 
+class RemoteTransportUnavailableError(RemoteUnavailableError, TransportNotImplementedError):
+    """A received ``remote`` payload cannot be read here because NIXL does not import: the
+    message names the field and what to install (``pip install "smg-grpc-proto[nixl]"``).
+    Raised by :func:`~smg_grpc_proto.tensors.unpack` and the engines' ``decode_mm_inputs``;
+    also a :class:`TransportNotImplementedError` (what a ``remote`` payload raised before the
+    transport was implemented) and an ``ImportError``."""
+
+
 class RemoteDescriptorError(RemoteError, ValueError):
     """A remote descriptor or its ``nbytes`` is malformed: bad magic, wrong length, an ip or port
     that cannot be dialled, a slot key that disagrees with the request, an ``nbytes`` other than
     ``product(shape) x itemsize``. ``field`` names the part at fault. Also a ``ValueError``."""
+
+
+class RemotePeerRefusedError(RemoteDescriptorError):
+    """A remote descriptor names an exporter (``field="ip"`` or ``"port"``) outside the puller's
+    ``allowed_peers``: refused before any connection is made. Also a ``ValueError``."""
 
 
 class RemoteStampError(RemoteError, ValueError):

@@ -307,7 +307,7 @@ def test_engine_specific_refusals() -> None:
         mlx_adapter.generate_request("r", [151655], images)
     with pytest.raises(TensorError, match=r"mm_inputs.pixel_values: .*unknown dtype 'float64'"):
         sglang_adapter.generate_request("r", [151655], images, dtype="float64")
-    with pytest.raises(TensorError, match="transport must be 'inline', 'shm' or 'auto'"):
+    with pytest.raises(TensorError, match="transport must be 'inline', 'shm', 'auto' or 'remote'"):
         vllm_adapter.generate_request("r", [151655], images, transport="rdma")  # type: ignore[arg-type]
     with pytest.raises(MultimodalError, match="one PreparedMedia per modality"):
         vllm_adapter.generate_request("r", [151655, 151655], [images, images])

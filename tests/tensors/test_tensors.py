@@ -216,9 +216,14 @@ def td(layout=vllm_engine_pb2.TensorData, **kw):
         ),
         (td(shape=[2], dtype="float32"), TensorError, "no payload"),
         (
-            td(shape=[1], dtype="uint8", remote={"transport": "nixl"}),
+            td(shape=[1], dtype="uint8", remote={"transport": "ucx", "nbytes": 1}),
             TransportNotImplementedError,
-            "remote transport \\(nixl\\)",
+            "remote.transport = 'ucx': only the 'nixl'",
+        ),
+        (
+            td(shape=[2], dtype="float32", remote={"transport": "nixl", "nbytes": 4}),
+            TensorError,
+            "remote.nbytes = 4, but the shape and dtype need 8",
         ),
         (
             td(shape=[4], dtype="uint8", shm={"name": "../etc/passwd", "nbytes": 4}),
@@ -246,7 +251,8 @@ def td(layout=vllm_engine_pb2.TensorData, **kw):
         "length",
         "overflow",
         "missing",
-        "remote",
+        "remote-transport",
+        "remote-nbytes",
         "traversal",
         "shm-size",
         "sglang",

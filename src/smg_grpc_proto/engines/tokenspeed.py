@@ -19,7 +19,7 @@ and returns one :class:`DecodedBatch` per item.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,7 +43,16 @@ from smg_grpc_proto.engines._tensors import (
 from smg_grpc_proto.errors import MultimodalError, MultimodalLayoutError
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as pb
-from smg_grpc_proto.tensors import SHM_MIN_BYTES, ShmRead, TensorMessage, Transport
+from smg_grpc_proto.tensors import (
+    SHM_MIN_BYTES,
+    ShmRead,
+    TensorMessage,
+    Transport,
+    remote_context,
+)
+
+if TYPE_CHECKING:
+    from smg_grpc_proto.remote import RemoteExporter, RemotePuller
 
 __all__ = ["DEFAULT_DTYPE", "decode_mm_inputs", "fill_mm_inputs", "generate_request"]
 
@@ -68,11 +77,14 @@ def generate_request(
     transport: Transport = "inline",
     dtype: str | None = DEFAULT_DTYPE,
     shm_min_bytes: int = SHM_MIN_BYTES,
+    exporter: RemoteExporter | None = None,
 ) -> TensorMessage[pb.GenerateRequest]:
     """A ``GenerateRequest`` for ``input_ids`` holding one anchor token per item; ``media`` is
     one :class:`PreparedMedia` per modality. ``dtype=None`` keeps the processor's float32.
     Side tensors go inline unless ``transport="shm"``. Shared-memory segments written before a
-    failure are unlinked."""
+    failure are unlinked. ``transport="remote"`` stages each ``encoder_input`` for a NIXL READ
+    with ``exporter`` (else the process default; inline when the exporter refuses it or NIXL is
+    missing, counted by :func:`smg_grpc_proto.tensors.remote_stats`)."""
     batches = as_media_list(media, "TokenSpeed")
     ids, ranges = expand_placeholders(input_ids, batches)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
@@ -80,7 +92,8 @@ def generate_request(
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)
-    _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
+    with remote_context(exporter=exporter):
+        _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
     return message
 
 
@@ -91,6 +104,7 @@ def fill_mm_inputs(
     transport: Transport = "inline",
     dtype: str | None = DEFAULT_DTYPE,
     shm_min_bytes: int = SHM_MIN_BYTES,
+    exporter: RemoteExporter | None = None,
 ) -> None:
     """Fill ``mm_inputs.items`` of a request whose ``tokenized.input_ids`` are expanded
     already (:func:`expand_placeholders`); the placeholder ranges are read from them
@@ -103,7 +117,8 @@ def fill_mm_inputs(
     if request.HasField("mm_inputs"):
         raise MultimodalError("the request's mm_inputs are filled already", field="mm_inputs")
     ranges = placeholder_ranges(request.tokenized.input_ids, batches)
-    _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
+    with remote_context(exporter=exporter):
+        _fill(message, batches, ranges, transport, dtype, shm_min_bytes)
 
 
 def _fill(
@@ -151,17 +166,20 @@ def decode_mm_inputs(
     merge_size: int | None = None,
     unlink: bool | None = None,
     shm_read: ShmRead | None = None,
+    puller: RemotePuller | None = None,
 ) -> tuple[DecodedBatch, ...]:
     """Every item of ``mm_inputs``, validated, as a one-item :class:`DecodedBatch` each (items
     of an EPD prefill request named in ``encode_bootstrap_info`` may lack ``encoder_input``).
     Shared-memory payloads are unlinked on opening unless ``unlink=False``, and mapped
     (``shm_read="copy"``: copied; ``"refuse"``: refused); a refused request's segments are
-    consumed all the same."""
+    consumed all the same. ``remote`` (NIXL) payloads are pulled with ``puller`` (else the
+    process default)."""
     message: pb.GenerateRequest = request.message if isinstance(request, TensorMessage) else request
     if not message.HasField("mm_inputs"):
         return ()
     try:
-        return _decode(request, message, merge_size, unlink, shm_read)
+        with remote_context(puller=puller):
+            return _decode(request, message, merge_size, unlink, shm_read)
     except BaseException:
         release_shm(message, unlink, shm_read)
         raise

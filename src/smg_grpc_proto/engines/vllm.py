@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,7 +51,16 @@ from smg_grpc_proto.engines._tensors import (
 from smg_grpc_proto.errors import DisaggregationError, MultimodalError, MultimodalLayoutError
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
-from smg_grpc_proto.tensors import SHM_MIN_BYTES, ShmRead, TensorMessage, Transport
+from smg_grpc_proto.tensors import (
+    SHM_MIN_BYTES,
+    ShmRead,
+    TensorMessage,
+    Transport,
+    remote_context,
+)
+
+if TYPE_CHECKING:
+    from smg_grpc_proto.remote import RemoteExporter, RemotePuller
 
 __all__ = [
     "MODEL_TENSOR_NAMES",
@@ -97,6 +106,7 @@ def generate_request(
     transport: Transport = "inline",
     dtype: str | None = None,
     shm_min_bytes: int = SHM_MIN_BYTES,
+    exporter: RemoteExporter | None = None,
     pixels: bool = True,
     kv_transfer_params: Mapping[str, Any] | pb.KvTransferParams | None = None,
 ) -> TensorMessage[pb.GenerateRequest]:
@@ -104,8 +114,14 @@ def generate_request(
 
     ``media`` is one :class:`PreparedMedia` per modality (the first goes to ``mm_inputs``, any
     further to ``extra_mm_inputs``). ``dtype`` converts ``pixel_values`` (e.g.
-    ``"bfloat16"``); ``transport`` sends it ``"inline"``, through shared memory (``"shm"``) or
-    through shared memory from ``shm_min_bytes`` on (``"auto"``). Send the result with
+    ``"bfloat16"``); ``transport`` sends it ``"inline"``, through shared memory (``"shm"``),
+    through shared memory from ``shm_min_bytes`` on (``"auto"``) or staged for a NIXL READ
+    (``"remote"``: with ``exporter``, else that of an enclosing
+    :func:`smg_grpc_proto.tensors.remote_context`, else the process default; inline when the
+    exporter refuses it or NIXL is missing, counted by
+    :func:`smg_grpc_proto.tensors.remote_stats`; side tensors stay inline; slots staged before a
+    failure are reclaimed by the exporter's TTL).
+    Send the result with
     :func:`smg_grpc_proto.tensors.serialize` as the request serializer (or ``.to_message()``).
 
     ``kv_transfer_params`` (KV connector params from the prefill worker) goes to
@@ -139,7 +155,8 @@ def generate_request(
     if not pixels and batches:
         _require_kv(request)
     message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)
-    _fill(message, batches, ranges, transport, dtype, shm_min_bytes, pixels)
+    with remote_context(exporter=exporter):
+        _fill(message, batches, ranges, transport, dtype, shm_min_bytes, pixels)
     return message
 
 
@@ -197,6 +214,7 @@ def fill_mm_inputs(
     transport: Transport = "inline",
     dtype: str | None = None,
     shm_min_bytes: int = SHM_MIN_BYTES,
+    exporter: RemoteExporter | None = None,
     pixels: bool = True,
 ) -> None:
     """Fill ``mm_inputs`` (and ``extra_mm_inputs`` for each further modality) of a request
@@ -213,7 +231,8 @@ def fill_mm_inputs(
     if not pixels:
         _require_kv(request)
     ranges = placeholder_ranges(request.tokenized.input_ids, batches)
-    _fill(message, batches, ranges, transport, dtype, shm_min_bytes, pixels)
+    with remote_context(exporter=exporter):
+        _fill(message, batches, ranges, transport, dtype, shm_min_bytes, pixels)
 
 
 def _fill(
@@ -261,7 +280,9 @@ def _fill_batch(
     pixel_values = tensors.pop(primary)
     if pixels:
         attach(message, f"{at}.pixel_values", pixel_values, dtype, transport, shm_min_bytes)
-    side: Transport = "inline" if transport == "inline" or not pixels else "auto"
+    # Side tensors: shared memory from a size on when the pixels use it; otherwise inline (a
+    # remote request stages only its encoder input, as the SMG gateway does).
+    side: Transport = "auto" if transport in ("shm", "auto") and pixels else "inline"
     for name, array in tensors.items():
         attach(message, f"{at}.model_specific_tensors[{name}]", array, None, side, shm_min_bytes)
     # The primary travels in the pixel_values field. Under the modality's own name (image
@@ -306,6 +327,7 @@ def decode_mm_inputs(
     merge_size: int | None = None,
     unlink: bool | None = None,
     shm_read: ShmRead | None = None,
+    puller: RemotePuller | None = None,
 ) -> tuple[DecodedBatch, ...]:
     """Every preprocessed batch of a ``GenerateRequest`` (``mm_inputs`` then
     ``extra_mm_inputs``), validated, as the engine's model consumes it.
@@ -314,7 +336,9 @@ def decode_mm_inputs(
     each item's placeholder count against its grid. Shared-memory payloads are unlinked on
     opening unless ``unlink=False``, and mapped read-only (``shm_read="copy"``: copied;
     ``"refuse"``: refused). A refused request's segments are consumed all the same, so a bad
-    request leaves nothing behind in ``/dev/shm``.
+    request leaves nothing behind in ``/dev/shm``. ``remote`` (NIXL) payloads are pulled with
+    ``puller`` (else the process default); a refused request's remote slots are left to the
+    exporter's TTL.
 
     A batch without ``pixel_values`` (disaggregated decode side) comes back with
     ``pixels=False``; one that carries side tensors needs the request's KV transfer params
@@ -329,7 +353,8 @@ def decode_mm_inputs(
     if not batches:
         return ()
     try:
-        return _decode(request, message, batches, merge_size, unlink, shm_read)
+        with remote_context(puller=puller):
+            return _decode(request, message, batches, merge_size, unlink, shm_read)
     except BaseException:
         release_shm(message, unlink, shm_read)
         raise

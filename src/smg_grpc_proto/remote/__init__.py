@@ -12,7 +12,7 @@ Exporter (gateway side)::
                                                                    # -> send inline instead
 Puller (engine side)::
 
-    puller = RemotePuller(timeout=30.0)
+    puller = RemotePuller(timeout=30.0)  # dials loopback/private exporters only by default
     array = puller.pull(descriptor, nbytes, shape=shape, dtype=np.float32)
 """
 
@@ -31,6 +31,7 @@ from smg_grpc_proto.remote._descriptor import (
     verify_stamps,
 )
 from smg_grpc_proto.remote._nixl import NIXL_MODULES, load_nixl
+from smg_grpc_proto.remote._peers import ALLOW_ANY, DEFAULT_ALLOWED_PEERS, PeerSpec
 from smg_grpc_proto.remote.exporter import (
     DEFAULT_AGENT_NAME,
     TRANSPORT,
@@ -40,7 +41,9 @@ from smg_grpc_proto.remote.exporter import (
 from smg_grpc_proto.remote.puller import MAX_PULL_BYTES, RemotePuller
 
 __all__ = [
+    "ALLOW_ANY",
     "DEFAULT_AGENT_NAME",
+    "DEFAULT_ALLOWED_PEERS",
     "DESCRIPTOR_MAGIC",
     "FRAME_BYTES",
     "GEN_BYTES",
@@ -48,6 +51,7 @@ __all__ = [
     "NIXL_MODULES",
     "TRANSPORT",
     "ExporterStats",
+    "PeerSpec",
     "RemoteDescriptor",
     "RemoteExporter",
     "RemotePuller",

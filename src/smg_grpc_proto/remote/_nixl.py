@@ -38,8 +38,10 @@ INSTALL_HINT = (
     'pip install "smg-grpc-proto[nixl]" (or, on a CPU-only host without torch, '
     "pip install --no-deps nixl-cu12)"
 )
-MAX_METADATA_BYTES = 64 << 20
-"""Largest metadata message accepted from a peer (an agent's metadata is a few KiB)."""
+MAX_METADATA_BYTES = 1 << 20
+"""Largest message accepted from a peer, in either direction (an agent's metadata with one
+registered region is ~0.5 KiB; a longer length prefix is refused before anything is
+allocated)."""
 
 _LEN = struct.Struct("<Q")
 _PREFIX = b"NIXLCOMM:"

@@ -15,7 +15,7 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,7 @@ TRANSPORT = "nixl"
 """``RemoteTensorHandle.transport`` of what this exporter stages (the gateway writes ``"nixl"``)."""
 
 _I64_MAX = (1 << 63) - 1
+_MAX_OUTBOX = 1 << 16  # unsent replies a peer may leave queued before it is dropped
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,18 @@ class _Lease:
     slot: int
     gen: int
     at: float
+    nbytes: int
+
+
+@dataclass
+class _Conn:
+    """One metadata-listener connection: what it sent, what it has yet to be sent, and when
+    it must have finished its next message."""
+
+    sock: socket.socket
+    deadline: float
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: bytearray = field(default_factory=bytearray)
 
 
 class RemoteExporter:
@@ -92,6 +105,17 @@ class RemoteExporter:
     own sockets on every device ``UCX_NET_DEVICES`` allows (all by default): set it (e.g.
     ``lo`` for loopback, or the RDMA NIC) before the first exporter or puller is created.
 
+    The listener treats every peer as hostile: at most ``max_connections`` at once (more are
+    closed on accept), each must complete a message within ``peer_timeout`` seconds of the
+    last (slow or silent peers are dropped), a length prefix above 1 MiB closes the
+    connection before anything is allocated, replies never block the listener (a peer that
+    does not read them is dropped), unknown commands are ignored. Peers' ``LOAD`` and
+    ``INVL`` are ignored unless ``accept_peer_metadata=True``: the exporter does not need a
+    reader's metadata to serve READs or receive notifications, and loading it would make UCX
+    connect wherever that metadata says. A lease's stamps are zeroed when it ends (so a stale
+    descriptor is refused even before the slot is reused), and with ``scrub_freed=True`` its
+    payload too.
+
     Thread-safe: :meth:`export` may be called from any thread; it makes no NIXL call.
     """
 
@@ -108,6 +132,10 @@ class RemoteExporter:
         advertise_ip: str | None = None,
         agent_name: str = DEFAULT_AGENT_NAME,
         poll_interval: float = 0.02,
+        max_connections: int = 32,
+        peer_timeout: float = 10.0,
+        accept_peer_metadata: bool = False,
+        scrub_freed: bool = False,
     ) -> None:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an int >= 1, got {slots!r}")
@@ -119,6 +147,12 @@ class RemoteExporter:
             raise ValueError(f"ttl must be > 0 seconds, got {ttl!r}")
         if not poll_interval > 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+        if not peer_timeout > 0:
+            raise ValueError(f"peer_timeout must be > 0 seconds, got {peer_timeout!r}")
         advertise = advertise_ip if advertise_ip is not None else listen_ip
         if advertise in ("0.0.0.0", "::"):
             raise ValueError(
@@ -134,6 +168,11 @@ class RemoteExporter:
         self._poll_interval = float(poll_interval)
         self._agent_name = agent_name
         self._advertise_ip = advertise
+        self._max_connections = max_connections
+        self._peer_timeout = float(peer_timeout)
+        self._accept_peer_metadata = bool(accept_peer_metadata)
+        self._scrub_freed = bool(scrub_freed)
+        self._peer_agents: set[str] = set()  # names loaded through this listener
         self._lock = threading.Lock()
         self._free: collections.deque[int] = collections.deque(range(slots))
         self._leases: dict[int, _Lease] = {}
@@ -285,16 +324,19 @@ class RemoteExporter:
             gen = self._next_gen
             self._next_gen += 1
             # Leased before the copy so the reaper's TTL clock covers the write too.
-            self._leases[key] = _Lease(slot, gen, time.monotonic())
+            self._leases[key] = _Lease(slot, gen, time.monotonic(), nbytes)
             self._counts["exported"] += 1
         offset = slot * self._slot_bytes
         stamp = np.frombuffer(frame_stamps(gen), dtype=np.uint8)
         arena = self._arena
-        # Header first, trailer last: a reader racing a reuse sees a mismatch at one end.
-        arena[offset : offset + GEN_BYTES] = stamp
+        # A free slot's stamps are zero (never written, or zeroed when its last lease ended),
+        # so a READ still running on the previous lease fails its check at whichever end it
+        # reads last. Payload, then trailer, then header: a reader of this lease that sees
+        # the header stamp saw everything written before it.
         arena[offset + GEN_BYTES : offset + GEN_BYTES + nbytes] = payload
         end = offset + GEN_BYTES + nbytes
         arena[end : end + GEN_BYTES] = stamp
+        arena[offset : offset + GEN_BYTES] = stamp
         descriptor = RemoteDescriptor(self._base + offset, gen, key, self._port, self._advertise_ip)
         return TRANSPORT, encode_descriptor(descriptor), nbytes
 
@@ -308,9 +350,19 @@ class RemoteExporter:
             lease = self._leases.pop(slot_key, None)
             if lease is None:
                 return False
+        # Neither leased nor free here: nobody else touches the slot while it is invalidated.
+        # Both stamps first (a stale descriptor now fails, and so does a READ racing the
+        # slot's next lease), then optionally the payload.
+        offset = lease.slot * self._slot_bytes
+        end = offset + GEN_BYTES + lease.nbytes
+        self._arena[offset : offset + GEN_BYTES] = 0
+        self._arena[end : end + GEN_BYTES] = 0
+        if self._scrub_freed:
+            self._arena[offset + GEN_BYTES : end] = 0
+        with self._lock:
             self._free.append(lease.slot)  # FIFO: a freed slot is reused last
             self._counts[why] += 1
-            return True
+        return True
 
     # -- background threads -----------------------------------------------------------------
 
@@ -336,91 +388,128 @@ class RemoteExporter:
 
     def _serve_metadata(self) -> None:
         """NIXL's metadata protocol (see ``_nixl``) on the bound listener: one thread, every
-        connection non-blocking with its own receive buffer, so a slow or silent peer delays
-        nobody."""
+        connection non-blocking with its own buffers and deadline, so a slow, silent or
+        hostile peer delays nobody and holds at most ~1 MiB."""
         sel = selectors.DefaultSelector()
         self._listener.setblocking(False)
         sel.register(self._listener, selectors.EVENT_READ, None)
+        conns: dict[socket.socket, _Conn] = {}
+
+        def drop(conn: _Conn) -> None:
+            sel.unregister(conn.sock)
+            conns.pop(conn.sock, None)
+            conn.sock.close()
+
         try:
             while not self._stop.is_set():
-                for key, _ in sel.select(timeout=0.1):
-                    sock = key.fileobj
-                    assert isinstance(sock, socket.socket)
-                    if sock is self._listener:
-                        try:
-                            conn, _addr = self._listener.accept()
-                        except OSError:
-                            continue
-                        conn.setblocking(False)
-                        sel.register(conn, selectors.EVENT_READ, bytearray())
+                for key, events in sel.select(timeout=0.1):
+                    if key.fileobj is self._listener:
+                        self._accept(sel, conns)
                         continue
-                    if not self._receive(sock, key.data):
-                        sel.unregister(sock)
-                        sock.close()
+                    conn = key.data
+                    assert isinstance(conn, _Conn)
+                    if events & selectors.EVENT_WRITE and not self._flush(conn):
+                        drop(conn)
+                        continue
+                    if events & selectors.EVENT_READ and not self._receive(conn):
+                        drop(conn)
+                        continue
+                    want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
+                    if want != key.events:
+                        sel.modify(conn.sock, want, conn)
+                now = time.monotonic()
+                for conn in [c for c in conns.values() if now > c.deadline]:
+                    drop(conn)
         finally:
-            for key in list(sel.get_map().values()):
-                sock = key.fileobj
-                if isinstance(sock, socket.socket) and sock is not self._listener:
-                    sock.close()
+            for conn in list(conns.values()):
+                conn.sock.close()
             sel.close()
 
-    def _receive(self, conn: socket.socket, buffer: bytearray) -> bool:
-        """Read what ``conn`` has and answer each complete message; False when it is done."""
+    def _accept(self, sel: selectors.BaseSelector, conns: dict[socket.socket, _Conn]) -> None:
         try:
-            chunk = conn.recv(1 << 16)
+            sock, _addr = self._listener.accept()
+        except OSError:
+            return
+        if len(conns) >= self._max_connections:
+            sock.close()  # at the cap: refuse rather than queue
+            return
+        sock.setblocking(False)
+        conn = _Conn(sock, time.monotonic() + self._peer_timeout)
+        conns[sock] = conn
+        sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _flush(self, conn: _Conn) -> bool:
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        del conn.outbox[:sent]
+        return True
+
+    def _receive(self, conn: _Conn) -> bool:
+        """Read what the peer has and answer each complete message; False to drop it."""
+        try:
+            chunk = conn.sock.recv(1 << 16)
         except BlockingIOError:
             return True
         except OSError:
             return False
         if not chunk:
             return False
+        buffer = conn.inbox
         buffer += chunk
         while len(buffer) >= 8:
             size = int.from_bytes(buffer[:8], "little")
             if size > _nixl.MAX_METADATA_BYTES:
-                return False
+                return False  # never wait for (or buffer) what a peer merely claims
             if len(buffer) < 8 + size:
                 break
             body = bytes(buffer[8 : 8 + size])
             del buffer[: 8 + size]
-            if not self._answer(conn, body):
-                return False
-        return True
+            if self._answer(conn, body):
+                conn.deadline = time.monotonic() + self._peer_timeout
+        if len(conn.outbox) > _MAX_OUTBOX:
+            return False  # asks without reading the answers
+        return self._flush(conn) if conn.outbox else True
 
-    def _answer(self, conn: socket.socket, body: bytes) -> bool:
-        """Handle one message from a peer; False when the connection must close."""
+    def _answer(self, conn: _Conn, body: bytes) -> bool:
+        """Handle one message from a peer; True if it held a command we serve."""
+        served = False
         for header, payload in _nixl.split_commands(body):
             try:
                 if header == b"SEND":
                     reply = b"NIXLCOMM:LOAD" + self._agent.get_agent_metadata()
-                    conn.settimeout(5.0)  # the answer is small; a peer not reading is dropped
-                    try:
-                        _nixl.send_message(conn, reply)
-                    finally:
-                        conn.setblocking(False)
-                elif header == b"LOAD":
+                    conn.outbox += len(reply).to_bytes(8, "little") + reply
+                    served = True
+                elif header == b"LOAD" and self._accept_peer_metadata:
                     self._load_peer(payload)
-                elif header == b"INVL":
-                    self._agent.remove_remote_agent(payload.decode("utf-8", "replace"))
-            except OSError:
-                return False
+                    served = True
+                elif header == b"INVL" and self._accept_peer_metadata:
+                    name = payload.decode("utf-8", "replace")
+                    # Only an agent this listener loaded, never our own.
+                    if name in self._peer_agents and name != self._agent_name:
+                        self._agent.remove_remote_agent(name)
+                        self._peer_agents.discard(name)
+                    served = True
             except Exception:  # a peer's bad metadata must not stop the listener
                 logger.warning(
-                    "remote exporter: NIXLCOMM:%s from a peer failed", header, exc_info=True
+                    "remote exporter: NIXLCOMM:%r from a peer failed", header, exc_info=True
                 )
-        return True
+        return served
 
     def _load_peer(self, metadata: bytes) -> None:
-        """Load a reader's metadata, as NIXL's listener does (the exporter does not need it
-        to serve READs or receive notifications); a restarted reader's replaces its old one."""
-        try:
-            self._agent.add_remote_agent(metadata)
-        except Exception:
-            name = _nixl.metadata_agent_name(metadata)
-            if not name or name == self._agent_name:
-                raise
+        """Load a reader's metadata, as NIXL's listener does (only with
+        ``accept_peer_metadata``); a restarted reader's replaces its old one."""
+        name = _nixl.metadata_agent_name(metadata)
+        if not name or name == self._agent_name:
+            return
+        if name in self._peer_agents:
             self._agent.remove_remote_agent(name)
-            self._agent.add_remote_agent(metadata)
+            self._peer_agents.discard(name)
+        loaded = self._agent.add_remote_agent(metadata)
+        self._peer_agents.add(loaded.decode() if isinstance(loaded, bytes) else str(loaded))
 
     # -- lifetime ---------------------------------------------------------------------------
 

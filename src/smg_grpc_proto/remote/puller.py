@@ -7,6 +7,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -26,13 +27,16 @@ from smg_grpc_proto.remote._descriptor import (
     decode_descriptor,
     verify_stamps,
 )
+from smg_grpc_proto.remote._peers import PeerPolicy, PeerSpec
 
 __all__ = ["MAX_PULL_BYTES", "RemotePuller"]
 
 logger = logging.getLogger(__name__)
 
-MAX_PULL_BYTES = 1 << 34
-"""Default ceiling on one pull (16 GiB): an ``nbytes`` above it is refused before allocating."""
+MAX_PULL_BYTES = 1 << 30
+"""Default ceiling on one pull (1 GiB): an ``nbytes`` above it is refused before allocating or
+connecting. A descriptor is ~50 bytes but names any size, so this bounds what one request can
+make the engine allocate (36x a 28 MiB pixel tensor; the inline codec's own limit is 2 GiB)."""
 
 _Endpoint = tuple[str, int]
 
@@ -48,6 +52,14 @@ class RemotePuller:
     Every wait is bounded by ``timeout`` seconds. Thread-safe (but :meth:`close` only once no
     pull is running); one instance per process is enough. It runs no metadata listener; UCX
     itself listens on the devices ``UCX_NET_DEVICES`` allows (all by default).
+
+    Security: the descriptor comes from the request, so its ``ip``:``port`` is checked against
+    ``allowed_peers`` before any connection (default
+    :data:`~smg_grpc_proto.remote.DEFAULT_ALLOWED_PEERS`: loopback and private networks;
+    ``"any"`` allows every unicast address, as ``smg-grpc-servicer``'s puller does), and
+    ``nbytes`` against ``max_nbytes`` before any allocation
+    (:class:`~smg_grpc_proto.errors.RemotePeerRefusedError` /
+    :class:`~smg_grpc_proto.errors.RemoteDescriptorError`).
     """
 
     def __init__(
@@ -56,11 +68,15 @@ class RemotePuller:
         agent_name: str | None = None,
         timeout: float = 30.0,
         max_nbytes: int = MAX_PULL_BYTES,
+        allowed_peers: str | Iterable[PeerSpec] | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if isinstance(max_nbytes, bool) or not isinstance(max_nbytes, int) or max_nbytes < 1:
+            raise ValueError(f"max_nbytes must be an int >= 1, got {max_nbytes!r}")
         self._timeout = float(timeout)
         self._max_nbytes = int(max_nbytes)
+        self._peers = PeerPolicy.of(allowed_peers)
         name = agent_name or f"smg-proto-puller-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._agent: Any = _nixl.make_agent(name)
         self._name = name
@@ -81,6 +97,15 @@ class RemotePuller:
     @property
     def timeout(self) -> float:
         return self._timeout
+
+    @property
+    def max_nbytes(self) -> int:
+        return self._max_nbytes
+
+    def check_peer(self, ip: str, port: int) -> None:
+        """Raise :class:`~smg_grpc_proto.errors.RemotePeerRefusedError` unless ``allowed_peers``
+        lets this puller dial ``ip``:``port``."""
+        self._peers.check(ip, port)
 
     def pull(
         self,
@@ -138,9 +163,10 @@ class RemotePuller:
                 field="slot_addr",
                 actual=desc.slot_addr,
             )
+        self._peers.check(desc.ip, desc.port)
         budget = self._timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + budget
-        framed = self._read(desc, nbytes, deadline, budget)
+        framed = self._read(desc, nbytes, deadline, budget, _landing(nbytes + FRAME_BYTES))
         verify_stamps(framed, nbytes, desc)
         payload = framed[GEN_BYTES : GEN_BYTES + nbytes]
         if np_dtype is None or shape is None:
@@ -228,14 +254,21 @@ class RemotePuller:
     # -- transfer ---------------------------------------------------------------------------
 
     def _read(
-        self, desc: RemoteDescriptor, nbytes: int, deadline: float, budget: float
+        self,
+        desc: RemoteDescriptor,
+        nbytes: int,
+        deadline: float,
+        budget: float,
+        landing: npt.NDArray[np.uint8],
     ) -> npt.NDArray[np.uint8]:
         endpoint = (desc.ip, desc.port)
         for attempt in (0, 1):
             fresh = endpoint not in self._endpoints
             name = self._connect(endpoint, deadline, budget)
+            if any(kept is landing for _, _, kept in self._abandoned):
+                landing = _landing(landing.size)  # a READ that could not be cancelled owns it
             try:
-                return self._read_once(desc, nbytes, name, deadline, budget)
+                return self._read_once(desc, nbytes, name, deadline, budget, landing)
             except RemoteTimeoutError:
                 raise
             except RemoteTransferError:
@@ -255,16 +288,16 @@ class RemotePuller:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _read_once(
-        self, desc: RemoteDescriptor, nbytes: int, name: str, deadline: float, budget: float
+        self,
+        desc: RemoteDescriptor,
+        nbytes: int,
+        name: str,
+        deadline: float,
+        budget: float,
+        landing: npt.NDArray[np.uint8],
     ) -> npt.NDArray[np.uint8]:
         agent = self._agent
         size = nbytes + FRAME_BYTES
-        try:
-            landing = np.empty(size, dtype=np.uint8)
-        except MemoryError as exc:
-            raise RemoteTransferError(
-                f"cannot allocate a {size}-byte landing buffer", field="nbytes", actual=size
-            ) from exc
         where = f"{desc.ip}:{desc.port} slot {desc.slot_key}"
         try:
             reg = agent.register_memory(
@@ -343,6 +376,19 @@ class RemotePuller:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _landing(size: int) -> npt.NDArray[np.uint8]:
+    """An uninitialised landing buffer; failing to get one is a clear error, not a crash."""
+    try:
+        return np.empty(size, dtype=np.uint8)
+    except (MemoryError, ValueError) as exc:
+        raise RemoteTransferError(
+            f"cannot allocate a {size}-byte landing buffer for the remote pull: {exc}",
+            field="nbytes",
+            expected=size,
+            actual=type(exc).__name__,
+        ) from exc
 
 
 class _Busy(Exception):

@@ -14,9 +14,16 @@ The wire rules (``protos/README.md``): raw little-endian, C-contiguous row-major
   fresh pages for each large request (opt-in, process-wide);
 * :data:`backend`: ``"native"`` (Rust) or ``"numpy"`` (fallback, ``SMG_GRPC_PROTO_NATIVE=0``).
 
+``transport="remote"`` (vLLM and TokenSpeed layouts) stages a tensor in a NIXL exporter's arena
+and sends a ``RemoteTensorHandle`` (``transport="nixl"``, wire-compatible with the SMG gateway);
+readers pull it. :func:`remote_context` picks the exporter / puller for a block (else a process
+default is created on first use); a tensor the exporter refuses (arena full, larger than a slot)
+or that finds NIXL missing goes inline, counted by :func:`remote_stats`. NIXL is the ``[nixl]``
+extra; reading a ``remote`` payload without it raises
+:class:`~smg_grpc_proto.errors.RemoteTransportUnavailableError`.
+
 Bad input raises :class:`~smg_grpc_proto.errors.TensorError` (a ``ValueError``) naming the field
-and the numbers; a ``remote`` payload raises
-:class:`~smg_grpc_proto.errors.TransportNotImplementedError`.
+and the numbers.
 """
 
 from smg_grpc_proto.tensors._backend import backend
@@ -37,11 +44,14 @@ from smg_grpc_proto.tensors._frames import (
 )
 from smg_grpc_proto.tensors._layout import ITEMSIZE, LAYOUTS, plan_for
 from smg_grpc_proto.tensors._memory import keep_freed_memory
+from smg_grpc_proto.tensors._remote import RemoteStats, remote_stats
+from smg_grpc_proto.tensors._remote import using as remote_context
 
 __all__ = [
     "ITEMSIZE",
     "LAYOUTS",
     "SHM_MIN_BYTES",
+    "RemoteStats",
     "ShmRead",
     "TensorMessage",
     "Transport",
@@ -51,6 +61,8 @@ __all__ = [
     "pack",
     "parse",
     "plan_for",
+    "remote_context",
+    "remote_stats",
     "serialize",
     "shm_payloads",
     "unpack",

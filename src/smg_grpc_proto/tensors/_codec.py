@@ -6,7 +6,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 from google.protobuf.message import Message
@@ -16,9 +16,8 @@ from smg_grpc_proto.errors import (
     ShmError,
     TensorError,
     TensorTypeError,
-    TransportNotImplementedError,
 )
-from smg_grpc_proto.tensors import _backend
+from smg_grpc_proto.tensors import _backend, _remote
 from smg_grpc_proto.tensors._layout import (
     CONVERSIONS,
     MAX_INLINE_BYTES,
@@ -30,8 +29,14 @@ from smg_grpc_proto.tensors._layout import (
     wire_dtype_of,
 )
 
+if TYPE_CHECKING:
+    from smg_grpc_proto.remote import RemoteExporter, RemotePuller
+
 M = TypeVar("M", bound=Message)
-Transport = Literal["inline", "shm", "auto"]
+Transport = Literal["inline", "shm", "auto", "remote"]
+"""How a tensor is sent: in the message, in a shared-memory segment (``"shm"``, or ``"auto"``
+from a size on), or staged for a NIXL READ (``"remote"``, falling back to inline)."""
+Placement = Literal["inline", "shm", "remote"]
 Bf16Mode = Literal["auto", "ml_dtypes", "float32", "uint16"]
 ShmRead = Literal["map", "copy", "refuse"]
 """How a reader takes shared-memory payloads: map them, copy them (:data:`shm.ReadMode`), or
@@ -103,40 +108,87 @@ def pack(
     transport: Transport = "inline",
     shm_min_bytes: int = SHM_MIN_BYTES,
     shm_dir: Path | None = None,
+    exporter: RemoteExporter | None = None,
 ) -> M:
     """A filled ``TensorData`` of ``message_type`` (SGLang, vLLM or TokenSpeed) for ``array``.
 
     ``dtype`` converts float32 to ``"bfloat16"`` or ``"float16"`` (round to nearest even; NaN and
     Inf preserved) in the same pass that copies the bytes. ``transport="shm"`` writes the bytes to
     a new shared-memory segment and sends its handle; ``"auto"`` does so from ``shm_min_bytes`` on
-    when the engine's layout has a shared-memory handle.
+    when the engine's layout has a shared-memory handle. ``transport="remote"`` (vLLM and
+    TokenSpeed layouts) stages the bytes with ``exporter`` (default: the enclosing
+    :func:`~smg_grpc_proto.tensors.remote_context`'s, else a process default created on first
+    use) and sends a ``RemoteTensorHandle`` (``transport="nixl"``); when the exporter refuses
+    (arena full, larger than a slot) or NIXL is not installed the bytes go inline instead,
+    counted in :func:`~smg_grpc_proto.tensors.remote_stats`.
     """
     layout = layout_of(message_type)
     source = inspect(array, dtype)
-    use_shm = choose_shm(layout, source.nbytes, transport, shm_min_bytes, layout.payload_field)
+    placement = choose_transport(
+        layout, source.nbytes, transport, shm_min_bytes, layout.payload_field
+    )
     src = source.contiguous()
     message = message_type()
     message.shape.extend(source.shape)  # type: ignore[attr-defined]
     message.dtype = source.wire_dtype  # type: ignore[attr-defined]
-    if use_shm:
+    if placement == "shm":
         write_shm(message, src, source.wire_dtype, source.nbytes, shm_dir or shm.DEFAULT_DIR)
-    else:
-        setattr(message, layout.payload_field, _backend.convert(src, source.wire_dtype))
+        return message
+    if placement == "remote":
+        payload = wire_bytes(src, source.source_dtype, source.wire_dtype)
+        if write_remote(message, payload, source.nbytes, layout.payload_field, exporter):
+            return message
+    setattr(message, layout.payload_field, _backend.convert(src, source.wire_dtype))
     return message
 
 
-def choose_shm(
-    layout: Layout, nbytes: int, transport: Transport, shm_min_bytes: int, field: str
+def wire_bytes(src: np.ndarray[Any, Any], source_dtype: str, wire_dtype: str) -> Any:
+    """``src`` (contiguous storage) in wire form: itself when no conversion is asked, else
+    the converted bytes."""
+    return src if source_dtype == wire_dtype else _backend.convert(src, wire_dtype)
+
+
+def write_remote(
+    message: Any, payload: Any, nbytes: int, field: str, exporter: RemoteExporter | None
 ) -> bool:
-    """Whether a tensor of ``nbytes`` goes to shared memory under ``transport``; checks the
-    transport name and, for inline payloads, the size limit."""
-    if transport not in ("inline", "shm", "auto"):
+    """Stage ``payload`` (``nbytes`` wire bytes) for a NIXL READ and fill ``message.remote``;
+    ``False`` (counted, logged) when it has to go inline instead, which the caller checks
+    against the inline limit."""
+    handle = _remote.export(payload, field, exporter) if nbytes else None
+    if handle is None:
+        check_inline(nbytes, field)
+        return False
+    transport, descriptor, sent = handle
+    remote = message.remote
+    remote.transport = transport
+    remote.descriptor = descriptor
+    remote.nbytes = sent
+    return True
+
+
+def choose_transport(
+    layout: Layout, nbytes: int, transport: Transport, shm_min_bytes: int, field: str
+) -> Placement:
+    """Where a tensor of ``nbytes`` goes under ``transport``: ``"inline"``, ``"shm"`` or
+    ``"remote"`` (which may still fall back to inline when exported); checks the transport
+    name, that the layout has the handle, and, for inline payloads, the size limit."""
+    if transport not in ("inline", "shm", "auto", "remote"):
         raise TensorError(
-            f"transport must be 'inline', 'shm' or 'auto', got {transport!r}",
+            f"transport must be 'inline', 'shm', 'auto' or 'remote', got {transport!r}",
             field="transport",
-            expected=["inline", "shm", "auto"],
+            expected=["inline", "shm", "auto", "remote"],
             actual=transport,
         )
+    if transport == "remote":
+        if not layout.supports_remote:
+            raise TensorError(
+                f"transport: {field} is a {layout.full_name}, which has no remote handle "
+                "(inline only); only the vLLM and TokenSpeed layouts carry RemoteTensorHandle",
+                field="transport",
+                expected="inline",
+                actual=transport,
+            )
+        return "remote"
     use_shm = transport == "shm" or (
         transport == "auto" and layout.supports_shm and nbytes >= shm_min_bytes
     )
@@ -149,7 +201,15 @@ def choose_shm(
         )
     if not use_shm:
         check_inline(nbytes, field)
-    return use_shm
+    return "shm" if use_shm else "inline"
+
+
+def choose_shm(
+    layout: Layout, nbytes: int, transport: Transport, shm_min_bytes: int, field: str
+) -> bool:
+    """Whether a tensor of ``nbytes`` goes to shared memory under ``transport``
+    (:func:`choose_transport` without the remote case)."""
+    return choose_transport(layout, nbytes, transport, shm_min_bytes, field) == "shm"
 
 
 def write_shm(message: Any, src: np.ndarray[Any, Any], target: str, nbytes: int, d: Path) -> None:
@@ -184,6 +244,7 @@ def unpack(
     unlink: bool | None = None,
     shm_dir: Path | None = None,
     shm_read: ShmRead | None = None,
+    puller: RemotePuller | None = None,
 ) -> np.ndarray[Any, Any]:
     """The tensor of a ``TensorData`` message as a read-only numpy array, without copying.
 
@@ -195,6 +256,13 @@ def unpack(
     ``ml_dtypes.bfloat16`` when ml_dtypes is installed (``bf16="auto"``); otherwise as float32
     (an exact widening, the one case that copies), or as the raw ``uint16`` bits with
     ``bf16="uint16"``.
+
+    ``remote`` payloads (``transport="nixl"``) are pulled with ``puller`` (default: the
+    enclosing :func:`~smg_grpc_proto.tensors.remote_context`'s, else a process default created on
+    first use) into private memory, after checking ``nbytes`` against the shape and dtype;
+    without NIXL they raise :class:`~smg_grpc_proto.errors.RemoteTransportUnavailableError`
+    (saying what to install), another transport name
+    :class:`~smg_grpc_proto.errors.TransportNotImplementedError`.
     """
     layout = layout_of(message)
     name = layout.full_name
@@ -241,12 +309,7 @@ def unpack(
             read=shm_read,
         )
     elif kind == "remote":
-        raise TransportNotImplementedError(
-            f"{name}.remote: the remote transport ({td.remote.transport or 'unnamed'}) is not "
-            f"implemented; send inline or shm",
-            field=f"{name}.remote",
-            actual=td.remote.transport,
-        )
+        raw = _remote.pull(td.remote, name, nbytes, puller)
     else:
         raise TensorError(
             f"{name}: no payload (none of inline, shm, remote is set)",
@@ -294,6 +357,7 @@ def unpack_torch(
     unlink: bool | None = None,
     shm_dir: Path | None = None,
     shm_read: ShmRead | None = None,
+    puller: RemotePuller | None = None,
 ) -> Any:
     """The tensor as a ``torch.Tensor`` sharing the payload memory (native bfloat16).
 
@@ -302,7 +366,9 @@ def unpack_torch(
     """
     import torch
 
-    bits = unpack(message, bf16="uint16", unlink=unlink, shm_dir=shm_dir, shm_read=shm_read)
+    bits = unpack(
+        message, bf16="uint16", unlink=unlink, shm_dir=shm_dir, shm_read=shm_read, puller=puller
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
         tensor = torch.from_numpy(bits)

@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable, Iterator
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 from google.protobuf.descriptor import Descriptor
@@ -47,10 +47,12 @@ from smg_grpc_proto.tensors._codec import (
     SHM_MIN_BYTES,
     Bf16Mode,
     Transport,
-    choose_shm,
+    choose_transport,
     inspect,
     unpack,
     view,
+    wire_bytes,
+    write_remote,
     write_shm,
 )
 from smg_grpc_proto.tensors._layout import (
@@ -61,6 +63,9 @@ from smg_grpc_proto.tensors._layout import (
     layout_of,
     plan_for,
 )
+
+if TYPE_CHECKING:
+    from smg_grpc_proto.remote import RemoteExporter
 
 M = TypeVar("M", bound=Message)
 _SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]*)\])?$")
@@ -101,6 +106,7 @@ class TensorMessage(Generic[M]):
         transport: Transport = "inline",
         shm_min_bytes: int = SHM_MIN_BYTES,
         shm_dir: Path | None = None,
+        exporter: RemoteExporter | None = None,
     ) -> None:
         """Make ``array`` the payload of the ``TensorData`` at ``path`` (sets shape and dtype).
 
@@ -108,7 +114,10 @@ class TensorMessage(Generic[M]):
         big-endian input is copied now, to bring it into wire order. ``transport="shm"`` (or
         ``"auto"`` from ``shm_min_bytes`` on, where the layout has a handle) writes them to a new
         shared-memory segment now, as :func:`pack` does; :meth:`discard_shm` unlinks such
-        segments if the message is never delivered.
+        segments if the message is never delivered. ``transport="remote"`` stages them for a
+        NIXL READ now, as :func:`pack` does (``exporter``, or the enclosing
+        :func:`~smg_grpc_proto.tensors.remote_context`'s, or the process default), falling back
+        to inline when the exporter refuses or NIXL is missing.
 
         ``array`` may also be a tensor not written yet (``_native.PendingTensor``, from
         :meth:`~smg_grpc_proto.vision.ImageProcessor.deferred`): its values are then computed
@@ -118,24 +127,33 @@ class TensorMessage(Generic[M]):
         pending = _backend.is_pending(array) and dtype in (None, "float32")
         if pending:
             # Not written yet: `serialize` (or `write_shm`, now) computes the values in place.
-            payload, wire_dtype = array, "float32"
+            payload, source_dtype, wire_dtype = array, "float32", "float32"
             shape, nbytes = tuple(int(d) for d in array.shape), int(array.nbytes)
         else:
             if _backend.is_pending(array):
                 array = np.asarray(array.materialize())  # converted below, from the written array
             source = inspect(array, dtype)
             payload, wire_dtype = source.contiguous(), source.wire_dtype
+            source_dtype = source.source_dtype
             shape, nbytes = source.shape, source.nbytes
         td: Any = _resolve(self.message, path, create=True)
         layout = layout_of(td)
-        use_shm = choose_shm(layout, nbytes, transport, shm_min_bytes, path)
+        placement = choose_transport(layout, nbytes, transport, shm_min_bytes, path)
+        if placement == "remote" and pending:
+            # The exporter copies from an array: write the pending tensor into one first.
+            array = payload = np.asarray(array.materialize())
+            pending = False
         td.Clear()
         td.shape.extend(shape)
         td.dtype = wire_dtype
-        if use_shm:
+        if placement == "shm":
             directory = shm_dir or shm.DEFAULT_DIR
             write_shm(td, payload, wire_dtype, nbytes, directory)
             self._shm.append((td.shm.name, directory))
+        elif placement == "remote" and write_remote(
+            td, wire_bytes(payload, source_dtype, wire_dtype), nbytes, path, exporter
+        ):
+            pass
         else:
             index = len(self._sources)
             setattr(td, layout.payload_field, self._nonce + index.to_bytes(4, "little"))

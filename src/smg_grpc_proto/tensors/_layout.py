@@ -139,6 +139,7 @@ class Layout:
     payload_number: int  # its field number
     oneof: str | None  # the payload oneof ("payload") or None (SGLang: inline only)
     supports_shm: bool
+    supports_remote: bool = False  # has RemoteTensorHandle remote (vLLM, TokenSpeed)
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -146,10 +147,20 @@ LAYOUTS: dict[str, Layout] = {
         "sglang.grpc.scheduler.TensorData", "data", 1, None, supports_shm=False
     ),
     "vllm.grpc.engine.TensorData": Layout(
-        "vllm.grpc.engine.TensorData", "inline", 1, "payload", supports_shm=True
+        "vllm.grpc.engine.TensorData",
+        "inline",
+        1,
+        "payload",
+        supports_shm=True,
+        supports_remote=True,
     ),
     "tokenspeed.grpc.scheduler.TensorData": Layout(
-        "tokenspeed.grpc.scheduler.TensorData", "inline", 3, "payload", supports_shm=True
+        "tokenspeed.grpc.scheduler.TensorData",
+        "inline",
+        3,
+        "payload",
+        supports_shm=True,
+        supports_remote=True,
     ),
 }
 

@@ -16,7 +16,7 @@ import zipfile
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 import grpc.aio
@@ -26,9 +26,16 @@ from google.protobuf.message import DecodeError, Message
 
 from smg_grpc_proto import shm, tensors
 from smg_grpc_proto.engines._tensors import release_shm
-from smg_grpc_proto.errors import SmgProtoError
+from smg_grpc_proto.errors import (
+    RemoteTransferError,
+    RemoteTransportUnavailableError,
+    SmgProtoError,
+)
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.testing._toy import TOKENIZER_FILES, ToyModel, ToyOutput
+
+if TYPE_CHECKING:
+    from smg_grpc_proto.remote import RemotePuller
 
 __all__ = [
     "Context",
@@ -201,8 +208,11 @@ class ToyEngineCore:
         kv_interval_s: float = 1.0,
         on_decoded: DecodedObserver | None = None,
         shm_read: tensors.ShmRead | None = None,
+        puller: RemotePuller | None = None,
     ) -> None:
         self.model = model if model is not None else ToyModel()
+        # Remote (NIXL) payloads are pulled with this puller, else the process default.
+        self.puller = puller
         # A server that cannot tell its shared-memory namespace advertises none and takes no
         # shared-memory payloads (docs/security.md).
         self.shm_read: tensors.ShmRead | None = (
@@ -342,7 +352,9 @@ class ToyEngineCore:
         """Run a multimodal decoder and fold its result into the toy model's digest, in a
         worker thread (both touch every byte); report it to ``on_decoded``. Any
         :class:`~smg_grpc_proto.errors.SmgProtoError` becomes ``INVALID_ARGUMENT`` with the
-        decoder's message, which names the field and numbers."""
+        decoder's message, which names the field and numbers; a remote payload that cannot
+        be pulled (exporter unreachable, READ failed or timed out) ``UNAVAILABLE``, and one
+        that needs NIXL where it is not installed ``UNIMPLEMENTED``."""
 
         def work() -> bytes:
             start = time.perf_counter()
@@ -354,6 +366,11 @@ class ToyEngineCore:
 
         try:
             return await asyncio.to_thread(work)
+        except RemoteTransportUnavailableError as exc:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
+        except RemoteTransferError as exc:
+            # the exporter could not be reached or the READ failed/timed out: send inline
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except SmgProtoError as exc:
             await self.invalid(context, str(exc))
 

@@ -56,7 +56,9 @@ class TokenSpeedToyServicer(ToyEngineCore, pb_grpc.TokenSpeedSchedulerServicer):
             digest = await self.decode(
                 context,
                 message.request_id,
-                lambda: adapter.decode_mm_inputs(received, shm_read=self.shm_read),
+                lambda: adapter.decode_mm_inputs(
+                    received, shm_read=self.shm_read, puller=self.puller
+                ),
                 mm_digest,
             )
         output = self.model.generate(

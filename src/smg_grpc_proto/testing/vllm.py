@@ -5,8 +5,10 @@ What it shows an engine maintainer:
 * ``Generate`` receives a :class:`~smg_grpc_proto.tensors.TensorMessage` (register with
   :func:`add_to_server`), decodes ``mm_inputs``/``extra_mm_inputs`` with
   :func:`smg_grpc_proto.engines.vllm.decode_mm_inputs` in a worker thread — inline tensors are
-  zero-copy views of the received bytes, shared-memory ones are mapped and unlinked — and turns
-  every decoding error into ``INVALID_ARGUMENT`` with the decoder's message.
+  zero-copy views of the received bytes, shared-memory ones are mapped and unlinked, remote
+  (NIXL) ones are pulled with the servicer's ``puller`` — and turns every decoding error into
+  ``INVALID_ARGUMENT`` with the decoder's message (a remote payload that cannot be pulled:
+  ``UNAVAILABLE``).
 * Disaggregated prefill/decode as vLLM's servicer takes it: malformed KV transfer params are
   refused, and a decode-side batch without ``pixel_values`` is accepted exactly when the
   request carries KV transfer params (the toy model has no KV to receive: its output follows
@@ -21,6 +23,7 @@ What it shows an engine maintainer:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc.aio
 
@@ -32,6 +35,9 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 from smg_grpc_proto.tensors import ShmRead, TensorMessage
 from smg_grpc_proto.testing._base import Context, RejectedRequest, ToyEngineCore, add_service
 from smg_grpc_proto.testing._toy import mm_digest
+
+if TYPE_CHECKING:
+    from smg_grpc_proto.remote import RemotePuller
 
 __all__ = ["SERVICE", "VllmToyServicer", "add_to_server"]
 
@@ -61,7 +67,7 @@ class VllmToyServicer(ToyEngineCore, pb_grpc.VllmEngineServicer):
         digest = await self.decode(
             context,
             message.request_id,
-            lambda: _decode(received, merge_size, self.shm_read),
+            lambda: _decode(received, merge_size, self.shm_read, self.puller),
             mm_digest,
         )
         output = self.model.generate(
@@ -165,10 +171,13 @@ def _decode(
     received: pb.GenerateRequest | TensorMessage[pb.GenerateRequest],
     merge_size: int | None,
     shm_read: ShmRead | None,
+    puller: RemotePuller | None = None,
 ) -> tuple[DecodedBatch, ...]:
     """The request's batches; its KV transfer params checked as vLLM's servicer checks them
     (after decoding, so the request's shared-memory segments are consumed either way)."""
-    batches = adapter.decode_mm_inputs(received, merge_size=merge_size, shm_read=shm_read)
+    batches = adapter.decode_mm_inputs(
+        received, merge_size=merge_size, shm_read=shm_read, puller=puller
+    )
     adapter.kv_transfer_params(received)
     return batches
 
