@@ -989,6 +989,16 @@ def expand_placeholders(
     ``"\\n\\n"`` → ``"\\n\\n\\n\\n"``); its ranges keep the replacement's length and start
     at the token holding its first token (vLLM's), so adjacent images' ranges share one token.
     """
+    ids, repeats, positions = _anchor_runs(input_ids, media)
+    return _expand(ids, repeats, positions, media)
+
+
+def _anchor_runs(
+    input_ids: Sequence[int] | npt.NDArray[Any],
+    media: Sequence[PreparedMedia],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[npt.NDArray[np.intp]]]:
+    """The checked prompt (int64), each token's run length (1, or the item's token count at an
+    anchor) and each media's anchor positions: :func:`expand_placeholders`' checks."""
     ids = np.asarray(input_ids)
     if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
         raise PlaceholderError(
@@ -1031,8 +1041,17 @@ def expand_placeholders(
         else:
             repeats[where] = np.asarray(item.token_counts, dtype=np.int64)
         positions.append(where)
-    if np.any(repeats < 1):
+    if positions and ids.size and int(repeats.min()) < 1:
         raise PlaceholderError("a token count below 1", field="token_counts")
+    return ids, repeats, positions
+
+
+def _expand(
+    ids: npt.NDArray[np.int64],
+    repeats: npt.NDArray[np.int64],
+    positions: list[npt.NDArray[np.intp]],
+    media: Sequence[PreparedMedia],
+) -> tuple[npt.NDArray[np.uint32], list[list[tuple[int, int]]]]:
     expanded = np.repeat(ids, repeats).astype(np.uint32)
     starts = np.concatenate([[0], np.cumsum(repeats)[:-1]]) if ids.size else repeats
     for item, where in zip(media, positions, strict=True):
@@ -1050,6 +1069,79 @@ def expand_placeholders(
     if not edges:
         return expanded, ranges
     return _join_edges(expanded, ranges, edges)
+
+
+#: Up to this many prompt tokens (before expansion), :func:`expand_packed` writes the expanded
+#: ids' wire bytes run by run; a longer prompt goes through a list of ints.
+_FEW_IDS = 512
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _varint(value: int) -> bytes:
+    """The protobuf varint of a non-negative ``value``."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def expand_packed(
+    input_ids: Sequence[int] | npt.NDArray[Any],
+    media: Sequence[PreparedMedia],
+    field_number: int,
+) -> tuple[bytes | None, npt.NDArray[np.uint32] | None, list[list[tuple[int, int]]]]:
+    """:func:`expand_placeholders` (the same checks and ranges) for a builder that writes the
+    ids into a ``repeated uint32`` field numbered ``field_number``: for a short prompt whose items
+    expand to runs of one token (no replacement rule, no joins) the field's packed wire bytes
+    (tag, length, varints: one varint per prompt token, repeated over its run) to merge into the
+    message, without a Python int per expanded token; else the expanded ids (``bytes`` is then
+    ``None``)."""
+    runs_of = None
+    if not any(item.replacements or item.joins for item in media):
+        runs_of = _few_runs(input_ids, media)
+    if runs_of is None:
+        ids, repeats, positions = _anchor_runs(input_ids, media)
+        expanded, ranges = _expand(ids, repeats, positions, media)
+        return None, expanded, ranges
+    tokens, runs, anchors = runs_of
+    starts: list[int] = []
+    start = 0
+    for run in runs:
+        starts.append(start)
+        start += run
+    ranges = [[(starts[p], runs[p]) for p in where] for where in anchors]
+    payload = b"".join([_varint(t) * r for t, r in zip(tokens, runs, strict=True)])
+    return _varint(field_number << 3 | 2) + _varint(len(payload)) + payload, None, ranges
+
+
+def _few_runs(
+    input_ids: Sequence[int] | npt.NDArray[Any], media: Sequence[PreparedMedia]
+) -> tuple[list[int], list[int], list[list[int]]] | None:
+    """For a short list of Python ints that :func:`_anchor_runs` accepts, its result as Python
+    lists (tokens, runs, anchor positions per media), computed without numpy; ``None`` for
+    anything else (other inputs, or any check failing: :func:`_anchor_runs` then raises its
+    error)."""
+    if type(input_ids) is not list or not 0 < len(input_ids) <= _FEW_IDS:
+        return None
+    tokens: list[int] = input_ids
+    if any(type(t) is not int for t in tokens) or min(tokens) < 0 or max(tokens) > 0xFFFFFFFF:
+        return None
+    runs = [1] * len(tokens)
+    anchors: list[list[int]] = []
+    seen: set[int] = set()
+    for item in media:
+        anchor = item.anchor
+        counts = item.token_counts
+        where = [i for i, t in enumerate(tokens) if t == anchor]
+        if anchor in seen or len(where) != len(counts) or any(c < 1 for c in counts):
+            return None
+        seen.add(anchor)
+        for i, c in zip(where, counts, strict=True):
+            runs[i] = int(c)
+        anchors.append(where)
+    return tokens, runs, anchors
 
 
 def _join_edges(

@@ -37,7 +37,7 @@ from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Layout
 from smg_grpc_proto.engines._media import (
     PreparedMedia,
-    expand_placeholders,
+    expand_packed,
     placeholder_ranges,
 )
 from smg_grpc_proto.engines._tensors import (
@@ -71,6 +71,7 @@ __all__ = [
 ]
 
 _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
+_INPUT_IDS_FIELD: int = pb.TokenizedInput.DESCRIPTOR.fields_by_name["input_ids"].number
 
 #: Per family, the image tensors vLLM's model takes under another name than transformers'
 #: processor returns them (``None``: vLLM's model does not take it, so it is not sent). Gemma 4:
@@ -132,9 +133,13 @@ def generate_request(
     :class:`~smg_grpc_proto.errors.DisaggregationError` is raised.
     """
     batches = as_media_list(media, "vLLM")
-    ids, ranges = expand_placeholders(input_ids, batches)
+    packed, ids, ranges = expand_packed(input_ids, batches, _INPUT_IDS_FIELD)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
-    request.tokenized.input_ids.extend(ids.tolist())
+    if packed is not None:
+        request.tokenized.MergeFromString(packed)  # parsed in C: no Python int per token
+    else:
+        assert ids is not None
+        request.tokenized.input_ids.extend(ids.tolist())
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     if isinstance(kv_transfer_params, pb.KvTransferParams):
@@ -374,14 +379,15 @@ def _decode(
     ids = np.asarray(message.tokenized.input_ids, dtype=np.int64)
     groups: list[tuple[str, list[tuple[int, int]]]] = []
     for at, mm in batches:
-        if not mm.mm_placeholders:
+        placeholders = mm.mm_placeholders
+        if not placeholders:
             raise MultimodalError(
                 f"{at}.mm_placeholders is empty: a batch needs one range per item",
                 field=f"{at}.mm_placeholders",
             )
         field = f"{at}.mm_placeholders"
-        _decoded.check_range_count(field, len(mm.mm_placeholders), ids.shape[0])
-        groups.append((field, [(p.offset, p.length) for p in mm.mm_placeholders]))
+        _decoded.check_range_count(field, len(placeholders), ids.shape[0])
+        groups.append((field, [(p.offset, p.length) for p in placeholders]))
     embed = [mm.im_token_id for _, mm in batches if mm.HasField("im_token_id")]
     shared_ok = embed if len(embed) == len(batches) else []  # else every position embeds
     _decoded.check_placeholders(groups, ids.shape[0], ids, shared_ok)
@@ -417,16 +423,18 @@ def _decode_batch(
     unlink: bool | None,
     shm_read: ShmRead | None,
 ) -> DecodedBatch:
-    if mm.modality in (common_pb2.MODALITY_UNSPECIFIED, common_pb2.IMAGE):
+    # Each field of the (upb) message is read once: every access builds a Python object.
+    wire_modality = mm.modality
+    if wire_modality in (common_pb2.MODALITY_UNSPECIFIED, common_pb2.IMAGE):
         modality: _decoded.Modality = "image"
-    elif mm.modality == common_pb2.VIDEO:
+    elif wire_modality == common_pb2.VIDEO:
         modality = "video"
     else:
         raise MultimodalError(
-            f"{at}.modality = {mm.modality}: vLLM batches carry IMAGE or VIDEO",
+            f"{at}.modality = {wire_modality}: vLLM batches carry IMAGE or VIDEO",
             field=f"{at}.modality",
             expected=[common_pb2.IMAGE, common_pb2.VIDEO],
-            actual=mm.modality,
+            actual=wire_modality,
         )
     n = len(ranges)
     token = mm.im_token_id if mm.HasField("im_token_id") else None
@@ -438,18 +446,22 @@ def _decode_batch(
         raise MultimodalError(f"{at}.encoder_input_key is empty", field=f"{at}.encoder_input_key")
     pixels = mm.HasField("pixel_values")
     wire: dict[str, npt.NDArray[Any]] = {}
+    wire_dtypes: dict[str, str] = {}
     if pixels:
-        wire[primary] = read_tensor(
-            request, f"{at}.pixel_values", mm.pixel_values, unlink, shm_read
-        )
-    for key in sorted(mm.model_specific_tensors):
+        td = mm.pixel_values
+        wire[primary] = read_tensor(request, f"{at}.pixel_values", td, unlink, shm_read)
+        wire_dtypes[primary] = td.dtype
+    side = mm.model_specific_tensors
+    for key in sorted(side):
         if key == primary:
             raise MultimodalError(
                 f"{at}.model_specific_tensors[{key}] repeats the encoder input key",
                 field=f"{at}.model_specific_tensors[{key}]",
             )
         path = f"{at}.model_specific_tensors[{key}]"
-        wire[key] = read_tensor(request, path, mm.model_specific_tensors[key], unlink, shm_read)
+        td = side[key]
+        wire[key] = read_tensor(request, path, td, unlink, shm_read)
+        wire_dtypes[key] = td.dtype
     for key in wire:
         name = "pixel_values_videos" if modality == "video" and key == "pixel_values" else key
         if name in keys_seen:
@@ -460,7 +472,8 @@ def _decode_batch(
             )
         keys_seen[name] = at
 
-    batched = set(mm.batched_keys)
+    batched_keys = list(mm.batched_keys)
+    batched = set(batched_keys)
     flat = dict(mm.flat_keys)
     if not pixels:
         # a router that strips the pixels may leave their layout behind (the servicer reads
@@ -478,7 +491,7 @@ def _decode_batch(
     for kind, keys in (
         (
             "batched_keys",
-            [k for k in mm.batched_keys if k in batched and (k in wire or other not in k)],
+            [k for k in batched_keys if k in batched and (k in wire or other not in k)],
         ),
         ("flat_keys", list(flat)),
     ):
@@ -564,11 +577,6 @@ def _decode_batch(
         items=items,
         im_token_id=token,
         keep_on_cpu=frozenset(rename.get(k, k) for k in mm.keep_on_cpu_keys if k in wire),
-        wire_dtypes={
-            rename.get(k, k): (
-                mm.pixel_values.dtype if k == primary else mm.model_specific_tensors[k].dtype
-            )
-            for k in wire
-        },
+        wire_dtypes={rename.get(k, k): v for k, v in wire_dtypes.items()},
         pixels=pixels,
     )

@@ -1,0 +1,74 @@
+"""``vllm.generate_request`` writes short prompts' expanded ids as packed wire bytes; the request
+must hold exactly the ids (and ranges) that ``expand_placeholders`` gives, and refuse the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from smg_grpc_proto.engines import VisionModel, _media, expand_placeholders
+from smg_grpc_proto.engines import vllm as vllm_adapter
+from smg_grpc_proto.errors import PlaceholderError
+
+
+@pytest.fixture(scope="module")
+def media() -> Any:
+    model = VisionModel.for_family("qwen2_vl")
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(60, 90), (120, 64)]]
+    return model.prepare(images, threads=1)
+
+
+def _prompt(token: int, head: list[int], n: int) -> list[int]:
+    out = list(head)
+    for i in range(n):
+        out += [token, i, 2**32 - 1 - i]
+    return out
+
+
+@pytest.mark.parametrize(
+    "head", [[], [0], [127, 128, 16383, 16384], [2**21 - 1, 2**21, 2**28, 2**32 - 1]]
+)
+def test_packed_ids_equal_the_expanded_list(media: Any, head: list[int]) -> None:
+    prompt = _prompt(media.anchor, head, media.count)
+    request = vllm_adapter.generate_request("r", prompt, media).message
+    expanded, ranges = expand_placeholders(prompt, [media])
+    assert list(request.tokenized.input_ids) == expanded.tolist()
+    assert [(p.offset, p.length) for p in request.mm_inputs.mm_placeholders] == ranges[0]
+    plain = type(request)()
+    plain.CopyFrom(request)
+    plain.tokenized.ClearField("input_ids")
+    plain.tokenized.input_ids.extend(expanded.tolist())
+    assert plain.SerializeToString() == request.SerializeToString()
+
+
+@pytest.mark.parametrize("form", ["long", "array", "numpy ints"])
+def test_other_prompts_take_the_array_path(media: Any, form: str) -> None:
+    prompt: Any = _prompt(media.anchor, [3], media.count)
+    if form == "long":
+        prompt = [5] * (_media._FEW_IDS + 1) + prompt
+    elif form == "array":
+        prompt = np.asarray(prompt, dtype=np.uint32)
+    else:
+        prompt = [np.int64(t) for t in prompt]
+    assert _media._few_runs(prompt, [media]) is None
+    request = vllm_adapter.generate_request("r", prompt, media).message
+    expanded, ranges = expand_placeholders(prompt, [media])
+    assert list(request.tokenized.input_ids) == expanded.tolist()
+    assert [(p.offset, p.length) for p in request.mm_inputs.mm_placeholders] == ranges[0]
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [[1, 2], [-1, 7], [2**32, 7], [True, 7], [1.5, 7], [[1], [2]], "anchors"],
+)
+def test_packed_path_refuses_what_expand_refuses(media: Any, prompt: Any) -> None:
+    if prompt == "anchors":
+        prompt = _prompt(media.anchor, [], media.count + 1)
+    with pytest.raises(PlaceholderError) as ours:
+        vllm_adapter.generate_request("r", prompt, media)
+    with pytest.raises(PlaceholderError) as theirs:
+        expand_placeholders(prompt, [media])
+    assert str(ours.value) == str(theirs.value)
