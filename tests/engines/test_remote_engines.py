@@ -402,7 +402,7 @@ media = VisionModel.for_family("qwen2_vl").prepare([rng.integers(0, 256, (56, 84
 request = adapter.generate_request("dead", [101, 151652, 151655, 151653, 102], media,
                                    transport="remote", exporter=exporter)
 assert request.message.mm_inputs.pixel_values.WhichOneof("payload") == "remote"
-sys.stdout.write(tensors.serialize(request).hex() + "\\n")
+sys.stdout.write("REQUEST " + tensors.serialize(request).hex() + "\\n")
 sys.stdout.flush()
 sys.stdin.read()
 """
@@ -427,16 +427,13 @@ def test_killed_exporter_never_hangs_the_servicer() -> None:
     )
     try:
         assert child.stdout is not None
+        # NIXL and UCX log to stdout too (lines that may start with a hex digit): the request is
+        # the one line with its own prefix.
         line = ""
-        while (
-            not line.startswith(
-                ("0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "a", "b", "c", "d", "e", "f")
-            )
-            or len(line) < 100
-        ):
+        while not line.startswith("REQUEST "):
             line = child.stdout.readline()
             assert line, "the exporting client died before sending its request"
-        data = bytes.fromhex(line.strip())
+        data = bytes.fromhex(line[len("REQUEST ") :].strip())
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
