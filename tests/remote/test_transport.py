@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from support.remote_peers import digest, payload
 
+import smg_grpc_proto
 from smg_grpc_proto.errors import (
     RemoteArenaFullError,
     RemoteExportRefusedError,
@@ -52,7 +53,10 @@ class Peer:
 
     def __init__(self, *args: str, python: str = sys.executable, path: list[str] | None = None):
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([*(path or []), *sys.path])
+        # The smg_grpc_proto these tests imported (the installed wheel in CI) before the rest of
+        # sys.path, where another test may have put the source tree (no compiled core).
+        installed = str(Path(smg_grpc_proto.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join([*(path or []), installed, *sys.path])
         self.proc = subprocess.Popen(
             [python, str(PEERS), *args],
             stdin=subprocess.PIPE,
