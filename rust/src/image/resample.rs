@@ -422,20 +422,7 @@ pub(crate) fn run_passes(
             plan.band(i * rows_per_band, band);
         }
     };
-    std::thread::scope(|scope| {
-        for i in 1..bands.len() {
-            let run = &run;
-            if std::thread::Builder::new()
-                .spawn_scoped(scope, move || run(i))
-                .is_err()
-            {
-                break;
-            }
-        }
-        for i in 0..bands.len() {
-            run(i);
-        }
-    });
+    run_bands(bands.len(), run);
 }
 
 fn crop(src: &ImageRef<'_>, dst: &mut [u8], x0: usize, y0: usize, out_w: usize, out_h: usize) {
@@ -683,6 +670,27 @@ fn with_rows<'a, T>(
         let rows: Vec<&[u8]> = (0..n).map(row).collect();
         f(&rows)
     }
+}
+
+/// Runs `run(0..count)` on up to `count` threads: bands 1.. on spawned threads, then every band
+/// on the calling thread too; `run` takes each band once (a band already taken is skipped), so a
+/// thread that could not be spawned (`spawn_scoped` reports it instead of panicking) only leaves
+/// more work to the calling thread.
+pub(crate) fn run_bands(count: usize, run: impl Fn(usize) + Sync) {
+    std::thread::scope(|scope| {
+        for i in 1..count {
+            let run = &run;
+            if std::thread::Builder::new()
+                .spawn_scoped(scope, move || run(i))
+                .is_err()
+            {
+                break;
+            }
+        }
+        for i in 0..count {
+            run(i);
+        }
+    });
 }
 
 #[cfg(test)]

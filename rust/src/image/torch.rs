@@ -302,20 +302,7 @@ fn resize_avx2(
             unsafe { avx2::band(src, plan.as_ref(), vertical, rows, band) };
         }
     };
-    std::thread::scope(|scope| {
-        for i in 1..bands.len() {
-            let run = &run;
-            if std::thread::Builder::new()
-                .spawn_scoped(scope, move || run(i))
-                .is_err()
-            {
-                break;
-            }
-        }
-        for i in 0..bands.len() {
-            run(i);
-        }
-    });
+    crate::image::resample::run_bands(bands.len(), run);
     true
 }
 
