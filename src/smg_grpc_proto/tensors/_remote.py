@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -112,30 +112,33 @@ def _count(key: str) -> None:
         _counts[key] += 1
 
 
+def _default(key: str, make: Callable[[], object]) -> object:
+    """The process default under ``key``, made by ``make()`` on first use."""
+    with _lock:
+        value = _defaults.get(key)
+        if value is None:
+            value = _defaults[key] = make()
+        return value
+
+
 def default_exporter() -> RemoteExporter:
     """The process's exporter, created on first use with
     :class:`~smg_grpc_proto.remote.RemoteExporter`'s defaults (16 slots of 32 MiB, 127.0.0.1,
     a free port). Pass your own exporter (or :func:`using`) to listen elsewhere."""
-    with _lock:
-        exporter = _defaults.get("exporter")
-        if exporter is None:
-            from smg_grpc_proto.remote import RemoteExporter
+    from smg_grpc_proto.remote import RemoteExporter
 
-            exporter = RemoteExporter()
-            _defaults["exporter"] = exporter
-        return exporter
+    exporter = _default("exporter", RemoteExporter)
+    assert isinstance(exporter, RemoteExporter)
+    return exporter
 
 
 def default_puller() -> RemotePuller:
     """The process's puller, created on first use (30 s timeout)."""
-    with _lock:
-        puller = _defaults.get("puller")
-        if puller is None:
-            from smg_grpc_proto.remote import RemotePuller
+    from smg_grpc_proto.remote import RemotePuller
 
-            puller = RemotePuller()
-            _defaults["puller"] = puller
-        return puller
+    puller = _default("puller", RemotePuller)
+    assert isinstance(puller, RemotePuller)
+    return puller
 
 
 def reset_defaults() -> None:
