@@ -492,3 +492,256 @@ def test_png_raw_profile_exif_must_be_hex() -> None:
         info = PngInfo()
         info.add_text("Raw profile type exif", text)
         assert _agree(encode(im, "PNG", pnginfo=info)) == outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# Deflate streams zlib refuses and a more lenient inflate (libdeflate) accepts. Each is built
+# bit by bit so that the lenient reading fills the image exactly and ends with a valid adler32;
+# Pillow (zlib) refuses it, so must we. Each has a twin, one or two bits apart, that both decode.
+
+
+class _Bits:
+    """A deflate bit writer: fields least significant bit first, Huffman codes most first."""
+
+    def __init__(self) -> None:
+        self.acc = 0
+        self.count = 0
+        self.out = bytearray()
+
+    def put(self, value: int, bits: int) -> None:
+        self.acc |= value << self.count
+        self.count += bits
+        while self.count >= 8:
+            self.out.append(self.acc & 0xFF)
+            self.acc >>= 8
+            self.count -= 8
+
+    def code(self, code: int, bits: int) -> None:
+        self.put(int(format(code, f"0{bits}b")[::-1], 2), bits)
+
+    def done(self) -> bytes:
+        if self.count:
+            self.out.append(self.acc & 0xFF)
+            self.acc, self.count = 0, 0
+        return bytes(self.out)
+
+
+def _canonical(lengths: list[int]) -> dict[int, tuple[int, int]]:
+    """symbol -> (code, bits) of the canonical Huffman code with these lengths (RFC 1951 3.2.2)."""
+    counts = Counter(length for length in lengths if length)
+    code, first = 0, {}
+    for bits in range(1, 16):
+        code = (code + counts[bits - 1]) << 1 if bits > 1 else 0
+        first[bits] = code
+    codes = {}
+    for symbol, bits in enumerate(lengths):
+        if bits:
+            codes[symbol] = (first[bits], bits)
+            first[bits] += 1
+    return codes
+
+
+def _dynamic_header(w: _Bits, final: bool, lit: list[int], dist: list[int]) -> None:
+    """A dynamic block header; the code lengths go through a precode giving 0..15 four bits."""
+    w.put(int(final), 1)
+    w.put(2, 2)
+    w.put(len(lit) - 257, 5)
+    w.put(len(dist) - 1, 5)
+    w.put(15, 4)  # all 19 precode lengths
+    for symbol in (16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15):
+        w.put(4 if symbol < 16 else 0, 3)
+    for length in lit + dist:
+        w.code(length, 4)
+
+
+def _fixed_literal(w: _Bits, byte: int) -> None:
+    if byte < 144:
+        w.code(0x30 + byte, 8)
+    else:
+        w.code(0x190 + byte - 144, 9)
+
+
+def _zlib_wrap(deflate: bytes, raw: bytes) -> bytes:
+    return b"\x78\x01" + deflate + struct.pack(">I", zlib.adler32(raw))
+
+
+def _lenient_case(name: str, valid: bool) -> tuple[bytes, bytes]:
+    """(IHDR body, IDAT body) of a zero gray image whose stream is refused by zlib for `name`,
+    or, with `valid`, the decodable twin."""
+    w = _Bits()
+    if name == "litlen-symbol-286":
+        # Fixed block: 12 literals, then symbol 286 (libdeflate: length 258) at distance 1.
+        width, height = 8, 30
+        w.put(1, 1)
+        w.put(1, 2)
+        for _ in range(12):
+            _fixed_literal(w, 0)
+        w.code(0xC0 + (285 if valid else 286) - 280, 8)  # 285 is length 258 too
+        w.code(0, 5)
+        w.code(0, 7)
+    elif name == "distance-symbol-30":
+        # A stored block of 24 997 zeros, then a fixed block: length 3 at distance code 30
+        # (libdeflate: 24 577 + 13 extra bits) or 29 (the same distance, valid).
+        width, height = 99, 250
+        stored = 24997
+        w.put(0, 1)
+        w.put(0, 2)
+        w.done()
+        w.out += struct.pack("<HH", stored, stored ^ 0xFFFF) + bytes(stored)
+        w.put(1, 1)
+        w.put(1, 2)
+        w.code(1, 7)  # symbol 257: length 3
+        w.code(29 if valid else 30, 5)
+        w.put(0, 12 if valid else 13)
+        w.code(0, 7)
+    elif name in ("hlit-287", "hdist-31"):
+        # 287 litlen or 32 distance code lengths (zlib: "too many length or distance symbols").
+        width, height = 8, 4
+        lit = [1] + [0] * 255 + [1]
+        dist = [1, 1]
+        if name == "hlit-287" and not valid:
+            lit += [0] * 30
+        if name == "hdist-31" and not valid:
+            dist += [0] * 30
+        _dynamic_header(w, True, lit, dist)
+        for _ in range(36):
+            w.code(0, 1)
+        w.code(1, 1)
+    elif name == "lone-end-of-block-coded-1":
+        # A block whose litlen code has one codeword (end of block, length 1), sent as "1"
+        # (zlib uses "0"; libdeflate takes both), then a fixed block with the image.
+        width, height = 8, 4
+        _dynamic_header(w, False, [0] * 256 + [1], [0])
+        w.put(0 if valid else 1, 1)
+        w.put(1, 1)
+        w.put(1, 2)
+        for _ in range(36):
+            _fixed_literal(w, 0)
+        w.code(0, 7)
+    else:
+        # A match whose distance code is "1" in a one-codeword distance code, or any code in
+        # an empty one (libdeflate: distance 1 either way).
+        width, height = 8, 4
+        lit = [1] + [0] * 255 + [2, 2]
+        one = name == "distance-code-unused-1"
+        _dynamic_header(w, True, lit, [1] if one or valid else [0])
+        for _ in range(33):
+            w.code(0, 1)
+        w.code(3, 2)  # symbol 257: length 3
+        w.put(0 if valid else 1, 1)
+        w.code(2, 2)  # end of block
+    raw = bytes(height * (width + 1))
+    return _gray_ihdr(width, height), _zlib_wrap(w.done(), raw)
+
+
+LENIENT = [
+    "litlen-symbol-286",
+    "distance-symbol-30",
+    "hlit-287",
+    "hdist-31",
+    "lone-end-of-block-coded-1",
+    "distance-code-unused-1",
+    "distance-code-empty",
+]
+
+
+@pytest.mark.parametrize("name", LENIENT)
+def test_png_streams_only_a_lenient_inflate_accepts(name: str) -> None:
+    ihdr, body = _lenient_case(name, valid=True)
+    assert _agree(_png(ihdr, [body])) == "same pixels"
+    ihdr, body = _lenient_case(name, valid=False)
+    data = _png(ihdr, [body])
+    _pillow_raises(data)
+    with pytest.raises(CorruptImageError, match="broken data stream"):
+        vision.decode(data)
+    # Spread over 5-byte chunks: the same outcome.
+    assert _agree(_split_idat(data, 5)) == "both raise"
+
+
+def test_png_stream_tail_in_a_chunk_cut_short() -> None:
+    """The image is complete in the first IDAT; the adler32 is in a second IDAT that the file
+    cuts short. Pillow finishes the image in the first chunk, then fails reading the second
+    (``Truncated File Read``): so must we, though inflate read into the second chunk."""
+    body = zlib.compress(_filtered(GRAY_8x4))
+    whole = _png(_gray_ihdr(), [body[:-4], body[-4:]])
+    assert _agree(whole) == "same pixels"
+    second = whole.index(b"IDAT", whole.index(b"IDAT") + 4) - 4
+    cut = whole[:second] + struct.pack(">I", 10) + b"IDAT" + body[-4:]
+    _pillow_raises(cut)
+    with pytest.raises(TruncatedImageError):
+        vision.decode(cut)
+    # The same with a bad adler32: never checked by Pillow, which still fails on the chunk.
+    bad = _zlib_with_bad_adler(_filtered(GRAY_8x4))
+    cut = whole[:second] + struct.pack(">I", 10) + b"IDAT" + bad[-4:]
+    _pillow_raises(cut)
+    with pytest.raises(TruncatedImageError):
+        vision.decode(cut)
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 8192])
+def test_png_many_idat_chunks_with_data_after_the_stream(size: int) -> None:
+    """Image data over many chunks, then IDAT chunks of junk: Pillow stops after the chunk
+    where the image fills and skips the rest; the joined inflate must read the same."""
+    rng = np.random.default_rng(size)
+    rows = bytes(rng.integers(0, 256, 64 * 40, dtype=np.uint8))
+    filtered = _filtered(rows, 64)
+    body = zlib.compress(filtered, 6)
+    ihdr = _gray_ihdr(64, 40)
+    chunks = [body[i : i + size] for i in range(0, len(body), size)]
+    for tail in ([], [b"junk"], [b"\x00" * 9, b"more"]):
+        data = _png(ihdr, chunks + tail)
+        assert _agree(data) == "same pixels"
+    # A bad adler32 split off into its own chunk (unchecked by Pillow) and into the last
+    # data chunk (checked).
+    bad = _zlib_with_bad_adler(filtered)
+    assert _agree(_png(ihdr, [bad[:-4], bad[-4:]])) == "same pixels"
+    assert _agree(_png(ihdr, [bad[: len(bad) // 2], bad[len(bad) // 2 :]])) == "both raise"
+
+
+def _rechunked(data: bytes, size: int, adler_apart: bool) -> bytes:
+    """A PNG with all its image data joined and split again into IDAT chunks of `size` bytes,
+    the adler32 in a chunk of its own when `adler_apart` (where Pillow never checks it)."""
+    pos, before, body, after = 8, b"", b"", b""
+    while pos + 8 <= len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        chunk = data[pos : pos + 12 + length]
+        if chunk[4:8] == b"IDAT":
+            body += chunk[8:-4]
+        elif body:
+            after += chunk
+        else:
+            before += chunk
+        pos += 12 + length
+    tail = b""
+    if adler_apart:
+        body, tail = body[:-4], png_chunk(b"IDAT", body[-4:])
+    chunks = b"".join(png_chunk(b"IDAT", body[i : i + size]) for i in range(0, len(body), size))
+    return data[:8] + before + chunks + tail + after
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_real_png_bit_flips_agree_with_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One or two flipped bits in the image data of real PNGs, over many chunks: the stream
+    often still inflates (to other pixels, its adler32 out of Pillow's reach) or fails anywhere,
+    and the joined inflate must give Pillow's outcome every time."""
+    from support.images import real_photos
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
+    photos = real_photos()
+    files = [
+        _rechunked(photos[name].read_bytes(), size, apart)
+        for name in ("page.png", "text.png")
+        for size, apart in ((1000, True), (8192, True), (1000, False), (1 << 20, True))
+    ]
+    rng = random.Random(20261204)
+    counts: Counter[str] = Counter()
+    for n in range(4000):
+        data = bytearray(files[n % len(files)])
+        start = data.index(b"IDAT") + 4
+        for _ in range(rng.choice((1, 1, 2))):
+            data[rng.randrange(start, len(data) - 40)] ^= 1 << rng.randrange(8)
+        counts[_agree(bytes(data))] += 1
+    # Both outcomes well represented.
+    assert counts["same pixels"] > 400, counts
+    assert counts["both raise"] > 400, counts
