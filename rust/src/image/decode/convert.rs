@@ -92,6 +92,20 @@ pub enum Pixels {
     },
 }
 
+impl Pixels {
+    /// How many whole pixels the buffer holds.
+    fn count(&self) -> usize {
+        match self {
+            Pixels::Bilevel(v) | Pixels::L(v) => v.len(),
+            Pixels::La(v) => v.len() / 2,
+            Pixels::I16(v) => v.len(),
+            Pixels::Rgb(v) => v.len() / 3,
+            Pixels::Rgba(v) | Pixels::Cmyk(v) => v.len() / 4,
+            Pixels::P { indices, .. } => indices.len(),
+        }
+    }
+}
+
 /// An image in a Pillow mode, with its transparency info.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModeImage {
@@ -173,7 +187,13 @@ pub fn to_rgb(image: ModeImage, alpha: AlphaMode) -> Result<Vec<u8>, u64> {
             Ok(rgb)
         }
         pixels => {
-            let mut out: Vec<u8> = super::zeroed(n * 3)?;
+            // `convert_into` writes every output pixel that has a source pixel: when all `n`
+            // have one, a recycled buffer (stale bytes, no page faults) is filled completely.
+            let mut out: Vec<u8> = if pixels.count() >= n {
+                crate::memory::overwritable_bytes(n * 3)?
+            } else {
+                super::zeroed(n * 3)?
+            };
             convert_into(&pixels, transparency.as_ref(), composite, &mut out);
             Ok(out)
         }
@@ -401,6 +421,28 @@ mod tests {
             height: h,
             pixels,
             transparency,
+        }
+    }
+
+    #[test]
+    fn recycled_output_is_written_completely() {
+        // A kept buffer full of stale bytes, large enough to be recycled for the output.
+        let (w, h) = (256u32, 256u32);
+        let n = (w * h) as usize;
+        let gray: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        let want: Vec<u8> = gray.iter().flat_map(|&v| [v, v, v]).collect();
+        for short in [false, true] {
+            crate::memory::recycle::give_u8(vec![0xAB; n * 3 + 64]);
+            let mut pixels = gray.clone();
+            if short {
+                // A source missing pixels (no decoder makes one): the rest stays zero.
+                pixels.truncate(n - 10);
+            }
+            let out = to_rgb(image(Pixels::L(pixels), None, w, h), AlphaMode::White).unwrap();
+            assert_eq!(out.len(), n * 3);
+            let end = if short { (n - 10) * 3 } else { n * 3 };
+            assert_eq!(out[..end], want[..end]);
+            assert!(out[end..].iter().all(|&b| b == 0));
         }
     }
 
