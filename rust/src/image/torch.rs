@@ -237,22 +237,76 @@ pub fn resize_u8(
     threads: usize,
 ) -> Result<(), ResampleError> {
     check_destination(src, dst, out_w, out_h)?;
-    let (w, h) = (src.width, src.height);
-    let horizontal = (out_w != w).then(|| int16_coeffs(w, out_w, filter));
-    let vertical = (out_h != h).then(|| int16_coeffs(h, out_h, filter));
+    let plan = plan(src, out_w, out_h, filter);
     #[cfg(target_arch = "x86_64")]
-    if resize_avx2(src, dst, horizontal.as_ref(), vertical.as_ref(), threads) {
+    if resize_avx2(src, dst, &plan, threads) {
         return Ok(());
     }
     let passes = Passes {
-        horizontal: horizontal.map(|k| k.to_axis_coeffs()),
-        vertical: vertical.map(|k| k.to_axis_coeffs()),
+        horizontal: plan.horizontal.as_ref().map(Int16Coeffs::to_axis_coeffs),
+        vertical: plan.vertical.as_ref().map(Int16Coeffs::to_axis_coeffs),
         out_w,
         out_h,
         horizontal_first: true,
     };
     run_passes(src, dst, passes, threads, true);
     Ok(())
+}
+
+/// What a resize of one shape needs before it reads a pixel: each resampled axis's weights
+/// and, with AVX2, the horizontal kernel's plan (`None` where it does not apply).
+struct Plan {
+    horizontal: Option<Int16Coeffs>,
+    vertical: Option<Int16Coeffs>,
+    #[cfg(target_arch = "x86_64")]
+    fast: Option<avx2::Horizontal>,
+}
+
+/// A resize's shape: input width, height and channels, output width and height, filter.
+type PlanKey = (usize, usize, usize, usize, usize, TorchFilter);
+
+/// Plans kept for the next calls (most recent first): a batch or a stream of photos of a few
+/// sizes reuses them instead of recomputing the weights (`f64` kernel evaluations per tap) and
+/// the horizontal plan on every call.
+const KEPT_PLANS: usize = 8;
+
+static PLANS: std::sync::Mutex<Vec<(PlanKey, std::sync::Arc<Plan>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The plan of resizing `src` to `out_w × out_h` with `filter`: a kept one, or a new one (then
+/// kept).
+fn plan(
+    src: &ImageRef<'_>,
+    out_w: usize,
+    out_h: usize,
+    filter: TorchFilter,
+) -> std::sync::Arc<Plan> {
+    let (w, h) = (src.width, src.height);
+    let key = (w, h, src.channels, out_w, out_h, filter);
+    // A poisoned lock only means another thread panicked while holding it; the list is valid.
+    let mut kept = PLANS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = kept.iter().position(|(k, _)| *k == key) {
+        let entry = kept.remove(i);
+        let plan = entry.1.clone();
+        kept.insert(0, entry);
+        return plan;
+    }
+    drop(kept);
+    let horizontal = (out_w != w).then(|| int16_coeffs(w, out_w, filter));
+    let vertical = (out_h != h).then(|| int16_coeffs(h, out_h, filter));
+    let plan = std::sync::Arc::new(Plan {
+        #[cfg(target_arch = "x86_64")]
+        fast: horizontal
+            .as_ref()
+            .filter(|_| avx2::available())
+            .and_then(|k| avx2::Horizontal::new(k, src.channels)),
+        horizontal,
+        vertical,
+    });
+    let mut kept = PLANS.lock().unwrap_or_else(|e| e.into_inner());
+    kept.insert(0, (key, plan.clone()));
+    kept.truncate(KEPT_PLANS);
+    plan
 }
 
 /// A band of output rows not yet taken: its first row and its bytes.
@@ -263,26 +317,17 @@ type Band<'a> = std::sync::Mutex<Option<(usize, &'a mut [u8])>>;
 /// `threads` threads; `false` (nothing written) when they do not apply: no AVX2, nothing to
 /// resample, a reduction too large for the horizontal kernel's window, or a zero precision.
 #[cfg(target_arch = "x86_64")]
-fn resize_avx2(
-    src: &ImageRef<'_>,
-    dst: &mut [u8],
-    horizontal: Option<&Int16Coeffs>,
-    vertical: Option<&Int16Coeffs>,
-    threads: usize,
-) -> bool {
+fn resize_avx2(src: &ImageRef<'_>, dst: &mut [u8], plan: &Plan, threads: usize) -> bool {
+    let (horizontal, vertical) = (plan.horizontal.as_ref(), plan.vertical.as_ref());
     if !avx2::available() || (horizontal.is_none() && vertical.is_none()) {
         return false;
     }
     if vertical.is_some_and(|k| k.precision == 0) {
         return false;
     }
-    let plan = match horizontal {
-        Some(k) => match avx2::Horizontal::new(k, src.channels) {
-            Some(plan) => Some(plan),
-            None => return false,
-        },
-        None => None,
-    };
+    if horizontal.is_some() && plan.fast.is_none() {
+        return false;
+    }
     let out_h = vertical.map_or(src.height, |k| k.starts.len());
     let row_len = dst.len() / out_h.max(1);
     let threads = threads.clamp(1, out_h.div_ceil(32).max(1));
@@ -299,7 +344,7 @@ fn resize_avx2(
         if let Some((first, band)) = band {
             let rows = first..first + band.len() / row_len;
             // SAFETY: `avx2::available()` holds (checked above).
-            unsafe { avx2::band(src, plan.as_ref(), vertical, rows, band) };
+            unsafe { avx2::band(src, plan.fast.as_ref(), vertical, rows, band) };
         }
     };
     crate::image::resample::run_bands(bands.len(), run);
@@ -628,10 +673,12 @@ mod tests {
     #[test]
     #[ignore]
     fn resize_timing() {
+        // The four photos of the torch-families benchmark at MiniMax-M3-VL's sizes.
         for (w, h, ow, oh) in [
             (512, 600, 504, 588),
-            (1000, 872, 644, 560),
-            (2000, 1072, 924, 476),
+            (1000, 872, 700, 616),
+            (2000, 1072, 896, 476),
+            (741, 500, 728, 504),
         ] {
             let data: Vec<u8> = (0..w * h * 3).map(|i| (i * 7919 % 251) as u8).collect();
             let src = ImageRef {

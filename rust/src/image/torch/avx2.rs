@@ -164,30 +164,40 @@ impl Horizontal {
         let shift = _mm_cvtsi32_si128(self.precision as i32);
         // Dwords 0 and 4: the low lane's four bytes, then the high lane's.
         let gather = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+        // Two groups packed together: the first's lanes (dwords 0, 4), then the second's (1, 5).
+        let gather2 = _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0);
         let mut weights = self.weights.as_ptr();
-        for (g, control) in self.groups.iter().zip(&self.controls) {
-            // SAFETY: `control` is 32 bytes; the lane loads read 16 bytes at `base[l] + p·step`
-            // for p < pairs, which end within `read_len ≤ src[r].len()` (asserted); `pairs`
-            // weight vectors of 32 bytes follow `weights` (built so in `new`); the stores write
-            // `out[r][g.out .. g.out + g.n]`, inside the row (`out + n ≤ samples`).
+        let mut i = 0;
+        while i < self.groups.len() {
+            let g = self.groups[i];
+            // SAFETY: `accumulate`'s contract: `weights` is group `i`'s first weight vector
+            // (the groups' vectors follow each other, `pairs` each, as built in `new`), and the
+            // rows are `read_len` long (asserted). The stores write `out[r][g.out..][..16]` for
+            // two full adjacent groups (`g.out + 16 ≤ samples`) or `out[r][g.out..][..g.n]`,
+            // inside the row.
             unsafe {
-                let control = _mm256_loadu_si256(control.as_ptr().cast());
-                let mut acc = [rounding; R];
-                let (mut lo, mut hi) = (g.base[0], g.base[1]);
-                for _ in 0..g.pairs {
-                    let w = _mm256_loadu_si256(weights.cast());
+                let (acc, next) = self.accumulate::<R>(i, weights, ptrs, rounding);
+                weights = next;
+                let paired = self
+                    .groups
+                    .get(i + 1)
+                    .filter(|h| g.n == GROUP && h.n == GROUP && h.out == g.out + GROUP);
+                if paired.is_some() {
+                    let (acc2, next) = self.accumulate::<R>(i + 1, weights, ptrs, rounding);
+                    weights = next;
                     for r in 0..R {
-                        let v = if g.shared {
-                            _mm256_broadcastsi128_si256(_mm_loadu_si128(ptrs[r].add(lo).cast()))
-                        } else {
-                            _mm256_loadu2_m128i(ptrs[r].add(hi).cast(), ptrs[r].add(lo).cast())
-                        };
-                        let v = _mm256_shuffle_epi8(v, control);
-                        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(v, w));
+                        let a = _mm256_sra_epi32(acc[r], shift);
+                        let b = _mm256_sra_epi32(acc2[r], shift);
+                        // Saturating packs clamp to 0..=255, in-lane: per lane the first
+                        // group's 4 bytes, then the second's.
+                        let p = _mm256_packs_epi32(a, b);
+                        let bytes = _mm256_packus_epi16(p, p);
+                        let bytes = _mm256_permutevar8x32_epi32(bytes, gather2);
+                        let dst = out[r].as_mut_ptr().add(g.out);
+                        _mm_storeu_si128(dst.cast(), _mm256_castsi256_si128(bytes));
                     }
-                    lo += self.step;
-                    hi += self.step;
-                    weights = weights.add(1);
+                    i += 2;
+                    continue;
                 }
                 for r in 0..R {
                     let v = _mm256_sra_epi32(acc[r], shift);
@@ -205,23 +215,69 @@ impl Horizontal {
                         std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, g.n);
                     }
                 }
+                i += 1;
             }
+        }
+    }
+
+    /// The `R` rows' sums (rounding term included) of group `i`, whose weight vectors start
+    /// at `weights`, and the pointer past them.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `weights` must point at group `i`'s first weight vector in
+    /// `self.weights`; every `ptrs[r]` must start [`read_len`](Self::read_len) readable bytes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn accumulate<const R: usize>(
+        &self,
+        i: usize,
+        mut weights: *const [i16; 16],
+        ptrs: [*const u8; R],
+        rounding: __m256i,
+    ) -> ([__m256i; R], *const [i16; 16]) {
+        let g = self.groups[i];
+        let control = &self.controls[i];
+        // SAFETY: `control` is 32 bytes; the lane loads read 16 bytes at `base[l] + p·step` for
+        // p < pairs, which end within `read_len` (built so in `new`) and so within each row
+        // (the caller's); the group's `pairs` weight vectors of 32 bytes follow `weights`.
+        unsafe {
+            let control = _mm256_loadu_si256(control.as_ptr().cast());
+            let mut acc = [rounding; R];
+            let (mut lo, mut hi) = (g.base[0], g.base[1]);
+            for _ in 0..g.pairs {
+                let w = _mm256_loadu_si256(weights.cast());
+                for r in 0..R {
+                    let v = if g.shared {
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(ptrs[r].add(lo).cast()))
+                    } else {
+                        _mm256_loadu2_m128i(ptrs[r].add(hi).cast(), ptrs[r].add(lo).cast())
+                    };
+                    let v = _mm256_shuffle_epi8(v, control);
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(v, w));
+                }
+                lo += self.step;
+                hi += self.step;
+                weights = weights.add(1);
+            }
+            (acc, weights)
         }
     }
 }
 
-/// A block of up to [`ROWS`] vertical output rows: the input row pairs it reads and each row's
-/// `(w₂q, w₂q₊₁)` weights packed in a dword.
+/// A block of up to [`ROWS`] vertical output rows: the input row pairs it reads and where its
+/// rows' `(w₂q, w₂q₊₁)` weights, packed in a dword, start in the blocks' shared weights.
 struct Block {
     /// First input row of pair 0 (even).
     lo: usize,
     pairs: usize,
-    /// `pairs × ROWS` packed weights, pair-major.
-    weights: Vec<i32>,
+    /// Offset of the block's `pairs × ROWS` packed weights (pair-major).
+    at: usize,
 }
 
-fn blocks(k: &Int16Coeffs, from: usize, to: usize) -> Vec<Block> {
+/// The blocks of output rows `from..to` and their packed weights (one allocation for all).
+fn blocks(k: &Int16Coeffs, from: usize, to: usize) -> (Vec<Block>, Vec<i32>) {
     let mut out = Vec::with_capacity((to - from).div_ceil(ROWS));
+    let mut weights = Vec::new();
     let mut y0 = from;
     while y0 < to {
         let rows = ROWS.min(to - y0);
@@ -232,7 +288,8 @@ fn blocks(k: &Int16Coeffs, from: usize, to: usize) -> Vec<Block> {
             .unwrap_or(lo)
             .max(lo + 1);
         let pairs = (end - lo).div_ceil(2);
-        let mut weights = vec![0i32; pairs * ROWS];
+        let at = weights.len();
+        weights.resize(at + pairs * ROWS, 0i32);
         for r in 0..rows {
             let y = y0 + r;
             let w = &k.weights[y * k.ksize..][..k.counts[y]];
@@ -243,13 +300,13 @@ fn blocks(k: &Int16Coeffs, from: usize, to: usize) -> Vec<Block> {
             };
             for q in 0..pairs {
                 let i = lo + 2 * q;
-                weights[q * ROWS + r] = (tap(i) | (tap(i + 1) << 16)) as i32;
+                weights[at + q * ROWS + r] = (tap(i) | (tap(i + 1) << 16)) as i32;
             }
         }
-        out.push(Block { lo, pairs, weights });
+        out.push(Block { lo, pairs, at });
         y0 += rows;
     }
-    out
+    (out, weights)
 }
 
 /// `R` vertical output rows of `n ≥ STEP` samples; `rows[2q]`, `rows[2q + 1]` are pair `q`'s
@@ -377,7 +434,7 @@ pub(super) unsafe fn band(
         }
         return;
     };
-    let blocks = blocks(v, rows.start, rows.end);
+    let (blocks, weights) = blocks(v, rows.start, rows.end);
     // The ring of horizontal rows: row i in slot i % cap (the blocks' input rows only move
     // forward, so a slot is reused only when its row is behind every later block).
     // Batches run up to `BATCH − 1` rows ahead of the block that needs them.
@@ -391,6 +448,9 @@ pub(super) unsafe fn band(
     let mut next = 0; // the next input row the horizontal pass makes
     let mut outs = dst.chunks_exact_mut(n);
     let mut y = rows.start;
+    // Each block's input row pointers (reused from block to block).
+    let mut ptrs: Vec<*const u8> = Vec::with_capacity(cap);
+    let mut single = Vec::new();
     for b in &blocks {
         let count = ROWS.min(rows.end - y);
         let last = (b.lo + 2 * b.pairs).min(src.height); // one past the last real input row
@@ -421,42 +481,42 @@ pub(super) unsafe fn band(
             }
         }
         // Pair q's rows; a row past the image (odd height) is the last one, with weight 0.
-        let slices: Vec<&[u8]> = (b.lo..b.lo + 2 * b.pairs)
-            .map(|i| {
-                let i = i.min(src.height - 1);
-                if h.is_some() {
-                    &ring[(i % cap) * stride..][..n]
-                } else {
-                    &src.data[i * in_row..][..n]
-                }
-            })
-            .collect();
-        let mut out: Vec<&mut [u8]> = outs.by_ref().take(count).collect();
+        let row_of = |i: usize| -> &[u8] {
+            let i = i.min(src.height - 1);
+            if h.is_some() {
+                &ring[(i % cap) * stride..][..n]
+            } else {
+                &src.data[i * in_row..][..n]
+            }
+        };
+        let block_weights = &weights[b.at..b.at + b.pairs * ROWS];
         if n >= STEP {
-            let ptrs: Vec<*const u8> = slices.iter().map(|s| s.as_ptr()).collect();
-            // SAFETY: the caller's CPU check; every row pointer starts `n ≥ STEP` readable bytes
-            // (ring rows or image rows), every output pointer a distinct `n`-byte row of `dst`;
-            // the weights are `pairs × ROWS` long.
-            unsafe {
-                if out.len() == ROWS {
-                    let mut rows = out.iter_mut();
-                    let o: [*mut u8; ROWS] = std::array::from_fn(|_| {
-                        rows.next().map_or(std::ptr::null_mut(), |o| o.as_mut_ptr())
-                    });
-                    vertical::<ROWS>(&ptrs, &b.weights, v.precision, n, o);
-                } else {
-                    for (r, o) in out.into_iter().enumerate() {
-                        let mut w = vec![0i32; b.pairs * ROWS];
-                        for q in 0..b.pairs {
-                            w[q * ROWS] = b.weights[q * ROWS + r];
-                        }
-                        vertical::<1>(&ptrs, &w, v.precision, n, [o.as_mut_ptr()]);
+            ptrs.clear();
+            ptrs.extend((b.lo..b.lo + 2 * b.pairs).map(|i| row_of(i).as_ptr()));
+            if count == ROWS {
+                let o: [*mut u8; ROWS] = std::array::from_fn(|_| {
+                    outs.next().map_or(std::ptr::null_mut(), |o| o.as_mut_ptr())
+                });
+                // SAFETY: the caller's CPU check; every row pointer starts `n ≥ STEP` readable
+                // bytes (ring rows or image rows), every output pointer a distinct `n`-byte row
+                // of `dst` (`count` rows remain in `dst` for this block); the weights are
+                // `pairs × ROWS` long.
+                unsafe { vertical::<ROWS>(&ptrs, block_weights, v.precision, n, o) };
+            } else {
+                for (r, o) in outs.by_ref().take(count).enumerate() {
+                    single.clear();
+                    single.resize(b.pairs * ROWS, 0i32);
+                    for q in 0..b.pairs {
+                        single[q * ROWS] = block_weights[q * ROWS + r];
                     }
+                    // SAFETY: as above, for one output row.
+                    unsafe { vertical::<1>(&ptrs, &single, v.precision, n, [o.as_mut_ptr()]) };
                 }
             }
         } else {
-            for (r, o) in out.into_iter().enumerate() {
-                vertical_scalar(&slices, &b.weights, r, v.precision, o);
+            let slices: Vec<&[u8]> = (b.lo..b.lo + 2 * b.pairs).map(row_of).collect();
+            for (r, o) in outs.by_ref().take(count).enumerate() {
+                vertical_scalar(&slices, block_weights, r, v.precision, o);
             }
         }
         y += count;
