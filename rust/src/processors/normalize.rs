@@ -295,7 +295,7 @@ impl Runs {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     /// Values per vector.
@@ -472,17 +472,40 @@ mod avx2 {
     /// The value of channel `ch` of the 8 pixels whose bytes are `lo` (bytes 0–15) and `hi`
     /// (16–23).
     #[target_feature(enable = "avx2,fma")]
-    fn value<const FUSED: bool>(
+    fn value<const FUSED: bool, const UNIT: bool>(
         (lo, hi): (__m128i, __m128i),
         ch: Channel,
         factor: __m256d,
-        (f_hi, f_lo): (__m256, __m256),
+        split: (__m256, __m256),
     ) -> __m256 {
         let bytes = _mm_or_si128(
             _mm_shuffle_epi8(lo, ch.mask.0),
             _mm_shuffle_epi8(hi, ch.mask.1),
         );
-        if FUSED {
+        floats::<FUSED, UNIT>(bytes, ch, factor, split)
+    }
+
+    /// The values of channel `ch` of the 8 bytes in the low half of `bytes`. With `UNIT` (a
+    /// rescale factor of exactly 1) the rescaled value is the byte itself, which both methods
+    /// compute exactly (`v·1 + v·0` fused, `f32(f64(v)·1)` literal), so that step is skipped.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn floats<const FUSED: bool, const UNIT: bool>(
+        bytes: __m128i,
+        ch: Channel,
+        factor: __m256d,
+        (f_hi, f_lo): (__m256, __m256),
+    ) -> __m256 {
+        if UNIT {
+            let x = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+            let d = _mm256_sub_ps(x, ch.mean);
+            if FUSED {
+                let q = _mm256_mul_ps(d, ch.recip);
+                _mm256_fmadd_ps(_mm256_fnmadd_ps(q, ch.std, d), ch.recip, q)
+            } else {
+                _mm256_div_ps(d, ch.std)
+            }
+        } else if FUSED {
             let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
             let x = _mm256_fmadd_ps(v, f_hi, _mm256_mul_ps(v, f_lo));
             let d = _mm256_sub_ps(x, ch.mean);
@@ -499,6 +522,34 @@ mod avx2 {
         }
     }
 
+    /// Widest run of the one-window path of [`spread_to`]: 16 pixels, 48 bytes, three loads.
+    const WINDOW_PIXELS: usize = 16;
+
+    /// `vpshufb` controls for a run of `w` pixels (`LANES ≤ w ≤ WINDOW_PIXELS`) read as three
+    /// 16-byte loads: `WINDOW_MASKS[w − LANES][c][k]` takes from load `k` the bytes of channel
+    /// `c` of pixels `0..8` into bytes 0–7 and of pixels `w − 8..w` into bytes 8–15 (the two
+    /// vectors of the run, overlapping when `w < 16`); `-128` writes 0, and the three results
+    /// are OR-ed.
+    pub(crate) const WINDOW_MASKS: [[[[i8; 16]; 3]; 3]; WINDOW_PIXELS - LANES + 1] = {
+        let mut masks = [[[[-128i8; 16]; 3]; 3]; WINDOW_PIXELS - LANES + 1];
+        let mut w = LANES;
+        while w <= WINDOW_PIXELS {
+            let mut c = 0;
+            while c < 3 {
+                let mut k = 0;
+                while k < 16 {
+                    let pixel = if k < LANES { k } else { w + k - 2 * LANES };
+                    let at = 3 * pixel + c;
+                    masks[w - LANES][c][at / 16][k] = (at % 16) as i8;
+                    k += 1;
+                }
+                c += 1;
+            }
+            w += 1;
+        }
+        masks
+    };
+
     /// [`Formula::spread`] with the method chosen at compile time.
     ///
     /// # Safety
@@ -512,20 +563,44 @@ mod avx2 {
         out: *mut f32,
         copies: &[[usize; 3]],
     ) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            if formula.factor == 1.0 {
+                spread_copies::<FUSED, true>(formula, pixels, runs, out, copies)
+            } else {
+                spread_copies::<FUSED, false>(formula, pixels, runs, out, copies)
+            }
+        }
+    }
+
+    /// [`spread`] with the unit factor known at compile time.
+    ///
+    /// # Safety
+    ///
+    /// As [`Formula::spread`].
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn spread_copies<const FUSED: bool, const UNIT: bool>(
+        formula: &Formula,
+        pixels: &[u8],
+        runs: super::Runs,
+        out: *mut f32,
+        copies: &[[usize; 3]],
+    ) {
         // One or two places per value (a still image over Qwen's two-frame temporal patch)
         // with the count known at compile time: the stores unrolled, no loop over `copies` per
         // vector. More copies (rare: a longer temporal patch) are written one pass each, the
         // same values.
         match copies {
             // SAFETY: forwarded from this function's contract; `[*a]` is `copies`.
-            [a] => unsafe { spread_to::<FUSED, 1>(formula, pixels, runs, out, [*a]) },
+            [a] => unsafe { spread_to::<FUSED, UNIT, 1>(formula, pixels, runs, out, [*a]) },
             // SAFETY: forwarded from this function's contract; `[*a, *b]` is `copies`.
-            [a, b] => unsafe { spread_to::<FUSED, 2>(formula, pixels, runs, out, [*a, *b]) },
+            [a, b] => unsafe { spread_to::<FUSED, UNIT, 2>(formula, pixels, runs, out, [*a, *b]) },
             _ => {
                 for start in copies {
                     // SAFETY: forwarded from this function's contract; `start` is an entry of
                     // `copies`, which the contract covers.
-                    unsafe { spread_to::<FUSED, 1>(formula, pixels, runs, out, [*start]) };
+                    unsafe { spread_to::<FUSED, UNIT, 1>(formula, pixels, runs, out, [*start]) };
                 }
             }
         }
@@ -552,12 +627,17 @@ mod avx2 {
 
     /// [`spread`] into the `N` places `copies`.
     ///
+    /// A run of 8 to 16 pixels (a patch row: 14 for Qwen2-VL and MiniMax-M3-VL, 16 for Qwen3-VL)
+    /// whose 48 bytes from its start lie within `pixels` is read with three loads and split
+    /// into its channels by three `vpshufb` per channel ([`WINDOW_MASKS`]): two vectors per
+    /// channel, the second at `width − 8`. Other runs go eight pixels at a time.
+    ///
     /// # Safety
     ///
     /// As [`Formula::spread`], with `copies` for its `copies`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn spread_to<const FUSED: bool, const N: usize>(
+    unsafe fn spread_to<const FUSED: bool, const UNIT: bool, const N: usize>(
         formula: &Formula,
         pixels: &[u8],
         runs: super::Runs,
@@ -573,7 +653,59 @@ mod avx2 {
         ];
         let factor = _mm256_set1_pd(formula.factor);
         let split = (_mm256_set1_ps(formula.hi), _mm256_set1_ps(formula.lo));
-        for y in 0..runs.rows {
+        // The one-window path, channel by channel (a channel's constants and controls stay in
+        // registers; its values go to one contiguous block per copy), over the rows with 48
+        // bytes from their start inside `pixels` (a prefix of the rows); the rest below.
+        let mut first = 0;
+        if n <= WINDOW_PIXELS {
+            let fits = |y: usize| pixels.len() - y * runs.stride >= 3 * WINDOW_PIXELS;
+            first = (0..runs.rows).find(|&y| !fits(y)).unwrap_or(runs.rows);
+            for (c, &ch) in channels.iter().enumerate() {
+                // SAFETY: each mask is a 16-byte array, read with an unaligned load.
+                let m = WINDOW_MASKS[n - LANES][c]
+                    .map(|m| unsafe { _mm_loadu_si128(m.as_ptr().cast()) });
+                for y in 0..first {
+                    let (row, dst) = (y * runs.stride, y * runs.out_stride);
+                    if c == 0 {
+                        // As below: the next bytes of this row, asked for early.
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            pixels
+                                .as_ptr()
+                                .wrapping_add(row + 3 * n + PREFETCH_AHEAD)
+                                .cast::<i8>(),
+                        );
+                    }
+                    // SAFETY: the 48 bytes read at `row` lie within `pixels` (`fits`, true of
+                    // rows before `first`); the vectors stored at `start[c] + dst` and
+                    // `start[c] + dst + n − 8` lie within the run's `n` output values
+                    // (`LANES ≤ n`), in bounds by the contract; all loads and stores are
+                    // unaligned ones.
+                    unsafe {
+                        let p = pixels.as_ptr().add(row);
+                        let bytes = _mm_or_si128(
+                            _mm_or_si128(
+                                _mm_shuffle_epi8(_mm_loadu_si128(p.cast()), m[0]),
+                                _mm_shuffle_epi8(_mm_loadu_si128(p.add(16).cast()), m[1]),
+                            ),
+                            _mm_shuffle_epi8(_mm_loadu_si128(p.add(32).cast()), m[2]),
+                        );
+                        let low = floats::<FUSED, UNIT>(bytes, ch, factor, split);
+                        let high = floats::<FUSED, UNIT>(
+                            _mm_unpackhi_epi64(bytes, bytes),
+                            ch,
+                            factor,
+                            split,
+                        );
+                        for start in &copies {
+                            let at = out.add(start[c] + dst);
+                            _mm256_storeu_ps(at, low);
+                            _mm256_storeu_ps(at.add(n - LANES), high);
+                        }
+                    }
+                }
+            }
+        }
+        for y in first..runs.rows {
             let (row, dst) = (y * runs.stride, y * runs.out_stride);
             // The bytes a caller walking patches left to right reads next in this row, asked
             // for early: rows of a patch are `stride` apart, too many streams for the hardware
@@ -596,7 +728,7 @@ mod avx2 {
                     let p = pixels.as_ptr().add(row + 3 * at);
                     let bytes = (_mm_loadu_si128(p.cast()), _mm_loadl_epi64(p.add(16).cast()));
                     for (c, &ch) in channels.iter().enumerate() {
-                        let v = value::<FUSED>(bytes, ch, factor, split);
+                        let v = value::<FUSED, UNIT>(bytes, ch, factor, split);
                         for start in &copies {
                             _mm256_storeu_ps(out.add(start[c] + dst + at), v);
                         }
@@ -762,6 +894,22 @@ mod tests {
         std::array::from_fn(|c| out[1 + c * len..1 + (c + 1) * len].to_vec())
     }
 
+    /// `fast` and, when it has a vector formula, the same with the literal method always and with
+    /// its chosen method without the AVX-512 kernel.
+    fn variants(fast: &Normalize) -> Vec<Normalize> {
+        let mut variants = vec![fast.clone()];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(formula) = &fast.simd {
+            let mut literal = fast.clone();
+            literal.simd = Some(formula.clone().with_method(avx2::Method::Literal));
+            variants.push(literal);
+            let mut narrow = fast.clone();
+            narrow.simd = Some(formula.clone().narrow());
+            variants.push(narrow);
+        }
+        variants
+    }
+
     #[test]
     fn simd_equals_the_table_for_every_input() {
         let configs = [
@@ -774,18 +922,7 @@ mod tests {
         for (factor, mean, std) in configs {
             let fast = Normalize::new(Some(factor), Some((mean, std)));
             let table = fast.clone().without_simd();
-            let mut variants = vec![fast.clone()];
-            #[cfg(target_arch = "x86_64")]
-            if let Some(formula) = &fast.simd {
-                // The literal method always; the fused one when it was chosen, with and without
-                // the AVX-512 kernel.
-                let mut literal = fast.clone();
-                literal.simd = Some(formula.clone().with_method(avx2::Method::Literal));
-                variants.push(literal);
-                let mut narrow = fast.clone();
-                narrow.simd = Some(formula.clone().narrow());
-                variants.push(narrow);
-            }
+            let variants = variants(&fast);
             // Run lengths around both vector widths, every position of a run.
             for n in [1, 7, 8, 9, 13, 14, 15, 16, 17, 31, 32, 33, 100, 256] {
                 let pixels: Vec<u8> = (0..3 * n).map(|i| ((i * 37 + n) % 256) as u8).collect();
@@ -834,6 +971,67 @@ mod tests {
                 let mut literal = fast.clone();
                 literal.simd = Some(formula.clone().with_method(avx2::Method::Literal));
                 assert_eq!(run(&literal, &all), want, "factor {factor}");
+            }
+        }
+    }
+
+    /// Patch-shaped runs (several rows `stride` apart, stored twice `out_stride` apart) of every
+    /// width around the one-window path (8–16 pixels, the last rows without 48 bytes after
+    /// their start taking the general path): the table's bits, for a unit factor (torch's
+    /// fused form) and 1/255, each method.
+    #[test]
+    fn patch_runs_equal_the_table() {
+        let mut configs = vec![Normalize::new(
+            Some(1.0 / 255.0),
+            Some((CLIP_MEAN, CLIP_STD)),
+        )];
+        configs.push(crate::processors::torch_backend::fused_normalize(
+            1.0 / 255.0,
+            CLIP_MEAN,
+            CLIP_STD,
+        ));
+        configs.push(crate::processors::torch_backend::fused_normalize(
+            0.5,
+            [100.0, -3.25, 0.1],
+            [7.0, 0.001, 1e6],
+        ));
+        for fast in configs {
+            let table = fast.clone().without_simd();
+            let variants = variants(&fast);
+            for width in 8..=18 {
+                let rows = 6;
+                for gap in [0, 5, 40] {
+                    let stride = 3 * width + gap;
+                    let len = (rows - 1) * stride + 3 * width;
+                    let pixels: Vec<u8> =
+                        (0..len).map(|i| ((i * 113 + width) % 256) as u8).collect();
+                    let runs = Runs {
+                        width,
+                        rows,
+                        stride,
+                        out_stride: width,
+                    };
+                    let plane = rows * width;
+                    let copies = [[0, 2 * plane, 4 * plane], [plane, 3 * plane, 5 * plane]];
+                    let mut want = vec![Out::new(f32::NAN); 6 * plane];
+                    table.deinterleave_into(&pixels, runs, &mut want, &copies);
+                    // SAFETY: every value was initialised (to NaN, then overwritten).
+                    let want: Vec<u32> = want
+                        .iter()
+                        .map(|v| unsafe { v.assume_init() }.to_bits())
+                        .collect();
+                    assert!(want.iter().all(|&b| !f32::from_bits(b).is_nan()));
+                    for variant in &variants {
+                        let mut got = vec![Out::new(f32::NAN); 6 * plane];
+                        variant.deinterleave_into(&pixels, runs, &mut got, &copies);
+                        // SAFETY: as above.
+                        let got: Vec<u32> = got
+                            .iter()
+                            .map(|v| unsafe { v.assume_init() }.to_bits())
+                            .collect();
+                        assert_eq!(got, want, "width {width}, gap {gap}");
+                    }
+                }
             }
         }
     }

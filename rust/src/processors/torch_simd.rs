@@ -1,5 +1,6 @@
 //! The torchvision backend's per-value normalisation `(f32(x) − m[c]) / s[c]` of `u8` pixels,
-//! sixteen values at a time with AVX-512, for the two output layouts of the patch families:
+//! sixteen values at a time with AVX-512 or eight with AVX2 and FMA, for the two output layouts
+//! of the patch families:
 //! channels-first patches of 8 to 16 pixels a side (Kimi-K2.5, [`Affine::write_patch_chw`])
 //! and channels-last runs (Inkling2, [`Affine::write_interleaved`]).
 //!
@@ -9,13 +10,17 @@
 //! subtraction, a multiplication by `1/s` and one fused residual correction
 //! (`q + (d − q·s)/s` as `fma(fnmadd(q, s, d), 1/s, q)`), which avoids the slow division.
 //! [`Affine::new`] compares the kernel with the caller's table on every input and keeps it
-//! only when every bit agrees; otherwise (and without AVX-512) the table is used value by
-//! value, so the outputs are the table's bits in every case.
+//! only when every bit agrees; otherwise (and without AVX2 and FMA) the table is used value
+//! by value, so the outputs are the table's bits in every case. AVX-512 is preferred when the
+//! CPU has it and [`crate::simd::avx512_allowed`]; the AVX2 kernel evaluates each value with
+//! the same sequence of operations, eight lanes wide.
 //!
 //! The stores are whole unmasked vectors (masked stores are slow on some CPUs, AMD Zen 4 among
 //! them): a run shorter than a vector is written by a vector that overlaps the next run,
 //! whose own store comes later and overwrites the overlap; only the very last store of a
-//! patch, which has nothing after it, is masked.
+//! patch, which has nothing after it, is masked. The AVX2 kernel writes each patch row of a
+//! channel as two vectors of 8, the second ending at the row's end (the same vector twice when
+//! the row is 8 long), so it never writes outside the row.
 
 use super::Out;
 
@@ -42,11 +47,47 @@ impl Rows {
 }
 
 /// The per-channel constants `m`, `s` of `(x − m[c]) / s[c]` in `f32`, the table they must
-/// reproduce bit for bit, and the AVX-512 kernel when it does.
+/// reproduce bit for bit, and a vector kernel when it does.
 pub struct Affine {
     table: [[f32; 256]; 3],
     #[cfg(target_arch = "x86_64")]
-    kernel: Option<avx512::Kernel>,
+    kernel: Option<Kernel>,
+}
+
+/// The vector kernel in use: the widest the CPU has that reproduces the table.
+#[cfg(target_arch = "x86_64")]
+enum Kernel {
+    Avx512(Box<avx512::Kernel>),
+    Avx2(Box<avx2::Kernel>),
+}
+
+/// `m`, `s`, `1/s` in the `N` lanes of a vector starting at value `phase` of an interleaved run,
+/// by `phase` (0, 1, 2): lane `j` holds channel `(phase + j) % 3`'s constant. Both kernels'
+/// lane constants.
+#[cfg(target_arch = "x86_64")]
+fn lane_constants<const N: usize>(m: [f32; 3], s: [f32; 3], r: [f32; 3]) -> [[[f32; N]; 3]; 3] {
+    let pattern = |values: [f32; 3], phase: usize| std::array::from_fn(|j| values[(phase + j) % 3]);
+    std::array::from_fn(|phase| [pattern(m, phase), pattern(s, phase), pattern(r, phase)])
+}
+
+/// Which method of a vector kernel reproduces `table` bit for bit: `Some(true)` the fused one
+/// (preferred), `Some(false)` the literal division, `None` neither. `run(fused, src, out)`
+/// evaluates the interleaved run `src` (every (channel, input) pair once, 768 values) into
+/// `out`, which has the same length.
+#[cfg(target_arch = "x86_64")]
+fn reproducing_method(
+    table: &[[f32; 256]; 3],
+    mut run: impl FnMut(bool, &[u8], &mut [f32]),
+) -> Option<bool> {
+    let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
+    let want: Vec<u32> = (0..256)
+        .flat_map(|v| [0, 1, 2].map(|c| table[c][v].to_bits()))
+        .collect();
+    [true, false].into_iter().find(|&fused| {
+        let mut got = vec![0f32; all.len()];
+        run(fused, &all, &mut got);
+        got.iter().map(|v| v.to_bits()).eq(want.iter().copied())
+    })
 }
 
 impl Affine {
@@ -56,7 +97,10 @@ impl Affine {
     pub fn new(table: [[f32; 256]; 3], m: [f32; 3], s: [f32; 3]) -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            let kernel = avx512::Kernel::new(m, s, &table);
+            let kernel = match avx512::Kernel::new(m, s, &table) {
+                Some(k) => Some(Kernel::Avx512(Box::new(k))),
+                None => avx2::Kernel::new(m, s, &table).map(|k| Kernel::Avx2(Box::new(k))),
+            };
             Affine { table, kernel }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -73,6 +117,14 @@ impl Affine {
         {
             self.kernel = None;
         }
+        self
+    }
+
+    /// The same values with the AVX2 kernel, if the CPU has AVX2 and FMA and the kernel
+    /// reproduces the table (tests compare it with the table on AVX-512 CPUs too).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub fn with_avx2(mut self, m: [f32; 3], s: [f32; 3]) -> Self {
+        self.kernel = avx2::Kernel::new(m, s, &self.table).map(|k| Kernel::Avx2(Box::new(k)));
         self
     }
 
@@ -121,8 +173,8 @@ impl Affine {
             out.len()
         );
         #[cfg(target_arch = "x86_64")]
-        if let Some(kernel) = &self.kernel {
-            if n >= avx512::LANES {
+        match &self.kernel {
+            Some(Kernel::Avx512(kernel)) if n >= avx512::LANES => {
                 // SAFETY: the kernel exists only where the CPU has AVX-512 F/BW/VBMI
                 // (`Kernel::new`); every run lies within `src` and `out` (asserted above) and
                 // holds `n ≥ LANES` values; an `Out` is an `f32` slot taking any `f32` written
@@ -130,6 +182,13 @@ impl Affine {
                 unsafe { kernel.interleaved(rows, src.as_ptr(), out.as_mut_ptr().cast::<f32>()) };
                 return;
             }
+            Some(Kernel::Avx2(kernel)) if n >= avx2::LANES => {
+                // SAFETY: as above, with AVX2 and FMA (`avx2::Kernel::new`) and
+                // `n ≥ avx2::LANES`.
+                unsafe { kernel.interleaved(rows, src.as_ptr(), out.as_mut_ptr().cast::<f32>()) };
+                return;
+            }
+            _ => {}
         }
         for y in 0..count {
             let src = &src[y * stride..y * stride + n];
@@ -181,7 +240,26 @@ impl Affine {
             );
         }
         #[cfg(target_arch = "x86_64")]
-        if let Some(kernel) = &self.kernel {
+        if let Some(Kernel::Avx2(kernel)) = &self.kernel {
+            if (avx2::LANES..=avx2::MAX_PATCH).contains(&ps) {
+                // SAFETY: the kernel exists only where the CPU has AVX2 and FMA
+                // (`avx2::Kernel::new`); `out` holds the `3·ps²` values (asserted above), `ps`
+                // is within the kernel's range and `rows, cols ≤ ps`; `pixels` is read through
+                // the slice.
+                unsafe {
+                    kernel.patch_chw(
+                        pixels,
+                        stride,
+                        ps,
+                        (rows, cols),
+                        out.as_mut_ptr().cast::<f32>(),
+                    )
+                };
+                return;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(Kernel::Avx512(kernel)) = &self.kernel {
             if (avx512::MIN_PATCH..=avx512::LANES).contains(&ps) {
                 // SAFETY: as in `write_interleaved` for the CPU; rows `y < rows` of `3·cols`
                 // bytes at `y · stride` lie within `pixels` (asserted above; none is read when
@@ -265,12 +343,6 @@ mod avx512 {
         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes))
     }
 
-    /// Lane `j` of the vector starting at value `phase` of an interleaved run: channel
-    /// `(phase + j) % 3`'s constant.
-    fn pattern(values: [f32; 3], phase: usize) -> [f32; LANES] {
-        std::array::from_fn(|j| values[(phase + j) % 3])
-    }
-
     impl Kernel {
         /// The kernel, if the CPU has AVX-512 and one of the two methods reproduces `table`
         /// (the fused one preferred).
@@ -283,27 +355,16 @@ mod avx512 {
                 m,
                 s,
                 r,
-                lanes: std::array::from_fn(|phase| {
-                    [pattern(m, phase), pattern(s, phase), pattern(r, phase)]
-                }),
+                lanes: super::lane_constants(m, s, r),
                 fused: true,
             };
-            // Every (channel, input) pair once, as an interleaved run.
-            let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
-            let want: Vec<u32> = (0..256)
-                .flat_map(|v| [0, 1, 2].map(|c| table[c][v].to_bits()))
-                .collect();
-            for fused in [true, false] {
+            kernel.fused = super::reproducing_method(table, |fused, all, got| {
                 kernel.fused = fused;
-                let mut got = vec![0f32; all.len()];
-                // SAFETY: `available()` holds; both buffers hold 768 ≥ LANES elements.
+                // SAFETY: `available()` holds; `all` and `got` both hold 768 ≥ LANES elements.
                 unsafe { kernel.interleaved(Rows::one(all.len()), all.as_ptr(), got.as_mut_ptr()) };
-                if got.iter().map(|v| v.to_bits()).eq(want.iter().copied()) {
-                    // `patch_chw` evaluates each value with the same operations (`value`).
-                    return Some(kernel);
-                }
-            }
-            None
+            })?;
+            // `patch_chw` evaluates each value with the same operations (`value`).
+            Some(kernel)
         }
 
         /// For each row `y < rows.rows`: `out[y · out_stride + i] = f(src[y · stride + i])` in
@@ -493,6 +554,249 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Rows;
+    use crate::processors::normalize::avx2::WINDOW_MASKS;
+    use std::arch::x86_64::*;
+
+    /// Values per vector, and the smallest run or patch side the kernel takes.
+    pub const LANES: usize = 8;
+    /// The largest patch side [`Kernel::patch_chw`] takes: a row is at most two vectors.
+    pub const MAX_PATCH: usize = 2 * LANES;
+    /// The bytes of a patch row of `MAX_PATCH` pixels, read as three 16-byte loads.
+    const WINDOW: usize = 3 * MAX_PATCH;
+
+    /// The constants of the formula, as for the AVX-512 kernel.
+    pub struct Kernel {
+        m: [f32; 3],
+        s: [f32; 3],
+        r: [f32; 3],
+        /// `m`, `s`, `1/s` in the lanes of a vector starting at value `phase` of an interleaved
+        /// run, by `phase` (0, 1, 2).
+        lanes: [[[f32; LANES]; 3]; 3],
+        /// `1/s` and a fused residual correction instead of the division.
+        fused: bool,
+    }
+
+    /// `(v − m) / s` per lane, with the AVX-512 kernel's operations in the same order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn value<const FUSED: bool>(v: __m256, m: __m256, s: __m256, r: __m256) -> __m256 {
+        let d = _mm256_sub_ps(v, m);
+        if FUSED {
+            let q = _mm256_mul_ps(d, r);
+            _mm256_fmadd_ps(_mm256_fnmadd_ps(q, s, d), r, q)
+        } else {
+            _mm256_div_ps(d, s)
+        }
+    }
+
+    /// The low 8 bytes as `f32` values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn floats(bytes: __m128i) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes))
+    }
+
+    impl Kernel {
+        /// The kernel, if the CPU has AVX2 and FMA and one of the two methods reproduces
+        /// `table` (the fused one preferred).
+        pub fn new(m: [f32; 3], s: [f32; 3], table: &[[f32; 256]; 3]) -> Option<Self> {
+            if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+                return None;
+            }
+            let r = s.map(|s| 1.0 / s);
+            let mut kernel = Kernel {
+                m,
+                s,
+                r,
+                lanes: super::lane_constants(m, s, r),
+                fused: true,
+            };
+            kernel.fused = super::reproducing_method(table, |fused, all, got| {
+                kernel.fused = fused;
+                // SAFETY: AVX2 and FMA checked above; `all` and `got` both hold 768 ≥ LANES
+                // elements.
+                unsafe { kernel.interleaved(Rows::one(all.len()), all.as_ptr(), got.as_mut_ptr()) };
+            })?;
+            // `patch_chw` evaluates each value with the same operations (`value`).
+            Some(kernel)
+        }
+
+        /// As the AVX-512 kernel's `interleaved`.
+        ///
+        /// # Safety
+        ///
+        /// The CPU has AVX2 and FMA (checked by [`Kernel::new`]); `rows.n ≥ LANES`; for every
+        /// row, `src[y · stride..][..n]` is readable and `out[y · out_stride..][..n]` writable
+        /// and not accessed by anyone else during the call.
+        pub unsafe fn interleaved(&self, rows: Rows, src: *const u8, out: *mut f32) {
+            // SAFETY: forwarded.
+            unsafe {
+                if self.fused {
+                    interleaved::<true>(self, rows, src, out);
+                } else {
+                    interleaved::<false>(self, rows, src, out);
+                }
+            }
+        }
+
+        /// A `ps × ps` patch channels-first: channel `c` of pixel `x` of row `y`
+        /// (`pixels[y · stride + 3·x + c]` for `y < rows`, `x < cols` with
+        /// `block = (rows, cols)`, a `0` byte elsewhere) to `out[c·ps² + y·ps + x]`. Bytes
+        /// outside `pixels` are never read (they count as 0).
+        ///
+        /// # Safety
+        ///
+        /// The CPU has AVX2 and FMA (checked by [`Kernel::new`]); `LANES ≤ ps ≤ MAX_PATCH`;
+        /// `out[..3·ps²]` is writable and not accessed by anyone else during the call.
+        pub unsafe fn patch_chw(
+            &self,
+            pixels: &[u8],
+            stride: usize,
+            ps: usize,
+            block: (usize, usize),
+            out: *mut f32,
+        ) {
+            // SAFETY: forwarded.
+            unsafe {
+                if self.fused {
+                    patch_chw::<true>(self, pixels, stride, ps, block, out);
+                } else {
+                    patch_chw::<false>(self, pixels, stride, ps, block, out);
+                }
+            }
+        }
+    }
+
+    /// [`Kernel::interleaved`] with the method fixed: vectors of 8 from the start of each run,
+    /// the last one ending at `n` (overlapping the one before, whose values it writes again,
+    /// unchanged), each with the lane constants of its phase (`start % 3`).
+    ///
+    /// # Safety
+    ///
+    /// As [`Kernel::interleaved`].
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn interleaved<const FUSED: bool>(
+        k: &Kernel,
+        rows: Rows,
+        src: *const u8,
+        out: *mut f32,
+    ) {
+        let n = rows.n;
+        debug_assert!(n >= LANES);
+        // SAFETY: 8-value arrays read with unaligned loads.
+        let load =
+            |phase: usize, kind: usize| unsafe { _mm256_loadu_ps(k.lanes[phase][kind].as_ptr()) };
+        let phases = [0, 1, 2].map(|p| (load(p, 0), load(p, 1), load(p, 2)));
+        for y in 0..rows.rows {
+            let (src, out) = (
+                src.wrapping_add(y * rows.stride),
+                out.wrapping_add(y * rows.out_stride),
+            );
+            // The same row of the next patch, asked for early (a prefetch never faults, and
+            // `wrapping_add` claims nothing about the address).
+            _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(2 * n - 1).cast::<i8>());
+            let mut next = 0;
+            loop {
+                let at = next.min(n - LANES);
+                let (m, s, r) = phases[at % 3];
+                // SAFETY: `at + LANES ≤ n`, so the 8 bytes read at `src + at` and the 8 values
+                // written at `out + at` lie within row `y`'s run, in bounds by the contract;
+                // unaligned loads and stores.
+                unsafe {
+                    let bytes = _mm_loadl_epi64(src.add(at).cast());
+                    _mm256_storeu_ps(out.add(at), value::<FUSED>(floats(bytes), m, s, r));
+                }
+                if at + LANES >= n {
+                    break;
+                }
+                next += LANES;
+            }
+        }
+    }
+
+    /// [`Kernel::patch_chw`] with the method fixed. Each row's 48 bytes are read with three
+    /// 16-byte loads — from `pixels` when the row is whole and they lie inside it, else from a
+    /// zeroed copy of its `3·cols` bytes — and split into channels with `vpshufb`
+    /// ([`WINDOW_MASKS`]): per channel, pixels `0..8` and `ps − 8..ps`, stored as two vectors
+    /// at the start of the row's output and at `ps − 8` from it.
+    ///
+    /// # Safety
+    ///
+    /// As [`Kernel::patch_chw`].
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn patch_chw<const FUSED: bool>(
+        k: &Kernel,
+        pixels: &[u8],
+        stride: usize,
+        ps: usize,
+        (block_rows, cols): (usize, usize),
+        out: *mut f32,
+    ) {
+        debug_assert!((LANES..=MAX_PATCH).contains(&ps) && block_rows <= ps && cols <= ps);
+        let Some(controls) = WINDOW_MASKS.get(ps.wrapping_sub(LANES)) else {
+            return;
+        };
+        // SAFETY: 16-byte arrays read with unaligned loads.
+        let controls = controls.map(|c| c.map(|m| unsafe { _mm_loadu_si128(m.as_ptr().cast()) }));
+        let consts: [(__m256, __m256, __m256); 3] = std::array::from_fn(|c| {
+            (
+                _mm256_set1_ps(k.m[c]),
+                _mm256_set1_ps(k.s[c]),
+                _mm256_set1_ps(k.r[c]),
+            )
+        });
+        let plane = ps * ps;
+        for y in 0..ps {
+            let start = y.wrapping_mul(stride);
+            let row = match pixels.get(start..) {
+                Some(row) if y < block_rows => row,
+                _ => &[],
+            };
+            let mut copy = [0u8; WINDOW];
+            let window = match row.first_chunk::<WINDOW>() {
+                Some(window) if cols == ps => window,
+                _ => {
+                    for (to, &from) in copy.iter_mut().zip(row.iter().take(3 * cols)) {
+                        *to = from;
+                    }
+                    &copy
+                }
+            };
+            let p = window.as_ptr();
+            // SAFETY: the three 16-byte loads cover the 48 bytes of `window`.
+            let loads = unsafe {
+                [
+                    _mm_loadu_si128(p.cast()),
+                    _mm_loadu_si128(p.add(16).cast()),
+                    _mm_loadu_si128(p.add(32).cast()),
+                ]
+            };
+            for (c, (mask, &(m, s, r))) in controls.iter().zip(&consts).enumerate() {
+                let bytes = _mm_or_si128(
+                    _mm_or_si128(
+                        _mm_shuffle_epi8(loads[0], mask[0]),
+                        _mm_shuffle_epi8(loads[1], mask[1]),
+                    ),
+                    _mm_shuffle_epi8(loads[2], mask[2]),
+                );
+                let low = value::<FUSED>(floats(bytes), m, s, r);
+                let high = value::<FUSED>(floats(_mm_unpackhi_epi64(bytes, bytes)), m, s, r);
+                let at = c * plane + y * ps;
+                // SAFETY: row `y < ps` of plane `c < 3` is `out[at..at + ps]`, inside the
+                // `3·ps²` values of the contract; the stores cover `at..at + 8` and
+                // `at + ps − 8..at + ps`, both inside it as `8 ≤ ps`; unaligned stores.
+                unsafe {
+                    _mm256_storeu_ps(out.add(at), low);
+                    _mm256_storeu_ps(out.add(at + ps - LANES), high);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,6 +810,105 @@ mod tests {
             mean.map(|v| v as f32 * inverse),
             std.map(|v| v as f32 * inverse),
         )
+    }
+
+    /// As [`affine`], with the AVX2 kernel (where the CPU has AVX2 and FMA).
+    #[cfg(target_arch = "x86_64")]
+    fn affine_avx2(mean: [f64; 3], std: [f64; 3], factor: f64) -> Affine {
+        let inverse = (1.0 / factor) as f32;
+        affine(mean, std, factor).with_avx2(
+            mean.map(|v| v as f32 * inverse),
+            std.map(|v| v as f32 * inverse),
+        )
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// The AVX2 kernel against the table on every patch side it takes (8 to 16), whole and
+    /// padded blocks, odd strides, rows near the end of the buffer (where its 48-byte window
+    /// does not fit), and runs of 8 to 50 values, one or several rows.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_kernel_equals_the_table() {
+        // Any 256 consecutive bytes are distinct (7919 is odd), so a value taken from the
+        // wrong byte — a wrong `vpshufb` control, phase or offset — changes the output.
+        let pixels: Vec<u8> = (0..37 * 53 * 3).map(|i| (i * 7919 % 256) as u8).collect();
+        for (mean, std, factor) in [
+            ([0.5; 3], [0.5; 3], 1.0 / 255.0),
+            (
+                [0.48145466, 0.4578275, 0.40821073],
+                [0.26862954, 0.26130258, 0.27577711],
+                1.0 / 255.0,
+            ),
+            ([127.5, 120.0, 100.25], [64.0, 58.5, 70.125], 1.0),
+        ] {
+            let fast = affine_avx2(mean, std, factor);
+            let slow = affine(mean, std, factor).without_simd();
+            assert_eq!(fast.vectorised(), has_avx2(), "{mean:?} {std:?} {factor}");
+            for ps in 8..=16 {
+                for stride in [3 * ps, 3 * ps + 1, 53 * 3 + 2] {
+                    let blocks = [(ps, ps), (ps - 1, ps), (ps, ps - 3), (3, 1), (0, 0)];
+                    for at in [0, 7, pixels.len() - ((ps - 1) * stride + 3 * ps)] {
+                        for block in blocks {
+                            let (mut a, mut b) = (
+                                vec![Out::uninit(); 3 * ps * ps],
+                                vec![Out::uninit(); 3 * ps * ps],
+                            );
+                            let src = &pixels[at..];
+                            fast.write_padded_patch_chw(src, stride, ps, block, &mut a);
+                            slow.write_padded_patch_chw(src, stride, ps, block, &mut b);
+                            let what = format!("patch {ps} at {at} stride {stride} {block:?}");
+                            assert_eq!(bits(&a), bits(&b), "{what}");
+                        }
+                    }
+                }
+            }
+            for n in 8..=50 {
+                for (count, stride, out_stride) in [(1, n, n), (3, n + 5, n + 3), (5, 3 * 53, n)] {
+                    let rows = Rows {
+                        n,
+                        rows: count,
+                        stride,
+                        out_stride,
+                    };
+                    let len = (count - 1) * out_stride + n;
+                    let (mut a, mut b) = (vec![Out::new(0.5); len], vec![Out::new(0.5); len]);
+                    fast.write_interleaved_rows(&pixels[1..], rows, &mut a);
+                    slow.write_interleaved_rows(&pixels[1..], rows, &mut b);
+                    assert_eq!(bits(&a), bits(&b), "{rows:?}");
+                }
+            }
+        }
+    }
+
+    /// A table the formula does not reproduce (one value off by one bit) keeps every vector
+    /// kernel out, and the outputs are the table's.
+    #[test]
+    fn a_kernel_off_by_one_bit_is_not_used() {
+        let (mean, std) = ([0.5; 3], [0.5; 3]);
+        let mut table = fused_f32_table(1.0 / 255.0, mean, std);
+        table[1][200] = f32::from_bits(table[1][200].to_bits() + 1);
+        let m = mean.map(|v| v as f32 * 255.0);
+        let s = std.map(|v| v as f32 * 255.0);
+        let affine = Affine::new(table, m, s);
+        assert!(!affine.vectorised());
+        #[cfg(target_arch = "x86_64")]
+        assert!(!Affine::new(table, m, s).with_avx2(m, s).vectorised());
+        let src = [200u8; 48];
+        let mut out = vec![Out::uninit(); 48];
+        affine.write_interleaved(&src, &mut out);
+        assert_eq!(bits(&out)[1], table[1][200].to_bits());
+        // Without the off value, the same constants give a kernel (where the CPU has one).
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            Affine::new(fused_f32_table(1.0 / 255.0, mean, std), m, s)
+                .with_avx2(m, s)
+                .vectorised(),
+            has_avx2()
+        );
     }
 
     fn bits(out: &[Out]) -> Vec<u32> {
@@ -528,15 +931,16 @@ mod tests {
             for factor in [1.0 / 255.0, 1.0 / 127.0] {
                 let fast = affine(mean, std, factor);
                 let slow = affine(mean, std, factor).without_simd();
-                // The formula is the table's (the division is IEEE's): wherever AVX-512 is
-                // there, a kernel reproduces it.
+                // The formula is the table's (the division is IEEE's): wherever AVX-512 or
+                // AVX2 and FMA are there, a kernel reproduces it.
                 #[cfg(target_arch = "x86_64")]
                 assert_eq!(
                     fast.vectorised(),
-                    crate::simd::avx512_allowed()
+                    (crate::simd::avx512_allowed()
                         && is_x86_feature_detected!("avx512f")
                         && is_x86_feature_detected!("avx512bw")
-                        && is_x86_feature_detected!("avx512vbmi")
+                        && is_x86_feature_detected!("avx512vbmi"))
+                        || has_avx2()
                 );
                 for n in [0, 1, 15, 16, 17, 47, 48, 120, 121, 3 * 61] {
                     let src = &pixels[..n];
