@@ -20,11 +20,12 @@ use super::normalize::Normalize;
 use super::torch_backend::{check_torch_steps, filter_of};
 use super::value::{as_count, as_float, hf_only, Common, Value, HF_COMMON};
 use super::{
-    check_image, checked_len, parallel, prepare_all, Input, Options, Out, OutBuffer, Outputs,
-    ProcessorError, Rgb, Tensor, TensorData,
+    check_image, checked_len, parallel, prepare_all, store, Input, Options, Out, OutBuffer,
+    Outputs, ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::image::torch::TorchFilter;
 use crate::image::torch_aa;
+use crate::memory::fallible;
 
 /// `OPENAI_CLIP_MEAN` / `OPENAI_CLIP_STD`, the class defaults.
 const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
@@ -404,21 +405,49 @@ fn write_image(
             channel(src, c, row);
         }
     };
+    // A large output goes out one band of patches (`patch` resized rows) at a time: the band
+    // is assembled in a staging buffer (it stays in the L2 cache while its rows are scattered
+    // into patches) and copied out with streaming stores, whole lines straight to memory,
+    // instead of each scattered 64-byte piece first reading its line in.
+    let band_len = gw * patch_len;
+    let stream = store::should_stream(out.len());
+    let mut staging = if stream {
+        fallible::uninit::<f32>(band_len).map_err(ProcessorError::oom("staging band"))?
+    } else {
+        Vec::new()
+    };
     let emit = |y: usize, c: usize, row: &[f32]| {
         let (m, s) = consts[c];
         let (py, yy) = (y / patch, y % patch);
-        let first = py * gw * patch_len + c * patch * patch + yy * patch;
+        let (band, first) = if stream {
+            (&mut staging[..], c * patch * patch + yy * patch)
+        } else {
+            (&mut out[..], py * band_len + c * patch * patch + yy * patch)
+        };
         if wide {
             // SAFETY: as above.
-            unsafe { wide::scatter(row, m, s, patch, patch_len, first, out) };
+            unsafe { wide::scatter(row, m, s, patch, patch_len, first, band) };
         } else {
-            scatter(row, m, s, patch, patch_len, first, out);
+            scatter(row, m, s, patch, patch_len, first, band);
+        }
+        // Output row `y` of every channel comes before row `y + 1` of any: after the last
+        // channel's last row of the band, every value of the band has been written.
+        if stream && c == 2 && yy == patch - 1 {
+            // SAFETY: the band's 3 channels × `patch` rows × `gw` patches × `patch` values
+            // were written by the scatters since the last copy (the row just emitted was the
+            // band's last), which cover every position of `staging`; `MaybeUninit<f32>` has
+            // the layout of `f32`.
+            let values =
+                unsafe { std::slice::from_raw_parts(staging.as_ptr().cast::<f32>(), band_len) };
+            let dst = &mut out[py * band_len..(py + 1) * band_len];
+            store::copy_bytes(store::bytes_of(dst), values, true);
         }
     };
     // The three channels together, so each input row is read, and each output row written,
     // while in cache.
     torch_aa::resize_planes(3, (in_h, in_w), (out_h, out_w), filter, fill, emit)
         .map_err(ProcessorError::oom("resized rows"))?;
+    store::fence(stream);
     Ok(())
 }
 
