@@ -41,30 +41,12 @@ FILES = {p.stem: json.loads(p.read_text()) for p in sorted(FOLDER.glob("*.json")
 FILES.pop("goldens", None)  # the kernels, Llama 4 and Phi: test_torch_goldens.py
 FAMILIES = {name for name, *_ in _native.families()}
 MIN_PHOTOS = 30
-# Pillow's sugarshack photo has a malformed MPO header, read as a plain JPEG (as the generator
-# read it).
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Image appears to be a malformed MPO file:UserWarning"
-)
-
-# One real photo (Pillow's sugarshack MPO) has a malformed MPO header; Pillow warns and reads it
-# as a plain JPEG, in both environments.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Image appears to be a malformed MPO file:UserWarning"
-)
 
 
 def _cases() -> Iterator[Any]:
     for family, goldens in FILES.items():
         for case in goldens["cases"]:
             yield pytest.param(family, case, id=case["id"])
-
-
-# Pillow's sugarshack_bad_mpo_header.jpg (a real photo) has a malformed MPO header, read as a
-# plain JPEG (both sides, as in test_real_photos.py)
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Image appears to be a malformed MPO file:UserWarning"
-)
 
 
 @pytest.fixture(scope="module")
