@@ -61,13 +61,50 @@ enum Kernel {
     Avx2(Box<avx2::Kernel>),
 }
 
-/// `m`, `s`, `1/s` in the `N` lanes of a vector starting at value `phase` of an interleaved run,
-/// by `phase` (0, 1, 2): lane `j` holds channel `(phase + j) % 3`'s constant. Both kernels'
-/// lane constants.
+/// The constants of a vector kernel of `N` lanes: per channel `m`, `s`, `1/s`, the same in the
+/// lanes of a vector starting at value `phase` of an interleaved run (lane `j` holds channel
+/// `(phase + j) % 3`'s constant), and how a value is divided. Each kernel module adds its
+/// methods to its own width (`avx512::Kernel` is `Constants<16>`, `avx2::Kernel` `Constants<8>`).
 #[cfg(target_arch = "x86_64")]
-fn lane_constants<const N: usize>(m: [f32; 3], s: [f32; 3], r: [f32; 3]) -> [[[f32; N]; 3]; 3] {
-    let pattern = |values: [f32; 3], phase: usize| std::array::from_fn(|j| values[(phase + j) % 3]);
-    std::array::from_fn(|phase| [pattern(m, phase), pattern(s, phase), pattern(r, phase)])
+struct Constants<const N: usize> {
+    m: [f32; 3],
+    s: [f32; 3],
+    r: [f32; 3],
+    /// `m`, `s`, `1/s` by `phase` (0, 1, 2).
+    lanes: [[[f32; N]; 3]; 3],
+    /// `1/s` and a fused residual correction instead of the division.
+    fused: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<const N: usize> Constants<N> {
+    /// The constants of `(x − m[c]) / s[c]` with the method (fused preferred) for which `run`
+    /// (the kernel's interleaved run of `src` into `out`) gives `table`'s bits on every input;
+    /// `None` when neither method does.
+    fn reproducing(
+        m: [f32; 3],
+        s: [f32; 3],
+        table: &[[f32; 256]; 3],
+        mut run: impl FnMut(&Self, &[u8], &mut [f32]),
+    ) -> Option<Self> {
+        let r = s.map(|s| 1.0 / s);
+        let pattern =
+            |values: [f32; 3], phase: usize| std::array::from_fn(|j| values[(phase + j) % 3]);
+        let mut kernel = Constants {
+            m,
+            s,
+            r,
+            lanes: std::array::from_fn(|phase| {
+                [pattern(m, phase), pattern(s, phase), pattern(r, phase)]
+            }),
+            fused: true,
+        };
+        kernel.fused = reproducing_method(table, |fused, all, got| {
+            kernel.fused = fused;
+            run(&kernel, all, got);
+        })?;
+        Some(kernel)
+    }
 }
 
 /// Which method of a vector kernel reproduces `table` bit for bit: `Some(true)` the fused one
@@ -311,17 +348,8 @@ mod avx512 {
             && is_x86_feature_detected!("avx512vbmi")
     }
 
-    /// The constants of the formula: per channel (`m`, `s`, `1/s`) and how a value is divided.
-    pub struct Kernel {
-        m: [f32; 3],
-        s: [f32; 3],
-        r: [f32; 3],
-        /// `m`, `s`, `1/s` in the lanes of a vector starting at value `phase` of an interleaved
-        /// run, by `phase` (0, 1, 2).
-        lanes: [[[f32; LANES]; 3]; 3],
-        /// `1/s` and a fused residual correction instead of the division.
-        fused: bool,
-    }
+    /// The constants of the formula; the kernel's methods below.
+    pub type Kernel = super::Constants<LANES>;
 
     /// `(v − m) / s` per lane: the division itself, or (`FUSED`) `q = d·r` corrected once.
     #[inline]
@@ -350,21 +378,11 @@ mod avx512 {
             if !available() {
                 return None;
             }
-            let r = s.map(|s| 1.0 / s);
-            let mut kernel = Kernel {
-                m,
-                s,
-                r,
-                lanes: super::lane_constants(m, s, r),
-                fused: true,
-            };
-            kernel.fused = super::reproducing_method(table, |fused, all, got| {
-                kernel.fused = fused;
+            // `patch_chw` evaluates each value with the same operations (`value`).
+            Kernel::reproducing(m, s, table, |kernel, all, got| {
                 // SAFETY: `available()` holds; `all` and `got` both hold 768 ≥ LANES elements.
                 unsafe { kernel.interleaved(Rows::one(all.len()), all.as_ptr(), got.as_mut_ptr()) };
-            })?;
-            // `patch_chw` evaluates each value with the same operations (`value`).
-            Some(kernel)
+            })
         }
 
         /// For each row `y < rows.rows`: `out[y · out_stride + i] = f(src[y · stride + i])` in
@@ -567,17 +585,8 @@ mod avx2 {
     /// The bytes of a patch row of `MAX_PATCH` pixels, read as three 16-byte loads.
     const WINDOW: usize = 3 * MAX_PATCH;
 
-    /// The constants of the formula, as for the AVX-512 kernel.
-    pub struct Kernel {
-        m: [f32; 3],
-        s: [f32; 3],
-        r: [f32; 3],
-        /// `m`, `s`, `1/s` in the lanes of a vector starting at value `phase` of an interleaved
-        /// run, by `phase` (0, 1, 2).
-        lanes: [[[f32; LANES]; 3]; 3],
-        /// `1/s` and a fused residual correction instead of the division.
-        fused: bool,
-    }
+    /// The constants of the formula; the kernel's methods below.
+    pub type Kernel = super::Constants<LANES>;
 
     /// `(v − m) / s` per lane, with the AVX-512 kernel's operations in the same order.
     #[inline]
@@ -606,22 +615,12 @@ mod avx2 {
             if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
                 return None;
             }
-            let r = s.map(|s| 1.0 / s);
-            let mut kernel = Kernel {
-                m,
-                s,
-                r,
-                lanes: super::lane_constants(m, s, r),
-                fused: true,
-            };
-            kernel.fused = super::reproducing_method(table, |fused, all, got| {
-                kernel.fused = fused;
+            // `patch_chw` evaluates each value with the same operations (`value`).
+            Kernel::reproducing(m, s, table, |kernel, all, got| {
                 // SAFETY: AVX2 and FMA checked above; `all` and `got` both hold 768 ≥ LANES
                 // elements.
                 unsafe { kernel.interleaved(Rows::one(all.len()), all.as_ptr(), got.as_mut_ptr()) };
-            })?;
-            // `patch_chw` evaluates each value with the same operations (`value`).
-            Some(kernel)
+            })
         }
 
         /// As the AVX-512 kernel's `interleaved`.
