@@ -77,14 +77,23 @@ CASES = tuple(REAL_PHOTO_CASES)
 
 
 def _same(reference: Any, ours: Any) -> bool:
-    """Whether a torch tensor and our numpy array hold the same bytes (bfloat16 as its bits)."""
+    """Whether a torch tensor and our numpy array hold the same bytes (bfloat16 as its bits).
+
+    Without ``ml_dtypes`` our bfloat16 outputs arrive widened to float32 (exactly); the
+    reference's bfloat16 is then widened the same way, which keeps every bit.
+    """
     import torch
 
     reference = reference.contiguous()
     if reference.dtype == torch.bfloat16:
-        reference, ours = reference.view(torch.int16), ours.view("int16")
+        if ours.dtype.name == "bfloat16":
+            reference, ours = reference.view(torch.int16), ours.view("int16")
+        else:
+            reference = reference.float()
     return bool(
-        tuple(reference.shape) == ours.shape and reference.numpy().tobytes() == ours.tobytes()
+        tuple(reference.shape) == ours.shape
+        and reference.numpy().dtype == ours.dtype
+        and reference.numpy().tobytes() == ours.tobytes()
     )
 
 

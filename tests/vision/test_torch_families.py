@@ -137,7 +137,7 @@ def test_results_do_not_depend_on_threads() -> None:
         assert one.num_image_tokens == two.num_image_tokens
 
 
-def test_bfloat16_without_ml_dtypes_widens_exactly() -> None:
+def test_bfloat16_without_ml_dtypes_widens_exactly(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['ml_dtypes'] = None\n"
         "import numpy as np\n"
@@ -149,17 +149,14 @@ def test_bfloat16_without_ml_dtypes_widens_exactly() -> None:
         "assert not (bits & 0xFFFF).any()\n"
         "np.save(sys.argv[1], (bits >> 16).astype(np.uint16))\n"
     )
-    path = Path(__file__).parent / ".bf16_bits.npy"
-    try:
-        run = subprocess.run(
-            [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120
-        )
-        assert run.returncode == 0, run.stderr
-        with_ml_dtypes = vision.ImageProcessor.for_family("llama4")([PHOTO]).pixel_values
-        assert with_ml_dtypes is not None
-        assert np.array_equal(np.load(path), with_ml_dtypes.view(np.uint16))
-    finally:
-        path.unlink(missing_ok=True)
+    path = tmp_path / "bf16_bits.npy"
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    with_ml_dtypes = vision.ImageProcessor.for_family("llama4")([PHOTO]).pixel_values
+    assert with_ml_dtypes is not None
+    assert np.array_equal(np.load(path), with_ml_dtypes.view(np.uint16))
 
 
 def test_cli_writes_bfloat16(tmp_path: Path) -> None:
