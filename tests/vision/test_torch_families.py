@@ -137,6 +137,39 @@ def test_results_do_not_depend_on_threads() -> None:
         assert one.num_image_tokens == two.num_image_tokens
 
 
+def test_llama4_bfloat16_outputs_are_recycled_without_changing_a_value() -> None:
+    """A dropped Llama 4 ``pixel_values`` (bfloat16) is kept for the next call, whose values
+    are written over the stale ones of another batch: every call gives the same bits, with
+    recycling on or off."""
+    rng = np.random.default_rng(7)
+    batch_a = [rng.integers(0, 256, (900, 1300, 3), dtype=np.uint8) for _ in range(3)]
+    batch_b = [rng.integers(0, 256, (1000, 700, 3), dtype=np.uint8) for _ in range(3)]
+    ours = vision.ImageProcessor.for_family("llama4")
+
+    def bits(images: list[np.ndarray]) -> bytes:
+        out = ours(images).pixel_values
+        assert out is not None
+        return out.tobytes()
+
+    previous = vision.buffer_cache().limit
+    try:
+        vision.buffer_cache(256 << 20)
+        want = bits(batch_a)
+        out = ours(batch_b)
+        held_while_alive = vision.buffer_cache().held
+        assert out.pixel_values is not None
+        nbytes = out.pixel_values.nbytes
+        assert nbytes >= 1 << 20
+        del out
+        assert vision.buffer_cache().held >= held_while_alive + nbytes
+        for _ in range(3):
+            assert bits(batch_a) == want
+        assert vision.buffer_cache(0).held == 0
+        assert bits(batch_a) == want
+    finally:
+        vision.buffer_cache(previous)
+
+
 def test_bfloat16_without_ml_dtypes_widens_exactly(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['ml_dtypes'] = None\n"

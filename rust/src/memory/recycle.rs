@@ -16,8 +16,8 @@
 //! [`set_limit`] at any time, `0` turns recycling off), dropping the oldest buffers first;
 //! buffers below [`MIN_BYTES`] are left to the allocator, which serves those well.
 //!
-//! Stale contents are never read: [`take_f32`] returns uninitialised values that every writer
-//! overwrites, and [`take_u8`] buffers go only to writers that write every byte (the resampler,
+//! Stale contents are never read: [`take_f32`] and [`take_u16`] return uninitialised values
+//! that every writer overwrites, and [`take_u8`] buffers go only to writers that write every byte (the resampler,
 //! the JPEG decoder).
 
 use std::mem::MaybeUninit;
@@ -33,9 +33,11 @@ pub const LIMIT_ENV: &str = "SMG_GRPC_PROTO_BUFFER_CACHE_MIB";
 /// (so a small request never pins a huge buffer), plus [`MIN_BYTES`] of slack.
 const MAX_WASTE: usize = 2;
 
-/// A kept buffer: an output tensor's values or an intermediate image's bytes.
+/// A kept buffer: an output tensor's values (`float32`, or `bfloat16` bits) or an
+/// intermediate image's bytes.
 enum Spare {
     F32(Vec<f32>),
+    U16(Vec<u16>),
     U8(Vec<u8>),
 }
 
@@ -43,6 +45,7 @@ impl Spare {
     fn bytes(&self) -> usize {
         match self {
             Spare::F32(v) => v.capacity() * 4,
+            Spare::U16(v) => v.capacity() * 2,
             Spare::U8(v) => v.capacity(),
         }
     }
@@ -61,7 +64,19 @@ impl Element for f32 {
     fn unwrap(spare: Spare) -> Option<Vec<f32>> {
         match spare {
             Spare::F32(v) => Some(v),
-            Spare::U8(_) => None,
+            _ => None,
+        }
+    }
+}
+
+impl Element for u16 {
+    fn holds(spare: &Spare) -> bool {
+        matches!(spare, Spare::U16(_))
+    }
+    fn unwrap(spare: Spare) -> Option<Vec<u16>> {
+        match spare {
+            Spare::U16(v) => Some(v),
+            _ => None,
         }
     }
 }
@@ -73,7 +88,7 @@ impl Element for u8 {
     fn unwrap(spare: Spare) -> Option<Vec<u8>> {
         match spare {
             Spare::U8(v) => Some(v),
-            Spare::F32(_) => None,
+            _ => None,
         }
     }
 }
@@ -134,14 +149,24 @@ impl Cache {
     /// The smallest kept output buffer for `len` values, as `len` uninitialised values, if one
     /// fits.
     pub fn take_f32(&mut self, len: usize) -> Option<Vec<MaybeUninit<f32>>> {
-        let buffer: Vec<f32> = self.pick(len.saturating_mul(4))?;
+        self.take_uninit(len)
+    }
+
+    /// [`take_f32`](Self::take_f32) for `bfloat16` outputs (their bits).
+    pub fn take_u16(&mut self, len: usize) -> Option<Vec<MaybeUninit<u16>>> {
+        self.take_uninit(len)
+    }
+
+    /// The smallest kept `T` buffer for `len` values, as `len` uninitialised values.
+    fn take_uninit<T: Element>(&mut self, len: usize) -> Option<Vec<MaybeUninit<T>>> {
+        let buffer: Vec<T> = self.pick(len.saturating_mul(std::mem::size_of::<T>()))?;
         let mut buffer = std::mem::ManuallyDrop::new(buffer);
         let (ptr, capacity) = (buffer.as_mut_ptr(), buffer.capacity());
-        // SAFETY: the parts are those of a `Vec<f32>` whose ownership moves to the new Vec (the
-        // old one is never dropped); `MaybeUninit<f32>` has the layout of `f32`, so the
+        // SAFETY: the parts are those of a `Vec<T>` whose ownership moves to the new Vec (the
+        // old one is never dropped); `MaybeUninit<T>` has the layout of `T`, so the
         // allocation's layout is unchanged; `len <= capacity` (`pick` only returns buffers of at
         // least `len` values) and any `MaybeUninit` value is valid, initialised or not.
-        Some(unsafe { Vec::from_raw_parts(ptr.cast::<MaybeUninit<f32>>(), len, capacity) })
+        Some(unsafe { Vec::from_raw_parts(ptr.cast::<MaybeUninit<T>>(), len, capacity) })
     }
 
     /// The smallest kept byte buffer for `len` bytes, resized to `len` (stale contents), if one
@@ -165,6 +190,11 @@ impl Cache {
     /// kept ones to make room); frees it otherwise.
     pub fn give_f32(&mut self, buffer: Vec<f32>) {
         self.keep(Spare::F32(buffer));
+    }
+
+    /// Keeps a `bfloat16` output buffer like [`Cache::give_f32`].
+    pub fn give_u16(&mut self, buffer: Vec<u16>) {
+        self.keep(Spare::U16(buffer));
     }
 
     /// Keeps a byte buffer like [`Cache::give_f32`].
@@ -208,6 +238,16 @@ pub fn give_f32(buffer: Vec<f32>) {
     cache().give_f32(buffer);
 }
 
+/// [`Cache::take_u16`] on the process's cache.
+pub fn take_u16(len: usize) -> Option<Vec<MaybeUninit<u16>>> {
+    cache().take_u16(len)
+}
+
+/// [`Cache::give_u16`] on the process's cache.
+pub fn give_u16(buffer: Vec<u16>) {
+    cache().give_u16(buffer);
+}
+
 /// [`Cache::give_u8`] on the process's cache.
 pub fn give_u8(buffer: Vec<u8>) {
     cache().give_u8(buffer);
@@ -231,6 +271,25 @@ pub fn held() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bfloat16_buffers_serve_only_bfloat16_requests() {
+        let mut cache = Cache::new(64 << 20);
+        let big = vec![7u16; 4 << 20]; // 8 MiB
+        let addr = big.as_ptr() as usize;
+        cache.give_u16(big);
+        assert_eq!(cache.held(), 8 << 20);
+        // Neither a float32 nor a byte request takes it, and a far smaller one does not either.
+        assert!(cache.take_f32(2 << 20).is_none());
+        assert!(cache.take_u8(8 << 20).is_none());
+        assert!(cache.take_u16(1 << 20).is_none());
+        let reused = cache
+            .take_u16(3 << 20)
+            .expect("a kept bfloat16 buffer fits");
+        assert_eq!(reused.as_ptr() as usize, addr);
+        assert_eq!((reused.len(), reused.capacity()), (3 << 20, 4 << 20));
+        assert_eq!(cache.held(), 0);
+    }
 
     #[test]
     fn keep_reuse_limit_and_evict() {

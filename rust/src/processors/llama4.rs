@@ -532,8 +532,10 @@ pub fn images(
         .collect();
     let total: usize = counts.iter().sum();
     let len = checked_len("pixel_values", &[total, 3, s, s], 2)?;
-    let mut buffer: Vec<Bf16Out> =
-        fallible::uninit(len).map_err(ProcessorError::oom("pixel_values"))?;
+    let mut buffer: Vec<Bf16Out> = match crate::memory::recycle::take_u16(len) {
+        Some(kept) => kept,
+        None => fallible::uninit(len).map_err(ProcessorError::oom("pixel_values"))?,
+    };
     let lengths: Vec<usize> = counts.iter().map(|n| n * 3 * s * s).collect();
     let work: Vec<(&Prepared<'_>, &mut [Bf16Out])> = prepared
         .iter()

@@ -280,7 +280,7 @@ impl Drop for PyTensor {
                     self.len,
                     self.capacity,
                 )),
-                Kind::Bf16 => drop(Vec::from_raw_parts(
+                Kind::Bf16 => recycle::give_u16(Vec::from_raw_parts(
                     self.addr as *mut u16,
                     self.len,
                     self.capacity,
