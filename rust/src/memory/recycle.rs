@@ -16,9 +16,9 @@
 //! [`set_limit`] at any time, `0` turns recycling off), dropping the oldest buffers first;
 //! buffers below [`MIN_BYTES`] are left to the allocator, which serves those well.
 //!
-//! Stale contents are never read: [`take_f32`] and [`take_u16`] return uninitialised values
-//! that every writer overwrites, and [`take_u8`] buffers go only to writers that write every byte (the resampler,
-//! the JPEG decoder).
+//! Stale contents are never read: [`take_uninit`] returns uninitialised values (`float32`
+//! outputs, `bfloat16` bits) that every writer overwrites, and [`take_u8`] buffers go only to
+//! writers that write every byte (the resampler, the JPEG decoder).
 
 use std::mem::MaybeUninit;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -35,7 +35,7 @@ const MAX_WASTE: usize = 2;
 
 /// A kept buffer: an output tensor's values (`float32`, or `bfloat16` bits) or an
 /// intermediate image's bytes.
-enum Spare {
+pub(crate) enum Spare {
     F32(Vec<f32>),
     U16(Vec<u16>),
     U8(Vec<u8>),
@@ -52,7 +52,7 @@ impl Spare {
 }
 
 /// The element types of kept buffers.
-trait Element: Sized {
+pub(crate) trait Element: Sized {
     fn holds(spare: &Spare) -> bool;
     fn unwrap(spare: Spare) -> Option<Vec<Self>>;
 }
@@ -223,11 +223,6 @@ fn cache() -> MutexGuard<'static, Cache> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
-/// [`Cache::take_f32`] on the process's cache.
-pub fn take_f32(len: usize) -> Option<Vec<MaybeUninit<f32>>> {
-    cache().take_f32(len)
-}
-
 /// [`Cache::take_u8`] on the process's cache.
 pub fn take_u8(len: usize) -> Option<Vec<u8>> {
     cache().take_u8(len)
@@ -238,9 +233,10 @@ pub fn give_f32(buffer: Vec<f32>) {
     cache().give_f32(buffer);
 }
 
-/// [`Cache::take_u16`] on the process's cache.
-pub fn take_u16(len: usize) -> Option<Vec<MaybeUninit<u16>>> {
-    cache().take_u16(len)
+/// The smallest kept `T` buffer for `len` values on the process's cache, as `len`
+/// uninitialised values (an output of `float32` values or `bfloat16` bits).
+pub(crate) fn take_uninit<T: Element>(len: usize) -> Option<Vec<MaybeUninit<T>>> {
+    cache().take_uninit(len)
 }
 
 /// [`Cache::give_u16`] on the process's cache.

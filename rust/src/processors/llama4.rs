@@ -29,11 +29,10 @@ use super::normalize::Normalize;
 use super::torch_backend::{self as tb, bf16_table, Table};
 use super::value::{as_bool, as_count, as_float, as_hw, hf_keys, hw_value, Common, Value, HALF};
 use super::{
-    check_side, checked_len, parallel, prepare_all, split_lengths, Input, Options, Outputs,
+    check_side, checked_len, parallel, prepare_all, Input, Options, OutBuf, Outputs,
     ProcessorError, Rgb, Tensor, TensorData,
 };
 use crate::image::Filter;
-use crate::memory::fallible;
 
 /// A `bfloat16` output value (its bits) before it is written.
 type Bf16Out = std::mem::MaybeUninit<u16>;
@@ -532,24 +531,16 @@ pub fn images(
         .collect();
     let total: usize = counts.iter().sum();
     let len = checked_len("pixel_values", &[total, 3, s, s], 2)?;
-    let mut buffer: Vec<Bf16Out> = match crate::memory::recycle::take_u16(len) {
-        Some(kept) => kept,
-        None => fallible::uninit(len).map_err(ProcessorError::oom("pixel_values"))?,
-    };
+    let mut buffer = OutBuf::<u16>::new("pixel_values", len)?;
     let lengths: Vec<usize> = counts.iter().map(|n| n * 3 * s * s).collect();
-    let work: Vec<(&Prepared<'_>, &mut [Bf16Out])> = prepared
-        .iter()
-        .zip(split_lengths(&mut buffer, &lengths))
-        .collect();
+    let work: Vec<(&Prepared<'_>, &mut [Bf16Out])> =
+        prepared.iter().zip(buffer.slices(&lengths)).collect();
     let workers = parallel::workers(options.threads, work.len());
     parallel::map(work, workers, |_, (p, out)| write(&table, p, s, out));
-    let mut buffer = std::mem::ManuallyDrop::new(buffer);
-    let (ptr, capacity) = (buffer.as_mut_ptr(), buffer.capacity());
     // SAFETY: every value was written: the slices of `lengths` cover the buffer, and `write`
     // fills each image's `rows · cols` tiles (each `write_padded_tile` writes its whole window,
-    // image and padding) and its global tile, `counts` of them. `MaybeUninit<u16>` has the
-    // layout of `u16`; the allocation moves to the new Vec (the old one is never dropped).
-    let pixel_values = unsafe { Vec::from_raw_parts(ptr.cast::<u16>(), len, capacity) };
+    // image and padding) and its global tile, `counts` of them.
+    let pixel_values = unsafe { buffer.finish() };
     let aspect: Vec<i64> = prepared
         .iter()
         .flat_map(|p| [p.rows as i64, p.cols as i64])

@@ -452,24 +452,27 @@ pub(crate) fn checked_len(
 /// An output value before it is written.
 pub(crate) type Out = MaybeUninit<f32>;
 
-/// An output buffer of `len` values, not yet written, or an error instead of an abort when the
-/// memory cannot be had; a recycled one ([`recycle`]) when one fits. Not zeroing it saves a pass
-/// over tens of MB: every writer writes every value of its slice, and [`OutBuffer::finish`] is
-/// only called once all slices are written.
-pub(crate) struct OutBuffer(Vec<Out>);
+/// An output buffer of `len` values (`float32`, or `bfloat16` bits as `u16`), not yet written,
+/// or an error instead of an abort when the memory cannot be had; a recycled one ([`recycle`])
+/// when one fits. Not zeroing it saves a pass over tens of MB: every writer writes every value of
+/// its slice, and [`OutBuf::finish`] is only called once all slices are written.
+pub(crate) struct OutBuf<T>(Vec<MaybeUninit<T>>);
 
-impl OutBuffer {
+/// The `float32` output buffer of most families.
+pub(crate) type OutBuffer = OutBuf<f32>;
+
+impl<T: recycle::Element> OutBuf<T> {
     pub fn new(what: &'static str, len: usize) -> Result<Self, ProcessorError> {
-        if let Some(values) = recycle::take_f32(len) {
-            return Ok(OutBuffer(values));
+        if let Some(values) = recycle::take_uninit::<T>(len) {
+            return Ok(OutBuf(values));
         }
-        let mut values = fallible::uninit::<f32>(len).map_err(ProcessorError::oom(what))?;
+        let mut values = fallible::uninit::<T>(len).map_err(ProcessorError::oom(what))?;
         // Fresh pages, not yet touched: one fault per 2 MiB instead of per 4 KiB.
         crate::memory::advise_huge_pages(&mut values);
-        Ok(OutBuffer(values))
+        Ok(OutBuf(values))
     }
 
-    pub fn slices(&mut self, lengths: &[usize]) -> Vec<&mut [Out]> {
+    pub fn slices(&mut self, lengths: &[usize]) -> Vec<&mut [MaybeUninit<T>]> {
         split_lengths(&mut self.0, lengths)
     }
 
@@ -478,14 +481,14 @@ impl OutBuffer {
     /// # Safety
     ///
     /// Every element must have been written (`MaybeUninit::write` or a copy of a written value).
-    pub unsafe fn finish(self) -> Vec<f32> {
+    pub unsafe fn finish(self) -> Vec<T> {
         let mut values = std::mem::ManuallyDrop::new(self.0);
         let (ptr, len, capacity) = (values.as_mut_ptr(), values.len(), values.capacity());
-        // SAFETY: `MaybeUninit<f32>` has the size, alignment and layout of `f32`; the buffer
-        // comes from a `Vec<MaybeUninit<f32>>` with this length and capacity, whose ownership
-        // moves to the new Vec (the old one is never dropped); the caller guarantees that all
-        // `len` values are initialised.
-        unsafe { Vec::from_raw_parts(ptr.cast::<f32>(), len, capacity) }
+        // SAFETY: `MaybeUninit<T>` has the size, alignment and layout of `T`; the buffer comes
+        // from a `Vec<MaybeUninit<T>>` with this length and capacity, whose ownership moves to
+        // the new Vec (the old one is never dropped); the caller guarantees that all `len`
+        // values are initialised.
+        unsafe { Vec::from_raw_parts(ptr.cast::<T>(), len, capacity) }
     }
 }
 
