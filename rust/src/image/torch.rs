@@ -12,9 +12,10 @@
 //!   zero. Each pass is `clamp((2^(p−1) + Σ wᵢ·xᵢ) >> p, 0, 255)`, horizontal first; an axis
 //!   that keeps its size is not resampled.
 //!
-//!   With AVX2 the passes run on kernels of their own on these `int16` weights ([`avx2`]: one
-//!   `vpmaddwd` per tap pair, vertical blocks of four output rows, streamed). Otherwise, and
-//!   for reductions past the horizontal kernel's window, they run on the Pillow resampler's
+//!   With AVX-512 (VBMI, VNNI) or AVX2 the passes run on kernels of their own on these `int16`
+//!   weights ([`avx512`]: one `vpermb` and one `vpdpwssd` per tap pair for 16 samples;
+//!   [`avx2`]: one `vpshufb` and one `vpmaddwd` for 8), streamed in bands ([`stream`]). Otherwise,
+//!   and for reductions past the horizontal kernels' windows, they run on the Pillow resampler's
 //!   kernels ([`run_passes`], SIMD and threads included): a weight `w` at precision `p` is the 22-bit weight `w·2^(22−p)`, and
 //!   `(2²¹ + Σ (wᵢ·2^(22−p))·xᵢ) >> 22 = (2^(p−1) + Σ wᵢ·xᵢ) >> p` exactly (an arithmetic
 //!   shift is a floor division, and `⌊a·2^s / 2²²⌋ = ⌊a / 2^p⌋`), with sums of the same size as
@@ -38,6 +39,10 @@ use crate::processors::normalize::Slot;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod stream;
 
 /// The interpolation modes of torch's antialiased `uint8` resize that the processors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,7 +244,7 @@ pub fn resize_u8(
     check_destination(src, dst, out_w, out_h)?;
     let plan = plan(src, out_w, out_h, filter);
     #[cfg(target_arch = "x86_64")]
-    if resize_avx2(src, dst, &plan, threads) {
+    if resize_simd(src, dst, &plan, threads, Simd::best()).is_some() {
         return Ok(());
     }
     let passes = Passes {
@@ -254,12 +259,34 @@ pub fn resize_u8(
 }
 
 /// What a resize of one shape needs before it reads a pixel: each resampled axis's weights
-/// and, with AVX2, the horizontal kernel's plan (`None` where it does not apply).
+/// and the horizontal kernels' plans that the CPU can run (`None` where they do not apply).
 struct Plan {
     horizontal: Option<Int16Coeffs>,
     vertical: Option<Int16Coeffs>,
     #[cfg(target_arch = "x86_64")]
     fast: Option<avx2::Horizontal>,
+    #[cfg(target_arch = "x86_64")]
+    wide: Option<avx512::Horizontal>,
+}
+
+/// The SIMD kernels of a resize.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Simd {
+    Avx2,
+    Avx512,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Simd {
+    /// The widest the CPU has (AVX2 when it has neither: [`resize_simd`] then declines).
+    fn best() -> Simd {
+        if avx512::available() {
+            Simd::Avx512
+        } else {
+            Simd::Avx2
+        }
+    }
 }
 
 /// A resize's shape: input width, height and channels, output width and height, filter.
@@ -300,6 +327,11 @@ fn plan(
             .as_ref()
             .filter(|_| avx2::available())
             .and_then(|k| avx2::Horizontal::new(k, src.channels)),
+        #[cfg(target_arch = "x86_64")]
+        wide: horizontal
+            .as_ref()
+            .filter(|_| avx512::available())
+            .and_then(|k| avx512::Horizontal::new(k, src.channels)),
         horizontal,
         vertical,
     });
@@ -313,20 +345,31 @@ fn plan(
 #[cfg(target_arch = "x86_64")]
 type Band<'a> = std::sync::Mutex<Option<(usize, &'a mut [u8])>>;
 
-/// [`resize_u8`] with the AVX2 kernels of [`avx2`], in bands of output rows over up to
-/// `threads` threads; `false` (nothing written) when they do not apply: no AVX2, nothing to
-/// resample, a reduction too large for the horizontal kernel's window, or a zero precision.
+/// [`resize_u8`] with the kernels of [`avx512`] (`simd` AVX-512, the CPU has it and the plan's
+/// reduction fits their window) or else [`avx2`], in bands of output rows over up to `threads`
+/// threads: the kernels used, or `None` (nothing written) when neither applies: no AVX2,
+/// nothing to resample, a reduction too large for the horizontal kernels' windows, or a zero
+/// precision.
 #[cfg(target_arch = "x86_64")]
-fn resize_avx2(src: &ImageRef<'_>, dst: &mut [u8], plan: &Plan, threads: usize) -> bool {
+fn resize_simd(
+    src: &ImageRef<'_>,
+    dst: &mut [u8],
+    plan: &Plan,
+    threads: usize,
+    simd: Simd,
+) -> Option<Simd> {
     let (horizontal, vertical) = (plan.horizontal.as_ref(), plan.vertical.as_ref());
     if !avx2::available() || (horizontal.is_none() && vertical.is_none()) {
-        return false;
+        return None;
     }
     if vertical.is_some_and(|k| k.precision == 0) {
-        return false;
+        return None;
     }
-    if horizontal.is_some() && plan.fast.is_none() {
-        return false;
+    let wide = simd == Simd::Avx512
+        && avx512::available()
+        && (horizontal.is_none() || plan.wide.is_some());
+    if !wide && horizontal.is_some() && plan.fast.is_none() {
+        return None;
     }
     let out_h = vertical.map_or(src.height, |k| k.starts.len());
     let row_len = dst.len() / out_h.max(1);
@@ -343,12 +386,17 @@ fn resize_avx2(src: &ImageRef<'_>, dst: &mut [u8], plan: &Plan, threads: usize) 
         let band = bands[i].lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some((first, band)) = band {
             let rows = first..first + band.len() / row_len;
-            // SAFETY: `avx2::available()` holds (checked above).
-            unsafe { avx2::band(src, plan.fast.as_ref(), vertical, rows, band) };
+            if wide {
+                // SAFETY: `avx512::available()` holds (checked above).
+                unsafe { stream::band(src, plan.wide.as_ref(), vertical, rows, band) };
+            } else {
+                // SAFETY: `avx2::available()` holds (checked above).
+                unsafe { stream::band(src, plan.fast.as_ref(), vertical, rows, band) };
+            }
         }
     };
     crate::image::resample::run_bands(bands.len(), run);
-    true
+    Some(if wide { Simd::Avx512 } else { Simd::Avx2 })
 }
 
 /// torch's cubic taps of one axis (`HelperInterpCubic::compute_indices_weights`, `f32`):
@@ -642,6 +690,8 @@ mod tests {
             let (w, h) = (1 + next(300), 1 + next(300));
             cases.push((w, h, [1, 3, 4][next(3)], 1 + next(400), 1 + next(400)));
         }
+        // Runs of each kernel set, and plans the AVX-512 kernels took.
+        let (mut ran, mut wide) = ([0usize; 2], 0usize);
         for (w, h, c, ow, oh) in cases {
             let data: Vec<u8> = (0..w * h * c).map(|_| next(256) as u8).collect();
             let src = ImageRef {
@@ -664,6 +714,34 @@ mod tests {
                         "{filter:?} {w}x{h}x{c} -> {ow}x{oh}, {threads} threads"
                     );
                 }
+                // Each SIMD kernel set on its own (the best one ran above).
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let plan = plan(&src, ow, oh, filter);
+                    for simd in [Simd::Avx2, Simd::Avx512] {
+                        let mut ours = vec![0u8; ow * oh * c];
+                        if let Some(used) = resize_simd(&src, &mut ours, &plan, 1, simd) {
+                            ran[used as usize] += 1;
+                            assert!(ours == want, "{simd:?} {filter:?} {w}x{h}x{c} -> {ow}x{oh}");
+                        }
+                    }
+                    wide += usize::from(plan.wide.is_some());
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Both kernel sets ran on most cases where the CPU has them (not on reductions
+            // past their windows, nor where only one axis keeps its size and so on).
+            eprintln!(
+                "AVX2 runs {}, AVX-512 runs {}, AVX-512 plans {wide}",
+                ran[0], ran[1]
+            );
+            if avx2::available() {
+                assert!(ran[0] > 150, "AVX2 ran {} times", ran[0]);
+            }
+            if avx512::available() {
+                assert!(ran[1] > 150 && wide > 100, "AVX-512 ran {} times", ran[1]);
             }
         }
     }

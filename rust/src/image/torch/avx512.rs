@@ -1,0 +1,274 @@
+//! torch's antialiased `uint8` resize ([`super::resize_u8`]) with AVX-512 (BW, VL, VBMI and
+//! VNNI) on its own `int16` weights, to the same bits as [`super::avx2`] and the scalar formula
+//! (the same integer sums, which cannot overflow; `vpdpwssd` is `vpmaddwd` + `vpaddd` in one
+//! instruction, wrapping like them).
+//!
+//! - horizontal pass: 16 output samples per group. Per tap pair and row, one unaligned 64-byte
+//!   load and one zero-masking `vpermb` put each sample's two taps `(2p, 2p + 1)`, zero-extended
+//!   to `i16`, in its own dword, and one `vpdpwssd` adds them times their weights. That needs
+//!   every sample's first tap byte within 64 bytes of the group's first: reductions up to about
+//!   3.5× with three channels (the AVX2 plan, then the resampler's path, serve larger ones).
+//!   When every group fits 32 bytes, the loads are 32 bytes wide (fewer cache-line splits).
+//!   Four input rows at a time share the controls and weights. The sums are clamped and narrowed
+//!   with `vpmaxsd` and `vpmovusdb`.
+//! - vertical pass: the AVX2 kernel on 64 samples per step; each 128-bit lane works like a lane
+//!   of the AVX2 kernel, so the in-lane unpacks and packs keep the samples in order.
+
+use std::arch::x86_64::*;
+
+use super::stream::{Kernels, ROWS};
+use super::Int16Coeffs;
+
+/// Output samples per horizontal group: one `zmm` of `i16` tap pairs.
+const GROUP: usize = 16;
+/// Bytes one horizontal load covers.
+const WINDOW: usize = 64;
+/// `vpermb` writes the even bytes of each `i16` (the tap bytes) and zeroes the odd ones.
+const EVEN_BYTES: u64 = 0x5555_5555_5555_5555;
+/// Samples per vertical step.
+const STEP: usize = 64;
+
+/// Whether the CPU has what these kernels need (and AVX-512 is not turned off, see
+/// [`crate::simd`]): the resampler's AVX-512 check, the same features.
+pub(super) fn available() -> bool {
+    crate::image::avx512::available()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    /// The group's first output sample in the row.
+    out: u32,
+    /// Samples in the group (16 but maybe for the last).
+    n: u32,
+    pairs: u32,
+    /// Byte offset of the load for pair 0 from the row's start.
+    base: u32,
+}
+
+/// The horizontal pass of one axis for one channel count.
+pub(super) struct Horizontal {
+    groups: Vec<Group>,
+    /// Per group, the `vpermb` control: sample `s`'s tap bytes at bytes `4s` and `4s + 2`.
+    controls: Vec<[u8; 64]>,
+    /// Per group and tap pair, the 16 samples' `(w₂ₚ, w₂ₚ₊₁)`.
+    weights: Vec<[i16; 32]>,
+    /// Bytes (`2 × channels`) the loads advance per tap pair.
+    step: usize,
+    /// Bytes from a row's start that the loads may read.
+    read_len: usize,
+    samples: usize,
+    precision: u32,
+    /// Every group's bytes lie within 32 of its first: 32-byte loads.
+    narrow: bool,
+}
+
+impl Horizontal {
+    /// `None` when some group's taps do not fit one 64-byte window, or the precision is 0.
+    pub(super) fn new(k: &Int16Coeffs, channels: usize) -> Option<Horizontal> {
+        let c = channels;
+        if k.precision == 0 || c == 0 {
+            return None;
+        }
+        let samples = k.starts.len() * c;
+        let first_byte = |j: usize| k.starts[j / c] * c + j % c;
+        let mut plan = Horizontal {
+            groups: Vec::with_capacity(samples.div_ceil(GROUP)),
+            controls: Vec::with_capacity(samples.div_ceil(GROUP)),
+            weights: Vec::new(),
+            step: 2 * c,
+            read_len: 0,
+            samples,
+            precision: k.precision,
+            narrow: true,
+        };
+        for first in (0..samples).step_by(GROUP) {
+            let n = GROUP.min(samples - first);
+            let (base, last) = (first..first + n)
+                .map(first_byte)
+                .fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
+            if last - base + c >= WINDOW {
+                return None;
+            }
+            plan.narrow &= last - base + c < WINDOW / 2;
+            let taps = (first..first + n)
+                .map(|j| k.counts[j / c])
+                .max()
+                .unwrap_or(0);
+            let pairs = taps.div_ceil(2).max(1);
+            let at = plan.weights.len();
+            plan.weights.resize(at + pairs, [0i16; 32]);
+            let mut control = [0u8; 64];
+            for s in 0..n {
+                let j = first + s;
+                let d = first_byte(j) - base;
+                control[4 * s] = d as u8;
+                control[4 * s + 2] = (d + c) as u8;
+                let x = j / c;
+                let w = &k.weights[x * k.ksize..][..k.counts[x]];
+                for p in 0..pairs {
+                    for t in 0..2 {
+                        plan.weights[at + p][2 * s + t] = w.get(2 * p + t).copied().unwrap_or(0);
+                    }
+                }
+            }
+            plan.read_len = plan.read_len.max(base + plan.step * (pairs - 1) + WINDOW);
+            plan.groups.push(Group {
+                out: first as u32,
+                n: n as u32,
+                pairs: pairs as u32,
+                base: base as u32,
+            });
+            plan.controls.push(control);
+        }
+        Some(plan)
+    }
+
+    /// [`Kernels::rows`].
+    ///
+    /// # Safety
+    /// The CPU must have what [`available`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    unsafe fn rows_avx512<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
+        assert!(src.iter().all(|s| s.len() >= self.read_len));
+        assert!(out.iter().all(|o| o.len() == self.samples));
+        let ptrs = src.map(|s| s.as_ptr());
+        let rounding = _mm512_set1_epi32(1 << (self.precision - 1));
+        let shift = _mm_cvtsi32_si128(self.precision as i32);
+        let zero = _mm512_setzero_si512();
+        let mut weights = self.weights.as_ptr();
+        for (g, control) in self.groups.iter().zip(&self.controls) {
+            // SAFETY: `control` is 64 bytes; the loads read at most 64 bytes at `base + p·step`
+            // for p < pairs, which end within `read_len` (built so in `new`) and so within
+            // each row (asserted); the group's `pairs` weight vectors of 64 bytes follow
+            // `weights` (the groups' vectors follow each other, as built in `new`). The stores
+            // write `out[r][g.out..][..g.n]`, inside the row (`g.out + g.n ≤ samples`).
+            unsafe {
+                let control = _mm512_loadu_si512(control.as_ptr().cast());
+                let mut acc = [rounding; R];
+                let mut at = g.base as usize;
+                for _ in 0..g.pairs {
+                    let w = _mm512_loadu_si512(weights.cast());
+                    for r in 0..R {
+                        let v = if self.narrow {
+                            _mm512_castsi256_si512(_mm256_loadu_si256(ptrs[r].add(at).cast()))
+                        } else {
+                            _mm512_loadu_si512(ptrs[r].add(at).cast())
+                        };
+                        let v = _mm512_maskz_permutexvar_epi8(EVEN_BYTES, control, v);
+                        acc[r] = _mm512_dpwssd_epi32(acc[r], v, w);
+                    }
+                    at += self.step;
+                    weights = weights.add(1);
+                }
+                for r in 0..R {
+                    let v = _mm512_sra_epi32(acc[r], shift);
+                    let bytes = _mm512_cvtusepi32_epi8(_mm512_max_epi32(v, zero));
+                    let dst = out[r].as_mut_ptr().add(g.out as usize);
+                    if g.n as usize == GROUP {
+                        _mm_storeu_si128(dst.cast(), bytes);
+                    } else {
+                        _mm_mask_storeu_epi8(dst.cast(), (1u16 << g.n) - 1, bytes);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The vertical pass ([`Kernels::vertical`]), 64 samples per step.
+///
+/// # Safety
+/// The CPU must have what [`available`] checks; the pointers as [`Kernels::vertical`] requires.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn vertical<const R: usize>(
+    rows: &[*const u8],
+    weights: &[i32],
+    precision: u32,
+    n: usize,
+    out: [*mut u8; R],
+) {
+    let pairs = rows.len() / 2;
+    assert!(n >= STEP && weights.len() >= pairs * ROWS);
+    let rounding = _mm512_set1_epi32(1 << (precision - 1));
+    let shift = _mm_cvtsi32_si128(precision as i32);
+    let zero = _mm512_setzero_si512();
+    let mut i = 0;
+    loop {
+        // The last step overlaps the one before when n is not a multiple of 64: those samples
+        // are computed again, to the same values.
+        let at = i.min(n - STEP);
+        let mut acc = [[rounding; 4]; R];
+        for q in 0..pairs {
+            // SAFETY: the caller's rows are at least `n ≥ at + 64` bytes.
+            let (r0, r1) = unsafe {
+                (
+                    _mm512_loadu_si512(rows[2 * q].add(at).cast()),
+                    _mm512_loadu_si512(rows[2 * q + 1].add(at).cast()),
+                )
+            };
+            let x = _mm512_unpacklo_epi8(r0, r1);
+            let y = _mm512_unpackhi_epi8(r0, r1);
+            // Per 128-bit lane L: samples 16L + [0..4], [4..8], [8..12], [12..16], each dword
+            // (row 2q's byte, row 2q + 1's byte) as two i16.
+            let v = [
+                _mm512_unpacklo_epi8(x, zero),
+                _mm512_unpackhi_epi8(x, zero),
+                _mm512_unpacklo_epi8(y, zero),
+                _mm512_unpackhi_epi8(y, zero),
+            ];
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_epi32(weights[q * ROWS + r]);
+                for k in 0..4 {
+                    acc[k] = _mm512_dpwssd_epi32(acc[k], v[k], w);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let s = [
+                _mm512_sra_epi32(acc[0], shift),
+                _mm512_sra_epi32(acc[1], shift),
+                _mm512_sra_epi32(acc[2], shift),
+                _mm512_sra_epi32(acc[3], shift),
+            ];
+            // In-lane packs put each lane's 16 samples back in order; packus clamps to 0..=255.
+            let bytes = _mm512_packus_epi16(
+                _mm512_packs_epi32(s[0], s[1]),
+                _mm512_packs_epi32(s[2], s[3]),
+            );
+            // SAFETY: `at + 64 ≤ n`, the length of every output row (the caller's).
+            unsafe { _mm512_storeu_si512(out[r].add(at).cast(), bytes) };
+        }
+        if at + STEP >= n {
+            break;
+        }
+        i += STEP;
+    }
+}
+
+impl Kernels for Horizontal {
+    const STEP: usize = STEP;
+
+    fn samples(&self) -> usize {
+        self.samples
+    }
+
+    fn read_len(&self) -> usize {
+        self.read_len
+    }
+
+    unsafe fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
+        // SAFETY: the trait's contract is `rows_avx512`'s.
+        unsafe { self.rows_avx512::<R>(src, out) }
+    }
+
+    unsafe fn vertical<const R: usize>(
+        rows: &[*const u8],
+        weights: &[i32],
+        precision: u32,
+        n: usize,
+        out: [*mut u8; R],
+    ) {
+        // SAFETY: the trait's contract is `vertical`'s.
+        unsafe { vertical::<R>(rows, weights, precision, n, out) }
+    }
+}
