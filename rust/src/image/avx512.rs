@@ -33,11 +33,11 @@ pub(crate) fn available() -> bool {
 }
 
 /// Output samples per group: one `zmm` of `i16` tap pairs.
-const GROUP: usize = 16;
+pub(crate) const GROUP: usize = 16;
 /// Bytes one load covers.
-const WINDOW: usize = 64;
+pub(crate) const WINDOW: usize = 64;
 /// `vpermb` writes the even bytes of each `i16` (the tap bytes), zeroes the odd ones.
-const EVEN_BYTES: u64 = 0x5555_5555_5555_5555;
+pub(crate) const EVEN_BYTES: u64 = 0x5555_5555_5555_5555;
 
 /// Up to 16 consecutive output samples computed together.
 #[derive(Clone, Copy, Debug)]
@@ -69,46 +69,81 @@ pub(crate) struct HorizontalPlan {
     narrow: bool,
 }
 
+/// Where a group of up to [`GROUP`] output samples reads: the group's place, its tap pairs, the
+/// offset of its pair-0 load and the `vpermb` control putting sample `s`'s tap bytes at bytes
+/// `4s` and `4s + 2` (the odd bytes are zeroed by the mask).
+pub(crate) struct GroupLayout {
+    /// The group's first output sample.
+    pub first: usize,
+    /// Samples in the group (16 but maybe for the last).
+    pub n: usize,
+    /// Tap pairs of the group's widest sample.
+    pub pairs: usize,
+    /// Byte offset of the load for pair 0 from the start of the input row.
+    pub base: usize,
+    pub control: [u8; 64],
+}
+
+/// The groups of a horizontal pass whose output pixel `x` has `counts[x]` taps from input pixel
+/// `starts[x]`, on `channels` interleaved channels, and whether every group fits 32 bytes;
+/// `None` when some group's first tap bytes do not fit one 64-byte window (large reductions).
+/// Shared by this resampler's plan and torch's `uint8` kernels ([`super::torch`]).
+pub(crate) fn group_layouts(
+    starts: &[usize],
+    counts: &[usize],
+    channels: usize,
+) -> Option<(Vec<GroupLayout>, bool)> {
+    let c = channels;
+    let n_samples = starts.len() * c;
+    let first_byte = |j: usize| starts[j / c] * c + j % c;
+    let mut narrow = true;
+    let mut layouts = Vec::with_capacity(n_samples.div_ceil(GROUP));
+    for first in (0..n_samples).step_by(GROUP) {
+        let n = GROUP.min(n_samples - first);
+        let bytes = (first..first + n).map(first_byte);
+        let (base, last) = bytes.fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
+        if last - base + c >= WINDOW {
+            return None;
+        }
+        narrow &= last - base + c < WINDOW / 2;
+        let taps = (first..first + n).map(|j| counts[j / c]).max().unwrap_or(0);
+        let mut control = [0u8; 64];
+        for s in 0..n {
+            let d = first_byte(first + s) - base;
+            control[4 * s] = d as u8;
+            control[4 * s + 2] = (d + c) as u8;
+        }
+        layouts.push(GroupLayout {
+            first,
+            n,
+            pairs: taps.div_ceil(2).max(1),
+            base,
+            control,
+        });
+    }
+    Some((layouts, narrow))
+}
+
 impl HorizontalPlan {
     /// The plan, or `None` when some group's taps do not fit one window (large reductions).
     pub(crate) fn new(coeffs: &AxisCoeffs, channels: usize) -> Option<HorizontalPlan> {
         let c = channels;
-        let n_samples = coeffs.out_len() * c;
-        let first_byte = |j: usize| coeffs.starts[j / c] * c + j % c;
+        let (layouts, narrow) = group_layouts(&coeffs.starts, &coeffs.counts, c)?;
         let step = 2 * c;
         let mut plan = HorizontalPlan {
-            groups: Vec::with_capacity(n_samples.div_ceil(GROUP)),
-            controls: Vec::with_capacity(n_samples.div_ceil(GROUP)),
+            groups: Vec::with_capacity(layouts.len()),
+            controls: Vec::with_capacity(layouts.len()),
             weights: Vec::new(),
             step,
             read_len: 0,
-            narrow: true,
+            narrow,
         };
-        for first in (0..n_samples).step_by(GROUP) {
-            let n = GROUP.min(n_samples - first);
-            let bytes = (first..first + n).map(first_byte);
-            let (base, last) = bytes.fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
-            if last - base + c >= WINDOW {
-                return None;
-            }
-            if last - base + c >= WINDOW / 2 {
-                plan.narrow = false;
-            }
-            let taps = (first..first + n)
-                .map(|j| coeffs.counts[j / c])
-                .max()
-                .unwrap_or(0);
-            let pairs = taps.div_ceil(2).max(1);
-            let mut control = [0u8; 64];
+        for g in layouts {
             let at = plan.weights.len();
-            plan.weights.resize(at + 2 * pairs, [0i16; 32]);
-            for s in 0..n {
-                let j = first + s;
-                let d = first_byte(j) - base;
-                control[4 * s] = d as u8;
-                control[4 * s + 2] = (d + c) as u8;
-                let (_, w) = coeffs.taps(j / c);
-                for p in 0..pairs {
+            plan.weights.resize(at + 2 * g.pairs, [0i16; 32]);
+            for s in 0..g.n {
+                let (_, w) = coeffs.taps((g.first + s) / c);
+                for p in 0..g.pairs {
                     for t in 0..2 {
                         let (wl, wh) = split(w.get(2 * p + t).copied().unwrap_or(0));
                         plan.weights[at + 2 * p][2 * s + t] = wl;
@@ -116,16 +151,16 @@ impl HorizontalPlan {
                     }
                 }
             }
-            let read_end = base + step * (pairs - 1) + WINDOW;
+            let read_end = g.base + step * (g.pairs - 1) + WINDOW;
             plan.read_len = plan.read_len.max(read_end);
             plan.groups.push(Group {
-                out: first as u32,
-                n: n as u32,
-                pairs: pairs as u32,
-                base: base as u32,
+                out: g.first as u32,
+                n: g.n as u32,
+                pairs: g.pairs as u32,
+                base: g.base as u32,
                 read_end: read_end as u32,
             });
-            plan.controls.push(control);
+            plan.controls.push(g.control);
         }
         Some(plan)
     }

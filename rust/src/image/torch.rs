@@ -43,6 +43,8 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod stream;
+#[cfg(target_arch = "x86_64")]
+mod vertical;
 
 /// The interpolation modes of torch's antialiased `uint8` resize that the processors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,7 +15,8 @@
 
 use std::arch::x86_64::*;
 
-use super::stream::{Kernels, ROWS};
+use super::stream::Kernels;
+use super::vertical::{self, Lanes};
 use super::Int16Coeffs;
 
 /// Output samples per horizontal group (four per 128-bit lane).
@@ -25,8 +26,6 @@ const LANE: usize = 4;
 const WINDOW: usize = 16;
 /// `vpshufb` index that writes zero.
 const ZERO: u8 = 0x80;
-/// Samples per vertical step.
-const STEP: usize = 32;
 
 /// Whether the CPU has AVX2.
 pub(super) fn available() -> bool {
@@ -143,13 +142,64 @@ impl Horizontal {
         Some(plan)
     }
 
-    /// `R` output rows (each exactly `samples` long) from `R` input rows, each readable for
-    /// [`read_len`](Self::read_len) bytes from its start.
+    /// The `R` rows' sums (rounding term included) of group `i`, whose weight vectors start
+    /// at `weights`, and the pointer past them.
     ///
     /// # Safety
-    /// The CPU must have AVX2.
+    /// The CPU must have AVX2; `weights` must point at group `i`'s first weight vector in
+    /// `self.weights`; every `ptrs[r]` must start [`read_len`](Self::read_len) readable bytes.
     #[target_feature(enable = "avx2")]
-    unsafe fn rows_avx2<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
+    #[inline]
+    unsafe fn accumulate<const R: usize>(
+        &self,
+        i: usize,
+        mut weights: *const [i16; 16],
+        ptrs: [*const u8; R],
+        rounding: __m256i,
+    ) -> ([__m256i; R], *const [i16; 16]) {
+        let g = self.groups[i];
+        let control = &self.controls[i];
+        // SAFETY: `control` is 32 bytes; the lane loads read 16 bytes at `base[l] + p·step` for
+        // p < pairs, which end within `read_len` (built so in `new`) and so within each row
+        // (the caller's); the group's `pairs` weight vectors of 32 bytes follow `weights`.
+        unsafe {
+            let control = _mm256_loadu_si256(control.as_ptr().cast());
+            let mut acc = [rounding; R];
+            let (mut lo, mut hi) = (g.base[0], g.base[1]);
+            for _ in 0..g.pairs {
+                let w = _mm256_loadu_si256(weights.cast());
+                for r in 0..R {
+                    let v = if g.shared {
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(ptrs[r].add(lo).cast()))
+                    } else {
+                        _mm256_loadu2_m128i(ptrs[r].add(hi).cast(), ptrs[r].add(lo).cast())
+                    };
+                    let v = _mm256_shuffle_epi8(v, control);
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(v, w));
+                }
+                lo += self.step;
+                hi += self.step;
+                weights = weights.add(1);
+            }
+            (acc, weights)
+        }
+    }
+}
+
+impl Kernels for Horizontal {
+    const STEP: usize = <__m256i as Lanes>::BYTES;
+
+    fn samples(&self) -> usize {
+        self.samples
+    }
+
+    fn read_len(&self) -> usize {
+        self.read_len
+    }
+
+    // `R` rows sharing each group's control and weight loads.
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
         assert!(src.iter().all(|s| s.len() >= self.read_len));
         assert!(out.iter().all(|o| o.len() == self.samples));
         let ptrs = src.map(|s| s.as_ptr());
@@ -213,131 +263,7 @@ impl Horizontal {
         }
     }
 
-    /// The `R` rows' sums (rounding term included) of group `i`, whose weight vectors start
-    /// at `weights`, and the pointer past them.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2; `weights` must point at group `i`'s first weight vector in
-    /// `self.weights`; every `ptrs[r]` must start [`read_len`](Self::read_len) readable bytes.
     #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn accumulate<const R: usize>(
-        &self,
-        i: usize,
-        mut weights: *const [i16; 16],
-        ptrs: [*const u8; R],
-        rounding: __m256i,
-    ) -> ([__m256i; R], *const [i16; 16]) {
-        let g = self.groups[i];
-        let control = &self.controls[i];
-        // SAFETY: `control` is 32 bytes; the lane loads read 16 bytes at `base[l] + p·step` for
-        // p < pairs, which end within `read_len` (built so in `new`) and so within each row
-        // (the caller's); the group's `pairs` weight vectors of 32 bytes follow `weights`.
-        unsafe {
-            let control = _mm256_loadu_si256(control.as_ptr().cast());
-            let mut acc = [rounding; R];
-            let (mut lo, mut hi) = (g.base[0], g.base[1]);
-            for _ in 0..g.pairs {
-                let w = _mm256_loadu_si256(weights.cast());
-                for r in 0..R {
-                    let v = if g.shared {
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(ptrs[r].add(lo).cast()))
-                    } else {
-                        _mm256_loadu2_m128i(ptrs[r].add(hi).cast(), ptrs[r].add(lo).cast())
-                    };
-                    let v = _mm256_shuffle_epi8(v, control);
-                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(v, w));
-                }
-                lo += self.step;
-                hi += self.step;
-                weights = weights.add(1);
-            }
-            (acc, weights)
-        }
-    }
-}
-
-/// The vertical pass ([`Kernels::vertical`]).
-///
-/// # Safety
-/// The CPU must have AVX2; the pointers as [`Kernels::vertical`] requires.
-#[target_feature(enable = "avx2")]
-unsafe fn vertical<const R: usize>(
-    rows: &[*const u8],
-    weights: &[i32],
-    precision: u32,
-    n: usize,
-    out: [*mut u8; R],
-) {
-    let pairs = rows.len() / 2;
-    assert!(n >= STEP && weights.len() >= pairs * ROWS);
-    let rounding = _mm256_set1_epi32(1 << (precision - 1));
-    let shift = _mm_cvtsi32_si128(precision as i32);
-    let zero = _mm256_setzero_si256();
-    let mut i = 0;
-    loop {
-        // The last step overlaps the one before when n is not a multiple of 32: those samples
-        // are computed again, to the same values.
-        let at = i.min(n - STEP);
-        let mut acc = [[rounding; 4]; R];
-        for q in 0..pairs {
-            // SAFETY: the caller's rows are at least `n ≥ at + 32` bytes.
-            let (r0, r1) = unsafe {
-                (
-                    _mm256_loadu_si256(rows[2 * q].add(at).cast()),
-                    _mm256_loadu_si256(rows[2 * q + 1].add(at).cast()),
-                )
-            };
-            let x = _mm256_unpacklo_epi8(r0, r1);
-            let y = _mm256_unpackhi_epi8(r0, r1);
-            // Per 128-bit lane L: samples 16L + [0..4], [4..8], [8..12], [12..16], each dword
-            // (row 2q's byte, row 2q + 1's byte) as two i16.
-            let v = [
-                _mm256_unpacklo_epi8(x, zero),
-                _mm256_unpackhi_epi8(x, zero),
-                _mm256_unpacklo_epi8(y, zero),
-                _mm256_unpackhi_epi8(y, zero),
-            ];
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let w = _mm256_set1_epi32(weights[q * ROWS + r]);
-                for k in 0..4 {
-                    acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(v[k], w));
-                }
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            let s = [0, 1, 2, 3].map(|k| _mm256_sra_epi32(acc[k], shift));
-            // In-lane packs put each lane's 16 samples back in order; packus clamps to 0..=255.
-            let bytes = _mm256_packus_epi16(
-                _mm256_packs_epi32(s[0], s[1]),
-                _mm256_packs_epi32(s[2], s[3]),
-            );
-            // SAFETY: `at + 32 ≤ n`, the length of every output row (the caller's).
-            unsafe { _mm256_storeu_si256(out[r].add(at).cast(), bytes) };
-        }
-        if at + STEP >= n {
-            break;
-        }
-        i += STEP;
-    }
-}
-
-impl Kernels for Horizontal {
-    const STEP: usize = STEP;
-
-    fn samples(&self) -> usize {
-        self.samples
-    }
-
-    fn read_len(&self) -> usize {
-        self.read_len
-    }
-
-    unsafe fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
-        // SAFETY: the trait's contract is `rows_avx2`'s.
-        unsafe { self.rows_avx2::<R>(src, out) }
-    }
-
     unsafe fn vertical<const R: usize>(
         rows: &[*const u8],
         weights: &[i32],
@@ -345,7 +271,72 @@ impl Kernels for Horizontal {
         n: usize,
         out: [*mut u8; R],
     ) {
-        // SAFETY: the trait's contract is `vertical`'s.
-        unsafe { vertical::<R>(rows, weights, precision, n, out) }
+        // SAFETY: AVX2 is enabled here, and the CPU has it (the caller's contract, with the
+        // pointers').
+        unsafe { vertical::vertical::<__m256i, R>(rows, weights, precision, n, out) }
+    }
+}
+
+// The methods are the AVX2 forms of the operations `Lanes` names.
+impl Lanes for __m256i {
+    const BYTES: usize = 32;
+
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        // SAFETY: the caller's (32 readable bytes, AVX2).
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    }
+
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, v: Self) {
+        // SAFETY: the caller's (32 writable bytes, AVX2).
+        unsafe { _mm256_storeu_si256(p.cast(), v) }
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: the caller's (AVX2).
+        unsafe { _mm256_setzero_si256() }
+    }
+
+    #[inline(always)]
+    unsafe fn splat(x: i32) -> Self {
+        // SAFETY: the caller's (AVX2).
+        unsafe { _mm256_set1_epi32(x) }
+    }
+
+    #[inline(always)]
+    unsafe fn unpack8<const HI: bool>(a: Self, b: Self) -> Self {
+        // SAFETY: the caller's (AVX2).
+        unsafe {
+            if HI {
+                _mm256_unpackhi_epi8(a, b)
+            } else {
+                _mm256_unpacklo_epi8(a, b)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_add(acc: Self, v: Self, w: Self) -> Self {
+        // SAFETY: the caller's (AVX2).
+        unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(v, w)) }
+    }
+
+    #[inline(always)]
+    unsafe fn shift(v: Self, count: __m128i) -> Self {
+        // SAFETY: the caller's (AVX2).
+        unsafe { _mm256_sra_epi32(v, count) }
+    }
+
+    #[inline(always)]
+    unsafe fn pack(s: [Self; 4]) -> Self {
+        // SAFETY: the caller's (AVX2).
+        unsafe {
+            _mm256_packus_epi16(
+                _mm256_packs_epi32(s[0], s[1]),
+                _mm256_packs_epi32(s[2], s[3]),
+            )
+        }
     }
 }

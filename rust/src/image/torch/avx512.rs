@@ -16,17 +16,11 @@
 
 use std::arch::x86_64::*;
 
-use super::stream::{Kernels, ROWS};
+use super::stream::Kernels;
+use super::vertical::{self, Lanes};
 use super::Int16Coeffs;
 
-/// Output samples per horizontal group: one `zmm` of `i16` tap pairs.
-const GROUP: usize = 16;
-/// Bytes one horizontal load covers.
-const WINDOW: usize = 64;
-/// `vpermb` writes the even bytes of each `i16` (the tap bytes) and zeroes the odd ones.
-const EVEN_BYTES: u64 = 0x5555_5555_5555_5555;
-/// Samples per vertical step.
-const STEP: usize = 64;
+use crate::image::avx512::{group_layouts, EVEN_BYTES, GROUP, WINDOW};
 
 /// Whether the CPU has what these kernels need (and AVX-512 is not turned off, see
 /// [`crate::simd`]): the resampler's AVX-512 check, the same features.
@@ -69,66 +63,57 @@ impl Horizontal {
         if k.precision == 0 || c == 0 {
             return None;
         }
-        let samples = k.starts.len() * c;
-        let first_byte = |j: usize| k.starts[j / c] * c + j % c;
+        let (layouts, narrow) = group_layouts(&k.starts, &k.counts, c)?;
         let mut plan = Horizontal {
-            groups: Vec::with_capacity(samples.div_ceil(GROUP)),
-            controls: Vec::with_capacity(samples.div_ceil(GROUP)),
+            groups: Vec::with_capacity(layouts.len()),
+            controls: Vec::with_capacity(layouts.len()),
             weights: Vec::new(),
             step: 2 * c,
             read_len: 0,
-            samples,
+            samples: k.starts.len() * c,
             precision: k.precision,
-            narrow: true,
+            narrow,
         };
-        for first in (0..samples).step_by(GROUP) {
-            let n = GROUP.min(samples - first);
-            let (base, last) = (first..first + n)
-                .map(first_byte)
-                .fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
-            if last - base + c >= WINDOW {
-                return None;
-            }
-            plan.narrow &= last - base + c < WINDOW / 2;
-            let taps = (first..first + n)
-                .map(|j| k.counts[j / c])
-                .max()
-                .unwrap_or(0);
-            let pairs = taps.div_ceil(2).max(1);
+        for g in layouts {
             let at = plan.weights.len();
-            plan.weights.resize(at + pairs, [0i16; 32]);
-            let mut control = [0u8; 64];
-            for s in 0..n {
-                let j = first + s;
-                let d = first_byte(j) - base;
-                control[4 * s] = d as u8;
-                control[4 * s + 2] = (d + c) as u8;
-                let x = j / c;
+            plan.weights.resize(at + g.pairs, [0i16; 32]);
+            for s in 0..g.n {
+                let x = (g.first + s) / c;
                 let w = &k.weights[x * k.ksize..][..k.counts[x]];
-                for p in 0..pairs {
+                for p in 0..g.pairs {
                     for t in 0..2 {
                         plan.weights[at + p][2 * s + t] = w.get(2 * p + t).copied().unwrap_or(0);
                     }
                 }
             }
-            plan.read_len = plan.read_len.max(base + plan.step * (pairs - 1) + WINDOW);
+            let end = g.base + plan.step * (g.pairs - 1) + WINDOW;
+            plan.read_len = plan.read_len.max(end);
             plan.groups.push(Group {
-                out: first as u32,
-                n: n as u32,
-                pairs: pairs as u32,
-                base: base as u32,
+                out: g.first as u32,
+                n: g.n as u32,
+                pairs: g.pairs as u32,
+                base: g.base as u32,
             });
-            plan.controls.push(control);
+            plan.controls.push(g.control);
         }
         Some(plan)
     }
+}
 
-    /// [`Kernels::rows`].
-    ///
-    /// # Safety
-    /// The CPU must have what [`available`] checks.
+impl Kernels for Horizontal {
+    const STEP: usize = <__m512i as Lanes>::BYTES;
+
+    fn samples(&self) -> usize {
+        self.samples
+    }
+
+    fn read_len(&self) -> usize {
+        self.read_len
+    }
+
+    // `R` rows sharing each group's control and weight loads.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
-    unsafe fn rows_avx512<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
+    unsafe fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
         assert!(src.iter().all(|s| s.len() >= self.read_len));
         assert!(out.iter().all(|o| o.len() == self.samples));
         let ptrs = src.map(|s| s.as_ptr());
@@ -173,94 +158,8 @@ impl Horizontal {
             }
         }
     }
-}
 
-/// The vertical pass ([`Kernels::vertical`]), 64 samples per step.
-///
-/// # Safety
-/// The CPU must have what [`available`] checks; the pointers as [`Kernels::vertical`] requires.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn vertical<const R: usize>(
-    rows: &[*const u8],
-    weights: &[i32],
-    precision: u32,
-    n: usize,
-    out: [*mut u8; R],
-) {
-    let pairs = rows.len() / 2;
-    assert!(n >= STEP && weights.len() >= pairs * ROWS);
-    let rounding = _mm512_set1_epi32(1 << (precision - 1));
-    let shift = _mm_cvtsi32_si128(precision as i32);
-    let zero = _mm512_setzero_si512();
-    let mut i = 0;
-    loop {
-        // The last step overlaps the one before when n is not a multiple of 64: those samples
-        // are computed again, to the same values.
-        let at = i.min(n - STEP);
-        let mut acc = [[rounding; 4]; R];
-        for q in 0..pairs {
-            // SAFETY: the caller's rows are at least `n ≥ at + 64` bytes.
-            let (r0, r1) = unsafe {
-                (
-                    _mm512_loadu_si512(rows[2 * q].add(at).cast()),
-                    _mm512_loadu_si512(rows[2 * q + 1].add(at).cast()),
-                )
-            };
-            let x = _mm512_unpacklo_epi8(r0, r1);
-            let y = _mm512_unpackhi_epi8(r0, r1);
-            // Per 128-bit lane L: samples 16L + [0..4], [4..8], [8..12], [12..16], each dword
-            // (row 2q's byte, row 2q + 1's byte) as two i16.
-            let v = [
-                _mm512_unpacklo_epi8(x, zero),
-                _mm512_unpackhi_epi8(x, zero),
-                _mm512_unpacklo_epi8(y, zero),
-                _mm512_unpackhi_epi8(y, zero),
-            ];
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_epi32(weights[q * ROWS + r]);
-                for k in 0..4 {
-                    acc[k] = _mm512_dpwssd_epi32(acc[k], v[k], w);
-                }
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            let s = [
-                _mm512_sra_epi32(acc[0], shift),
-                _mm512_sra_epi32(acc[1], shift),
-                _mm512_sra_epi32(acc[2], shift),
-                _mm512_sra_epi32(acc[3], shift),
-            ];
-            // In-lane packs put each lane's 16 samples back in order; packus clamps to 0..=255.
-            let bytes = _mm512_packus_epi16(
-                _mm512_packs_epi32(s[0], s[1]),
-                _mm512_packs_epi32(s[2], s[3]),
-            );
-            // SAFETY: `at + 64 ≤ n`, the length of every output row (the caller's).
-            unsafe { _mm512_storeu_si512(out[r].add(at).cast(), bytes) };
-        }
-        if at + STEP >= n {
-            break;
-        }
-        i += STEP;
-    }
-}
-
-impl Kernels for Horizontal {
-    const STEP: usize = STEP;
-
-    fn samples(&self) -> usize {
-        self.samples
-    }
-
-    fn read_len(&self) -> usize {
-        self.read_len
-    }
-
-    unsafe fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
-        // SAFETY: the trait's contract is `rows_avx512`'s.
-        unsafe { self.rows_avx512::<R>(src, out) }
-    }
-
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn vertical<const R: usize>(
         rows: &[*const u8],
         weights: &[i32],
@@ -268,7 +167,73 @@ impl Kernels for Horizontal {
         n: usize,
         out: [*mut u8; R],
     ) {
-        // SAFETY: the trait's contract is `vertical`'s.
-        unsafe { vertical::<R>(rows, weights, precision, n, out) }
+        // SAFETY: AVX-512F, BW and VNNI are enabled here, and the CPU has them (the caller's
+        // contract, with the pointers').
+        unsafe { vertical::vertical::<__m512i, R>(rows, weights, precision, n, out) }
+    }
+}
+
+// The methods are the AVX-512 forms of the operations `Lanes` names (BW for the byte and word
+// operations, VNNI for `vpdpwssd`).
+impl Lanes for __m512i {
+    const BYTES: usize = 64;
+
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        // SAFETY: the caller's (64 readable bytes, AVX-512).
+        unsafe { _mm512_loadu_si512(p.cast()) }
+    }
+
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, v: Self) {
+        // SAFETY: the caller's (64 writable bytes, AVX-512).
+        unsafe { _mm512_storeu_si512(p.cast(), v) }
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: the caller's (AVX-512).
+        unsafe { _mm512_setzero_si512() }
+    }
+
+    #[inline(always)]
+    unsafe fn splat(x: i32) -> Self {
+        // SAFETY: the caller's (AVX-512).
+        unsafe { _mm512_set1_epi32(x) }
+    }
+
+    #[inline(always)]
+    unsafe fn unpack8<const HI: bool>(a: Self, b: Self) -> Self {
+        // SAFETY: the caller's (AVX-512).
+        unsafe {
+            if HI {
+                _mm512_unpackhi_epi8(a, b)
+            } else {
+                _mm512_unpacklo_epi8(a, b)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_add(acc: Self, v: Self, w: Self) -> Self {
+        // SAFETY: the caller's (AVX-512).
+        unsafe { _mm512_dpwssd_epi32(acc, v, w) }
+    }
+
+    #[inline(always)]
+    unsafe fn shift(v: Self, count: __m128i) -> Self {
+        // SAFETY: the caller's (AVX-512).
+        unsafe { _mm512_sra_epi32(v, count) }
+    }
+
+    #[inline(always)]
+    unsafe fn pack(s: [Self; 4]) -> Self {
+        // SAFETY: the caller's (AVX-512).
+        unsafe {
+            _mm512_packus_epi16(
+                _mm512_packs_epi32(s[0], s[1]),
+                _mm512_packs_epi32(s[2], s[3]),
+            )
+        }
     }
 }

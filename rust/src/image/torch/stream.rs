@@ -27,7 +27,7 @@ pub(super) trait Kernels {
     fn read_len(&self) -> usize;
 
     /// `R` horizontal output rows (each exactly [`samples`](Self::samples) long) from `R`
-    /// input rows.
+    /// input rows (sharing each group's control and weight loads).
     ///
     /// # Safety
     /// The CPU must have the kernel's features; every `src[r]` must be at least
