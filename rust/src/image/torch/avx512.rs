@@ -20,7 +20,7 @@ use super::stream::Kernels;
 use super::vertical::{self, Lanes};
 use super::Int16Coeffs;
 
-use crate::image::avx512::{group_layouts, EVEN_BYTES, GROUP, WINDOW};
+use crate::image::avx512::{even_bytes, group_layouts, GROUP, WINDOW};
 
 /// Whether the CPU has what these kernels need (and AVX-512 is not turned off, see
 /// [`crate::simd`]): the resampler's AVX-512 check, the same features.
@@ -139,7 +139,7 @@ impl Kernels for Horizontal {
                         } else {
                             _mm512_loadu_si512(ptrs[r].add(at).cast())
                         };
-                        let v = _mm512_maskz_permutexvar_epi8(EVEN_BYTES, control, v);
+                        let v = even_bytes(control, v);
                         acc[r] = _mm512_dpwssd_epi32(acc[r], v, w);
                     }
                     at += self.step;
