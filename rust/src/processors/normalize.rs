@@ -109,6 +109,11 @@ impl Normalize {
         self
     }
 
+    /// The output of every input, per channel: the table this normalisation is exact to.
+    pub fn table(&self) -> &[[f32; 256]; 3] {
+        &self.lut
+    }
+
     /// The output for input `value` in channel `c` (0, 1, 2).
     #[inline]
     pub fn value(&self, c: usize, value: u8) -> f32 {

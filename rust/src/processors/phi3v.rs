@@ -201,7 +201,13 @@ pub fn images(
     options: &Options,
 ) -> Result<Outputs, ProcessorError> {
     let c = &config.common;
-    let table = to_tensor_table(c.image_mean, c.image_std);
+    // The table is the reference; the formula runs only where it gives the table's bits.
+    let normalize = Normalize::from_formula(
+        to_tensor_table(c.image_mean, c.image_std),
+        1.0 / 255.0,
+        c.image_mean,
+        c.image_std,
+    );
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
@@ -231,7 +237,7 @@ pub fn images(
         let used = (1 + (hd.height / TILE) * (hd.width / TILE)) * per_crop;
         let (crops, padding) = out.split_at_mut(used);
         padding.fill(Out::new(0.0));
-        tb::write_global_and_tiles(&table, hd.view(), (TILE, TILE), crops)
+        tb::write_global_and_tiles(&normalize, hd.view(), (TILE, TILE), crops)
     })
     .into_iter()
     .collect::<Result<(), _>>()?;

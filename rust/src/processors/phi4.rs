@@ -20,7 +20,7 @@
 
 use super::family::{i64_values, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
-use super::torch_backend::{self as tb, fused_f32_table};
+use super::torch_backend as tb;
 use super::value::{as_count, as_hw, hf_keys, hw_value, Common, Value, HALF};
 use super::{
     checked_len, parallel, prepare_all, Input, Options, Out, OutBuffer, Outputs, ProcessorError,
@@ -302,7 +302,7 @@ pub fn images(
     let s = config.tile.0;
     let m = config.mask_side();
     let c = &config.common;
-    let table = fused_f32_table(c.rescale_factor, c.image_mean, c.image_std);
+    let normalize = tb::fused_normalize(c.rescale_factor, c.image_mean, c.image_std);
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
@@ -324,7 +324,7 @@ pub fn images(
         let used = (1 + p.layout.grid.0 * p.layout.grid.1) * per_crop;
         let (crops, padding) = out.split_at_mut(used);
         padding.fill(Out::new(0.0));
-        tb::write_global_and_tiles(&table, p.canvas.view(), (s, s), crops)
+        tb::write_global_and_tiles(&normalize, p.canvas.view(), (s, s), crops)
     })
     .into_iter()
     .collect::<Result<(), _>>()?;

@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 
-use super::normalize::{Normalize, Slot};
+use super::normalize::{Normalize, Runs, Slot};
 use super::value::Common;
 use super::{check_image, check_side, Out, ProcessorError, Rgb, RgbRef};
 use crate::image::resample::ImageRef;
@@ -261,24 +261,32 @@ pub fn write_bicubic<S: Slot>(
 }
 
 /// The global image (`canvas` interpolated to `tile`, [`write_bicubic`]) followed by the
-/// canvas's `tile`-sized tiles in row-major order, all normalised through `table`, into `out`
-/// (`(1 + rows · cols) × 3 × tile.0 × tile.1`, every value written): the crops of Phi-3-vision
-/// and Phi-4-multimodal. The canvas sides are multiples of the tile's. On `Err` (the global
+/// canvas's `tile`-sized tiles in row-major order, all normalised through `normalize`, into
+/// `out` (`(1 + rows · cols) × 3 × tile.0 × tile.1`, every value written): the crops of
+/// Phi-3-vision and Phi-4-multimodal. The tiles are plain windows of the canvas, written by
+/// [`Normalize::deinterleave_into`] (eight or sixteen values at a time where its formula
+/// reproduces the table). The canvas sides are multiples of the tile's. On `Err` (the global
 /// image's rows could not be allocated) nothing has been written.
 pub fn write_global_and_tiles(
-    table: &Table<f32>,
+    normalize: &Normalize,
     canvas: RgbRef<'_>,
     tile: (usize, usize),
     out: &mut [Out],
 ) -> Result<(), ProcessorError> {
-    let per_tile = 3 * tile.0 * tile.1;
-    let (global, tiles) = out.split_at_mut(per_tile);
-    write_bicubic(table, canvas, tile, global)?;
-    let table = table.map(|row| row.map(Out::new));
+    let plane = tile.0 * tile.1;
+    let (global, tiles) = out.split_at_mut(3 * plane);
+    write_bicubic(normalize.table(), canvas, tile, global)?;
     let cols = canvas.width / tile.1;
-    for (i, slot) in tiles.chunks_exact_mut(per_tile).enumerate() {
-        let origin = ((i / cols) * tile.0, (i % cols) * tile.1);
-        write_tile(&table, canvas, origin, tile, slot);
+    let runs = Runs {
+        width: tile.1,
+        rows: tile.0,
+        stride: canvas.width * 3,
+        out_stride: tile.1,
+    };
+    for (i, slot) in tiles.chunks_exact_mut(3 * plane).enumerate() {
+        let (top, left) = ((i / cols) * tile.0, (i % cols) * tile.1);
+        let first = (top * canvas.width + left) * 3;
+        normalize.deinterleave_into(&canvas.data[first..], runs, slot, &[[0, plane, 2 * plane]]);
     }
     Ok(())
 }
