@@ -850,7 +850,14 @@ pub(crate) mod avx512 {
                         let q = _mm512_mul_ps(d, recip[c]);
                         let v = _mm512_fmadd_ps(_mm512_fnmadd_ps(q, std[c], d), recip[c], q);
                         for start in copies {
-                            _mm512_mask_storeu_ps(out.add(start[c] + dst + at), values_mask, v);
+                            let at = start[c] + dst + at;
+                            _mm512_mask_storeu_ps(out.add(at), values_mask, v);
+                            // The same values' line of the next run, asked for now (see
+                            // `store::prefetch_for_write`); past the last run the address may
+                            // lie outside `out`, which a prefetch never faults on.
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                out.wrapping_add(at + runs.out_stride).cast::<i8>(),
+                            );
                         }
                     }
                 }
