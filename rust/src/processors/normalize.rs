@@ -109,9 +109,26 @@ impl Normalize {
         self
     }
 
-    /// The output of every input, per channel: the table this normalisation is exact to.
-    pub fn table(&self) -> &[[f32; 256]; 3] {
-        &self.lut
+    /// Channel `c` (0, 1, 2) of the first `out.len()` interleaved RGB pixels of `pixels` into
+    /// `out`: one plane's row, as a planar consumer (a float interpolation) reads it. The
+    /// table's values, eight at a time where the formula reproduces the table.
+    ///
+    /// Panics if `pixels` holds fewer than `3 · out.len()` bytes or `c > 2`.
+    pub fn channel_into(&self, pixels: &[u8], c: usize, out: &mut [f32]) {
+        let pixels = &pixels[..3 * out.len()];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(formula) = &self.simd {
+            if out.len() >= avx2::LANES && c < 3 {
+                // SAFETY: `simd` is only set when the CPU has AVX2 and FMA; `out` holds at
+                // least `LANES` values and `pixels` exactly three bytes per value.
+                unsafe { formula.channel_row(pixels, c, out) };
+                return;
+            }
+        }
+        let lut = &self.lut[c];
+        for (v, px) in out.iter_mut().zip(pixels.chunks_exact(3)) {
+            *v = lut[usize::from(px[c])];
+        }
     }
 
     /// The output for input `value` in channel `c` (0, 1, 2).
@@ -452,6 +469,26 @@ pub(crate) mod avx2 {
                 }
             }
         }
+
+        /// Channel `c` of `out.len()` interleaved RGB pixels into `out`, with the same per-value
+        /// operations as [`spread`](Self::spread)'s AVX2 kernel (so the bits `reproduces`
+        /// checked).
+        ///
+        /// # Safety
+        ///
+        /// The CPU must support AVX2 and FMA; `c < 3`, `out.len() ≥ LANES` and `pixels.len() ≥
+        /// 3 · out.len()`.
+        pub unsafe fn channel_row(&self, pixels: &[u8], c: usize, out: &mut [f32]) {
+            // SAFETY: forwarded from this function's contract.
+            unsafe {
+                match (self.method, self.factor == 1.0) {
+                    (Method::Literal, false) => channel_row::<false, false>(self, pixels, c, out),
+                    (Method::Literal, true) => channel_row::<false, true>(self, pixels, c, out),
+                    (Method::Fused, false) => channel_row::<true, false>(self, pixels, c, out),
+                    (Method::Fused, true) => channel_row::<true, true>(self, pixels, c, out),
+                }
+            }
+        }
     }
 
     /// `vpshufb` controls gathering channel `c` of 8 interleaved RGB pixels (24 bytes) into the
@@ -641,6 +678,44 @@ pub(crate) mod avx2 {
             mean: _mm256_set1_ps(formula.mean[c]),
             std: _mm256_set1_ps(formula.std[c]),
             recip: _mm256_set1_ps(formula.recip[c]),
+        }
+    }
+
+    /// [`Formula::channel_row`] with the method and unit factor known at compile time: eight
+    /// values at a time, the last vector at `out.len() − 8` (overlapping the one before it,
+    /// whose values it writes again, unchanged).
+    ///
+    /// # Safety
+    ///
+    /// As [`Formula::channel_row`].
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn channel_row<const FUSED: bool, const UNIT: bool>(
+        formula: &Formula,
+        pixels: &[u8],
+        c: usize,
+        out: &mut [f32],
+    ) {
+        let n = out.len();
+        assert!(c < 3 && n >= LANES && pixels.len() >= 3 * n);
+        let ch = channel(formula, c);
+        let factor = _mm256_set1_pd(formula.factor);
+        let split = (_mm256_set1_ps(formula.hi), _mm256_set1_ps(formula.lo));
+        let mut next = 0;
+        loop {
+            let at = next.min(n - LANES);
+            // SAFETY: `at + LANES ≤ n`, so the 24 bytes read (16 at `3·at`, 8 at `3·at + 16`)
+            // lie within the `3·n` bytes of `pixels` and the 8 values stored at `at` within
+            // `out` (asserted above); both are unaligned accesses.
+            unsafe {
+                let p = pixels.as_ptr().add(3 * at);
+                let bytes = (_mm_loadu_si128(p.cast()), _mm_loadl_epi64(p.add(16).cast()));
+                let v = value::<FUSED, UNIT>(bytes, ch, factor, split);
+                _mm256_storeu_ps(out.as_mut_ptr().add(at), v);
+            }
+            if at + LANES >= n {
+                break;
+            }
+            next += LANES;
         }
     }
 
@@ -964,6 +1039,44 @@ mod tests {
                 for (c, values) in got.iter().enumerate() {
                     for (v, &bits) in (0..=255u8).zip(values) {
                         assert_eq!(bits, table.value(c, v).to_bits(), "factor {factor}, c {c}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// One channel of a row ([`Normalize::channel_into`], the planar rows of a float
+    /// interpolation): the table's bits for every method, a unit factor (torch's fused form)
+    /// included, rows of every length around the vector width, every byte value.
+    #[test]
+    fn channel_rows_equal_the_table() {
+        let mut norms = vec![crate::processors::torch_backend::fused_normalize(
+            1.0 / 255.0,
+            CLIP_MEAN,
+            CLIP_STD,
+        )];
+        for (factor, mean, std) in [
+            (1.0 / 255.0, CLIP_MEAN, CLIP_STD),
+            (0.5, [100.0, -3.25, 0.1], [7.0, 0.001, 1e6]),
+            (3.7, [1.0, 2.0, 3.0], [0.0, -1.0, 1e-30]),
+        ] {
+            norms.push(Normalize::new(Some(factor), Some((mean, std))));
+        }
+        let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, 255 - v, v / 3]).collect();
+        for norm in &norms {
+            let table = norm.clone().without_simd();
+            for variant in variants(norm) {
+                for n in [1, 7, 8, 9, 15, 16, 17, 100, 256] {
+                    let pixels = &all[..3 * n];
+                    for c in 0..3 {
+                        let mut got = vec![f32::NAN; n];
+                        variant.channel_into(pixels, c, &mut got);
+                        let want: Vec<u32> = pixels
+                            .chunks_exact(3)
+                            .map(|px| table.value(c, px[c]).to_bits())
+                            .collect();
+                        let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(got, want, "n {n}, c {c}");
                     }
                 }
             }

@@ -230,11 +230,12 @@ fn write_window<T: Copy>(
 }
 
 /// `F.interpolate(normalised[None], (out_h, out_w), mode="bicubic", align_corners=False)[0]` of
-/// the whole `canvas` normalised through `table`, into `out` (`3 × out_h × out_w`): the global
+/// the whole `canvas` normalised through `normalize` (one channel of a row at a time,
+/// [`Normalize::channel_into`]), into `out` (`3 × out_h × out_w`): the global
 /// image of Phi-3-vision and Phi-4-multimodal (torch returns the input itself when the size is
 /// unchanged, which the interpolation reproduces exactly).
 pub fn write_bicubic<S: Slot>(
-    table: &Table<f32>,
+    normalize: &Normalize,
     canvas: RgbRef<'_>,
     (out_h, out_w): (usize, usize),
     out: &mut [S],
@@ -248,12 +249,7 @@ pub fn write_bicubic<S: Slot>(
             out_h,
             out_w,
             plane,
-            |r, row| {
-                let pixels = &canvas.data[r * stride..(r + 1) * stride];
-                for (v, px) in row.iter_mut().zip(pixels.chunks_exact(3)) {
-                    *v = table[c][usize::from(px[c])];
-                }
-            },
+            |r, row| normalize.channel_into(&canvas.data[r * stride..(r + 1) * stride], c, row),
         )
         .map_err(ProcessorError::oom("interpolation rows"))?;
     }
@@ -275,7 +271,7 @@ pub fn write_global_and_tiles(
 ) -> Result<(), ProcessorError> {
     let plane = tile.0 * tile.1;
     let (global, tiles) = out.split_at_mut(3 * plane);
-    write_bicubic(normalize.table(), canvas, tile, global)?;
+    write_bicubic(normalize, canvas, tile, global)?;
     let cols = canvas.width / tile.1;
     let runs = Runs {
         width: tile.1,
