@@ -246,7 +246,7 @@ pub fn resize_u8(
     check_destination(src, dst, out_w, out_h)?;
     let plan = plan(src, out_w, out_h, filter);
     #[cfg(target_arch = "x86_64")]
-    if resize_simd(src, dst, &plan, threads, Simd::best()).is_some() {
+    if resize_simd(src, dst, &plan, threads, Simd::Avx512).is_some() {
         return Ok(());
     }
     let passes = Passes {
@@ -277,18 +277,6 @@ struct Plan {
 enum Simd {
     Avx2,
     Avx512,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Simd {
-    /// The widest the CPU has (AVX2 when it has neither: [`resize_simd`] then declines).
-    fn best() -> Simd {
-        if avx512::available() {
-            Simd::Avx512
-        } else {
-            Simd::Avx2
-        }
-    }
 }
 
 /// A resize's shape: input width, height and channels, output width and height, filter.
@@ -347,18 +335,18 @@ fn plan(
 #[cfg(target_arch = "x86_64")]
 type Band<'a> = std::sync::Mutex<Option<(usize, &'a mut [u8])>>;
 
-/// [`resize_u8`] with the kernels of [`avx512`] (`simd` AVX-512, the CPU has it and the plan's
-/// reduction fits their window) or else [`avx2`], in bands of output rows over up to `threads`
-/// threads: the kernels used, or `None` (nothing written) when neither applies: no AVX2,
-/// nothing to resample, a reduction too large for the horizontal kernels' windows, or a zero
-/// precision.
+/// [`resize_u8`] with the kernels of [`avx512`] (`widest` AVX-512, the CPU has it and the
+/// plan's reduction fits their window) or else [`avx2`], in bands of output rows over up to
+/// `threads` threads: the kernels used, or `None` (nothing written) when neither applies: no
+/// AVX2, nothing to resample, a reduction too large for the horizontal kernels' windows, or a
+/// zero precision.
 #[cfg(target_arch = "x86_64")]
 fn resize_simd(
     src: &ImageRef<'_>,
     dst: &mut [u8],
     plan: &Plan,
     threads: usize,
-    simd: Simd,
+    widest: Simd,
 ) -> Option<Simd> {
     let (horizontal, vertical) = (plan.horizontal.as_ref(), plan.vertical.as_ref());
     if !avx2::available() || (horizontal.is_none() && vertical.is_none()) {
@@ -367,7 +355,7 @@ fn resize_simd(
     if vertical.is_some_and(|k| k.precision == 0) {
         return None;
     }
-    let wide = simd == Simd::Avx512
+    let wide = widest == Simd::Avx512
         && avx512::available()
         && (horizontal.is_none() || plan.wide.is_some());
     if !wide && horizontal.is_some() && plan.fast.is_none() {

@@ -146,19 +146,9 @@ impl Cache {
         T::unwrap(self.spares.remove(at))
     }
 
-    /// The smallest kept output buffer for `len` values, as `len` uninitialised values, if one
-    /// fits.
-    pub fn take_f32(&mut self, len: usize) -> Option<Vec<MaybeUninit<f32>>> {
-        self.take_uninit(len)
-    }
-
-    /// [`take_f32`](Self::take_f32) for `bfloat16` outputs (their bits).
-    pub fn take_u16(&mut self, len: usize) -> Option<Vec<MaybeUninit<u16>>> {
-        self.take_uninit(len)
-    }
-
-    /// The smallest kept `T` buffer for `len` values, as `len` uninitialised values.
-    fn take_uninit<T: Element>(&mut self, len: usize) -> Option<Vec<MaybeUninit<T>>> {
+    /// The smallest kept output buffer of `T` (`f32`, or `u16` for `bfloat16` bits) for `len`
+    /// values, as `len` uninitialised values, if one fits.
+    pub(crate) fn take_uninit<T: Element>(&mut self, len: usize) -> Option<Vec<MaybeUninit<T>>> {
         let buffer: Vec<T> = self.pick(len.saturating_mul(std::mem::size_of::<T>()))?;
         let mut buffer = std::mem::ManuallyDrop::new(buffer);
         let (ptr, capacity) = (buffer.as_mut_ptr(), buffer.capacity());
@@ -276,11 +266,11 @@ mod tests {
         cache.give_u16(big);
         assert_eq!(cache.held(), 8 << 20);
         // Neither a float32 nor a byte request takes it, and a far smaller one does not either.
-        assert!(cache.take_f32(2 << 20).is_none());
+        assert!(cache.take_uninit::<f32>(2 << 20).is_none());
         assert!(cache.take_u8(8 << 20).is_none());
-        assert!(cache.take_u16(1 << 20).is_none());
+        assert!(cache.take_uninit::<u16>(1 << 20).is_none());
         let reused = cache
-            .take_u16(3 << 20)
+            .take_uninit::<u16>(3 << 20)
             .expect("a kept bfloat16 buffer fits");
         assert_eq!(reused.as_ptr() as usize, addr);
         assert_eq!((reused.len(), reused.capacity()), (3 << 20, 4 << 20));
@@ -301,16 +291,18 @@ mod tests {
         assert_eq!(cache.held(), 16 << 20);
         // A request of 7 MiB is not served by a 16 MiB buffer (over twice its size + 1 MiB),
         // nor is a byte request.
-        assert!(cache.take_f32(7 * mib).is_none());
+        assert!(cache.take_uninit::<f32>(7 * mib).is_none());
         assert!(cache.take_u8(10 << 20).is_none());
-        let reused = cache.take_f32(10 * mib).expect("a kept buffer fits");
+        let reused = cache
+            .take_uninit::<f32>(10 * mib)
+            .expect("a kept buffer fits");
         assert_eq!(reused.as_ptr() as usize, addr);
         assert_eq!((reused.len(), reused.capacity()), (10 * mib, 16 * mib));
         assert_eq!(cache.held(), 0);
 
         // Byte buffers come back resized, and only as bytes.
         cache.give_u8(vec![5u8; 3 << 20]);
-        assert!(cache.take_f32(mib).is_none());
+        assert!(cache.take_uninit::<f32>(mib).is_none());
         let bytes = cache.take_u8(2 << 20).expect("a kept byte buffer fits");
         assert_eq!((bytes.len(), bytes.capacity()), (2 << 20, 3 << 20));
 
@@ -323,9 +315,11 @@ mod tests {
         assert_eq!(cache.held(), 96 << 20);
         assert_eq!(cache.set_limit(64 << 20), 128 << 20);
         assert_eq!(cache.held(), 64 << 20);
-        let kept = cache.take_f32(32 * mib).expect("the second one is kept");
+        let kept = cache
+            .take_uninit::<f32>(32 * mib)
+            .expect("the second one is kept");
         assert_ne!(kept.as_ptr() as usize, first_addr);
-        assert!(cache.take_f32(32 * mib).is_none());
+        assert!(cache.take_uninit::<f32>(32 * mib).is_none());
         assert!(cache.take_u8(32 << 20).is_some());
         // A buffer above the limit is not kept; limit 0 keeps nothing.
         cache.give_f32(vec![0.0f32; 80 * mib]);

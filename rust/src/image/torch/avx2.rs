@@ -11,7 +11,7 @@
 //!   reductions up to about 2.5× with three channels; larger ones use the resampler's path),
 //!   four input rows at a time sharing the controls and weights;
 //! - vertical pass: 32 samples per step, each input row pair interleaved and zero-extended
-//!   once for the [`ROWS`] output rows of a block ([`super::stream`] drives both passes).
+//!   once for the [`ROWS`](super::stream::ROWS) output rows of a block ([`super::stream`] drives both passes).
 
 use std::arch::x86_64::*;
 
