@@ -21,6 +21,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,6 +90,12 @@ def differential_seeds() -> list[bytes]:
         encode(rgb, "JPEG", icc_profile=icc, dpi=(72, 72)),
         encode(rgb, "WEBP", quality=80),
         encode(rgb, "JPEG", quality=60, subsampling=2, restart_marker_blocks=2),
+        # Restart intervals in every layout the Rust Huffman decoder takes over (gray, 4:4:4,
+        # 4:2:2, 4:2:0, CMYK), some at high quality (long codes, large values).
+        encode(rgb.convert("L"), "JPEG", quality=95, restart_marker_blocks=3),
+        encode(rgb, "JPEG", quality=100, subsampling=0, restart_marker_blocks=1),
+        encode(rgb, "JPEG", quality=90, subsampling=1, restart_marker_rows=1),
+        encode(rgb.convert("CMYK"), "JPEG", quality=85, restart_marker_blocks=5),
     ]
     return seeds() + extra
 
@@ -745,3 +752,82 @@ def test_real_png_bit_flips_agree_with_pillow(monkeypatch: pytest.MonkeyPatch) -
     # Both outcomes well represented.
     assert counts["same pixels"] > 400, counts
     assert counts["both raise"] > 400, counts
+
+
+def _scan_start(data: bytes) -> int:
+    """The offset of the first byte after the first SOS segment."""
+    sos = data.index(b"\xff\xda")
+    return sos + 2 + struct.unpack(">H", data[sos + 2 : sos + 4])[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_real_jpeg_bit_flips_agree_with_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flipped bits, dropped and doubled bytes in the entropy-coded data of real JPEGs, with and
+    without restart markers: the Rust Huffman decoder takes what libjpeg-turbo decodes without
+    recovering and gives the rest back to it, so every outcome must still be Pillow's."""
+    from support.images import pillow_test_images, real_photos
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
+    photos = real_photos()
+    originals = [photos[name].read_bytes() for name in ("grace_hopper.jpg", "flower2.jpg")]
+    # Gray with restart markers, and bad Huffman codes of its own in some intervals.
+    originals.append((pillow_test_images() / "hopper_bad_exif.jpg").read_bytes())
+    im = Image.open(photos["rocket.jpg"]).crop((0, 0, 160, 120))
+    originals += [
+        encode(im, "JPEG", quality=q, subsampling=sub, **restart)
+        for q, sub, restart in (
+            (97, 0, {"restart_marker_blocks": 4}),
+            (80, 2, {"restart_marker_rows": 1}),
+            (90, 1, {}),
+        )
+    ]
+    originals.append(encode(im.convert("L"), "JPEG", quality=92, restart_marker_blocks=7))
+    rng = random.Random(20261205)
+    counts: Counter[str] = Counter()
+    for n in range(1500):
+        data = bytearray(originals[n % len(originals)])
+        start = _scan_start(bytes(data))
+        pos = rng.randrange(start, len(data) - 2)
+        action = rng.choice(("flip", "flip", "flip", "drop", "double"))
+        if action == "flip":
+            data[pos] ^= 1 << rng.randrange(8)
+        elif action == "drop":
+            del data[pos]
+        else:
+            data.insert(pos, data[pos])
+        counts[_agree(bytes(data))] += 1
+    assert counts["same pixels"] > 500, counts
+
+
+def test_rust_huffman_and_libjpeg_huffman_give_the_same_pixels() -> None:
+    """`SMG_GRPC_PROTO_JPEG_STOCK_HUFFMAN=1` leaves all Huffman decoding to libjpeg-turbo: a
+    process with it decodes every real JPEG to the same bytes as the default (Rust) path."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    from support.images import real_photos
+
+    names = sorted(n for n in real_photos() if n.endswith(".jpg"))
+    script = (
+        "import hashlib, sys\n"
+        "from support.images import real_photos\n"
+        "from smg_grpc_proto import vision\n"
+        "photos = real_photos()\n"
+        "for name in sys.argv[1:]:\n"
+        "    pixels = vision.decode(photos[name].read_bytes())\n"
+        "    print(hashlib.sha256(pixels.tobytes()).hexdigest())\n"
+    )
+    env = dict(os.environ, SMG_GRPC_PROTO_JPEG_STOCK_HUFFMAN="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+    stock = subprocess.run(
+        [sys.executable, "-c", script, *names], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    photos = real_photos()
+    ours = [
+        hashlib.sha256(vision.decode(photos[n].read_bytes()).tobytes()).hexdigest() for n in names
+    ]
+    assert len(names) >= 10
+    assert ours == stock

@@ -10,9 +10,12 @@
 //! complete data is accepted, as in Pillow. libjpeg's warnings are ignored, as in Pillow. The
 //! marker walk fails where Pillow's does (see `read_markers`), even when libjpeg would cope.
 
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
 
 use super::convert::{ModeImage, Pixels};
+use super::jpeg_huffman::{Anomaly, BlockSpec, HuffTable, Scan, Step, MAX_BLOCKS_IN_MCU};
 use super::{check_size, exif, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
 
 // The static libjpeg-turbo comes with turbojpeg-sys; the shim below calls into it.
@@ -38,6 +41,157 @@ struct ShimInfo {
 
 const SHIM_OK: c_int = 0;
 const SHIM_ERROR: c_int = 1;
+const SHIM_SUSPENDED: c_int = 2;
+const SHIM_RETRY: c_int = 3;
+
+/// `jpeg_shim.c`'s `smg_scan_desc`.
+#[repr(C)]
+struct ScanDesc {
+    data: *const u8,
+    len: usize,
+    blocks_in_mcu: c_int,
+    block_component: [c_int; MAX_BLOCKS_IN_MCU],
+    block_dc: [c_int; MAX_BLOCKS_IN_MCU],
+    block_ac: [c_int; MAX_BLOCKS_IN_MCU],
+    table_counts: [*const u8; 8],
+    table_symbols: [*const u8; 8],
+    restart_interval: c_uint,
+    mcus: u64,
+}
+
+/// `jpeg_shim.c`'s `smg_entropy_hook`.
+#[repr(C)]
+struct EntropyHook {
+    ctx: *mut c_void,
+    start: extern "C" fn(*mut c_void, *const ScanDesc) -> c_int,
+    decode_mcu: extern "C" fn(*mut c_void, *const *mut [i16; 64], c_int, *mut usize) -> c_int,
+}
+
+/// Set to `1` to leave all Huffman decoding to libjpeg-turbo (for comparisons; read once).
+pub const STOCK_HUFFMAN_ENV: &str = "SMG_GRPC_PROTO_JPEG_STOCK_HUFFMAN";
+
+fn stock_huffman() -> bool {
+    static STOCK: OnceLock<bool> = OnceLock::new();
+    *STOCK.get_or_init(|| {
+        std::env::var(STOCK_HUFFMAN_ENV).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+    })
+}
+
+/// The Rust side of the entropy hook: the file's bytes and the scan, once started.
+struct HookState {
+    data: *const u8,
+    len: usize,
+    scan: Option<Scan>,
+    /// Where the scan's data starts in `data`.
+    start: usize,
+    /// Why the hook gave the image back, if it did.
+    anomaly: Option<Anomaly>,
+}
+
+impl HookState {
+    /// Builds the scan from libjpeg's description, and where its data starts; `None` declines.
+    fn start(&self, desc: &ScanDesc) -> Option<(Scan, usize)> {
+        let start = (desc.data as usize).checked_sub(self.data as usize)?;
+        if start > self.len || desc.len != self.len - start {
+            return None;
+        }
+        let count = usize::try_from(desc.blocks_in_mcu).ok()?;
+        if count == 0 || count > MAX_BLOCKS_IN_MCU {
+            return None;
+        }
+        // Build the tables the blocks use, each once.
+        let mut slots: [Option<usize>; 8] = [None; 8];
+        let mut tables = Vec::new();
+        let mut table = |slot: c_int| -> Option<usize> {
+            let slot = usize::try_from(slot).ok().filter(|&s| s < 8)?;
+            if slots[slot].is_none() {
+                let (counts, symbols) = (desc.table_counts[slot], desc.table_symbols[slot]);
+                if counts.is_null() || symbols.is_null() {
+                    return None;
+                }
+                // SAFETY: non-null pointers into libjpeg's JHUFF_TBL of this slot (`bits[17]`,
+                // `huffval[256]`), alive and unchanged while the scan decodes.
+                let (counts, symbols) =
+                    unsafe { (&*counts.cast::<[u8; 17]>(), &*symbols.cast::<[u8; 256]>()) };
+                tables.push(HuffTable::new(counts, symbols)?);
+                slots[slot] = Some(tables.len() - 1);
+            }
+            slots[slot]
+        };
+        let mut blocks = Vec::with_capacity(count);
+        for b in 0..count {
+            blocks.push(BlockSpec {
+                component: usize::try_from(desc.block_component[b]).ok()?,
+                dc: table(desc.block_dc[b])?,
+                ac: table(desc.block_ac[b])?,
+            });
+        }
+        Scan::new(tables, blocks, desc.restart_interval, desc.mcus, start).map(|s| (s, start))
+    }
+}
+
+extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `ctx` is the `HookState` that `decode_into` passes with the hook, alive and
+        // not otherwise borrowed during the shim call; `desc` points to the shim's filled
+        // description on its stack.
+        let (state, desc) = unsafe { (&mut *ctx.cast::<HookState>(), &*desc) };
+        let started = state.start(desc);
+        let ok = started.is_some();
+        if let Some((scan, start)) = started {
+            (state.scan, state.start) = (Some(scan), start);
+        }
+        c_int::from(ok)
+    }))
+    .unwrap_or(0)
+}
+
+extern "C" fn hook_decode_mcu(
+    ctx: *mut c_void,
+    blocks: *const *mut [i16; 64],
+    count: c_int,
+    consumed: *mut usize,
+) -> c_int {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as in `hook_start`; `consumed` is the trampoline's out variable.
+        let (state, consumed) = unsafe { (&mut *ctx.cast::<HookState>(), &mut *consumed) };
+        // SAFETY: `data`/`len` are the `&[u8]` that `decode_with` borrows through the shim
+        // call; the hook runs only inside it, and nothing writes those bytes meanwhile.
+        let data = unsafe { std::slice::from_raw_parts(state.data, state.len) };
+        let Some(scan) = state.scan.as_mut() else {
+            return -1;
+        };
+        let count = usize::try_from(count).unwrap_or(usize::MAX);
+        let mut out: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
+        if count != scan.blocks_in_mcu() {
+            state.anomaly = Some(Anomaly("an MCU of another size"));
+            return -1;
+        }
+        if !blocks.is_null() {
+            for (b, slot) in out[..count].iter_mut().enumerate() {
+                // SAFETY: libjpeg's coefficient controller passes `blocks_in_MCU` pointers to
+                // distinct, zeroed JBLOCKs (64 JCOEF = i16) that it does not touch during the
+                // call; `count` is that number, checked against the scan's above.
+                *slot = unsafe { (*blocks.add(b)).as_mut() };
+            }
+        }
+        match scan.decode_mcu(data, &mut out[..count]) {
+            Ok(Step::More) => 0,
+            Ok(Step::Done(pos)) => match pos.checked_sub(state.start) {
+                Some(n) => {
+                    *consumed = n;
+                    1
+                }
+                None => -1,
+            },
+            Err(anomaly) => {
+                state.anomaly = Some(anomaly);
+                -1
+            }
+        }
+    }))
+    .unwrap_or(-1)
+}
 
 extern "C" {
     fn smg_jpeg_new() -> *mut ShimJpeg;
@@ -56,6 +210,7 @@ extern "C" {
         out_len: usize,
         stride: usize,
         out_components: c_int,
+        hook: *const EntropyHook,
         rows: *mut c_uint,
     ) -> c_int;
 }
@@ -101,6 +256,32 @@ struct Markers {
     frame: Option<(u8, u16, u16, u8)>,
     /// A JFIF segment gave the resolution in dots per inch or cm (Pillow's `info["dpi"]`).
     jfif_dpi: bool,
+}
+
+/// A fresh decoder with the headers up to the first scan read.
+fn read_header(data: &[u8]) -> Result<(Shim, ShimInfo), DecodeError> {
+    let shim = Shim::new()?;
+    let mut info = ShimInfo::default();
+    // SAFETY: `shim.0` is a fresh decoder; `data` outlives it within the caller (the decoder is
+    // dropped before `data`'s borrow ends and only reads `data` inside the shim's calls); `info`
+    // is a valid out pointer.
+    let status = unsafe {
+        smg_jpeg_read_header(
+            shim.0,
+            data.as_ptr(),
+            data.len(),
+            MAX_JPEG_SCANS as c_int,
+            &mut info,
+        )
+    };
+    match status {
+        SHIM_OK => Ok((shim, info)),
+        SHIM_ERROR => Err(DecodeError::corrupt(FORMAT, shim.message())),
+        _ => Err(DecodeError::truncated(
+            FORMAT,
+            "the data ends inside the headers",
+        )),
+    }
 }
 
 /// Walks the markers from SOI to the first SOS like Pillow's `JpegImageFile._open`, failing
@@ -253,35 +434,17 @@ fn photoshop_cut(s: &[u8]) -> bool {
 
 /// Decodes a JPEG file into the Pillow mode it opens as.
 pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
+    decode_with(data, limit, !stock_huffman())
+}
+
+/// [`decode`], with Huffman decoding by [`super::jpeg_huffman`] where it applies (`rust_huffman`)
+/// or always by libjpeg-turbo.
+fn decode_with(data: &[u8], limit: u64, rust_huffman: bool) -> Result<Decoded, DecodeError> {
     let markers = read_markers(data)?;
     if let Some((_, height, width, _)) = markers.frame {
         check_size(FORMAT, u64::from(width), u64::from(height), limit)?;
     }
-
-    let shim = Shim::new()?;
-    let mut info = ShimInfo::default();
-    // SAFETY: `shim.0` is a fresh decoder; `data` outlives it (the decoder is dropped at the end
-    // of this function and only reads `data` inside the calls below); `info` is a valid out
-    // pointer.
-    let status = unsafe {
-        smg_jpeg_read_header(
-            shim.0,
-            data.as_ptr(),
-            data.len(),
-            MAX_JPEG_SCANS as c_int,
-            &mut info,
-        )
-    };
-    match status {
-        SHIM_OK => {}
-        SHIM_ERROR => return Err(DecodeError::corrupt(FORMAT, shim.message())),
-        _ => {
-            return Err(DecodeError::truncated(
-                FORMAT,
-                "the data ends inside the headers",
-            ))
-        }
-    }
+    let (mut shim, info) = read_header(data)?;
     let (width, height) = (info.width, info.height);
     check_size(FORMAT, u64::from(width), u64::from(height), limit)?;
     if info.data_precision != 8 {
@@ -303,24 +466,53 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
     };
     let mut pixels: Vec<u8> = overwritten_image(FORMAT, width, height, components)?;
     let stride = width as usize * components;
-    let mut rows: c_uint = 0;
-    // SAFETY: the header was read successfully; `pixels` holds `height` rows of `stride` bytes
-    // and the shim checks that libjpeg's output dimensions fit `out_len` before writing; `data`
-    // is still borrowed (alive) and `rows` is a valid out pointer.
-    let status = unsafe {
-        smg_jpeg_decode(
-            shim.0,
-            pixels.as_mut_ptr(),
-            pixels.len(),
-            stride,
-            components as c_int,
-            &mut rows,
-        )
+    let mut state = HookState {
+        data: data.as_ptr(),
+        len: data.len(),
+        scan: None,
+        start: 0,
+        anomaly: None,
     };
+    let hook = EntropyHook {
+        ctx: std::ptr::addr_of_mut!(state).cast(),
+        start: hook_start,
+        decode_mcu: hook_decode_mcu,
+    };
+    let mut rows: c_uint = 0;
+    let mut status = SHIM_RETRY;
+    for attempt in [rust_huffman, false] {
+        if !attempt {
+            if status != SHIM_RETRY {
+                break;
+            }
+            if rust_huffman {
+                // The hook gave the image back: a fresh decoder reads it from the start.
+                shim = read_header(data)?.0;
+            }
+        }
+        // SAFETY: the header was read successfully; `pixels` holds `height` rows of `stride`
+        // bytes and the shim checks that libjpeg's output dimensions fit `out_len` before
+        // writing; `data` is still borrowed (alive); `hook` and the `state` it points to live
+        // on this frame through the call, and nothing else touches `state` during it; `rows`
+        // is a valid out pointer.
+        status = unsafe {
+            smg_jpeg_decode(
+                shim.0,
+                pixels.as_mut_ptr(),
+                pixels.len(),
+                stride,
+                components as c_int,
+                if attempt { &hook } else { std::ptr::null() },
+                &mut rows,
+            )
+        };
+        if attempt {
+            state.scan = None;
+        }
+    }
     match status {
         SHIM_OK => {}
-        SHIM_ERROR => return Err(DecodeError::corrupt(FORMAT, shim.message())),
-        _ => {
+        SHIM_SUSPENDED => {
             return Err(DecodeError::truncated(
                 FORMAT,
                 format!(
@@ -333,6 +525,7 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
                 ),
             ))
         }
+        _ => return Err(DecodeError::corrupt(FORMAT, shim.message())),
     }
     let pixels = match components {
         1 => Pixels::L(pixels),

@@ -11,6 +11,13 @@
  * EOI. Suspension before the last scanline is the truncation Pillow reports as "image file is
  * truncated"; suspension in jpeg_finish_decompress (no EOI marker after complete image data)
  * is accepted, as Pillow does. Warnings (corrupt-data recoveries) are ignored, as in Pillow.
+ *
+ * An entropy hook (jpeg_huffman.rs) may take over Huffman decoding of single-scan sequential
+ * files: after jpeg_start_decompress, libjpeg's decode_mcu is replaced by a trampoline into Rust.
+ * The Rust side never calls libjpeg and returns a status; when it reports an anomaly (something
+ * libjpeg would recover from in its own way), the trampoline longjmps out, still below the
+ * setjmp and with no Rust frame in between, and smg_jpeg_decode returns SMG_RETRY: the caller
+ * decodes the image again without the hook.
  */
 #include <setjmp.h>
 #include <stddef.h>
@@ -23,6 +30,41 @@
 #define SMG_OK 0
 #define SMG_ERROR 1
 #define SMG_SUSPENDED 2
+#define SMG_RETRY 3
+
+/* Blocks in an MCU at most (libjpeg's D_MAX_BLOCKS_IN_MCU). */
+#define SMG_MAX_BLOCKS 10
+
+/* What the entropy hook needs to know of the scan; tables 0-3 are the DC slots, 4-7 the AC
+ * slots (NULL when absent), each as a DHT segment gives it: 17 counts (index 0 unused) and 256
+ * symbols. */
+typedef struct {
+    const unsigned char *data;
+    size_t len;
+    int blocks_in_mcu;
+    int block_component[SMG_MAX_BLOCKS];
+    int block_dc[SMG_MAX_BLOCKS];
+    int block_ac[SMG_MAX_BLOCKS];
+    const unsigned char *table_counts[8];
+    const unsigned char *table_symbols[8];
+    unsigned int restart_interval;
+    unsigned long long mcus;
+} smg_scan_desc;
+
+/* start: 1 when the hook takes the scan. decode_mcu: 0 = decoded, more follow; 1 = the last
+ * MCU decoded, *consumed bytes of the data are the hook's; -1 = anomaly, decode again. */
+typedef struct {
+    void *ctx;
+    int (*start)(void *ctx, const smg_scan_desc *desc);
+    int (*decode_mcu)(void *ctx, JBLOCKROW *blocks, int count, size_t *consumed);
+} smg_entropy_hook;
+
+/* The first members of libjpeg-turbo 3.1's struct jpeg_entropy_decoder (jpegint.h, not an
+ * installed header): the only one written is decode_mcu. */
+struct smg_entropy_prefix {
+    void (*start_pass)(j_decompress_ptr cinfo);
+    boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+};
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -37,6 +79,10 @@ typedef struct {
     struct jpeg_progress_mgr progress;
     int max_scans;
     int created;
+    const smg_entropy_hook *hook;
+    int hook_declined;
+    const JOCTET *hook_base;
+    size_t hook_len;
     char message[JMSG_LENGTH_MAX + 64];
 } smg_jpeg;
 
@@ -91,6 +137,65 @@ static void smg_skip_input_data(j_decompress_ptr cinfo, long num_bytes) {
 }
 
 static void smg_term_source(j_decompress_ptr cinfo) { (void)cinfo; }
+
+static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
+    smg_jpeg *self = (smg_jpeg *)cinfo;
+    size_t consumed = 0;
+    int status = self->hook->decode_mcu(self->hook->ctx, MCU_data, cinfo->blocks_in_MCU, &consumed);
+    if (status < 0 || consumed > self->hook_len) {
+        self->hook_declined = 1;
+        snprintf(self->message, sizeof(self->message), "entropy hook declined");
+        longjmp(self->err.jump, 1);
+    }
+    if (status == 1) {
+        cinfo->src->next_input_byte = self->hook_base + consumed;
+        cinfo->src->bytes_in_buffer = self->hook_len - consumed;
+    }
+    return TRUE;
+}
+
+/* Offers the scan to the hook when libjpeg reads it with its sequential Huffman decoder in one
+ * pass (one scan holding every component, 8-bit, no arithmetic coding, not lossless). */
+static void smg_install_hook(smg_jpeg *self, const smg_entropy_hook *hook) {
+    j_decompress_ptr cinfo = &self->cinfo;
+    smg_scan_desc desc;
+    int b, t;
+    if (hook == NULL || cinfo->progressive_mode || cinfo->arith_code ||
+        cinfo->data_precision != 8 || cinfo->buffered_image ||
+        cinfo->comps_in_scan != cinfo->num_components || cinfo->Ss != 0 || cinfo->Se != 63 ||
+        cinfo->Ah != 0 || cinfo->Al != 0 || cinfo->blocks_in_MCU < 1 ||
+        cinfo->blocks_in_MCU > SMG_MAX_BLOCKS || cinfo->entropy == NULL) {
+        return;
+    }
+    memset(&desc, 0, sizeof(desc));
+    desc.data = cinfo->src->next_input_byte;
+    desc.len = cinfo->src->bytes_in_buffer;
+    desc.blocks_in_mcu = cinfo->blocks_in_MCU;
+    for (b = 0; b < cinfo->blocks_in_MCU; b++) {
+        int ci = cinfo->MCU_membership[b];
+        jpeg_component_info *comp = cinfo->cur_comp_info[ci];
+        desc.block_component[b] = ci;
+        desc.block_dc[b] = comp->dc_tbl_no;
+        desc.block_ac[b] = 4 + comp->ac_tbl_no;
+    }
+    for (t = 0; t < 4; t++) {
+        JHUFF_TBL *dc = cinfo->dc_huff_tbl_ptrs[t];
+        JHUFF_TBL *ac = cinfo->ac_huff_tbl_ptrs[t];
+        desc.table_counts[t] = dc ? dc->bits : NULL;
+        desc.table_symbols[t] = dc ? dc->huffval : NULL;
+        desc.table_counts[4 + t] = ac ? ac->bits : NULL;
+        desc.table_symbols[4 + t] = ac ? ac->huffval : NULL;
+    }
+    desc.restart_interval = cinfo->restart_interval;
+    desc.mcus = (unsigned long long)cinfo->MCUs_per_row * cinfo->MCU_rows_in_scan;
+    if (!hook->start(hook->ctx, &desc)) {
+        return;
+    }
+    self->hook = hook;
+    self->hook_base = desc.data;
+    self->hook_len = desc.len;
+    ((struct smg_entropy_prefix *)cinfo->entropy)->decode_mcu = smg_hooked_decode_mcu;
+}
 
 smg_jpeg *smg_jpeg_new(void) { return (smg_jpeg *)calloc(1, sizeof(smg_jpeg)); }
 
@@ -150,17 +255,18 @@ int smg_jpeg_read_header(
  * Decodes the image into `out` (rows of `stride` bytes) as grayscale (1), RGB (3) or CMYK (4)
  * samples, with libjpeg's defaults: ISLOW IDCT, fancy upsampling, no block smoothing changes.
  * `rows` receives the number of complete rows written. Returns SMG_OK, SMG_ERROR or
- * SMG_SUSPENDED (the data ended before the last row).
+ * SMG_SUSPENDED (the data ended before the last row); with an entropy `hook` (or NULL), also
+ * SMG_RETRY (the hook declined mid-scan: decode again, with a fresh decoder, without it).
  */
 int smg_jpeg_decode(
     smg_jpeg *self, unsigned char *out, size_t out_len, size_t stride, int out_components,
-    unsigned int *rows
+    const smg_entropy_hook *hook, unsigned int *rows
 ) {
     JSAMPROW row_pointers[16];
     *rows = 0;
     if (setjmp(self->err.jump)) {
         *rows = self->cinfo.output_scanline;
-        return SMG_ERROR;
+        return self->hook_declined ? SMG_RETRY : SMG_ERROR;
     }
     switch (out_components) {
         case 1:
@@ -190,6 +296,7 @@ int smg_jpeg_decode(
         );
         return SMG_ERROR;
     }
+    smg_install_hook(self, hook);
     while (self->cinfo.output_scanline < self->cinfo.output_height) {
         unsigned int want = self->cinfo.output_height - self->cinfo.output_scanline;
         unsigned int i, got;

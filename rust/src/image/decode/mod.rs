@@ -28,6 +28,7 @@ mod error;
 pub mod exif;
 pub mod gif;
 pub mod jpeg;
+mod jpeg_huffman;
 pub mod png;
 pub mod webp;
 

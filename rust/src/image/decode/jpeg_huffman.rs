@@ -1,0 +1,873 @@
+//! Huffman decoding of baseline JPEG scans, in place of libjpeg-turbo's own `decode_mcu`.
+//!
+//! libjpeg-turbo spends most of a high-quality photo's decode in its Huffman decoder, and on files
+//! with restart markers it always takes its slow, byte-at-a-time path. For single-scan sequential
+//! Huffman files, `jpeg_shim.c` swaps in [`Scan::decode_mcu`] after `jpeg_start_decompress`; the
+//! IDCT, upsampling and colour conversion stay libjpeg-turbo's, so pixels stay Pillow's.
+//!
+//! The coefficients written are exactly libjpeg-turbo's on every stream this decoder accepts:
+//! the same canonical code assignment, DC prediction in wrapping 32-bit arithmetic stored as a
+//! truncated 16-bit value, AC positions past 63 landing on 63 (libjpeg's extended zigzag table),
+//! restart intervals resetting the predictions. Whatever libjpeg-turbo handles with a recovery of
+//! its own is an [`Anomaly`] here and the whole image is decoded again by the stock decoder:
+//! a code no table holds, a segment that runs out of bits (libjpeg pads zeros and blanks the rest
+//! of the interval), a restart marker missing or out of sequence, data that ends without a marker
+//! (libjpeg suspends), more MCUs asked for than the frame has. So the fast path never has to
+//! imitate a recovery, and a corrupt file costs one extra decode.
+//!
+//! The bit reader refills 8 bytes at a time when none of them is 0xFF (almost always), byte by
+//! byte otherwise, with libjpeg's reading of `FF 00` (a data byte), `FF FF …` (fill) and
+//! `FF xx` (a marker: the segment ends, zeros follow). Codes of up to [`FAST_BITS`] bits are one
+//! table lookup; an AC code whose value bits also fit is decoded whole by that lookup.
+
+/// Bits looked up at once.
+const FAST_BITS: u32 = 10;
+const FAST_SIZE: usize = 1 << FAST_BITS;
+
+/// libjpeg's `jpeg_natural_order`: zigzag index to position in the 8 × 8 block, with 16 extra
+/// entries of 63 for runs that overshoot the block in corrupt data.
+const NATURAL_ORDER: [u8; 80] = [
+    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20,
+    13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59,
+    52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
+    63, 63, 63, 63, 63, 63,
+];
+
+/// The most blocks an MCU may have (JPEG's limit, libjpeg's `D_MAX_BLOCKS_IN_MCU`).
+pub(crate) const MAX_BLOCKS_IN_MCU: usize = 10;
+
+/// Why the fast path gave the image back to libjpeg-turbo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Anomaly(pub(crate) &'static str);
+
+/// One decoding table, built from a DHT segment's code counts and symbols.
+pub(crate) struct HuffTable {
+    /// Indexed by the next [`FAST_BITS`] bits: `length << 8 | symbol`, 0 when the code is longer.
+    fast: [u16; FAST_SIZE],
+    /// For AC tables, indexed the same way: `value << 8 | run << 4 | bits`, where `bits` counts the
+    /// code and the value's bits together; 0 when they do not fit in [`FAST_BITS`] or the symbol
+    /// is an end-of-block or a run of 16 zeros.
+    ac: [i32; FAST_SIZE],
+    /// libjpeg's `maxcode` (the largest code of each length, -1 for none) and `valoffset`.
+    maxcode: [i32; 17],
+    valoffset: [i32; 17],
+    symbols: [u8; 256],
+}
+
+impl HuffTable {
+    /// Builds the table of `counts[1..=16]` codes per length over `symbols`, assigned as
+    /// libjpeg's `jpeg_make_d_derived_tbl` assigns them. `None` for tables libjpeg refuses too
+    /// (more than 256 codes, or codes that do not fit their length).
+    pub(crate) fn new(counts: &[u8; 17], symbols: &[u8; 256]) -> Option<Box<Self>> {
+        let mut t = Box::new(Self {
+            fast: [0; FAST_SIZE],
+            ac: [0; FAST_SIZE],
+            maxcode: [-1; 17],
+            valoffset: [0; 17],
+            symbols: *symbols,
+        });
+        let total: usize = counts[1..].iter().map(|&c| usize::from(c)).sum();
+        if total > 256 {
+            return None;
+        }
+        let mut code: u32 = 0;
+        let mut index: usize = 0;
+        for len in 1..=16u32 {
+            let count = u32::from(counts[len as usize]);
+            if count > 0 {
+                t.valoffset[len as usize] = index as i32 - code as i32;
+                for _ in 0..count {
+                    if code >= 1 << len {
+                        return None; // the codes of this length overflow it
+                    }
+                    if len <= FAST_BITS {
+                        let shift = FAST_BITS - len;
+                        let entry = (len as u16) << 8 | u16::from(symbols[index]);
+                        let first = (code << shift) as usize;
+                        t.fast[first..first + (1 << shift)].fill(entry);
+                    }
+                    code += 1;
+                    index += 1;
+                }
+                t.maxcode[len as usize] = code as i32 - 1;
+            }
+            // libjpeg also refuses a length whose codes end on its all-ones code.
+            if code >= 1 << len {
+                return None;
+            }
+            code <<= 1;
+        }
+        for peek in 0..FAST_SIZE {
+            let entry = t.fast[peek];
+            let len = u32::from(entry >> 8);
+            let (run, size) = (u32::from(entry & 0xFF) >> 4, u32::from(entry & 15));
+            if len == 0 || size == 0 || len + size > FAST_BITS {
+                continue;
+            }
+            let raw = (peek as u32 >> (FAST_BITS - len - size)) & ((1 << size) - 1);
+            t.ac[peek] = extend(raw, size) << 8 | (run << 4 | (len + size)) as i32;
+        }
+        Some(t)
+    }
+}
+
+/// JPEG's sign extension of a `size`-bit value (F.2.2.1): the lower half of the range stands
+/// for negative values.
+#[inline(always)]
+fn extend(raw: u32, size: u32) -> i32 {
+    let v = raw as i32;
+    if v < 1 << (size - 1) {
+        v - (1 << size) + 1
+    } else {
+        v
+    }
+}
+
+/// True when one of the 8 bytes of `w` is 0xFF.
+#[inline(always)]
+fn has_ff(w: u64) -> bool {
+    let inv = !w;
+    inv.wrapping_sub(0x0101_0101_0101_0101) & !inv & 0x8080_8080_8080_8080 != 0
+}
+
+/// The next marker at or after `pos` as libjpeg's `next_marker` finds it (skipping data bytes,
+/// `FF 00` pairs and fill `FF`s): the index of its code byte, `None` at the end of the data.
+fn find_marker(data: &[u8], mut pos: usize) -> Option<usize> {
+    loop {
+        pos += data.get(pos..)?.iter().position(|&b| b == 0xFF)?;
+        while data.get(pos) == Some(&0xFF) {
+            pos += 1;
+        }
+        match data.get(pos)? {
+            0 => pos += 1,
+            _ => return Some(pos),
+        }
+    }
+}
+
+/// A big-endian bit reader over one entropy-coded segment. It is `Copy` so that the block
+/// decoder works on a local copy the compiler keeps in registers; the out-of-line slow paths
+/// take and return it by value.
+#[derive(Clone, Copy)]
+struct Bits {
+    /// The next bits, most significant first; `n` of them are valid (bits below them may hold
+    /// the next byte's bits already, which the following refill writes again).
+    buf: u64,
+    n: u32,
+    /// The next byte of the data to read.
+    pos: usize,
+    /// Zero bits appended after the segment's end (`n` counts them).
+    pad: u32,
+    /// Where the marker that ended the segment has its code byte, once reached.
+    marker: Option<usize>,
+    /// The data ended without a marker.
+    hit_end: bool,
+}
+
+impl Bits {
+    fn at(pos: usize) -> Self {
+        Self {
+            buf: 0,
+            n: 0,
+            pos,
+            pad: 0,
+            marker: None,
+            hit_end: false,
+        }
+    }
+
+    /// Makes at least 32 bits valid.
+    #[inline(always)]
+    fn refill(&mut self, data: &[u8]) {
+        if self.n >= 32 {
+            return;
+        }
+        if let Some(Ok(w)) = data.get(self.pos..self.pos + 8).map(<[u8; 8]>::try_from) {
+            let w = u64::from_be_bytes(w);
+            if !has_ff(w) {
+                self.buf |= w >> self.n;
+                self.pos += ((63 - self.n) >> 3) as usize;
+                self.n |= 56;
+                return;
+            }
+        }
+        *self = Self::refill_bytes(*self, data);
+    }
+
+    #[inline(never)]
+    fn refill_bytes(mut self, data: &[u8]) -> Self {
+        while self.n <= 56 {
+            let byte = self.next_byte(data);
+            self.buf |= u64::from(byte) << (56 - self.n);
+            self.n += 8;
+        }
+        self
+    }
+
+    fn next_byte(&mut self, data: &[u8]) -> u8 {
+        if self.marker.is_none() && !self.hit_end {
+            match data.get(self.pos) {
+                None => self.hit_end = true,
+                Some(&b) if b != 0xFF => {
+                    self.pos += 1;
+                    return b;
+                }
+                Some(_) => {
+                    let mut q = self.pos + 1;
+                    while data.get(q) == Some(&0xFF) {
+                        q += 1;
+                    }
+                    match data.get(q) {
+                        None => self.hit_end = true,
+                        Some(0) => {
+                            self.pos = q + 1;
+                            return 0xFF;
+                        }
+                        Some(_) => self.marker = Some(q),
+                    }
+                }
+            }
+        }
+        self.pad += 8;
+        0
+    }
+
+    #[inline(always)]
+    fn peek(&self, bits: u32) -> u32 {
+        (self.buf >> (64 - bits)) as u32
+    }
+
+    #[inline(always)]
+    fn consume(&mut self, bits: u32) {
+        self.buf <<= bits;
+        self.n -= bits;
+    }
+
+    /// `size` (1–15) bits as a signed value; needs `size` valid bits.
+    #[inline(always)]
+    fn value(&mut self, size: u32) -> i32 {
+        let raw = self.peek(size);
+        self.consume(size);
+        extend(raw, size)
+    }
+
+    /// The next symbol of `t`; needs 16 valid bits.
+    #[inline(always)]
+    fn symbol(&mut self, t: &HuffTable) -> Result<u32, Anomaly> {
+        let entry = t.fast[self.peek(FAST_BITS) as usize];
+        if entry != 0 {
+            self.consume(u32::from(entry >> 8));
+            return Ok(u32::from(entry & 0xFF));
+        }
+        let len = long_code(self.peek(16), t).ok_or(Anomaly("a Huffman code no table holds"))?;
+        let code = self.peek(len) as i32;
+        self.consume(len);
+        let index = (code + t.valoffset[len as usize]) as usize & 0xFF;
+        Ok(u32::from(t.symbols[index]))
+    }
+
+    /// Whether the bits read so far all came from the segment (none of the zeros after it).
+    fn within_segment(&self) -> bool {
+        self.n >= self.pad && !self.hit_end
+    }
+}
+
+/// The length of the code longer than [`FAST_BITS`] at the top of `bits16`, by libjpeg's
+/// canonical search (`jpeg_huff_decode`); `None` when no code of up to 16 bits matches.
+#[inline(never)]
+fn long_code(bits16: u32, t: &HuffTable) -> Option<u32> {
+    (FAST_BITS + 1..=16).find(|&len| (bits16 >> (16 - len)) as i32 <= t.maxcode[len as usize])
+}
+
+/// One block of an MCU: its component in the scan and its tables.
+#[derive(Clone, Copy)]
+pub(crate) struct BlockSpec {
+    pub(crate) component: usize,
+    pub(crate) dc: usize,
+    pub(crate) ac: usize,
+}
+
+/// The state of one scan being decoded.
+pub(crate) struct Scan {
+    tables: Vec<Box<HuffTable>>,
+    blocks: Vec<BlockSpec>,
+    restart_interval: u32,
+    /// MCUs left in the current restart interval.
+    left_in_interval: u32,
+    next_restart: u8,
+    mcus_left: u64,
+    predictions: [i32; 4],
+    bits: Bits,
+}
+
+/// What [`Scan::decode_mcu`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The MCU was decoded; more follow.
+    More,
+    /// The last MCU was decoded; the data from this offset on is the decoder's again.
+    Done(usize),
+}
+
+impl Scan {
+    /// A scan of `mcus` MCUs made of `blocks` (each naming its component, below 4, and its
+    /// tables in `tables`), with a restart marker every `restart_interval` MCUs (0: none),
+    /// starting at `start` in the data.
+    pub(crate) fn new(
+        tables: Vec<Box<HuffTable>>,
+        blocks: Vec<BlockSpec>,
+        restart_interval: u32,
+        mcus: u64,
+        start: usize,
+    ) -> Option<Self> {
+        let fits = |b: &BlockSpec| b.component < 4 && b.dc < tables.len() && b.ac < tables.len();
+        if blocks.is_empty() || blocks.len() > MAX_BLOCKS_IN_MCU || !blocks.iter().all(fits) {
+            return None;
+        }
+        Some(Self {
+            tables,
+            blocks,
+            restart_interval,
+            left_in_interval: restart_interval,
+            next_restart: 0,
+            mcus_left: mcus,
+            predictions: [0; 4],
+            bits: Bits::at(start),
+        })
+    }
+
+    /// The number of blocks in an MCU.
+    pub(crate) fn blocks_in_mcu(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Decodes the next MCU into `out` (one zeroed block per [`Self::blocks_in_mcu`], in order;
+    /// `None` blocks are decoded and dropped).
+    pub(crate) fn decode_mcu(
+        &mut self,
+        data: &[u8],
+        out: &mut [Option<&mut [i16; 64]>],
+    ) -> Result<Step, Anomaly> {
+        if out.len() != self.blocks.len() {
+            return Err(Anomaly("an MCU of another size"));
+        }
+        if self.mcus_left == 0 {
+            return Err(Anomaly("more MCUs than the frame has"));
+        }
+        if self.restart_interval != 0 {
+            if self.left_in_interval == 0 {
+                self.restart(data)?;
+            }
+            self.left_in_interval -= 1;
+        }
+        // A local copy, kept in registers through the blocks.
+        let mut bits = self.bits;
+        for (spec, block) in self.blocks.iter().zip(out.iter_mut()) {
+            Self::decode_coefficients(
+                &mut bits,
+                data,
+                &self.tables[spec.dc],
+                &self.tables[spec.ac],
+                &mut self.predictions[spec.component],
+                block.as_deref_mut(),
+            )?;
+        }
+        self.bits = bits;
+        if self.bits.hit_end {
+            return Err(Anomaly("the data ends without a marker"));
+        }
+        self.mcus_left -= 1;
+        if self.mcus_left > 0 {
+            return Ok(Step::More);
+        }
+        self.end_of_segment(data)?;
+        Ok(Step::Done(self.bits.pos))
+    }
+
+    /// Checks that the segment just decoded held all its bits and that a marker ends it; the
+    /// index of the marker's code byte.
+    fn end_of_segment(&mut self, data: &[u8]) -> Result<usize, Anomaly> {
+        if !self.bits.within_segment() {
+            return Err(Anomaly("a segment ran out of data"));
+        }
+        match self.bits.marker {
+            Some(at) => Ok(at),
+            None => {
+                find_marker(data, self.bits.pos).ok_or(Anomaly("the data ends without a marker"))
+            }
+        }
+    }
+
+    fn restart(&mut self, data: &[u8]) -> Result<(), Anomaly> {
+        let at = self.end_of_segment(data)?;
+        if data.get(at) != Some(&(0xD0 + self.next_restart)) {
+            return Err(Anomaly("a restart marker missing or out of order"));
+        }
+        self.next_restart = (self.next_restart + 1) & 7;
+        self.bits = Bits::at(at + 1);
+        self.predictions = [0; 4];
+        self.left_in_interval = self.restart_interval;
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn decode_coefficients(
+        bits: &mut Bits,
+        data: &[u8],
+        dc: &HuffTable,
+        ac: &HuffTable,
+        prediction: &mut i32,
+        block: Option<&mut [i16; 64]>,
+    ) -> Result<(), Anomaly> {
+        // Each refill leaves at least 32 bits: a code (at most 16) and its value (at most 15).
+        bits.refill(data);
+        // DC symbols above 15 are refused by libjpeg's table check; `& 15` keeps the shift in
+        // range for a table that got here anyway.
+        let size = bits.symbol(dc)? & 15;
+        let diff = if size == 0 { 0 } else { bits.value(size) };
+        *prediction = prediction.wrapping_add(diff);
+        let dc_value = *prediction as i16;
+        match block {
+            Some(block) => {
+                block[0] = dc_value;
+                let mut k: usize = 1;
+                while k < 64 {
+                    bits.refill(data);
+                    let e = ac.ac[bits.peek(FAST_BITS) as usize];
+                    if e != 0 {
+                        bits.consume((e & 15) as u32);
+                        k += ((e >> 4) & 15) as usize;
+                        block[usize::from(NATURAL_ORDER[k])] = (e >> 8) as i16;
+                        k += 1;
+                        continue;
+                    }
+                    let symbol = bits.symbol(ac)?;
+                    let (run, size) = ((symbol >> 4) as usize, symbol & 15);
+                    if size != 0 {
+                        k += run;
+                        block[usize::from(NATURAL_ORDER[k])] = bits.value(size) as i16;
+                    } else if run != 15 {
+                        break;
+                    } else {
+                        k += 15;
+                    }
+                    k += 1;
+                }
+            }
+            None => {
+                let mut k: usize = 1;
+                while k < 64 {
+                    bits.refill(data);
+                    let symbol = bits.symbol(ac)?;
+                    let (run, size) = ((symbol >> 4) as usize, symbol & 15);
+                    if size != 0 {
+                        k += run;
+                        bits.consume(size);
+                    } else if run != 15 {
+                        break;
+                    } else {
+                        k += 15;
+                    }
+                    k += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (xorshift64*).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// A canonical code: (counts, symbols) and each symbol's (code, length).
+    struct Code {
+        counts: [u8; 17],
+        symbols: [u8; 256],
+        codes: Vec<Option<(u32, u32)>>,
+    }
+
+    fn code(counts: &[u8], symbols: &[u8]) -> Code {
+        let mut c = Code {
+            counts: [0; 17],
+            symbols: [0; 256],
+            codes: vec![None; 256],
+        };
+        c.counts[1..=counts.len()].copy_from_slice(counts);
+        c.symbols[..symbols.len()].copy_from_slice(symbols);
+        let (mut next, mut k) = (0u32, 0usize);
+        for len in 1..=16u32 {
+            for _ in 0..c.counts[len as usize] {
+                c.codes[usize::from(symbols[k])] = Some((next, len));
+                next += 1;
+                k += 1;
+            }
+            next <<= 1;
+        }
+        c
+    }
+
+    /// DC categories 0–11 and all 162 AC symbols (shuffled), with the code lengths of the
+    /// usual luminance tables.
+    fn tables(rng: &mut Rng) -> (Code, Code) {
+        let dc = code(&[0, 1, 5, 1, 1, 1, 1, 1, 1], &(0..12).collect::<Vec<u8>>());
+        let mut ac_symbols: Vec<u8> = vec![0x00, 0xF0];
+        for run in 0..16u8 {
+            for size in 1..=10u8 {
+                ac_symbols.push(run << 4 | size);
+            }
+        }
+        for i in (1..ac_symbols.len()).rev() {
+            ac_symbols.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let ac = code(
+            &[0, 2, 1, 3, 3, 2, 4, 3, 5, 5, 4, 4, 0, 0, 1, 125],
+            &ac_symbols,
+        );
+        (dc, ac)
+    }
+
+    /// Writes bits most significant first, stuffing a zero after each 0xFF.
+    #[derive(Default)]
+    struct Writer {
+        out: Vec<u8>,
+        acc: u64,
+        n: u32,
+    }
+    impl Writer {
+        fn bits(&mut self, value: u32, len: u32) {
+            for i in (0..len).rev() {
+                self.acc = self.acc << 1 | u64::from(value >> i & 1);
+                self.n += 1;
+                if self.n == 8 {
+                    let byte = self.acc as u8;
+                    self.out.push(byte);
+                    if byte == 0xFF {
+                        self.out.push(0);
+                    }
+                    (self.acc, self.n) = (0, 0);
+                }
+            }
+        }
+        fn symbol(&mut self, c: &Code, symbol: u8) {
+            let (code, len) = c.codes[usize::from(symbol)].expect("symbol in the table");
+            self.bits(code, len);
+        }
+        /// Pads the last byte with ones (as encoders do) and writes a marker.
+        fn marker(&mut self, code: u8) {
+            if self.n > 0 {
+                let pad = 8 - self.n;
+                self.bits((1 << pad) - 1, pad);
+            }
+            self.out.extend([0xFF, code]);
+        }
+    }
+
+    fn size_of(v: i32) -> u32 {
+        32 - v.unsigned_abs().leading_zeros()
+    }
+
+    fn encode_value(w: &mut Writer, v: i32) {
+        let size = size_of(v);
+        if size > 0 {
+            let raw = if v < 0 { v - 1 } else { v } as u32 & ((1 << size) - 1);
+            w.bits(raw, size);
+        }
+    }
+
+    fn encode_block(w: &mut Writer, dc: &Code, ac: &Code, block: &[i16; 64], pred: &mut i32) {
+        let diff = i32::from(block[0]) - *pred;
+        *pred = i32::from(block[0]);
+        w.symbol(dc, size_of(diff) as u8);
+        encode_value(w, diff);
+        let mut run = 0u8;
+        for k in 1..64 {
+            let v = i32::from(block[usize::from(NATURAL_ORDER[k])]);
+            if v == 0 {
+                run += 1;
+                continue;
+            }
+            while run >= 16 {
+                w.symbol(ac, 0xF0);
+                run -= 16;
+            }
+            w.symbol(ac, run << 4 | size_of(v) as u8);
+            encode_value(w, v);
+            run = 0;
+        }
+        if run > 0 {
+            w.symbol(ac, 0x00);
+        }
+    }
+
+    fn random_block(rng: &mut Rng) -> [i16; 64] {
+        let mut b = [0i16; 64];
+        b[0] = rng.below(2048) as i16 - 1024;
+        let density = rng.below(64) + 1;
+        for v in b.iter_mut().skip(1) {
+            if rng.below(64) < density {
+                let size = rng.below(10) as u32 + 1;
+                let magnitude = (1 << (size - 1)) + rng.below(1 << (size - 1)) as i32;
+                *v = if rng.below(2) == 0 {
+                    magnitude
+                } else {
+                    -magnitude
+                } as i16;
+            }
+        }
+        b
+    }
+
+    struct Stream {
+        data: Vec<u8>,
+        blocks: Vec<[i16; 64]>,
+        specs: Vec<BlockSpec>,
+        tables: Vec<(Code, Code)>,
+        restart_interval: u32,
+        mcus: u64,
+    }
+
+    /// A scan of `mcus` MCUs of the layout `comps` (blocks per component), two table pairs,
+    /// a restart every `restart_interval` MCUs, ending with EOI.
+    fn stream(rng: &mut Rng, comps: &[usize], mcus: u64, restart_interval: u32) -> Stream {
+        let tables = vec![tables(rng), tables(rng)];
+        let mut specs = Vec::new();
+        for (c, &n) in comps.iter().enumerate() {
+            let t = usize::from(c > 0);
+            specs.extend((0..n).map(|_| BlockSpec {
+                component: c,
+                dc: 2 * t,
+                ac: 2 * t + 1,
+            }));
+        }
+        let mut w = Writer::default();
+        let mut blocks = Vec::new();
+        let mut preds = [0i32; 4];
+        let mut rst = 0u8;
+        for m in 0..mcus {
+            if restart_interval > 0 && m > 0 && m % u64::from(restart_interval) == 0 {
+                w.marker(0xD0 + rst);
+                rst = (rst + 1) & 7;
+                preds = [0; 4];
+            }
+            for s in &specs {
+                let b = random_block(rng);
+                let (dc, ac) = &tables[s.dc / 2];
+                encode_block(&mut w, dc, ac, &b, &mut preds[s.component]);
+                blocks.push(b);
+            }
+        }
+        w.marker(0xD9);
+        Stream {
+            data: w.out,
+            blocks,
+            specs,
+            tables,
+            restart_interval,
+            mcus,
+        }
+    }
+
+    fn scan(s: &Stream, start: usize) -> Scan {
+        let tables = s
+            .tables
+            .iter()
+            .flat_map(|(dc, ac)| [dc, ac])
+            .map(|c| HuffTable::new(&c.counts, &c.symbols).expect("valid table"))
+            .collect();
+        Scan::new(tables, s.specs.clone(), s.restart_interval, s.mcus, start).expect("scan")
+    }
+
+    /// Decodes the whole scan; the blocks and where the decoder hands the data back.
+    fn decode_all(
+        s: &Stream,
+        data: &[u8],
+        start: usize,
+    ) -> Result<(Vec<[i16; 64]>, usize), Anomaly> {
+        let mut scan = scan(s, start);
+        let mut out = Vec::new();
+        loop {
+            let mut blocks = vec![[0i16; 64]; s.specs.len()];
+            let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
+            let step = scan.decode_mcu(data, &mut refs)?;
+            out.extend(blocks);
+            if let Step::Done(pos) = step {
+                return Ok((out, pos));
+            }
+        }
+    }
+
+    #[test]
+    fn decodes_what_was_encoded() {
+        let mut rng = Rng(0x5EED_1234_ABCD_0001);
+        let layouts: [&[usize]; 5] = [&[1], &[1, 1, 1], &[4, 1, 1], &[2, 1, 1], &[1, 1, 1, 1]];
+        for round in 0..60 {
+            let comps = layouts[round % layouts.len()];
+            let mcus = rng.below(40) + 1;
+            let interval = [0, 1, 3, 7][round % 4];
+            let s = stream(&mut rng, comps, mcus, interval);
+            // The scan starts after some header bytes, as in a file.
+            let mut data = vec![0x12; 7];
+            data.extend(&s.data);
+            let (blocks, pos) = decode_all(&s, &data, 7).expect("a valid stream decodes");
+            assert_eq!(blocks.len(), s.blocks.len());
+            for (i, (got, want)) in blocks.iter().zip(&s.blocks).enumerate() {
+                assert_eq!(got, want, "round {round}, block {i}");
+            }
+            // Handed back at or before the EOI marker, after every data byte.
+            let eoi = data.len() - 2;
+            assert!(pos <= eoi && data[pos..eoi].iter().all(|&b| b != 0xFF || pos == eoi));
+        }
+    }
+
+    #[test]
+    fn dropped_blocks_keep_the_stream_in_step() {
+        let mut rng = Rng(77);
+        let s = stream(&mut rng, &[2, 1, 1], 12, 5);
+        let mut sc = scan(&s, 0);
+        let mut kept = Vec::new();
+        for _ in 0..s.mcus {
+            let mut second = [0i16; 64];
+            let mut refs: Vec<Option<&mut [i16; 64]>> = vec![None, Some(&mut second), None, None];
+            sc.decode_mcu(&s.data, &mut refs).expect("decodes");
+            kept.push(second);
+        }
+        let want: Vec<_> = s.blocks.iter().skip(1).step_by(4).copied().collect();
+        assert_eq!(kept, want);
+    }
+
+    #[test]
+    fn fill_bytes_before_markers_are_skipped() {
+        let mut rng = Rng(99);
+        let s = stream(&mut rng, &[1, 1, 1], 9, 2);
+        // Encoders may put 0xFF fill bytes before a marker: libjpeg skips them.
+        let mut data = Vec::new();
+        let mut i = 0;
+        while i < s.data.len() {
+            if s.data[i] == 0xFF && s.data.get(i + 1).is_some_and(|&m| m != 0) {
+                data.extend([0xFF, 0xFF, 0xFF]);
+            }
+            data.push(s.data[i]);
+            i += 1;
+        }
+        let (blocks, _) = decode_all(&s, &data, 0).expect("decodes");
+        assert_eq!(blocks, s.blocks);
+    }
+
+    #[test]
+    fn overlong_runs_land_on_the_last_coefficient() {
+        // libjpeg's zigzag table maps positions past 63 to 63: a run of 15 zeros from
+        // position 60 writes there instead of outside the block.
+        let dc = code(&[0, 1, 5, 1, 1, 1, 1, 1, 1], &(0..12).collect::<Vec<u8>>());
+        let ac = code(&[0, 2], &[0xF1, 0x00]);
+        let mut w = Writer::default();
+        w.symbol(&dc, 0);
+        for _ in 0..4 {
+            w.symbol(&ac, 0xF1); // 15 zeros, then a 1-bit value
+            w.bits(1, 1);
+        }
+        w.marker(0xD9);
+        let tables = vec![
+            HuffTable::new(&dc.counts, &dc.symbols).unwrap(),
+            HuffTable::new(&ac.counts, &ac.symbols).unwrap(),
+        ];
+        let spec = BlockSpec {
+            component: 0,
+            dc: 0,
+            ac: 1,
+        };
+        let mut sc = Scan::new(tables, vec![spec], 0, 1, 0).unwrap();
+        let mut block = [0i16; 64];
+        sc.decode_mcu(&w.out, &mut [Some(&mut block)]).unwrap();
+        let mut want = [0i16; 64];
+        for k in [16, 32, 48] {
+            want[usize::from(NATURAL_ORDER[k])] = 1;
+        }
+        want[63] = 1; // k = 64 → NATURAL_ORDER[64] = 63
+        assert_eq!(block, want);
+    }
+
+    #[test]
+    fn what_libjpeg_recovers_from_is_an_anomaly() {
+        let mut rng = Rng(5);
+        let s = stream(&mut rng, &[1, 1, 1], 6, 2);
+        assert!(decode_all(&s, &s.data, 0).is_ok());
+        let markers: Vec<usize> = (0..s.data.len() - 1)
+            .filter(|&i| s.data[i] == 0xFF && s.data[i + 1] != 0)
+            .collect();
+        // A restart marker out of sequence.
+        let mut wrong = s.data.clone();
+        wrong[markers[0] + 1] = 0xD3;
+        assert_eq!(
+            decode_all(&s, &wrong, 0).unwrap_err(),
+            Anomaly("a restart marker missing or out of order")
+        );
+        // An interval cut short: the decoder would need libjpeg's zero padding.
+        let mut cut = s.data[..markers[0] - 6].to_vec();
+        cut.extend(&s.data[markers[0]..]);
+        assert!(decode_all(&s, &cut, 0).is_err());
+        // No marker after the data (libjpeg would suspend).
+        let open = &s.data[..s.data.len() - 2];
+        assert_eq!(
+            decode_all(&s, open, 0).unwrap_err(),
+            Anomaly("the data ends without a marker")
+        );
+        // A code no table holds: sixteen 1 bits where a DC code starts.
+        let mut bad = vec![0xFF, 0x00, 0xFF, 0x00];
+        bad.extend(&s.data);
+        assert_eq!(
+            decode_all(&s, &bad, 0).unwrap_err(),
+            Anomaly("a Huffman code no table holds")
+        );
+        // More MCUs than the frame has.
+        let mut sc = scan(&s, 0);
+        let mut blocks = [[0i16; 64]; 3];
+        for _ in 0..s.mcus {
+            let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
+            sc.decode_mcu(&s.data, &mut refs).unwrap();
+        }
+        let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
+        assert_eq!(
+            sc.decode_mcu(&s.data, &mut refs).unwrap_err(),
+            Anomaly("more MCUs than the frame has")
+        );
+    }
+
+    #[test]
+    fn tables_libjpeg_refuses_are_refused() {
+        let symbols = [0u8; 256];
+        let mut counts = [0u8; 17];
+        counts[1] = 3; // three 1-bit codes
+        assert!(HuffTable::new(&counts, &symbols).is_none());
+        let mut counts = [0u8; 17];
+        counts[16] = 255;
+        counts[15] = 2; // 257 codes
+        assert!(HuffTable::new(&counts, &symbols).is_none());
+    }
+
+    #[test]
+    fn ff_detection() {
+        assert!(!has_ff(0x0102_0304_0506_07FE));
+        for i in 0..8 {
+            assert!(has_ff(0xFFu64 << (8 * i)));
+            assert!(has_ff(0x7F7F_7F7F_7F7F_7F7F | 0xFFu64 << (8 * i)));
+        }
+        assert!(!has_ff(0x7F7F_7F7F_7F7F_7F7F));
+        assert_eq!(find_marker(&[1, 0xFF, 0, 0xFF, 0xFF, 0xD9], 0), Some(5));
+        assert_eq!(find_marker(&[1, 0xFF, 0], 0), None);
+    }
+}
