@@ -99,9 +99,11 @@ impl HookState {
         if count == 0 || count > MAX_BLOCKS_IN_MCU {
             return None;
         }
-        // Build the tables the blocks use, each once.
+        // Build the tables the blocks use, each once. Allocation failures decline the scan (the
+        // stock decoder needs no more memory).
         let mut slots: [Option<usize>; 8] = [None; 8];
         let mut tables = Vec::new();
+        tables.try_reserve_exact(slots.len()).ok()?;
         let mut table = |slot: c_int| -> Option<usize> {
             let slot = usize::try_from(slot).ok().filter(|&s| s < 8)?;
             if slots[slot].is_none() {
@@ -118,7 +120,8 @@ impl HookState {
             }
             slots[slot]
         };
-        let mut blocks = Vec::with_capacity(count);
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(count).ok()?;
         for b in 0..count {
             blocks.push(BlockSpec {
                 component: usize::try_from(desc.block_component[b]).ok()?,

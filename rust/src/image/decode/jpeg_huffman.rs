@@ -58,14 +58,14 @@ impl HuffTable {
     /// Builds the table of `counts[1..=16]` codes per length over `symbols`, assigned as
     /// libjpeg's `jpeg_make_d_derived_tbl` assigns them. `None` for tables libjpeg refuses too
     /// (more than 256 codes, or codes that do not fit their length).
-    pub(crate) fn new(counts: &[u8; 17], symbols: &[u8; 256]) -> Option<Box<Self>> {
-        let mut t = Box::new(Self {
+    pub(crate) fn new(counts: &[u8; 17], symbols: &[u8; 256]) -> Option<Self> {
+        let mut t = Self {
             fast: [0; FAST_SIZE],
             ac: [0; FAST_SIZE],
             maxcode: [-1; 17],
             valoffset: [0; 17],
             symbols: *symbols,
-        });
+        };
         let total: usize = counts[1..].iter().map(|&c| usize::from(c)).sum();
         if total > 256 {
             return None;
@@ -289,7 +289,7 @@ pub(crate) struct BlockSpec {
 
 /// The state of one scan being decoded.
 pub(crate) struct Scan {
-    tables: Vec<Box<HuffTable>>,
+    tables: Vec<HuffTable>,
     blocks: Vec<BlockSpec>,
     restart_interval: u32,
     /// MCUs left in the current restart interval.
@@ -314,7 +314,7 @@ impl Scan {
     /// tables in `tables`), with a restart marker every `restart_interval` MCUs (0: none),
     /// starting at `start` in the data.
     pub(crate) fn new(
-        tables: Vec<Box<HuffTable>>,
+        tables: Vec<HuffTable>,
         blocks: Vec<BlockSpec>,
         restart_interval: u32,
         mcus: u64,
