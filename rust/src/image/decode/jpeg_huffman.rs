@@ -19,6 +19,12 @@
 //! byte otherwise, with libjpeg's reading of `FF 00` (a data byte), `FF FF …` (fill) and
 //! `FF xx` (a marker: the segment ends, zeros follow). Codes of up to [`FAST_BITS`] bits are one
 //! table lookup; an AC code whose value bits also fit is decoded whole by that lookup.
+//!
+//! Each symbol costs a chain of one table lookup and one shift, which bounds a single stream.
+//! With restart markers, intervals are independent streams: the decoder finds the next
+//! interval's marker and decodes the two intervals symbol by symbol in turn ([`Ahead`]), so
+//! the two chains overlap; the second interval's blocks wait (up to 512 KiB) until libjpeg
+//! asks for them.
 
 /// Bits looked up at once.
 const FAST_BITS: u32 = 10;
@@ -298,6 +304,31 @@ pub(crate) struct Scan {
     mcus_left: u64,
     predictions: [i32; 4],
     bits: Bits,
+    /// The next restart interval, decoded in step with the current one (see [`Ahead`]).
+    ahead: Option<Ahead>,
+    /// Whether `ahead` is being handed out (the current interval) rather than filled.
+    serving: bool,
+    /// The blocks of a finished [`Ahead`], kept for the next one.
+    spare: Vec<[i16; 64]>,
+}
+
+/// The most blocks an interval may have to be decoded ahead (512 KiB of coefficients).
+const MAX_AHEAD_BLOCKS: usize = 4096;
+
+/// A restart interval decoded together with the one before it. The two are independent
+/// streams (each starts after its restart marker, with fresh predictions), so decoding them
+/// symbol by symbol in turn lets the processor overlap their lookup-and-shift chains, which
+/// bound a single stream. Its blocks wait here until libjpeg asks for them.
+struct Ahead {
+    /// Where the interval's data starts (after its restart marker).
+    start: usize,
+    /// The interval's reader, where it stopped.
+    bits: Bits,
+    predictions: [i32; 4],
+    /// Its blocks, MCU after MCU.
+    blocks: Vec<[i16; 64]>,
+    /// MCUs decoded (while filling) or handed out (while serving).
+    count: usize,
 }
 
 /// What [`Scan::decode_mcu`] did.
@@ -333,6 +364,9 @@ impl Scan {
             mcus_left: mcus,
             predictions: [0; 4],
             bits: Bits::at(start),
+            ahead: None,
+            serving: false,
+            spare: Vec::new(),
         })
     }
 
@@ -358,30 +392,116 @@ impl Scan {
             if self.left_in_interval == 0 {
                 self.restart(data)?;
             }
+            if self.left_in_interval == self.restart_interval && !self.serving {
+                self.pair_up(data);
+            }
             self.left_in_interval -= 1;
+        }
+        if self.serving {
+            return self.serve(data, out);
         }
         // A local copy, kept in registers through the blocks.
         let mut bits = self.bits;
-        for (spec, block) in self.blocks.iter().zip(out.iter_mut()) {
-            Self::decode_coefficients(
-                &mut bits,
-                data,
-                &self.tables[spec.dc],
-                &self.tables[spec.ac],
-                &mut self.predictions[spec.component],
-                block.as_deref_mut(),
-            )?;
+        if let Some(ahead) = self.ahead.as_mut() {
+            let mut other = ahead.bits;
+            let n = self.blocks.len();
+            let first = ahead.count * n;
+            let Some(theirs) = ahead.blocks.get_mut(first..first + n) else {
+                return Err(Anomaly("an interval longer than its restart interval"));
+            };
+            for ((spec, block), their) in self.blocks.iter().zip(out.iter_mut()).zip(theirs) {
+                Self::decode_two(
+                    [&mut bits, &mut other],
+                    data,
+                    &self.tables[spec.dc],
+                    &self.tables[spec.ac],
+                    [
+                        &mut self.predictions[spec.component],
+                        &mut ahead.predictions[spec.component],
+                    ],
+                    block.as_deref_mut(),
+                    their,
+                )?;
+            }
+            if other.hit_end {
+                return Err(Anomaly("the data ends without a marker"));
+            }
+            ahead.bits = other;
+            ahead.count += 1;
+        } else {
+            for (spec, block) in self.blocks.iter().zip(out.iter_mut()) {
+                Self::decode_coefficients(
+                    &mut bits,
+                    data,
+                    &self.tables[spec.dc],
+                    &self.tables[spec.ac],
+                    &mut self.predictions[spec.component],
+                    block.as_deref_mut(),
+                )?;
+            }
         }
         self.bits = bits;
         if self.bits.hit_end {
             return Err(Anomaly("the data ends without a marker"));
         }
+        self.finish_mcu(data)
+    }
+
+    fn finish_mcu(&mut self, data: &[u8]) -> Result<Step, Anomaly> {
         self.mcus_left -= 1;
         if self.mcus_left > 0 {
             return Ok(Step::More);
         }
         self.end_of_segment(data)?;
         Ok(Step::Done(self.bits.pos))
+    }
+
+    /// At the start of an interval: when a whole interval follows this one and starts where
+    /// a scan for its restart marker says, decode it alongside ([`Ahead`]).
+    fn pair_up(&mut self, data: &[u8]) {
+        let r = self.restart_interval as usize;
+        let n = self.blocks.len();
+        if self.mcus_left < 2 * r as u64 || r * n > MAX_AHEAD_BLOCKS {
+            return;
+        }
+        let Some(at) = find_marker(data, self.bits.pos) else {
+            return;
+        };
+        if data[at] != 0xD0 + self.next_restart {
+            return; // the current interval will find out
+        }
+        let mut blocks = std::mem::take(&mut self.spare);
+        blocks.clear();
+        if blocks.try_reserve_exact(r * n).is_err() {
+            return;
+        }
+        blocks.resize(r * n, [0; 64]);
+        self.ahead = Some(Ahead {
+            start: at + 1,
+            bits: Bits::at(at + 1),
+            predictions: [0; 4],
+            blocks,
+            count: 0,
+        });
+    }
+
+    /// Hands out the next MCU of the interval decoded ahead.
+    fn serve(&mut self, data: &[u8], out: &mut [Option<&mut [i16; 64]>]) -> Result<Step, Anomaly> {
+        let n = self.blocks.len();
+        let Some(ahead) = self.ahead.as_mut() else {
+            return Err(Anomaly("no interval decoded ahead"));
+        };
+        let first = ahead.count * n;
+        let Some(theirs) = ahead.blocks.get(first..first + n) else {
+            return Err(Anomaly("an interval longer than its restart interval"));
+        };
+        for (block, their) in out.iter_mut().zip(theirs) {
+            if let Some(block) = block.as_deref_mut() {
+                *block = *their;
+            }
+        }
+        ahead.count += 1;
+        self.finish_mcu(data)
     }
 
     /// Checks that the segment just decoded held all its bits and that a marker ends it; the
@@ -404,9 +524,100 @@ impl Scan {
             return Err(Anomaly("a restart marker missing or out of order"));
         }
         self.next_restart = (self.next_restart + 1) & 7;
-        self.bits = Bits::at(at + 1);
         self.predictions = [0; 4];
         self.left_in_interval = self.restart_interval;
+        if self.serving {
+            // The interval handed out is over: its reader has been checked above.
+            self.serving = false;
+            if let Some(ahead) = self.ahead.take() {
+                self.spare = ahead.blocks;
+            }
+        }
+        match self.ahead.as_mut() {
+            Some(ahead) if ahead.count == self.restart_interval as usize => {
+                // The interval starting here was decoded alongside the one just ended, from
+                // the same marker: hand it out, its reader taking over for the checks at its end.
+                if ahead.start != at + 1 {
+                    return Err(Anomaly("an interval decoded ahead from elsewhere"));
+                }
+                self.bits = ahead.bits;
+                ahead.count = 0;
+                self.serving = true;
+            }
+            Some(_) => return Err(Anomaly("an interval decoded ahead only in part")),
+            None => self.bits = Bits::at(at + 1),
+        }
+        Ok(())
+    }
+
+    /// Decodes the AC symbol at zigzag index `*k` of a block; `*k` ends at 64 or more when
+    /// the block is complete (libjpeg's loop: a run of 16 zeros advances 16, any other
+    /// zero-size symbol ends the block).
+    #[inline(always)]
+    fn ac_step(
+        bits: &mut Bits,
+        data: &[u8],
+        ac: &HuffTable,
+        k: &mut usize,
+        block: &mut [i16; 64],
+    ) -> Result<(), Anomaly> {
+        bits.refill(data);
+        let e = ac.ac[bits.peek(FAST_BITS) as usize];
+        if e != 0 {
+            bits.consume((e & 15) as u32);
+            *k += ((e >> 4) & 15) as usize;
+            block[usize::from(NATURAL_ORDER[*k])] = (e >> 8) as i16;
+            *k += 1;
+            return Ok(());
+        }
+        let symbol = bits.symbol(ac)?;
+        let (run, size) = ((symbol >> 4) as usize, symbol & 15);
+        if size != 0 {
+            *k += run;
+            block[usize::from(NATURAL_ORDER[*k])] = bits.value(size) as i16;
+            *k += 1;
+        } else if run != 15 {
+            *k = 64;
+        } else {
+            *k += 16;
+        }
+        Ok(())
+    }
+
+    /// The same block of an MCU in two independent streams, symbol by symbol in turn.
+    #[inline(always)]
+    fn decode_two(
+        [a, b]: [&mut Bits; 2],
+        data: &[u8],
+        dc: &HuffTable,
+        ac: &HuffTable,
+        [pred_a, pred_b]: [&mut i32; 2],
+        block_a: Option<&mut [i16; 64]>,
+        block_b: &mut [i16; 64],
+    ) -> Result<(), Anomaly> {
+        let mut scratch = [0i16; 64];
+        let block_a = block_a.unwrap_or(&mut scratch);
+        a.refill(data);
+        b.refill(data);
+        let size_a = a.symbol(dc)? & 15;
+        let size_b = b.symbol(dc)? & 15;
+        let diff_a = if size_a == 0 { 0 } else { a.value(size_a) };
+        let diff_b = if size_b == 0 { 0 } else { b.value(size_b) };
+        *pred_a = pred_a.wrapping_add(diff_a);
+        *pred_b = pred_b.wrapping_add(diff_b);
+        block_a[0] = *pred_a as i16;
+        block_b[0] = *pred_b as i16;
+        let (mut ka, mut kb) = (1usize, 1usize);
+        while ka < 64 && kb < 64 {
+            Self::ac_step(a, data, ac, &mut ka, block_a)?;
+            Self::ac_step(b, data, ac, &mut kb, block_b)?;
+        }
+        while ka < 64 {
+            Self::ac_step(a, data, ac, &mut ka, block_a)?;
+        }
+        while kb < 64 {
+            Self::ac_step(b, data, ac, &mut kb, block_b)?;
+        }
         Ok(())
     }
 
@@ -432,26 +643,7 @@ impl Scan {
                 block[0] = dc_value;
                 let mut k: usize = 1;
                 while k < 64 {
-                    bits.refill(data);
-                    let e = ac.ac[bits.peek(FAST_BITS) as usize];
-                    if e != 0 {
-                        bits.consume((e & 15) as u32);
-                        k += ((e >> 4) & 15) as usize;
-                        block[usize::from(NATURAL_ORDER[k])] = (e >> 8) as i16;
-                        k += 1;
-                        continue;
-                    }
-                    let symbol = bits.symbol(ac)?;
-                    let (run, size) = ((symbol >> 4) as usize, symbol & 15);
-                    if size != 0 {
-                        k += run;
-                        block[usize::from(NATURAL_ORDER[k])] = bits.value(size) as i16;
-                    } else if run != 15 {
-                        break;
-                    } else {
-                        k += 15;
-                    }
-                    k += 1;
+                    Self::ac_step(bits, data, ac, &mut k, block)?;
                 }
             }
             None => {
@@ -735,6 +927,22 @@ mod tests {
     }
 
     #[test]
+    fn intervals_are_decoded_in_pairs() {
+        let mut rng = Rng(31);
+        let s = stream(&mut rng, &[4, 1, 1], 7, 2);
+        let mut sc = scan(&s, 0);
+        let mut serving = Vec::new();
+        for _ in 0..s.mcus {
+            let mut blocks = [[0i16; 64]; 6];
+            let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
+            sc.decode_mcu(&s.data, &mut refs).unwrap();
+            serving.push(sc.serving);
+        }
+        // Intervals 0 and 1 together, then 2 and 3 (MCU 6 is the last interval's only one).
+        assert_eq!(serving, [false, false, true, true, false, false, false]);
+    }
+
+    #[test]
     fn dropped_blocks_keep_the_stream_in_step() {
         let mut rng = Rng(77);
         let s = stream(&mut rng, &[2, 1, 1], 12, 5);
@@ -831,6 +1039,14 @@ mod tests {
         bad.extend(&s.data);
         assert_eq!(
             decode_all(&s, &bad, 0).unwrap_err(),
+            Anomaly("a Huffman code no table holds")
+        );
+        // The same in an interval decoded ahead (the second, decoded alongside the first).
+        let mut bad_ahead = s.data[..markers[0] + 2].to_vec();
+        bad_ahead.extend([0xFF, 0x00, 0xFF, 0x00]);
+        bad_ahead.extend(&s.data[markers[0] + 2..]);
+        assert_eq!(
+            decode_all(&s, &bad_ahead, 0).unwrap_err(),
             Anomaly("a Huffman code no table holds")
         );
         // More MCUs than the frame has.
