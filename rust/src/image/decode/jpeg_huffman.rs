@@ -30,14 +30,23 @@
 const FAST_BITS: u32 = 10;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
-/// libjpeg's `jpeg_natural_order`: zigzag index to position in the 8 × 8 block, with 16 extra
-/// entries of 63 for runs that overshoot the block in corrupt data.
-const NATURAL_ORDER: [u8; 80] = [
-    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20,
-    13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59,
-    52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
-    63, 63, 63, 63, 63, 63,
-];
+/// libjpeg's `jpeg_natural_order`: zigzag index to position in the 8 × 8 block, then 63 for
+/// the indices past the block that corrupt runs reach (libjpeg has 16 such entries; the 64 here
+/// also cover the end-of-block entries of [`HuffTable::ac`], which jump 64 ahead).
+const NATURAL_ORDER: [u8; 128] = {
+    let zigzag: [u8; 64] = [
+        0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27,
+        20, 13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
+        58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63,
+    ];
+    let mut table = [63u8; 128];
+    let mut i = 0;
+    while i < 64 {
+        table[i] = zigzag[i];
+        i += 1;
+    }
+    table
+};
 
 /// The most blocks an MCU may have (JPEG's limit, libjpeg's `D_MAX_BLOCKS_IN_MCU`).
 pub(crate) const MAX_BLOCKS_IN_MCU: usize = 10;
@@ -50,9 +59,12 @@ pub(crate) struct Anomaly(pub(crate) &'static str);
 pub(crate) struct HuffTable {
     /// Indexed by the next [`FAST_BITS`] bits: `length << 8 | symbol`, 0 when the code is longer.
     fast: [u16; FAST_SIZE],
-    /// For AC tables, indexed the same way: `value << 8 | run << 4 | bits`, where `bits` counts the
-    /// code and the value's bits together; 0 when they do not fit in [`FAST_BITS`] or the symbol
-    /// is an end-of-block or a run of 16 zeros.
+    /// For AC tables, indexed the same way: `value << 11 | skip << 4 | bits`, where `bits`
+    /// counts the code and the value's bits together (0 when they do not fit in [`FAST_BITS`])
+    /// and the decoder writes `value` at zigzag index `k + skip`, then goes on from there plus
+    /// one. A run of 16 zeros is value 0 with skip 15 (the 0 lands on a coefficient still 0);
+    /// an end of block, and any other zero-size symbol (libjpeg reads them so), is value 0
+    /// with skip 64: the index leaves the block and the 0 lands on position 63, still 0.
     ac: [i32; FAST_SIZE],
     /// libjpeg's `maxcode` (the largest code of each length, -1 for none) and `valoffset`.
     maxcode: [i32; 17],
@@ -107,11 +119,16 @@ impl HuffTable {
             let entry = t.fast[peek];
             let len = u32::from(entry >> 8);
             let (run, size) = (u32::from(entry & 0xFF) >> 4, u32::from(entry & 15));
-            if len == 0 || size == 0 || len + size > FAST_BITS {
+            if len == 0 || len + size > FAST_BITS {
                 continue;
             }
-            let raw = (peek as u32 >> (FAST_BITS - len - size)) & ((1 << size) - 1);
-            t.ac[peek] = extend(raw, size) << 8 | (run << 4 | (len + size)) as i32;
+            t.ac[peek] = if size == 0 {
+                let skip = if run == 15 { 15 } else { 64 };
+                (skip << 4 | len) as i32
+            } else {
+                let raw = (peek as u32 >> (FAST_BITS - len - size)) & ((1 << size) - 1);
+                extend(raw, size) << 11 | (run << 4 | (len + size)) as i32
+            };
         }
         Some(t)
     }
@@ -565,8 +582,8 @@ impl Scan {
         let e = ac.ac[bits.peek(FAST_BITS) as usize];
         if e != 0 {
             bits.consume((e & 15) as u32);
-            *k += ((e >> 4) & 15) as usize;
-            block[usize::from(NATURAL_ORDER[*k])] = (e >> 8) as i16;
+            *k += ((e >> 4) & 127) as usize;
+            block[usize::from(NATURAL_ORDER[*k])] = (e >> 11) as i16;
             *k += 1;
             return Ok(());
         }
@@ -1007,6 +1024,45 @@ mod tests {
         }
         want[63] = 1; // k = 64 → NATURAL_ORDER[64] = 63
         assert_eq!(block, want);
+    }
+
+    #[test]
+    fn zero_size_symbols_end_the_block_or_skip_sixteen() {
+        // libjpeg: a zero-size AC symbol is a run of 16 zeros when its run is 15 and ends the
+        // block otherwise (0x00, but also 0x20 and the like, which encoders never write).
+        let dc = code(&[0, 1, 5, 1, 1, 1, 1, 1, 1], &(0..12).collect::<Vec<u8>>());
+        let ac = code(&[0, 3, 1], &[0x01, 0xF0, 0x20, 0x00]);
+        let tables = || {
+            vec![
+                HuffTable::new(&dc.counts, &dc.symbols).unwrap(),
+                HuffTable::new(&ac.counts, &ac.symbols).unwrap(),
+            ]
+        };
+        let spec = BlockSpec {
+            component: 0,
+            dc: 0,
+            ac: 1,
+        };
+        let mut w = Writer::default();
+        for end in [0x20u8, 0x00] {
+            w.symbol(&dc, 0);
+            w.symbol(&ac, 0x01); // 1 at zigzag 1
+            w.bits(1, 1);
+            w.symbol(&ac, 0xF0); // 16 zeros: zigzag 2-17
+            w.symbol(&ac, 0x01); // 1 at zigzag 18
+            w.bits(1, 1);
+            w.symbol(&ac, end);
+        }
+        w.marker(0xD9);
+        let mut sc = Scan::new(tables(), vec![spec], 0, 2, 0).unwrap();
+        let mut want = [0i16; 64];
+        want[usize::from(NATURAL_ORDER[1])] = 1;
+        want[usize::from(NATURAL_ORDER[18])] = 1;
+        for _ in 0..2 {
+            let mut block = [0i16; 64];
+            sc.decode_mcu(&w.out, &mut [Some(&mut block)]).unwrap();
+            assert_eq!(block, want);
+        }
     }
 
     #[test]
