@@ -943,18 +943,30 @@ mod tests {
         }
     }
 
+    /// Decodes every MCU of `s` asking only for the blocks `keep` names (the others are
+    /// dropped); per MCU, its blocks (zeros where dropped) and whether it was handed out from
+    /// an interval decoded ahead.
+    fn mcu_by_mcu(s: &Stream, keep: impl Fn(usize) -> bool) -> Vec<(Vec<[i16; 64]>, bool)> {
+        let mut sc = scan(s, 0);
+        (0..s.mcus)
+            .map(|_| {
+                let mut blocks = vec![[0i16; 64]; s.specs.len()];
+                let mut refs: Vec<Option<&mut [i16; 64]>> = blocks
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(b, block)| keep(b).then_some(block))
+                    .collect();
+                sc.decode_mcu(&s.data, &mut refs).expect("decodes");
+                (blocks, sc.serving)
+            })
+            .collect()
+    }
+
     #[test]
     fn intervals_are_decoded_in_pairs() {
         let mut rng = Rng(31);
         let s = stream(&mut rng, &[4, 1, 1], 7, 2);
-        let mut sc = scan(&s, 0);
-        let mut serving = Vec::new();
-        for _ in 0..s.mcus {
-            let mut blocks = [[0i16; 64]; 6];
-            let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
-            sc.decode_mcu(&s.data, &mut refs).unwrap();
-            serving.push(sc.serving);
-        }
+        let serving: Vec<bool> = mcu_by_mcu(&s, |_| true).into_iter().map(|m| m.1).collect();
         // Intervals 0 and 1 together, then 2 and 3 (MCU 6 is the last interval's only one).
         assert_eq!(serving, [false, false, true, true, false, false, false]);
     }
@@ -963,14 +975,10 @@ mod tests {
     fn dropped_blocks_keep_the_stream_in_step() {
         let mut rng = Rng(77);
         let s = stream(&mut rng, &[2, 1, 1], 12, 5);
-        let mut sc = scan(&s, 0);
-        let mut kept = Vec::new();
-        for _ in 0..s.mcus {
-            let mut second = [0i16; 64];
-            let mut refs: Vec<Option<&mut [i16; 64]>> = vec![None, Some(&mut second), None, None];
-            sc.decode_mcu(&s.data, &mut refs).expect("decodes");
-            kept.push(second);
-        }
+        let kept: Vec<[i16; 64]> = mcu_by_mcu(&s, |b| b == 1)
+            .into_iter()
+            .map(|m| m.0[1])
+            .collect();
         let want: Vec<_> = s.blocks.iter().skip(1).step_by(4).copied().collect();
         assert_eq!(kept, want);
     }
@@ -993,6 +1001,20 @@ mod tests {
         assert_eq!(blocks, s.blocks);
     }
 
+    /// A one-component scan of `mcus` blocks coded with `dc` and `ac`, without restarts.
+    fn gray_scan(dc: &Code, ac: &Code, mcus: u64) -> Scan {
+        let tables = vec![
+            HuffTable::new(&dc.counts, &dc.symbols).unwrap(),
+            HuffTable::new(&ac.counts, &ac.symbols).unwrap(),
+        ];
+        let spec = BlockSpec {
+            component: 0,
+            dc: 0,
+            ac: 1,
+        };
+        Scan::new(tables, vec![spec], 0, mcus, 0).unwrap()
+    }
+
     #[test]
     fn overlong_runs_land_on_the_last_coefficient() {
         // libjpeg's zigzag table maps positions past 63 to 63: a run of 15 zeros from
@@ -1006,16 +1028,7 @@ mod tests {
             w.bits(1, 1);
         }
         w.marker(0xD9);
-        let tables = vec![
-            HuffTable::new(&dc.counts, &dc.symbols).unwrap(),
-            HuffTable::new(&ac.counts, &ac.symbols).unwrap(),
-        ];
-        let spec = BlockSpec {
-            component: 0,
-            dc: 0,
-            ac: 1,
-        };
-        let mut sc = Scan::new(tables, vec![spec], 0, 1, 0).unwrap();
+        let mut sc = gray_scan(&dc, &ac, 1);
         let mut block = [0i16; 64];
         sc.decode_mcu(&w.out, &mut [Some(&mut block)]).unwrap();
         let mut want = [0i16; 64];
@@ -1032,17 +1045,6 @@ mod tests {
         // block otherwise (0x00, but also 0x20 and the like, which encoders never write).
         let dc = code(&[0, 1, 5, 1, 1, 1, 1, 1, 1], &(0..12).collect::<Vec<u8>>());
         let ac = code(&[0, 3, 1], &[0x01, 0xF0, 0x20, 0x00]);
-        let tables = || {
-            vec![
-                HuffTable::new(&dc.counts, &dc.symbols).unwrap(),
-                HuffTable::new(&ac.counts, &ac.symbols).unwrap(),
-            ]
-        };
-        let spec = BlockSpec {
-            component: 0,
-            dc: 0,
-            ac: 1,
-        };
         let mut w = Writer::default();
         for end in [0x20u8, 0x00] {
             w.symbol(&dc, 0);
@@ -1054,7 +1056,7 @@ mod tests {
             w.symbol(&ac, end);
         }
         w.marker(0xD9);
-        let mut sc = Scan::new(tables(), vec![spec], 0, 2, 0).unwrap();
+        let mut sc = gray_scan(&dc, &ac, 2);
         let mut want = [0i16; 64];
         want[usize::from(NATURAL_ORDER[1])] = 1;
         want[usize::from(NATURAL_ORDER[18])] = 1;
