@@ -789,15 +789,36 @@ def test_real_jpeg_bit_flips_agree_with_pillow(monkeypatch: pytest.MonkeyPatch) 
         data = bytearray(originals[n % len(originals)])
         start = _scan_start(bytes(data))
         pos = rng.randrange(start, len(data) - 2)
-        action = rng.choice(("flip", "flip", "flip", "drop", "double"))
+        action = rng.choice(("flip", "flip", "flip", "drop", "double", "insert"))
         if action == "flip":
             data[pos] ^= 1 << rng.randrange(8)
         elif action == "drop":
             del data[pos]
-        else:
+        elif action == "double":
             data.insert(pos, data[pos])
+        else:
+            data.insert(pos, rng.choice((0xFF, 0x00)))
         counts[_agree(bytes(data))] += 1
     assert counts["same pixels"] > 500, counts
+
+
+def test_jpeg_fill_bytes_inside_the_data_decode_as_pillow() -> None:
+    """`FF FF 00` inside the entropy-coded data: libjpeg-turbo's slow path reads a data byte
+    0xFF, its fast path a marker; the fast path's coefficients of that MCU then stay under the
+    slow path's (libjpeg does not clear the blocks in between), and Pillow shows them. The Rust
+    decoder gives such files back to libjpeg: the pixels must be Pillow's."""
+    from support.images import real_photos
+
+    im = Image.open(real_photos()["rocket.jpg"]).crop((0, 0, 96, 72))
+    tried = 0
+    for subsampling in (0, 1, 2):
+        data = encode(im, "JPEG", quality=100, subsampling=subsampling)
+        start = _scan_start(data)
+        stuffed = [i for i in range(start, len(data) - 2) if data[i : i + 2] == b"\xff\x00"]
+        for i in stuffed[:: max(1, len(stuffed) // 12)]:
+            assert _agree(data[:i] + b"\xff" + data[i:]) in ("same pixels", "both raise")
+            tried += 1
+    assert tried >= 20, tried
 
 
 def test_rust_huffman_and_libjpeg_huffman_give_the_same_pixels() -> None:

@@ -185,6 +185,12 @@ struct Bits {
     marker: Option<usize>,
     /// The data ended without a marker.
     hit_end: bool,
+    /// Fill bytes before a stuffed zero (`FF FF 00`) were read as a data byte, as libjpeg's
+    /// slow path reads them; its fast path takes `FF FF` for a marker, fills zeros, then redoes
+    /// the MCU on the slow path without clearing the blocks, so the fast path's coefficients
+    /// stay where the slow path writes none. Valid streams never hold the pattern: the image
+    /// goes back to libjpeg.
+    fill_in_data: bool,
 }
 
 impl Bits {
@@ -196,6 +202,7 @@ impl Bits {
             pad: 0,
             marker: None,
             hit_end: false,
+            fill_in_data: false,
         }
     }
 
@@ -243,6 +250,7 @@ impl Bits {
                     match data.get(q) {
                         None => self.hit_end = true,
                         Some(0) => {
+                            self.fill_in_data |= q > self.pos + 1;
                             self.pos = q + 1;
                             return 0xFF;
                         }
@@ -292,6 +300,17 @@ impl Bits {
     /// Whether the bits read so far all came from the segment (none of the zeros after it).
     fn within_segment(&self) -> bool {
         self.n >= self.pad && !self.hit_end
+    }
+
+    /// What libjpeg would decode otherwise, if anything (checked after each MCU).
+    fn anomaly(&self) -> Option<Anomaly> {
+        if self.hit_end {
+            Some(Anomaly("the data ends without a marker"))
+        } else if self.fill_in_data {
+            Some(Anomaly("0xFF fill bytes inside the data"))
+        } else {
+            None
+        }
     }
 }
 
@@ -440,8 +459,8 @@ impl Scan {
                     their,
                 )?;
             }
-            if other.hit_end {
-                return Err(Anomaly("the data ends without a marker"));
+            if let Some(anomaly) = other.anomaly() {
+                return Err(anomaly);
             }
             ahead.bits = other;
             ahead.count += 1;
@@ -458,8 +477,8 @@ impl Scan {
             }
         }
         self.bits = bits;
-        if self.bits.hit_end {
-            return Err(Anomaly("the data ends without a marker"));
+        if let Some(anomaly) = self.bits.anomaly() {
+            return Err(anomaly);
         }
         self.finish_mcu(data)
     }
@@ -1106,6 +1125,18 @@ mod tests {
         assert_eq!(
             decode_all(&s, &bad_ahead, 0).unwrap_err(),
             Anomaly("a Huffman code no table holds")
+        );
+        // Fill bytes before a stuffed zero inside the data (libjpeg's fast and slow paths
+        // disagree on them).
+        let stuffed = (0..s.data.len() - 1)
+            .find(|&i| s.data[i] == 0xFF && s.data[i + 1] == 0)
+            .expect("a stuffed zero");
+        let mut filled = s.data[..stuffed].to_vec();
+        filled.push(0xFF);
+        filled.extend(&s.data[stuffed..]);
+        assert_eq!(
+            decode_all(&s, &filled, 0).unwrap_err(),
+            Anomaly("0xFF fill bytes inside the data")
         );
         // More MCUs than the frame has.
         let mut sc = scan(&s, 0);
