@@ -15,7 +15,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use super::convert::{ModeImage, Pixels};
-use super::jpeg_huffman::{Anomaly, BlockSpec, HuffTable, Scan, Step, MAX_BLOCKS_IN_MCU};
+use super::jpeg_huffman::{BlockSpec, HuffTable, Scan, Step, MAX_BLOCKS_IN_MCU};
 use super::{check_size, exif, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
 
 // The static libjpeg-turbo comes with turbojpeg-sys; the shim below calls into it.
@@ -84,8 +84,6 @@ struct HookState {
     scan: Option<Scan>,
     /// Where the scan's data starts in `data`.
     start: usize,
-    /// Why the hook gave the image back, if it did.
-    anomaly: Option<Anomaly>,
 }
 
 impl HookState {
@@ -135,7 +133,7 @@ impl HookState {
 
 extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {
     catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: `ctx` is the `HookState` that `decode_into` passes with the hook, alive and
+        // SAFETY: `ctx` is the `HookState` that `decode` passes with the hook, alive and
         // not otherwise borrowed during the shim call; `desc` points to the shim's filled
         // description on its stack.
         let (state, desc) = unsafe { (&mut *ctx.cast::<HookState>(), &*desc) };
@@ -158,18 +156,17 @@ extern "C" fn hook_decode_mcu(
     catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: as in `hook_start`; `consumed` is the trampoline's out variable.
         let (state, consumed) = unsafe { (&mut *ctx.cast::<HookState>(), &mut *consumed) };
-        // SAFETY: `data`/`len` are the `&[u8]` that `decode_with` borrows through the shim
+        // SAFETY: `data`/`len` are the `&[u8]` that `decode` borrows through the shim
         // call; the hook runs only inside it, and nothing writes those bytes meanwhile.
         let data = unsafe { std::slice::from_raw_parts(state.data, state.len) };
         let Some(scan) = state.scan.as_mut() else {
             return -1;
         };
         let count = usize::try_from(count).unwrap_or(usize::MAX);
-        let mut out: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
         if count != scan.blocks_in_mcu() {
-            state.anomaly = Some(Anomaly("an MCU of another size"));
             return -1;
         }
+        let mut out: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
         if !blocks.is_null() {
             for (b, slot) in out[..count].iter_mut().enumerate() {
                 // SAFETY: libjpeg's coefficient controller passes `blocks_in_MCU` pointers to
@@ -187,10 +184,8 @@ extern "C" fn hook_decode_mcu(
                 }
                 None => -1,
             },
-            Err(anomaly) => {
-                state.anomaly = Some(anomaly);
-                -1
-            }
+            // Why does not matter here: libjpeg decodes the image again either way.
+            Err(_) => -1,
         }
     }))
     .unwrap_or(-1)
@@ -435,14 +430,9 @@ fn photoshop_cut(s: &[u8]) -> bool {
     false
 }
 
-/// Decodes a JPEG file into the Pillow mode it opens as.
+/// Decodes a JPEG file into the Pillow mode it opens as, the Huffman decoding by
+/// [`super::jpeg_huffman`] where it applies (unless [`STOCK_HUFFMAN_ENV`] is set).
 pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
-    decode_with(data, limit, !stock_huffman())
-}
-
-/// [`decode`], with Huffman decoding by [`super::jpeg_huffman`] where it applies (`rust_huffman`)
-/// or always by libjpeg-turbo.
-fn decode_with(data: &[u8], limit: u64, rust_huffman: bool) -> Result<Decoded, DecodeError> {
     let markers = read_markers(data)?;
     if let Some((_, height, width, _)) = markers.frame {
         check_size(FORMAT, u64::from(width), u64::from(height), limit)?;
@@ -474,7 +464,6 @@ fn decode_with(data: &[u8], limit: u64, rust_huffman: bool) -> Result<Decoded, D
         len: data.len(),
         scan: None,
         start: 0,
-        anomaly: None,
     };
     let hook = EntropyHook {
         ctx: std::ptr::addr_of_mut!(state).cast(),
@@ -482,36 +471,36 @@ fn decode_with(data: &[u8], limit: u64, rust_huffman: bool) -> Result<Decoded, D
         decode_mcu: hook_decode_mcu,
     };
     let mut rows: c_uint = 0;
-    let mut status = SHIM_RETRY;
-    for attempt in [rust_huffman, false] {
-        if !attempt {
-            if status != SHIM_RETRY {
-                break;
-            }
-            if rust_huffman {
-                // The hook gave the image back: a fresh decoder reads it from the start.
-                shim = read_header(data)?.0;
-            }
-        }
+    let mut run = |shim: &Shim, hook: *const EntropyHook| {
         // SAFETY: the header was read successfully; `pixels` holds `height` rows of `stride`
         // bytes and the shim checks that libjpeg's output dimensions fit `out_len` before
-        // writing; `data` is still borrowed (alive); `hook` and the `state` it points to live
-        // on this frame through the call, and nothing else touches `state` during it; `rows`
-        // is a valid out pointer.
-        status = unsafe {
+        // writing; `data` is still borrowed (alive); `hook` (null, or the hook above) and the
+        // `state` it points to live on this frame through the call, and nothing else touches
+        // `state` during it; `rows` is a valid out pointer.
+        unsafe {
             smg_jpeg_decode(
                 shim.0,
                 pixels.as_mut_ptr(),
                 pixels.len(),
                 stride,
                 components as c_int,
-                if attempt { &hook } else { std::ptr::null() },
+                hook,
                 &mut rows,
             )
-        };
-        if attempt {
-            state.scan = None;
         }
+    };
+    let mut status = run(
+        &shim,
+        if stock_huffman() {
+            std::ptr::null()
+        } else {
+            &hook
+        },
+    );
+    if status == SHIM_RETRY {
+        // The hook gave the image back: a fresh decoder reads it from the start, alone.
+        shim = read_header(data)?.0;
+        status = run(&shim, std::ptr::null());
     }
     match status {
         SHIM_OK => {}

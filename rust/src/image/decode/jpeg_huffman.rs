@@ -620,7 +620,27 @@ impl Scan {
         Ok(())
     }
 
-    /// The same block of an MCU in two independent streams, symbol by symbol in turn.
+    /// Decodes a block's DC difference and adds it to `prediction` (wrapping, as libjpeg's
+    /// `int`): the coefficient, truncated to 16 bits as libjpeg stores it.
+    #[inline(always)]
+    fn dc_step(
+        bits: &mut Bits,
+        data: &[u8],
+        dc: &HuffTable,
+        prediction: &mut i32,
+    ) -> Result<i16, Anomaly> {
+        // Each refill leaves at least 32 bits: a code (at most 16) and its value (at most 15).
+        bits.refill(data);
+        // DC symbols above 15 are refused by libjpeg's table check; `& 15` keeps the shift in
+        // range for a table that got here anyway.
+        let size = bits.symbol(dc)? & 15;
+        let diff = if size == 0 { 0 } else { bits.value(size) };
+        *prediction = prediction.wrapping_add(diff);
+        Ok(*prediction as i16)
+    }
+
+    /// The same block of an MCU in two independent streams, symbol by symbol in turn (`None`:
+    /// the first block is decoded and dropped).
     #[inline(always)]
     fn decode_two(
         [a, b]: [&mut Bits; 2],
@@ -631,18 +651,16 @@ impl Scan {
         block_a: Option<&mut [i16; 64]>,
         block_b: &mut [i16; 64],
     ) -> Result<(), Anomaly> {
-        let mut scratch = [0i16; 64];
-        let block_a = block_a.unwrap_or(&mut scratch);
-        a.refill(data);
-        b.refill(data);
-        let size_a = a.symbol(dc)? & 15;
-        let size_b = b.symbol(dc)? & 15;
-        let diff_a = if size_a == 0 { 0 } else { a.value(size_a) };
-        let diff_b = if size_b == 0 { 0 } else { b.value(size_b) };
-        *pred_a = pred_a.wrapping_add(diff_a);
-        *pred_b = pred_b.wrapping_add(diff_b);
-        block_a[0] = *pred_a as i16;
-        block_b[0] = *pred_b as i16;
+        let mut scratch;
+        let block_a = match block_a {
+            Some(block) => block,
+            None => {
+                scratch = [0i16; 64]; // zeroed only when needed: off the hot path
+                &mut scratch
+            }
+        };
+        block_a[0] = Self::dc_step(a, data, dc, pred_a)?;
+        block_b[0] = Self::dc_step(b, data, dc, pred_b)?;
         let (mut ka, mut kb) = (1usize, 1usize);
         while ka < 64 && kb < 64 {
             Self::ac_step(a, data, ac, &mut ka, block_a)?;
@@ -657,6 +675,7 @@ impl Scan {
         Ok(())
     }
 
+    /// One block (`None`: decoded and dropped).
     #[inline(always)]
     fn decode_coefficients(
         bits: &mut Bits,
@@ -666,39 +685,18 @@ impl Scan {
         prediction: &mut i32,
         block: Option<&mut [i16; 64]>,
     ) -> Result<(), Anomaly> {
-        // Each refill leaves at least 32 bits: a code (at most 16) and its value (at most 15).
-        bits.refill(data);
-        // DC symbols above 15 are refused by libjpeg's table check; `& 15` keeps the shift in
-        // range for a table that got here anyway.
-        let size = bits.symbol(dc)? & 15;
-        let diff = if size == 0 { 0 } else { bits.value(size) };
-        *prediction = prediction.wrapping_add(diff);
-        let dc_value = *prediction as i16;
-        match block {
-            Some(block) => {
-                block[0] = dc_value;
-                let mut k: usize = 1;
-                while k < 64 {
-                    Self::ac_step(bits, data, ac, &mut k, block)?;
-                }
-            }
+        let mut scratch;
+        let block = match block {
+            Some(block) => block,
             None => {
-                let mut k: usize = 1;
-                while k < 64 {
-                    bits.refill(data);
-                    let symbol = bits.symbol(ac)?;
-                    let (run, size) = ((symbol >> 4) as usize, symbol & 15);
-                    if size != 0 {
-                        k += run;
-                        bits.consume(size);
-                    } else if run != 15 {
-                        break;
-                    } else {
-                        k += 15;
-                    }
-                    k += 1;
-                }
+                scratch = [0i16; 64];
+                &mut scratch
             }
+        };
+        block[0] = Self::dc_step(bits, data, dc, prediction)?;
+        let mut k: usize = 1;
+        while k < 64 {
+            Self::ac_step(bits, data, ac, &mut k, block)?;
         }
         Ok(())
     }
