@@ -4,6 +4,7 @@
 //! The PyO3 bindings live in [`py`] behind the `python` feature, which the wheel build enables.
 
 pub mod build_info;
+pub mod cores;
 pub mod hash;
 pub mod image;
 pub mod memory;

@@ -27,7 +27,6 @@
 //! instruction set.
 
 use std::fmt;
-use std::num::NonZeroUsize;
 use std::sync::Mutex;
 
 use super::coeffs::{axis_coeffs, AxisCoeffs};
@@ -505,7 +504,7 @@ impl Plan<'_> {
             .as_ref()
             .map_or(self.src.height, |v| v.out_len());
         let wanted = if requested == 0 {
-            let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+            let cores = crate::cores::count();
             // Multiply-adds of both passes, estimated with the widest kernels.
             let c = self.src.channels;
             let hw = self

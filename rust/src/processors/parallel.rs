@@ -1,13 +1,12 @@
 //! Items of a batch on several threads, results in input order.
 
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// The thread count for `requested` (0: one per core) and `items` items.
 pub fn workers(requested: usize, items: usize) -> usize {
     let cap = if requested == 0 {
-        std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
+        crate::cores::count()
     } else {
         requested
     };

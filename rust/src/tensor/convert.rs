@@ -8,7 +8,7 @@
 //! same pure function wherever it lands, so the output never depends on the thread count.
 
 use std::mem::MaybeUninit;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use super::dtype::WireDtype;
 use super::error::TensorError;
@@ -201,12 +201,7 @@ pub fn default_threads(len: usize) -> usize {
     if len < PARALLEL_THRESHOLD {
         return 1;
     }
-    static AVAILABLE: OnceLock<usize> = OnceLock::new();
-    let available = *AVAILABLE.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let available = crate::cores::count();
     available.min(MAX_THREADS).min(len / MIN_CHUNK_BYTES).max(1)
 }
 
