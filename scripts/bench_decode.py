@@ -1,6 +1,6 @@
 """Decoding real PNGs and JPEGs: ours vs Pillow (and torchvision), side by side (issue 23).
 
-Usage: python scripts/bench_decode.py [--only NAME,...] [--rounds N]
+Usage: python scripts/bench_decode.py [--only NAME,...] [--rounds N] [--threads N]
 
 Every file runs in a fresh process pinned to one core (``taskset -c 0`` when available), which
 first checks that ``vision.decode(b, apply_exif=False, alpha="drop")`` gives exactly the pixels of
@@ -11,6 +11,11 @@ the figure is the median of the round medians. ``torchvision.io.decode_image(...
 ImageReadMode.RGB)`` with ``torch.set_num_threads(1)`` is timed too when torch imports (run with
 the torch venv's python and this worktree's ``src`` on ``PYTHONPATH``); its ``same`` column says
 whether its pixels equal Pillow's.
+
+``--threads N`` (N = 0 or >= 2) also times ``vision.decode(..., threads=N)`` in the same rounds
+(the JPEG Huffman helper thread): the child is then pinned to the first two cores instead of
+one, the clock is the wall clock, and the ``threads`` columns give that call's wall time, its
+ratio to Pillow's, its CPU time and its speed-up over our one-thread call.
 
 Files: every PNG and JPEG of ``tests/support/images.real_photos()`` and Pillow's test PNGs of
 other kinds (palette, palette + tRNS interlaced, RGBA, RGBA interlaced, LA, 1-bit, L, large RGB).
@@ -66,20 +71,26 @@ def files() -> list[tuple[str, Path]]:
     return photos + [(f"pillow:{name}", pillow / name) for name in PILLOW_PNGS]
 
 
-def decoders(data: bytes, torch_too: bool = True) -> dict[str, Callable[[], Any]]:
-    """The decoders of ``data``: ours, Pillow's, and torchvision's when torch imports."""
+def decoders(data: bytes, torch_too: bool = True, threads: int = 1) -> dict[str, Callable[[], Any]]:
+    """The decoders of ``data``: ours (one thread, and with ``threads`` when not 1), Pillow's, and
+    torchvision's when torch imports."""
     import numpy as np
     from PIL import Image
 
     from smg_grpc_proto import vision
 
     def ours() -> Any:
-        return vision.decode(data, apply_exif=False, alpha="drop")
+        return vision.decode(data, apply_exif=False, alpha="drop", threads=1)
 
     def pil() -> Any:
         return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
+    def ours_threads() -> Any:
+        return vision.decode(data, apply_exif=False, alpha="drop", threads=threads)
+
     ops: dict[str, Callable[[], Any]] = {"ours": ours, "pillow": pil}
+    if threads != 1:
+        ops["threads"] = ours_threads
     if not torch_too:
         return ops
     try:
@@ -112,18 +123,22 @@ def peak_child(path: Path, decoder: str) -> float:
     return measure_peak(decoders(data, torch_too)[decoder])
 
 
-def child(path: Path, rounds: int, clock: str = "wall") -> dict[str, Any]:
+def child(path: Path, rounds: int, clock: str = "wall", threads: int = 1) -> dict[str, Any]:
     """Runs in the fresh process: the pixel check and the timings of one file."""
+    import time
+
     import numpy as np
     from benchkit import CLOCKS, time_op
     from PIL import Image
 
     data = path.read_bytes()
-    ops = decoders(data)
+    ops = decoders(data, threads=threads)
     ours, pil = ops["ours"], ops["pillow"]
     a, ref = ours(), pil()
     if a.shape != ref.shape or not np.array_equal(a, ref):
         raise SystemExit(f"{path.name}: our pixels differ from Pillow's")
+    if "threads" in ops and not np.array_equal(ops["threads"](), ref):
+        raise SystemExit(f"{path.name}: our pixels with threads={threads} differ from Pillow's")
     out: dict[str, Any] = {"shape": list(ref.shape), "mode": Image.open(io.BytesIO(data)).mode}
     if "torchvision" in ops:
         try:
@@ -137,6 +152,14 @@ def child(path: Path, rounds: int, clock: str = "wall") -> dict[str, Any]:
         for name, fn in ops.items():
             medians[name].append(time_op(fn, 5, min_seconds=0.1, clock=CLOCKS[clock]))
     out["ms"] = {name: statistics.median(v) * 1e3 for name, v in medians.items()}
+    if "threads" in ops:
+        # The CPU time of one call with threads (every thread of the process).
+        fn, calls = ops["threads"], 0
+        start = time.process_time()
+        while time.process_time() - start < 0.2 or calls < 5:
+            fn()
+            calls += 1
+        out["threads_cpu_ms"] = (time.process_time() - start) / calls * 1e3
     return out
 
 
@@ -175,6 +198,12 @@ def main() -> None:
         default="wall",
         help="wall time, or process CPU time (steadier on a loaded machine)",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="also time vision.decode(..., threads=N) on two cores (wall clock)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--peak", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -182,23 +211,28 @@ def main() -> None:
         print(json.dumps(peak_child(Path(args.child), args.peak)))
         return
     if args.child:
-        print(json.dumps(child(Path(args.child), args.rounds, args.clock)))
+        print(json.dumps(child(Path(args.child), args.rounds, args.clock, args.threads)))
         return
     only = {n for n in args.only.split(",") if n}
-    pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
+    threaded = args.threads != 1
+    if threaded:
+        args.clock = "wall"
+    cores = "0,1" if threaded else "0"
+    pin = ["taskset", "-c", cores] if shutil.which("taskset") else []
     print(versions())
-    print(f"clock: {args.clock}; {args.rounds} rounds\n")
+    print(f"clock: {args.clock}; {args.rounds} rounds; pinned to cores {cores}\n")
+    extra = f" threads={args.threads}: ms / x Pillow / CPU ms / x ours |" if threaded else ""
     print(
         "| file | size | mode | ours ms | Pillow ms | x | torchvision ms (same) "
-        "| peak MiB ours / Pillow |"
+        f"| peak MiB ours / Pillow |{extra}"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if threaded else ""))
     env = dict(os.environ)
     for name, path in files():
         if only and name not in only and name.removeprefix("pillow:") not in only:
             continue
         cmd = [*pin, sys.executable, __file__, "--child", str(path), "--rounds", str(args.rounds)]
-        cmd += ["--clock", args.clock]
+        cmd += ["--clock", args.clock, "--threads", str(args.threads)]
         run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if run.returncode != 0:
             print(f"| {name} | failed: {run.stderr.strip().splitlines()[-1:]} |")
@@ -216,9 +250,17 @@ def main() -> None:
             if "torchvision" in ms
             else r.get("tv_error", "-")
         )
+        cells = ""
+        if threaded:
+            t = ms["threads"]
+            cells = (
+                f" {t:.2f} / {ms['pillow'] / t:.2f} / {r['threads_cpu_ms']:.2f} / "
+                f"{ms['ours'] / t:.2f} |"
+            )
         print(
             f"| {name} | {w}x{h} | {r['mode']} | {ms['ours']:.2f} | {ms['pillow']:.2f} | "
-            f"{ms['pillow'] / ms['ours']:.2f} | {tv} | {peak['ours']:.1f} / {peak['pillow']:.1f} |",
+            f"{ms['pillow'] / ms['ours']:.2f} | {tv} | {peak['ours']:.1f} / {peak['pillow']:.1f} |"
+            f"{cells}",
             flush=True,
         )
 

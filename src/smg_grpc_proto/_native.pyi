@@ -193,14 +193,24 @@ class DecodedImage:
     @property
     def __array_interface__(self) -> dict[str, Any]: ...
 
-def decode_image(data: bytes, apply_exif: bool, max_pixels: int | None, alpha: str) -> DecodedImage:
+def decode_image(
+    data: bytes, apply_exif: bool, max_pixels: int | None, alpha: str, threads: int = 1
+) -> DecodedImage:
     """Decode a JPEG, PNG, GIF, BMP or WebP file to RGB (``height x width x 3`` bytes).
 
-    ``alpha`` is ``"white"`` or ``"drop"``. Failures raise the ``ImageDecodeError`` subclass
+    ``alpha`` is ``"white"`` or ``"drop"``; ``threads`` the threads the decode may use (0: one
+    per core). Failures raise the ``ImageDecodeError`` subclass
     of their kind (``smg_grpc_proto.errors.IMAGE_DECODE_ERRORS``), with ``field``, ``expected``,
     ``actual`` and ``format``; a bad ``alpha`` or an out-of-range ``max_pixels`` raises
     ``ProcessorConfigError`` and a non-int ``max_pixels`` ``ImageTypeError``.
     """
+
+def jpeg_huffman_stats() -> dict[str, int]:
+    """JPEG scans whose Huffman decoding the Rust decoder took since the process started:
+    ``inline`` (on the calling thread), ``helper`` (on a helper thread: ``decode_image(...,
+    threads=0 or >= 2)``), ``shared`` (of those, with the calling thread decoding some restart
+    intervals too) and ``retried`` (of all these, given back to libjpeg-turbo on an anomaly:
+    decoded again by libjpeg alone)."""
 
 def image_format(data: bytes) -> str | None:
     """The format ``decode_image`` recognises from the signature at the start of ``data`` (16

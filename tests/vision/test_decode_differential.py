@@ -180,7 +180,7 @@ def _zlib_with_bad_adler(raw: bytes) -> bytes:
     return good[:-4] + struct.pack(">I", struct.unpack(">I", good[-4:])[0] ^ 0x5A5A5A5A)
 
 
-def _agree(data: bytes) -> str:
+def _agree(data: bytes, threads: int = 0) -> str:
     """ "both raise", or "same pixels"; fails the test on a disagreement."""
     try:
         ref: np.ndarray | None = reference(data)
@@ -188,10 +188,10 @@ def _agree(data: bytes) -> str:
         ref = None
     if ref is None:
         with pytest.raises(ImageDecodeError) as info:
-            vision.decode(data)
+            vision.decode(data, threads=threads)
         assert info.value.kind in ("corrupt", "truncated"), info.value
         return "both raise"
-    ours = vision.decode(data)
+    ours = vision.decode(data, threads=threads)
     assert ours.shape == ref.shape
     assert np.array_equal(ours, ref)
     return "same pixels"

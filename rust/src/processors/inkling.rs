@@ -596,6 +596,7 @@ fn inkling2_rgb<'a>(input: Input<'a>, options: &Options) -> Result<Rgb<'a>, Proc
             bytes,
             options.apply_exif,
             options.max_pixels,
+            options.threads,
         )
         .map_err(|error| ProcessorError::Decode { index: 0, error })?;
         return Ok(match decoded {
@@ -624,9 +625,11 @@ fn convert_all<'a>(
     convert: fn(Input<'a>, &Options) -> Result<Rgb<'a>, ProcessorError>,
 ) -> Result<Vec<Rgb<'a>>, ProcessorError> {
     let workers = parallel::workers(options.threads, inputs.len());
+    // One image decodes with all the batch's threads, several with one each.
+    let item = options.per_item(workers);
     let items = fallible::copied(inputs).map_err(ProcessorError::oom("batch"))?;
     parallel::map(items, workers, |i, input| {
-        convert(input, options).map_err(|e| e.at(i))
+        convert(input, &item).map_err(|e| e.at(i))
     })
     .into_iter()
     .collect()

@@ -60,6 +60,7 @@ fn decode_like_load_image(
     data: &[u8],
     apply_exif: bool,
     max_pixels: Option<u64>,
+    threads: usize,
 ) -> Result<RgbImage, DecodeError> {
     let format = match decode::sniff(data) {
         // Only PNG and GIF carry a transparent colour; the rest is plain `convert("RGB")`.
@@ -69,6 +70,7 @@ fn decode_like_load_image(
                 apply_exif,
                 max_pixels,
                 alpha: AlphaMode::Drop,
+                threads,
             };
             return decode::decode(data, &options);
         }
@@ -218,9 +220,12 @@ impl<'a> Input<'a> {
         match self {
             Input::Encoded(bytes) => {
                 let decoded = match options.alpha {
-                    Alpha::LoadImage => {
-                        decode_like_load_image(bytes, options.apply_exif, options.max_pixels)
-                    }
+                    Alpha::LoadImage => decode_like_load_image(
+                        bytes,
+                        options.apply_exif,
+                        options.max_pixels,
+                        options.threads,
+                    ),
                     Alpha::White | Alpha::Drop => {
                         let decode_options = DecodeOptions {
                             apply_exif: options.apply_exif,
@@ -230,6 +235,7 @@ impl<'a> Input<'a> {
                             } else {
                                 AlphaMode::Drop
                             },
+                            threads: options.threads,
                         };
                         decode::decode(bytes, &decode_options)
                     }

@@ -150,6 +150,17 @@ pub struct Options {
     pub alpha: Alpha,
 }
 
+impl Options {
+    /// The options for one item of a batch run on `workers` threads: all the batch's threads
+    /// when it runs alone, one otherwise.
+    pub(crate) fn per_item(&self, workers: usize) -> Options {
+        Options {
+            threads: if workers == 1 { self.threads } else { 1 },
+            ..*self
+        }
+    }
+}
+
 impl Default for Options {
     /// All cores, EXIF applied, Pillow's decompression-bomb limit, [`Alpha::LoadImage`].
     fn default() -> Self {
@@ -536,9 +547,10 @@ where
         Vec::new()
     };
     let inputs = fallible::copied(inputs).map_err(ProcessorError::oom("batch"))?;
+    let item = options.per_item(workers);
     let results = parallel::map_in_order(inputs, workers, &order, |i, input| {
         input
-            .to_rgb(options)
+            .to_rgb(&item)
             .and_then(|rgb| f(i, rgb, resize_threads))
             .map_err(|e| e.at(i))
     });

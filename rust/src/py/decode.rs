@@ -129,19 +129,22 @@ fn max_pixels_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     }
 }
 
-/// decode_image(data, apply_exif, max_pixels, alpha) -> DecodedImage
+/// decode_image(data, apply_exif, max_pixels, alpha, threads=1) -> DecodedImage
 /// --
 ///
 /// Decodes a JPEG, PNG, GIF, BMP or WebP file to RGB: an object with `height`, `width` and an
 /// `__array_interface__` for `numpy.asarray` (`height × width × 3` uint8, no copy). `alpha` is
-/// "white" (composite onto white) or "drop".
+/// "white" (composite onto white) or "drop"; `threads` the threads the decode may use (0: one
+/// per core).
 #[pyfunction]
+#[pyo3(signature = (data, apply_exif, max_pixels, alpha, threads = 1))]
 fn decode_image(
     py: Python<'_>,
     data: &Bound<'_, PyBytes>,
     apply_exif: bool,
     max_pixels: Option<&Bound<'_, PyAny>>,
     alpha: &str,
+    threads: usize,
 ) -> PyResult<PyDecodedImage> {
     let max_pixels = max_pixels_arg(max_pixels)?;
     let alpha = match alpha {
@@ -164,6 +167,7 @@ fn decode_image(
         apply_exif,
         max_pixels,
         alpha,
+        threads,
     };
     let input = data.as_bytes();
     let image = py
@@ -183,6 +187,20 @@ fn image_format(data: &Bound<'_, PyBytes>) -> Option<String> {
     core::sniff(data.as_bytes()).map(|format| format.name().to_ascii_lowercase())
 }
 
+/// jpeg_huffman_stats() -> dict[str, int]
+/// --
+///
+/// JPEG scans whose Huffman decoding the Rust decoder took since the process started:
+/// `inline` (on the calling thread), `helper` (on a helper thread), `shared` (of those, with
+/// the calling thread decoding some restart intervals too), and `retried` (of all these, given
+/// back to libjpeg-turbo on an anomaly: the image was decoded again by libjpeg alone).
+#[pyfunction]
+fn jpeg_huffman_stats() -> std::collections::HashMap<&'static str, u64> {
+    crate::image::decode::jpeg::huffman_stats()
+        .into_iter()
+        .collect()
+}
+
 /// decode_error_kinds() -> list[str]
 /// --
 ///
@@ -197,5 +215,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDecodedImage>()?;
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
     m.add_function(wrap_pyfunction!(image_format, m)?)?;
+    m.add_function(wrap_pyfunction!(jpeg_huffman_stats, m)?)?;
     m.add_function(wrap_pyfunction!(decode_error_kinds, m)?)
 }

@@ -21,6 +21,12 @@ transformers' ``load_image`` (paths and URLs) does after ``exif_transpose``.
 above which Pillow raises ``DecompressionBombError``) is checked against the header's width x
 height before any pixel memory is allocated; ``None`` disables the check.
 
+``threads`` is how many threads the decode may use (default 0: one per core; 1 keeps it on the
+calling thread). With two or more, a baseline JPEG with at least 4 096 blocks (about 0.17 MP in
+4:2:0) and 32 KiB of entropy-coded data is Huffman-decoded on a second thread while the calling
+thread runs libjpeg's IDCT, upsampling and colour conversion: the same pixels, sooner (1.1-1.6x
+on camera photos of 0.3-2 MP). Other formats and smaller JPEGs use the calling thread only.
+
 The returned array is ``(height, width, 3)`` ``uint8``, C-contiguous and writable. It views the
 buffer the decoder wrote (no copy): its ``base`` is the native ``DecodedImage`` that owns the
 memory and frees it when the last array viewing it is gone.
@@ -66,6 +72,7 @@ def decode(
     apply_exif: bool = True,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     alpha: Literal["white", "drop"] = "white",
+    threads: int = 0,
 ) -> npt.NDArray[np.uint8]:
     """Decode a JPEG, PNG, GIF, BMP or WebP image to an ``(H, W, 3)`` uint8 RGB array.
 
@@ -74,10 +81,14 @@ def decode(
     ``CorruptImageError``, ``EmptyImageError``, ``ImageTooLargeError`` or ``ImageMemoryError``
     (also a ``MemoryError``), raised by the extension with their fields; ``TypeError`` for an
     argument of the wrong type, a plain ``ValueError`` for ``max_pixels`` past 2**64 - 1 or an
-    unknown ``alpha``, ``OSError`` if a path cannot be read.
+    unknown ``alpha`` or a negative ``threads``, ``OSError`` if a path cannot be read.
     """
     raw = _to_bytes(data)
     if max_pixels is not None and (isinstance(max_pixels, bool) or max_pixels < 0):
         raise TypeError(f"max_pixels must be a non-negative int or None, got {max_pixels!r}")
-    image = _native.decode_image(raw, bool(apply_exif), max_pixels, alpha)
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"threads must be an int, got {threads!r}")
+    if threads < 0:
+        raise ValueError(f"threads must be 0 (one per core) or positive, got {threads}")
+    image = _native.decode_image(raw, bool(apply_exif), max_pixels, alpha, threads)
     return np.asarray(image)

@@ -12,10 +12,12 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::convert::{ModeImage, Pixels};
 use super::jpeg_huffman::{BlockSpec, HuffTable, Scan, Step, MAX_BLOCKS_IN_MCU};
+use super::jpeg_pipeline::{self, Pipeline};
 use super::{check_size, exif, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
 
 // The static libjpeg-turbo comes with turbojpeg-sys; the shim below calls into it.
@@ -70,6 +72,24 @@ struct EntropyHook {
 /// Set to `1` to leave all Huffman decoding to libjpeg-turbo (for comparisons; read once).
 pub const STOCK_HUFFMAN_ENV: &str = "SMG_GRPC_PROTO_JPEG_STOCK_HUFFMAN";
 
+/// Scans whose Huffman decoding the hook took: on libjpeg's thread, on a helper thread (of
+/// which how many with libjpeg's thread decoding some restart intervals too), and how many of
+/// all these it gave back to libjpeg (an anomaly). Counted for tests and diagnostics.
+static SCANS_INLINE: AtomicU64 = AtomicU64::new(0);
+static SCANS_HELPER: AtomicU64 = AtomicU64::new(0);
+static SCANS_SHARED: AtomicU64 = AtomicU64::new(0);
+static SCANS_RETRIED: AtomicU64 = AtomicU64::new(0);
+
+/// The counts of [`SCANS_INLINE`] and the others, by name.
+pub fn huffman_stats() -> [(&'static str, u64); 4] {
+    [
+        ("inline", SCANS_INLINE.load(Ordering::Relaxed)),
+        ("helper", SCANS_HELPER.load(Ordering::Relaxed)),
+        ("shared", SCANS_SHARED.load(Ordering::Relaxed)),
+        ("retried", SCANS_RETRIED.load(Ordering::Relaxed)),
+    ]
+}
+
 fn stock_huffman() -> bool {
     static STOCK: OnceLock<bool> = OnceLock::new();
     *STOCK.get_or_init(|| {
@@ -81,7 +101,11 @@ fn stock_huffman() -> bool {
 struct HookState {
     data: *const u8,
     len: usize,
+    /// The scan, decoded on libjpeg's thread ...
     scan: Option<Scan>,
+    /// ... or on a helper thread ([`jpeg_pipeline`]), when `helper` allows one.
+    pipeline: Option<Pipeline>,
+    helper: bool,
     /// Where the scan's data starts in `data`.
     start: usize,
 }
@@ -137,12 +161,33 @@ extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {
         // not otherwise borrowed during the shim call; `desc` points to the shim's filled
         // description on its stack.
         let (state, desc) = unsafe { (&mut *ctx.cast::<HookState>(), &*desc) };
-        let started = state.start(desc);
-        let ok = started.is_some();
-        if let Some((scan, start)) = started {
-            (state.scan, state.start) = (Some(scan), start);
+        let Some((scan, start)) = state.start(desc) else {
+            return 0;
+        };
+        state.start = start;
+        let blocks = desc.mcus.saturating_mul(scan.blocks_in_mcu() as u64);
+        if state.helper
+            && blocks >= jpeg_pipeline::MIN_BLOCKS
+            && desc.len >= jpeg_pipeline::MIN_SCAN_BYTES
+        {
+            // SAFETY: `data`/`len` are the bytes `decode` borrows for its whole run, and the
+            // pipeline lives in `state`, which `decode` drops (joining the helper) before
+            // returning.
+            state.pipeline =
+                unsafe { Pipeline::start(scan, state.data, state.len, start, desc.mcus) };
+            // Without a helper (no memory for the ring, no thread), libjpeg decodes the scan.
+            let Some(pipeline) = &state.pipeline else {
+                return 0;
+            };
+            SCANS_HELPER.fetch_add(1, Ordering::Relaxed);
+            if pipeline.shares_intervals() {
+                SCANS_SHARED.fetch_add(1, Ordering::Relaxed);
+            }
+            return 1;
         }
-        c_int::from(ok)
+        state.scan = Some(scan);
+        SCANS_INLINE.fetch_add(1, Ordering::Relaxed);
+        1
     }))
     .unwrap_or(0)
 }
@@ -159,11 +204,13 @@ extern "C" fn hook_decode_mcu(
         // SAFETY: `data`/`len` are the `&[u8]` that `decode` borrows through the shim
         // call; the hook runs only inside it, and nothing writes those bytes meanwhile.
         let data = unsafe { std::slice::from_raw_parts(state.data, state.len) };
-        let Some(scan) = state.scan.as_mut() else {
-            return -1;
-        };
         let count = usize::try_from(count).unwrap_or(usize::MAX);
-        if count != scan.blocks_in_mcu() {
+        let expected = match (&state.scan, &state.pipeline) {
+            (Some(scan), _) => scan.blocks_in_mcu(),
+            (None, Some(pipeline)) => pipeline.blocks_in_mcu(),
+            (None, None) => return -1,
+        };
+        if count != expected {
             return -1;
         }
         let mut out: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
@@ -175,7 +222,12 @@ extern "C" fn hook_decode_mcu(
                 *slot = unsafe { (*blocks.add(b)).as_mut() };
             }
         }
-        match scan.decode_mcu(data, &mut out[..count]) {
+        let step = match (&mut state.scan, &mut state.pipeline) {
+            (Some(scan), _) => scan.decode_mcu(data, &mut out[..count]),
+            (None, Some(pipeline)) => pipeline.next_mcu(data, &mut out[..count]),
+            (None, None) => return -1,
+        };
+        match step {
             Ok(Step::More) => 0,
             Ok(Step::Done(pos)) => match pos.checked_sub(state.start) {
                 Some(n) => {
@@ -430,9 +482,22 @@ fn photoshop_cut(s: &[u8]) -> bool {
     false
 }
 
+/// Whether `threads` (0: one per core) leaves a thread for a Huffman helper.
+fn helper_allowed(threads: usize) -> bool {
+    match threads {
+        0 => crate::cores::count() >= 2,
+        n => n >= 2,
+    }
+}
+
 /// Decodes a JPEG file into the Pillow mode it opens as, the Huffman decoding by
 /// [`super::jpeg_huffman`] where it applies (unless [`STOCK_HUFFMAN_ENV`] is set).
-pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
+///
+/// `threads` is how many threads the decode may use (0: one per core): with two or more, a
+/// scan of at least [`jpeg_pipeline::MIN_BLOCKS`] blocks and [`jpeg_pipeline::MIN_SCAN_BYTES`]
+/// bytes is Huffman-decoded on a helper thread while this one runs the rest of libjpeg
+/// ([`jpeg_pipeline`]); the pixels are the same.
+pub(crate) fn decode(data: &[u8], limit: u64, threads: usize) -> Result<Decoded, DecodeError> {
     let markers = read_markers(data)?;
     if let Some((_, height, width, _)) = markers.frame {
         check_size(FORMAT, u64::from(width), u64::from(height), limit)?;
@@ -463,6 +528,8 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
         data: data.as_ptr(),
         len: data.len(),
         scan: None,
+        pipeline: None,
+        helper: helper_allowed(threads),
         start: 0,
     };
     let hook = EntropyHook {
@@ -497,7 +564,10 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
             &hook
         },
     );
+    // A helper thread is stopped and joined here, before anything else happens to the image.
+    state.pipeline = None;
     if status == SHIM_RETRY {
+        SCANS_RETRIED.fetch_add(1, Ordering::Relaxed);
         // The hook gave the image back: a fresh decoder reads it from the start, alone.
         shim = read_header(data)?.0;
         status = run(&shim, std::ptr::null());
@@ -613,7 +683,7 @@ mod tests {
             b"\xff\xd8\xff\xd9",
             b"\xff\xd8\xffhello",
         ] {
-            let err = decode(data, u64::MAX).unwrap_err();
+            let err = decode(data, u64::MAX, 1).unwrap_err();
             assert!(matches!(err.kind(), "truncated" | "corrupt"), "{err}");
         }
     }
@@ -622,6 +692,6 @@ mod tests {
     fn twelve_bit_is_unsupported() {
         let data =
             b"\xff\xd8\xff\xc0\x00\x11\x0c\x00\x10\x00\x10\x03\x01\x11\x00\x02\x11\x01\x03\x11\x01";
-        assert_eq!(decode(data, u64::MAX).unwrap_err().kind(), "unsupported");
+        assert_eq!(decode(data, u64::MAX, 1).unwrap_err().kind(), "unsupported");
     }
 }

@@ -56,6 +56,7 @@ pub(crate) const MAX_BLOCKS_IN_MCU: usize = 10;
 pub(crate) struct Anomaly(pub(crate) &'static str);
 
 /// One decoding table, built from a DHT segment's code counts and symbols.
+#[derive(Clone)]
 pub(crate) struct HuffTable {
     /// Indexed by the next [`FAST_BITS`] bits: `length << 8 | symbol`, 0 when the code is longer.
     fast: [u16; FAST_SIZE],
@@ -155,7 +156,7 @@ fn has_ff(w: u64) -> bool {
 
 /// The next marker at or after `pos` as libjpeg's `next_marker` finds it (skipping data bytes,
 /// `FF 00` pairs and fill `FF`s): the index of its code byte, `None` at the end of the data.
-fn find_marker(data: &[u8], mut pos: usize) -> Option<usize> {
+pub(crate) fn find_marker(data: &[u8], mut pos: usize) -> Option<usize> {
     loop {
         pos += data.get(pos..)?.iter().position(|&b| b == 0xFF)?;
         while data.get(pos) == Some(&0xFF) {
@@ -409,6 +410,44 @@ impl Scan {
     /// The number of blocks in an MCU.
     pub(crate) fn blocks_in_mcu(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// MCUs per restart interval (0: no restart markers).
+    pub(crate) fn restart_interval(&self) -> u32 {
+        self.restart_interval
+    }
+
+    /// A scan with the same tables and blocks, not started (position it with
+    /// [`Self::reposition`]); `None` when its tables cannot be allocated.
+    pub(crate) fn fork(&self) -> Option<Self> {
+        let mut tables = Vec::new();
+        tables.try_reserve_exact(self.tables.len()).ok()?;
+        tables.extend(self.tables.iter().cloned());
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(self.blocks.len()).ok()?;
+        blocks.extend_from_slice(&self.blocks);
+        Self::new(tables, blocks, self.restart_interval, 0, 0)
+    }
+
+    /// Makes the scan decode `mcus` MCUs from the start of restart interval `interval`, whose
+    /// data starts at `start` (after the restart marker before it, or at the scan's start):
+    /// fresh predictions and reader, the restart markers numbered from `interval` on.
+    pub(crate) fn reposition(&mut self, start: usize, interval: u64, mcus: u64) {
+        if let Some(ahead) = self.ahead.take() {
+            self.spare = ahead.blocks;
+        }
+        self.serving = false;
+        self.bits = Bits::at(start);
+        self.predictions = [0; 4];
+        self.left_in_interval = self.restart_interval;
+        self.next_restart = (interval & 7) as u8;
+        self.mcus_left = mcus;
+    }
+
+    /// After the last MCU ([`Step::Done`]): the index of the code byte of the marker that ends
+    /// the data decoded, checked as at every segment's end.
+    pub(crate) fn end_marker(&mut self, data: &[u8]) -> Result<usize, Anomaly> {
+        self.end_of_segment(data)
     }
 
     /// Decodes the next MCU into `out` (one zeroed block per [`Self::blocks_in_mcu`], in order;
@@ -704,6 +743,7 @@ impl Scan {
 
 #[cfg(test)]
 mod tests {
+    use super::super::jpeg_pipeline::{Pipeline, Plan};
     use super::*;
 
     /// A small deterministic generator (xorshift64*).
@@ -1172,5 +1212,161 @@ mod tests {
         assert!(!has_ff(0x7F7F_7F7F_7F7F_7F7F));
         assert_eq!(find_marker(&[1, 0xFF, 0, 0xFF, 0xFF, 0xD9], 0), Some(5));
         assert_eq!(find_marker(&[1, 0xFF, 0], 0), None);
+    }
+
+    /// Where the data was handed back, or the anomaly and the MCU it reached libjpeg's side at.
+    type PipelineEnd = Result<usize, (u64, Anomaly)>;
+
+    /// Every MCU of `s` through a [`Pipeline`] (the Huffman decoding on a helper thread), the
+    /// blocks `keep` names asked for (zeros elsewhere): the blocks, and where the data was
+    /// handed back, or the anomaly and the MCU it reached libjpeg's side at.
+    fn through_pipeline(
+        s: &Stream,
+        data: &[u8],
+        start: usize,
+        keep: impl Fn(usize) -> bool,
+    ) -> (Vec<[i16; 64]>, PipelineEnd) {
+        through_planned(s, data, start, keep, Plan::every(0, 0, 0))
+    }
+
+    /// [`through_pipeline`] with libjpeg's thread decoding the intervals `plan` gives it.
+    fn through_planned(
+        s: &Stream,
+        data: &[u8],
+        start: usize,
+        keep: impl Fn(usize) -> bool,
+        plan: Plan,
+    ) -> (Vec<[i16; 64]>, PipelineEnd) {
+        let sc = scan(s, start);
+        // SAFETY: `data` outlives the pipeline, dropped at the end of this function.
+        let mut pipeline =
+            unsafe { Pipeline::start_planned(sc, data.as_ptr(), data.len(), start, s.mcus, plan) }
+                .expect("started");
+        let mut out = Vec::new();
+        for k in 0..s.mcus {
+            let mut blocks = vec![[0i16; 64]; s.specs.len()];
+            let mut refs: Vec<Option<&mut [i16; 64]>> = blocks
+                .iter_mut()
+                .enumerate()
+                .map(|(b, block)| keep(b).then_some(block))
+                .collect();
+            let step = pipeline.next_mcu(data, &mut refs);
+            out.extend(blocks);
+            match step {
+                Ok(Step::More) => {}
+                Ok(Step::Done(pos)) => return (out, Ok(pos)),
+                Err(anomaly) => return (out, Err((k, anomaly))),
+            }
+        }
+        panic!("no Done after {} MCUs", s.mcus);
+    }
+
+    #[test]
+    fn a_helper_thread_gives_the_blocks_of_the_inline_decoder() {
+        let mut rng = Rng(0x000B_10C5);
+        let layouts: [&[usize]; 5] = [&[1], &[1, 1, 1], &[4, 1, 1], &[2, 1, 1], &[1, 1, 1, 1]];
+        for round in 0..10 {
+            let comps = layouts[round % layouts.len()];
+            // Up to ~3 000 MCUs: the ring (4 096 blocks) wraps around several times, and the
+            // helper waits for free slots.
+            let mcus = [1, 7, 9, 700, 3000][round % 5] + rng.below(50);
+            let interval = [0, 1, 5, 64, 0][round % 5];
+            let s = stream(&mut rng, comps, mcus, interval);
+            let mut data = vec![0x12; 3];
+            data.extend(&s.data);
+            let (want, want_pos) = decode_all(&s, &data, 3).expect("decodes inline");
+            let (got, pos) = through_pipeline(&s, &data, 3, |_| true);
+            assert_eq!(pos.ok(), Some(want_pos), "round {round}");
+            assert!(got == want, "round {round}: blocks differ");
+            // libjpeg's thread taking one interval in 2, 3 or 4 (whatever the data's density).
+            for period in [2, 3, 4] {
+                let plan = Plan::every(period, interval, s.mcus);
+                let (got, pos) = through_planned(&s, &data, 3, |_| true, plan);
+                assert_eq!(pos.ok(), Some(want_pos), "round {round}, period {period}");
+                assert!(got == want, "round {round}, period {period}: blocks differ");
+            }
+            // Dropped blocks are dropped (zeros), the kept ones are right.
+            let (got, _) = through_pipeline(&s, &data, 3, |b| b.is_multiple_of(2));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let kept = (i % s.specs.len()).is_multiple_of(2);
+                assert_eq!(
+                    *g,
+                    if kept { *w } else { [0; 64] },
+                    "round {round} block {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_anomaly_on_the_helper_reaches_libjpegs_side() {
+        let mut rng = Rng(0xBAD);
+        for (interval, mcus) in [(0, 2000), (4, 2000), (0, 30)] {
+            let s = stream(&mut rng, &[2, 1, 1], mcus, interval);
+            // An end-of-image marker in the middle of the data (the segment runs out of bits),
+            // or data that ends early.
+            let mut early = s.data.clone();
+            let at = early.len() / 2;
+            early.splice(at..at, [0xFF, 0xD9]);
+            let cut = s.data[..s.data.len() / 3].to_vec();
+            for data in [early, cut] {
+                assert!(
+                    decode_all(&s, &data, 0).is_err(),
+                    "the inline decoder sees it"
+                );
+                let (got, result) = through_pipeline(&s, &data, 0, |_| true);
+                let Err((k, _)) = result else {
+                    panic!("the pipeline missed an anomaly ({interval}, {mcus})");
+                };
+                // libjpeg's thread decoding every other interval sees it too.
+                let plan = Plan::every(2, interval, s.mcus);
+                let (_, planned) = through_planned(&s, &data, 0, |_| true, plan);
+                assert!(planned.is_err(), "({interval}, {mcus}) planned");
+                // Everything handed out before it is what the inline decoder gives.
+                let n = s.specs.len();
+                let mut sc = scan(&s, 0);
+                for m in 0..k as usize {
+                    let mut blocks = vec![[0i16; 64]; n];
+                    let mut refs: Vec<Option<&mut [i16; 64]>> =
+                        blocks.iter_mut().map(Some).collect();
+                    sc.decode_mcu(&data, &mut refs).expect("before the anomaly");
+                    assert_eq!(&got[m * n..(m + 1) * n], &blocks[..], "MCU {m}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_pipeline_dropped_early_stops_its_helper() {
+        let mut rng = Rng(0xD20);
+        let s = stream(&mut rng, &[4, 1, 1], 5000, 0);
+        for taken in [0, 1, 700, 4999] {
+            let sc = scan(&s, 0);
+            // SAFETY: `s.data` outlives the pipeline, dropped in this iteration.
+            let mut pipeline =
+                unsafe { Pipeline::start(sc, s.data.as_ptr(), s.data.len(), 0, s.mcus) }.unwrap();
+            for _ in 0..taken {
+                let mut blocks = [[0i16; 64]; 6];
+                let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
+                assert_eq!(pipeline.next_mcu(&s.data, &mut refs).unwrap(), Step::More);
+            }
+            // The helper is blocked on a full ring (or still decoding): dropping must stop and
+            // join it, not hang.
+            drop(pipeline);
+        }
+        // More MCUs than the scan has, or an MCU of the wrong size, are anomalies.
+        let s = stream(&mut rng, &[1], 3, 0);
+        let mut pipeline =
+            // SAFETY: as above.
+            unsafe { Pipeline::start(scan(&s, 0), s.data.as_ptr(), s.data.len(), 0, 3) }.unwrap();
+        let mut two = [[0i16; 64]; 2];
+        let mut refs: Vec<Option<&mut [i16; 64]>> = two.iter_mut().map(Some).collect();
+        assert!(pipeline.next_mcu(&s.data, &mut refs).is_err());
+        for _ in 0..3 {
+            let mut one = [0i16; 64];
+            assert!(pipeline.next_mcu(&s.data, &mut [Some(&mut one)]).is_ok());
+        }
+        let mut one = [0i16; 64];
+        assert!(pipeline.next_mcu(&s.data, &mut [Some(&mut one)]).is_err());
     }
 }

@@ -29,6 +29,7 @@ pub mod exif;
 pub mod gif;
 pub mod jpeg;
 mod jpeg_huffman;
+mod jpeg_pipeline;
 pub mod png;
 pub mod webp;
 
@@ -90,6 +91,9 @@ pub struct DecodeOptions {
     pub max_pixels: Option<u64>,
     /// What to do with alpha and transparency.
     pub alpha: AlphaMode,
+    /// Threads the decode may use (0: one per core). With two or more, a large baseline JPEG is
+    /// Huffman-decoded on a second thread while the first runs the rest of libjpeg.
+    pub threads: usize,
 }
 
 impl Default for DecodeOptions {
@@ -98,6 +102,7 @@ impl Default for DecodeOptions {
             apply_exif: true,
             max_pixels: Some(DEFAULT_MAX_PIXELS),
             alpha: AlphaMode::White,
+            threads: 0,
         }
     }
 }
@@ -183,6 +188,7 @@ fn decode_mode(
     data: &[u8],
     apply_exif: bool,
     max_pixels: Option<u64>,
+    threads: usize,
 ) -> Result<(Format, Decoded, u8), DecodeError> {
     let limit = max_pixels.unwrap_or(u64::MAX);
     let format = sniff(data).ok_or_else(|| DecodeError::UnknownFormat {
@@ -190,7 +196,7 @@ fn decode_mode(
         recognised: recognise_other(data),
     })?;
     let decoded = match format {
-        Format::Jpeg => jpeg::decode(data, limit)?,
+        Format::Jpeg => jpeg::decode(data, limit, threads)?,
         Format::Png => png::decode(data, limit)?,
         Format::Gif => gif::decode(data, limit)?,
         Format::Bmp => bmp::decode(data, limit)?,
@@ -206,7 +212,12 @@ fn decode_mode(
 
 /// Decodes `data` (a whole JPEG, PNG, GIF, BMP or WebP file) to RGB; see the module docs.
 pub fn decode(data: &[u8], options: &DecodeOptions) -> Result<RgbImage, DecodeError> {
-    let (format, decoded, orientation) = decode_mode(data, options.apply_exif, options.max_pixels)?;
+    let (format, decoded, orientation) = decode_mode(
+        data,
+        options.apply_exif,
+        options.max_pixels,
+        options.threads,
+    )?;
     let (width, height) = (decoded.image.width, decoded.image.height);
     let rgb = convert::to_rgb(decoded.image, options.alpha)
         .map_err(|bytes| DecodeError::OutOfMemory { format, bytes })?;
@@ -232,13 +243,15 @@ pub enum RgbaImage {
 
 /// Decodes `data` as [`decode`] does, but an image with transparency data (an alpha band or a
 /// transparent colour or palette alpha) comes back as RGBA, as Pillow's `convert("RGBA")`
-/// makes it ([`convert::to_rgba`]); the EXIF orientation applied when `apply_exif`.
+/// makes it ([`convert::to_rgba`]); the EXIF orientation applied when `apply_exif`; `threads`
+/// as in [`DecodeOptions::threads`].
 pub fn decode_keeping_alpha(
     data: &[u8],
     apply_exif: bool,
     max_pixels: Option<u64>,
+    threads: usize,
 ) -> Result<RgbaImage, DecodeError> {
-    let (format, decoded, orientation) = decode_mode(data, apply_exif, max_pixels)?;
+    let (format, decoded, orientation) = decode_mode(data, apply_exif, max_pixels, threads)?;
     let oom = |bytes| DecodeError::OutOfMemory { format, bytes };
     let (width, height) = (decoded.image.width, decoded.image.height);
     if !decoded.image.has_alpha() {
