@@ -6,11 +6,17 @@
  * below a setjmp in the same C function; error_exit formats the message and longjmps back, and
  * each entry point returns a status code. No Rust frame is ever between a setjmp and its longjmp.
  *
- * The source manager behaves like Pillow's: all the data is handed over up front and running
- * out of it *suspends* the decoder (fill_input_buffer returns FALSE) instead of inserting a fake
- * EOI. Suspension before the last scanline is the truncation Pillow reports as "image file is
- * truncated"; suspension in jpeg_finish_decompress (no EOI marker after complete image data)
- * is accepted, as Pillow does. Warnings (corrupt-data recoveries) are ignored, as in Pillow.
+ * The source manager behaves like Pillow's: running out of data *suspends* the decoder
+ * (fill_input_buffer returns FALSE) instead of inserting a fake EOI, and the data is handed over
+ * in Pillow's pieces: ImageFile.load reads the file from its start 65 536 bytes at a time
+ * (ImageFile.MAXBLOCK) and calls the decoder again after each suspension, so libjpeg sees the
+ * first 65 536·k bytes, k growing by one per suspension (smg_feed). This matters after the last
+ * scanline: jpeg_finish_decompress reads the markers after the image data only as far as the
+ * piece at hand, so a bad marker there is an error when it lies in that piece and is never seen
+ * when it lies beyond (Pillow then decodes the image). Suspension before the last scanline with
+ * the whole file handed over is the truncation Pillow reports as "image file is truncated";
+ * suspension in jpeg_finish_decompress is accepted, as Pillow does. Warnings (corrupt-data
+ * recoveries) are ignored, as in Pillow.
  *
  * An entropy hook (jpeg_huffman.rs) may take over Huffman decoding of single-scan sequential
  * files: after jpeg_start_decompress, libjpeg's decode_mcu is replaced by a trampoline into Rust.
@@ -31,6 +37,9 @@
 #define SMG_ERROR 1
 #define SMG_SUSPENDED 2
 #define SMG_RETRY 3
+
+/* The size of the pieces Pillow reads a file in (PIL.ImageFile.MAXBLOCK, 13.0.0). */
+#define SMG_PIECE ((size_t)65536)
 
 /* Blocks in an MCU at most (libjpeg's D_MAX_BLOCKS_IN_MCU). */
 #define SMG_MAX_BLOCKS 10
@@ -79,6 +88,13 @@ typedef struct {
     struct jpeg_progress_mgr progress;
     int max_scans;
     int created;
+    /* The whole file, and how much of it libjpeg has been handed (Pillow's pieces). */
+    const JOCTET *data;
+    size_t len;
+    size_t visible;
+    /* Bytes still to skip (a marker segment that ran past the piece at hand), as Pillow's
+     * source manager keeps them for its next piece. */
+    size_t skip;
     const smg_entropy_hook *hook;
     int hook_declined;
     const JOCTET *hook_base;
@@ -123,20 +139,55 @@ static boolean smg_fill_input_buffer(j_decompress_ptr cinfo) {
 }
 
 static void smg_skip_input_data(j_decompress_ptr cinfo, long num_bytes) {
+    smg_jpeg *self = (smg_jpeg *)cinfo;
     struct jpeg_source_mgr *src = cinfo->src;
     if (num_bytes <= 0) {
         return;
     }
     if ((size_t)num_bytes > src->bytes_in_buffer) {
+        /* The rest is skipped from the next pieces (smg_feed); libjpeg suspends meanwhile. */
+        self->skip = (size_t)num_bytes - src->bytes_in_buffer;
         src->next_input_byte += src->bytes_in_buffer;
         src->bytes_in_buffer = 0;
     } else {
         src->next_input_byte += (size_t)num_bytes;
         src->bytes_in_buffer -= (size_t)num_bytes;
+        self->skip = 0;
     }
 }
 
 static void smg_term_source(j_decompress_ptr cinfo) { (void)cinfo; }
+
+/* Hands libjpeg the next piece of the file, as Pillow's next read does after a suspension (and
+ * skips what a marker segment left to skip, piece after piece, as Pillow's decoder does before
+ * calling libjpeg again); 0 when there is no more. */
+static int smg_feed(smg_jpeg *self) {
+    do {
+        size_t pos = (size_t)(self->src.next_input_byte - self->data);
+        if (self->visible >= self->len) {
+            return 0;
+        }
+        self->visible =
+            self->len - self->visible > SMG_PIECE ? self->visible + SMG_PIECE : self->len;
+        self->src.bytes_in_buffer = self->visible - pos;
+        if (self->skip > 0) {
+            smg_skip_input_data(&self->cinfo, (long)self->skip);
+        }
+    } while (self->skip > 0);
+    return 1;
+}
+
+/* Makes the file visible up to the end of the piece holding byte `end - 1` (and no less than
+ * before): where Pillow's reads stand once libjpeg has needed the bytes before `end`. */
+static void smg_see_up_to(smg_jpeg *self, size_t end) {
+    size_t upto = end % SMG_PIECE ? end - end % SMG_PIECE + SMG_PIECE : end;
+    if (upto > self->len || upto < end) {
+        upto = self->len;
+    }
+    if (upto > self->visible) {
+        self->visible = upto;
+    }
+}
 
 static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     smg_jpeg *self = (smg_jpeg *)cinfo;
@@ -148,8 +199,12 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
         longjmp(self->err.jump, 1);
     }
     if (status == 1) {
-        cinfo->src->next_input_byte = self->hook_base + consumed;
-        cinfo->src->bytes_in_buffer = self->hook_len - consumed;
+        /* The hook read the scan from the whole file; Pillow's reads would stand at the end of
+         * the piece holding the last byte it consumed. */
+        size_t pos = (size_t)(self->hook_base + consumed - self->data);
+        smg_see_up_to(self, pos);
+        cinfo->src->next_input_byte = self->data + pos;
+        cinfo->src->bytes_in_buffer = self->visible - pos;
     }
     return TRUE;
 }
@@ -168,8 +223,9 @@ static void smg_install_hook(smg_jpeg *self, const smg_entropy_hook *hook) {
         return;
     }
     memset(&desc, 0, sizeof(desc));
+    /* The hook gets the rest of the whole file (libjpeg may have been handed less so far). */
     desc.data = cinfo->src->next_input_byte;
-    desc.len = cinfo->src->bytes_in_buffer;
+    desc.len = (size_t)(self->data + self->len - desc.data);
     desc.blocks_in_mcu = cinfo->blocks_in_MCU;
     for (b = 0; b < cinfo->blocks_in_MCU; b++) {
         int ci = cinfo->MCU_membership[b];
@@ -231,14 +287,23 @@ int smg_jpeg_read_header(
     self->src.skip_input_data = smg_skip_input_data;
     self->src.resync_to_restart = jpeg_resync_to_restart;
     self->src.term_source = smg_term_source;
+    self->data = data;
+    self->len = len;
+    self->visible = len < SMG_PIECE ? len : SMG_PIECE;
     self->src.next_input_byte = data;
-    self->src.bytes_in_buffer = len;
+    self->src.bytes_in_buffer = self->visible;
     self->cinfo.src = &self->src;
     self->progress.progress_monitor = smg_progress;
     self->cinfo.progress = &self->progress;
-    do {
+    for (;;) {
         status = jpeg_read_header(&self->cinfo, FALSE);
-    } while (status == JPEG_HEADER_TABLES_ONLY);
+        if (status == JPEG_HEADER_TABLES_ONLY) {
+            continue;
+        }
+        if (status != JPEG_SUSPENDED || !smg_feed(self)) {
+            break;
+        }
+    }
     if (status == JPEG_SUSPENDED) {
         return SMG_SUSPENDED;
     }
@@ -282,8 +347,10 @@ int smg_jpeg_decode(
             snprintf(self->message, sizeof(self->message), "bad output components");
             return SMG_ERROR;
     }
-    if (!jpeg_start_decompress(&self->cinfo)) {
-        return SMG_SUSPENDED;
+    while (!jpeg_start_decompress(&self->cinfo)) {
+        if (!smg_feed(self)) {
+            return SMG_SUSPENDED;
+        }
     }
     if (self->cinfo.output_components != out_components ||
         (size_t)self->cinfo.output_width * (size_t)out_components > stride ||
@@ -307,13 +374,14 @@ int smg_jpeg_decode(
             row_pointers[i] = out + (size_t)(self->cinfo.output_scanline + i) * stride;
         }
         got = jpeg_read_scanlines(&self->cinfo, row_pointers, want);
-        if (got == 0) {
+        if (got == 0 && !smg_feed(self)) {
             *rows = self->cinfo.output_scanline;
             return SMG_SUSPENDED;
         }
     }
     *rows = self->cinfo.output_height;
-    /* A missing EOI after complete image data suspends here; Pillow accepts that. */
+    /* A missing EOI after complete image data suspends here, and so does a marker beyond the
+     * piece at hand (Pillow is not handed more data at this point); Pillow accepts both. */
     (void)jpeg_finish_decompress(&self->cinfo);
     return SMG_OK;
 }
