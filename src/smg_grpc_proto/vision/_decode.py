@@ -24,7 +24,7 @@ height before any pixel memory is allocated; ``None`` disables the check.
 ``threads`` is how many threads the decode may use (default 0: one per core; 1 keeps it on the
 calling thread). With two or more, a baseline JPEG with at least 4 096 blocks (about 0.17 MP in
 4:2:0) and 32 KiB of entropy-coded data is Huffman-decoded on a second thread while the calling
-thread runs libjpeg's IDCT, upsampling and colour conversion: the same pixels, sooner (1.1-1.6x
+thread runs libjpeg's IDCT, upsampling and colour conversion: the same pixels, sooner (1.1-1.7x
 on camera photos of 0.3-2 MP). Other formats and smaller JPEGs use the calling thread only.
 
 The returned array is ``(height, width, 3)`` ``uint8``, C-contiguous and writable. It views the
