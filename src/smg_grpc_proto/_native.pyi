@@ -47,6 +47,7 @@ __all__ = [
     "family_of_processor_class",
     "image_format",
     "interpolate_bicubic",
+    "jpeg_huffman_stats",
     "keep_freed_memory",
     "media_digest",
     "media_digests",
