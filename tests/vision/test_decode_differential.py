@@ -838,6 +838,31 @@ def test_jpeg_markers_after_the_data_are_read_as_far_as_pillows_piece(
     assert outcomes == {"raises", "decodes"}
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_jpeg_scan_ending_at_a_piece_boundary_decodes_as_pillow(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """The same, with the scan's data ending within a few bytes of Pillow's 131 072-byte mark (a
+    comment segment after SOI moves it there) and the unknown marker right after it, 6 or 30 bytes
+    later: whether
+    libjpeg under Pillow is handed the next piece depends on how far its own bit reader reads,
+    which the Rust Huffman decoder's does not mirror, so there it gives the image back to
+    libjpeg. Every position must give Pillow's outcome."""
+    from support.images import real_photos
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
+    body = real_photos()["rocket.jpg"].read_bytes()[:-2]
+    outcomes: Counter[str] = Counter()
+    for filler in (0, 6, 30):
+        for shift in range(-24, 25):
+            pad = 131072 + shift - len(body) - 4
+            comment = b"\xff\xfe" + struct.pack(">H", pad + 2) + b"c" * pad
+            marker = b"\x00" * filler + b"\xff\xf0" + b"\x00" * 8
+            outcomes[_agree(body[:2] + comment + body[2:] + marker, threads=threads)] += 1
+    assert outcomes["both raise"] > 0, outcomes
+    assert outcomes["same pixels"] > 0, outcomes
+
+
 def test_jpeg_fill_bytes_inside_the_data_decode_as_pillow() -> None:
     """`FF FF 00` inside the entropy-coded data: libjpeg-turbo's slow path reads a data byte
     0xFF, its fast path a marker; the fast path's coefficients of that MCU then stay under the

@@ -296,6 +296,9 @@ impl Pipeline {
         if plan.interval != u64::from(scan.restart_interval()) {
             plan.period = 0;
         }
+        if plan.interval > 0 {
+            plan.intervals = mcus.div_ceil(plan.interval);
+        }
         let ours = if plan.period > 0 { scan.fork() } else { None };
         if ours.is_none() {
             plan.period = 0;

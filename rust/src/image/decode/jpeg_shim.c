@@ -199,9 +199,33 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
         longjmp(self->err.jump, 1);
     }
     if (status == 1) {
-        /* The hook read the scan from the whole file; Pillow's reads would stand at the end of
-         * the piece holding the last byte it consumed. */
+        /* The hook read the scan from the whole file. Under Pillow, libjpeg would have been
+         * handed the pieces up to somewhere between the byte holding the scan's last bit (at
+         * most 8 bytes before `pos`: the hook's bit buffer) and the marker's code byte after it
+         * (libjpeg reads up to a marker to see it is one). When a piece boundary falls in that
+         * window, how far Pillow's reads stand depends on libjpeg's own reading: the hook gives
+         * the image back and libjpeg decodes it alone, in Pillow's pieces. Otherwise they stand
+         * at the end of the piece holding `pos - 1`. */
         size_t pos = (size_t)(self->hook_base + consumed - self->data);
+        size_t marker = pos, lo = pos > 16 ? pos - 16 : 0;
+        while (marker < self->len) {
+            if (self->data[marker] != 0xFF) {
+                marker++;
+                continue;
+            }
+            while (marker + 1 < self->len && self->data[marker + 1] == 0xFF) {
+                marker++;
+            }
+            marker++; /* the byte after the 0xFFs: 0 (a stuffed byte) or the marker's code */
+            if (marker >= self->len || self->data[marker] != 0) {
+                break;
+            }
+        }
+        if (marker >= self->len || lo / SMG_PIECE != marker / SMG_PIECE) {
+            self->hook_declined = 1;
+            snprintf(self->message, sizeof(self->message), "entropy hook declined (piece edge)");
+            longjmp(self->err.jump, 1);
+        }
         smg_see_up_to(self, pos);
         cinfo->src->next_input_byte = self->data + pos;
         cinfo->src->bytes_in_buffer = self->visible - pos;
