@@ -998,6 +998,10 @@ fn paeth_row_sse2<const BPP: usize>(cur: &mut [u8], prev: &[u8]) {
 #[target_feature(enable = "sse2")]
 fn paeth_rows2_sse2<const BPP: usize>(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
     use std::arch::x86_64::_mm_setzero_si128;
+    if BPP == 3 {
+        paeth_rows2_rgb_sse2(first, second, prev);
+        return;
+    }
     let zero = _mm_setzero_si128();
     let (mut left0, mut upper_left0, mut left1, mut upper_left1) = (zero, zero, zero, zero);
     let pixels = first
@@ -1013,6 +1017,83 @@ fn paeth_rows2_sse2<const BPP: usize>(first: &mut [u8], second: &mut [u8], prev:
         store_px::<BPP>(left1, px1);
         upper_left1 = left0;
     }
+}
+
+/// 4 bytes as the low 16-bit lanes of an SSE2 register: a 3-byte pixel and the first byte of
+/// the next one (its lane computes on that byte and is never used).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+#[inline]
+fn load4(bytes: &[u8], at: usize) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::{_mm_cvtsi32_si128, _mm_setzero_si128, _mm_unpacklo_epi8};
+    let word: [u8; 4] = bytes[at..at + 4].try_into().unwrap_or([0; 4]);
+    _mm_unpacklo_epi8(
+        _mm_cvtsi32_si128(i32::from_le_bytes(word)),
+        _mm_setzero_si128(),
+    )
+}
+
+/// The low byte of 4 lanes into `bytes[at..at + 4]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+#[inline]
+fn store4(px: std::arch::x86_64::__m128i, bytes: &mut [u8], at: usize) {
+    use std::arch::x86_64::{_mm_cvtsi128_si32, _mm_packus_epi16};
+    let word = _mm_cvtsi128_si32(_mm_packus_epi16(px, px)).to_le_bytes();
+    bytes[at..at + 4].copy_from_slice(&word);
+}
+
+/// [`paeth_rows2_sse2`] for 3-byte pixels with one 4-byte load and store per pixel and row
+/// instead of two of each: every pixel but the last reads and writes one byte of the next
+/// pixel too. The next pixel's filtered bytes are loaded before this pixel is stored (the store
+/// overwrites the first of them), and its own store then writes that byte again, unfiltered.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn paeth_rows2_rgb_sse2(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
+    use std::arch::x86_64::_mm_setzero_si128;
+    let n = first.len().min(second.len()).min(prev.len()) / 3;
+    if n < 2 {
+        // One pixel: nothing to share a load with.
+        let zero = _mm_setzero_si128();
+        if n == 1 {
+            let above = load_px::<3>(&prev[..3]);
+            let px0 = paeth_px_sse2(zero, above, zero, load_px::<3>(&first[..3]));
+            store_px::<3>(px0, &mut first[..3]);
+            let px1 = paeth_px_sse2(zero, px0, zero, load_px::<3>(&second[..3]));
+            store_px::<3>(px1, &mut second[..3]);
+        }
+        return;
+    }
+    let zero = _mm_setzero_si128();
+    let (mut left0, mut upper_left0, mut left1, mut upper_left1) = (zero, zero, zero, zero);
+    let (mut raw0, mut raw1) = (load4(first, 0), load4(second, 0));
+    for i in 0..n - 1 {
+        let at = 3 * i;
+        let above0 = load4(prev, at);
+        left0 = paeth_px_sse2(left0, above0, upper_left0, raw0);
+        // The next pixel's bytes, before this one's 4-byte store overwrites the first of them;
+        // the last pixel's take exactly 3 bytes (a 4th would lie past the row).
+        let (next0, next1) = if i + 2 < n {
+            (load4(first, at + 3), load4(second, at + 3))
+        } else {
+            (
+                load_px::<3>(&first[at + 3..at + 6]),
+                load_px::<3>(&second[at + 3..at + 6]),
+            )
+        };
+        store4(left0, first, at);
+        upper_left0 = above0;
+        left1 = paeth_px_sse2(left1, left0, upper_left1, raw1);
+        store4(left1, second, at);
+        upper_left1 = left0;
+        (raw0, raw1) = (next0, next1);
+    }
+    let at = 3 * (n - 1);
+    let above0 = load_px::<3>(&prev[at..at + 3]);
+    left0 = paeth_px_sse2(left0, above0, upper_left0, raw0);
+    store_px::<3>(left0, &mut first[at..at + 3]);
+    left1 = paeth_px_sse2(left1, left0, upper_left1, raw1);
+    store_px::<3>(left1, &mut second[at..at + 3]);
 }
 
 /// Sub (and Paeth with no row above) over whole pixels of `BPP` bytes, the left pixel kept in
@@ -1516,7 +1597,15 @@ mod tests {
             (state >> 24) as u8
         };
         for bpp in [1usize, 2, 3, 4, 6, 8] {
-            for (width, rows) in [(1usize, 1usize), (1, 7), (5, 2), (17, 9), (64, 33)] {
+            for (width, rows) in [
+                (1usize, 1usize),
+                (1, 7),
+                (2, 6),
+                (3, 4),
+                (5, 2),
+                (17, 9),
+                (64, 33),
+            ] {
                 let row_bytes = width * bpp;
                 let stride = row_bytes + 1;
                 let mut buf: Vec<u8> = (0..stride * rows).map(|_| next()).collect();
