@@ -98,6 +98,32 @@ def seeds() -> list[bytes]:
     ]
 
 
+#: How :func:`damage_jpeg_scan` damages a place, drawn with equal weight per entry.
+JPEG_DAMAGE = ("flip", "flip", "flip", "drop", "double", "insert")
+
+
+def damage_jpeg_scan(
+    rng: random.Random, data: bytes, places: int = 1, actions: tuple[str, ...] = JPEG_DAMAGE
+) -> bytes:
+    """``data`` with ``places`` random places in its entropy-coded data (after the first SOS
+    segment) damaged: a bit flipped, the byte dropped or doubled, or a 0xFF or 0x00 inserted."""
+    out = bytearray(data)
+    sos = out.index(b"\xff\xda")
+    start = sos + 2 + struct.unpack(">H", out[sos + 2 : sos + 4])[0]
+    for _ in range(places):
+        pos = rng.randrange(start, len(out) - 2)
+        action = rng.choice(actions)
+        if action == "flip":
+            out[pos] ^= 1 << rng.randrange(8)
+        elif action == "drop":
+            del out[pos]
+        elif action == "double":
+            out.insert(pos, out[pos])
+        else:
+            out.insert(pos, rng.choice((0xFF, 0x00)))
+    return bytes(out)
+
+
 def mutate(rng: random.Random, data: bytes) -> bytes:
     """One to eight random edits: bit flips, interesting bytes, truncation, insertions,
     deletions and duplicated ranges."""

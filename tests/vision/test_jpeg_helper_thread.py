@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from PIL import Image, ImageFile
-from support.decode_cases import encode, reference
+from support.decode_cases import damage_jpeg_scan, encode, reference
 
 from smg_grpc_proto import _native, vision
 from smg_grpc_proto.errors import ImageDecodeError
@@ -95,21 +95,9 @@ def test_damaged_files_on_the_helper_agree_with_pillow(monkeypatch: pytest.Monke
     counts: Counter[str] = Counter()
     before = _stats()
     for n in range(240):
-        data = bytearray(originals[n % len(originals)])
-        sos = data.index(b"\xff\xda")
-        start = sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big")
-        for _ in range(rng.choice((1, 1, 3))):
-            pos = rng.randrange(start, len(data) - 2)
-            action = rng.choice(("flip", "flip", "drop", "double", "insert"))
-            if action == "flip":
-                data[pos] ^= 1 << rng.randrange(8)
-            elif action == "drop":
-                del data[pos]
-            elif action == "double":
-                data.insert(pos, data[pos])
-            else:
-                data.insert(pos, rng.choice((0xFF, 0x00)))
-        blob = bytes(data)
+        places = rng.choice((1, 1, 3))
+        actions = ("flip", "flip", "drop", "double", "insert")
+        blob = damage_jpeg_scan(rng, originals[n % len(originals)], places, actions)
         try:
             want: np.ndarray | None = reference(blob)
         except Exception:  # whatever Pillow raises counts as a refusal

@@ -1000,6 +1000,18 @@ mod tests {
         }
     }
 
+    /// An MCU's output: the blocks `keep` names, `None` for the others (decoded and dropped).
+    fn kept<'a>(
+        blocks: &'a mut [[i16; 64]],
+        keep: &impl Fn(usize) -> bool,
+    ) -> Vec<Option<&'a mut [i16; 64]>> {
+        blocks
+            .iter_mut()
+            .enumerate()
+            .map(|(b, block)| keep(b).then_some(block))
+            .collect()
+    }
+
     /// Decodes every MCU of `s` asking only for the blocks `keep` names (the others are
     /// dropped); per MCU, its blocks (zeros where dropped) and whether it was handed out from
     /// an interval decoded ahead.
@@ -1008,12 +1020,8 @@ mod tests {
         (0..s.mcus)
             .map(|_| {
                 let mut blocks = vec![[0i16; 64]; s.specs.len()];
-                let mut refs: Vec<Option<&mut [i16; 64]>> = blocks
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(b, block)| keep(b).then_some(block))
-                    .collect();
-                sc.decode_mcu(&s.data, &mut refs).expect("decodes");
+                sc.decode_mcu(&s.data, &mut kept(&mut blocks, &keep))
+                    .expect("decodes");
                 (blocks, sc.serving)
             })
             .collect()
@@ -1245,12 +1253,7 @@ mod tests {
         let mut out = Vec::new();
         for k in 0..s.mcus {
             let mut blocks = vec![[0i16; 64]; s.specs.len()];
-            let mut refs: Vec<Option<&mut [i16; 64]>> = blocks
-                .iter_mut()
-                .enumerate()
-                .map(|(b, block)| keep(b).then_some(block))
-                .collect();
-            let step = pipeline.next_mcu(data, &mut refs);
+            let step = pipeline.next_mcu(data, &mut kept(&mut blocks, &keep));
             out.extend(blocks);
             match step {
                 Ok(Step::More) => {}

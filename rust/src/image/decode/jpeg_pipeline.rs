@@ -541,16 +541,8 @@ fn decode_ahead(shared: &Shared, mut scan: Scan, data: &[u8], start: usize, mcus
                 }
             }
             k += 1;
-            if k.is_multiple_of(BATCH) || k == mcus {
-                if shared.cancel.load(Ordering::SeqCst) {
-                    return;
-                }
-                shared.publish(
-                    &shared.produced,
-                    k,
-                    &shared.main_waiting,
-                    Some(&shared.main),
-                );
+            if (k.is_multiple_of(BATCH) || k == mcus) && !publish_produced(shared, k) {
+                return;
             }
         }
         let Some(m) = theirs else {
@@ -575,16 +567,25 @@ fn decode_ahead(shared: &Shared, mut scan: Scan, data: &[u8], start: usize, mcus
         end_at.store(end, Ordering::Relaxed);
         // Its MCUs are "produced" at once: libjpeg's thread decodes them.
         (k, interval, pos) = ((m + 1) * plan.interval, m + 1, end + 1);
-        if shared.cancel.load(Ordering::SeqCst) {
+        if !publish_produced(shared, k) {
             return;
         }
-        shared.publish(
-            &shared.produced,
-            k,
-            &shared.main_waiting,
-            Some(&shared.main),
-        );
     }
+}
+
+/// Publishes `produced = k` (waking libjpeg's thread if it waits); `false`, publishing nothing,
+/// once libjpeg's thread is done with the scan.
+fn publish_produced(shared: &Shared, k: u64) -> bool {
+    if shared.cancel.load(Ordering::SeqCst) {
+        return false;
+    }
+    shared.publish(
+        &shared.produced,
+        k,
+        &shared.main_waiting,
+        Some(&shared.main),
+    );
+    true
 }
 
 #[cfg(test)]

@@ -1019,33 +1019,9 @@ fn paeth_rows2_sse2<const BPP: usize>(first: &mut [u8], second: &mut [u8], prev:
     }
 }
 
-/// 4 bytes as the low 16-bit lanes of an SSE2 register: a 3-byte pixel and the first byte of
-/// the next one (its lane computes on that byte and is never used).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "sse2")]
-#[inline]
-fn load4(bytes: &[u8], at: usize) -> std::arch::x86_64::__m128i {
-    use std::arch::x86_64::{_mm_cvtsi32_si128, _mm_setzero_si128, _mm_unpacklo_epi8};
-    let word: [u8; 4] = bytes[at..at + 4].try_into().unwrap_or([0; 4]);
-    _mm_unpacklo_epi8(
-        _mm_cvtsi32_si128(i32::from_le_bytes(word)),
-        _mm_setzero_si128(),
-    )
-}
-
-/// The low byte of 4 lanes into `bytes[at..at + 4]`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "sse2")]
-#[inline]
-fn store4(px: std::arch::x86_64::__m128i, bytes: &mut [u8], at: usize) {
-    use std::arch::x86_64::{_mm_cvtsi128_si32, _mm_packus_epi16};
-    let word = _mm_cvtsi128_si32(_mm_packus_epi16(px, px)).to_le_bytes();
-    bytes[at..at + 4].copy_from_slice(&word);
-}
-
 /// [`paeth_rows2_sse2`] for 3-byte pixels with one 4-byte load and store per pixel and row
 /// instead of two of each: every pixel but the last reads and writes one byte of the next
-/// pixel too. The next pixel's filtered bytes are loaded before this pixel is stored (the store
+/// pixel too (in a 4th lane, which computes on it and is never used). The next pixel's filtered bytes are loaded before this pixel is stored (the store
 /// overwrites the first of them), and its own store then writes that byte again, unfiltered.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
@@ -1066,25 +1042,28 @@ fn paeth_rows2_rgb_sse2(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
     }
     let zero = _mm_setzero_si128();
     let (mut left0, mut upper_left0, mut left1, mut upper_left1) = (zero, zero, zero, zero);
-    let (mut raw0, mut raw1) = (load4(first, 0), load4(second, 0));
+    let (mut raw0, mut raw1) = (load_px::<4>(&first[..4]), load_px::<4>(&second[..4]));
     for i in 0..n - 1 {
         let at = 3 * i;
-        let above0 = load4(prev, at);
+        let above0 = load_px::<4>(&prev[at..at + 4]);
         left0 = paeth_px_sse2(left0, above0, upper_left0, raw0);
         // The next pixel's bytes, before this one's 4-byte store overwrites the first of them;
         // the last pixel's take exactly 3 bytes (a 4th would lie past the row).
         let (next0, next1) = if i + 2 < n {
-            (load4(first, at + 3), load4(second, at + 3))
+            (
+                load_px::<4>(&first[at + 3..at + 7]),
+                load_px::<4>(&second[at + 3..at + 7]),
+            )
         } else {
             (
                 load_px::<3>(&first[at + 3..at + 6]),
                 load_px::<3>(&second[at + 3..at + 6]),
             )
         };
-        store4(left0, first, at);
+        store_px::<4>(left0, &mut first[at..at + 4]);
         upper_left0 = above0;
         left1 = paeth_px_sse2(left1, left0, upper_left1, raw1);
-        store4(left1, second, at);
+        store_px::<4>(left1, &mut second[at..at + 4]);
         upper_left1 = left0;
         (raw0, raw1) = (next0, next1);
     }
