@@ -648,7 +648,7 @@ pub fn inkling_images(
         // `validate` checked the filter.
         let filter = prescale_filter(config.common.resample).unwrap_or(TorchFilter::Lanczos);
         let workers = parallel::workers(options.threads, images.len());
-        let threads = if workers == 1 { options.threads } else { 1 };
+        let threads = options.per_item(workers).threads;
         images = parallel::map(images, workers, |i, image| {
             prescale(config, frac, filter, image, threads).map_err(|e| e.at(i))
         })

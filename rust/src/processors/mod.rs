@@ -539,7 +539,8 @@ where
     F: Fn(usize, Rgb<'a>, usize) -> Result<P, ProcessorError> + Sync,
 {
     let workers = parallel::workers(options.threads, inputs.len());
-    let resize_threads = if workers == 1 { options.threads } else { 1 };
+    // One image decodes and resizes with all the batch's threads, several with one each.
+    let item = options.per_item(workers);
     // the largest images first, so that none is left for last to one thread while the others idle
     let order = if workers > 1 {
         parallel::costliest_first(&inputs.iter().map(Input::cost_hint).collect::<Vec<_>>())
@@ -547,11 +548,10 @@ where
         Vec::new()
     };
     let inputs = fallible::copied(inputs).map_err(ProcessorError::oom("batch"))?;
-    let item = options.per_item(workers);
     let results = parallel::map_in_order(inputs, workers, &order, |i, input| {
         input
             .to_rgb(&item)
-            .and_then(|rgb| f(i, rgb, resize_threads))
+            .and_then(|rgb| f(i, rgb, item.threads))
             .map_err(|e| e.at(i))
     });
     results.into_iter().collect()

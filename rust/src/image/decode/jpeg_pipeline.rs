@@ -115,13 +115,23 @@ impl Shared {
     }
 
     /// Stores `value` into `counter` and wakes the other side if it is parked.
-    fn publish(&self, counter: &AtomicU64, value: u64, waiting: &AtomicBool, who: Option<&Thread>) {
+    fn publish(counter: &AtomicU64, value: u64, waiting: &AtomicBool, who: Option<&Thread>) {
         counter.store(value, Ordering::SeqCst);
         if waiting.load(Ordering::SeqCst) {
             if let Some(thread) = who {
                 thread.unpark();
             }
         }
+    }
+
+    /// libjpeg's thread: the MCUs below `k` are taken (their slots free for the helper).
+    fn give_back(&self, k: u64) {
+        Self::publish(&self.consumed, k, &self.helper_waiting, self.helper.get());
+    }
+
+    /// The helper: the MCUs below `k` are ready for libjpeg's thread.
+    fn hand_over(&self, k: u64) {
+        Self::publish(&self.produced, k, &self.main_waiting, Some(&self.main));
     }
 
     /// Waits until `ready` gives a value: spins, then parks with `waiting` set. The other side
@@ -369,12 +379,7 @@ impl Pipeline {
         let shared = &*self.shared;
         // Everything taken so far is given back before waiting, so the helper is never kept
         // waiting for a slot while this thread waits for it.
-        shared.publish(
-            &shared.consumed,
-            k,
-            &shared.helper_waiting,
-            shared.helper.get(),
-        );
+        shared.give_back(k);
         self.ready = Shared::wait(&shared.main_waiting, || {
             let produced = shared.produced.load(Ordering::SeqCst);
             if produced > k {
@@ -429,12 +434,7 @@ impl Pipeline {
             };
         }
         if self.next.is_multiple_of(BATCH) {
-            shared.publish(
-                &shared.consumed,
-                self.next,
-                &shared.helper_waiting,
-                shared.helper.get(),
-            );
+            shared.give_back(self.next);
         }
         Ok(Step::More)
     }
@@ -483,12 +483,7 @@ fn wait_writable(shared: &Shared, k: u64, writable: &mut u64) -> Option<()> {
     if k < *writable {
         return Some(());
     }
-    shared.publish(
-        &shared.produced,
-        k,
-        &shared.main_waiting,
-        Some(&shared.main),
-    );
+    shared.hand_over(k);
     let free = Shared::wait(&shared.helper_waiting, || {
         if shared.cancel.load(Ordering::SeqCst) {
             return Some(None);
@@ -579,12 +574,7 @@ fn publish_produced(shared: &Shared, k: u64) -> bool {
     if shared.cancel.load(Ordering::SeqCst) {
         return false;
     }
-    shared.publish(
-        &shared.produced,
-        k,
-        &shared.main_waiting,
-        Some(&shared.main),
-    );
+    shared.hand_over(k);
     true
 }
 
