@@ -20,14 +20,17 @@
 //! `FF xx` (a marker: the segment ends, zeros follow). Codes of up to [`FAST_BITS`] bits are one
 //! table lookup; an AC code whose value bits also fit is decoded whole by that lookup.
 //!
-//! Each symbol costs a chain of one table lookup and one shift, which bounds a single stream.
+//! Each symbol costs a chain of one table lookup and one shift, which bounds a single stream
+//! (compiled with BMI2 where the CPU has it, so that the shift takes one cycle, not two).
 //! With restart markers, intervals are independent streams: the decoder finds the next
 //! interval's marker and decodes the two intervals symbol by symbol in turn ([`Ahead`]), so
 //! the two chains overlap; the second interval's blocks wait (up to 512 KiB) until libjpeg
 //! asks for them.
 
-/// Bits looked up at once.
-const FAST_BITS: u32 = 10;
+/// Bits looked up at once. 11 decodes more of a dense photo's AC codes with their values in one
+/// lookup than 10 did (up to 11 % faster decodes on the Intel VM), and its tables (8 + 4 KiB
+/// each) still fit the L1 cache beside the blocks; 12 was slower on every photo measured.
+const FAST_BITS: u32 = 11;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
 /// libjpeg's `jpeg_natural_order`: zigzag index to position in the 8 × 8 block, then 63 for
@@ -453,6 +456,33 @@ impl Scan {
     /// Decodes the next MCU into `out` (one zeroed block per [`Self::blocks_in_mcu`], in order;
     /// `None` blocks are decoded and dropped).
     pub(crate) fn decode_mcu(
+        &mut self,
+        data: &[u8],
+        out: &mut [Option<&mut [i16; 64]>],
+    ) -> Result<Step, Anomaly> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("bmi2") {
+            // SAFETY: `decode_mcu_bmi2` only requires the CPU to have BMI2, checked just above.
+            return unsafe { self.decode_mcu_bmi2(data, out) };
+        }
+        self.decode_mcu_inlined(data, out)
+    }
+
+    /// [`Self::decode_mcu`] compiled with BMI2: every variable shift of the bit reader (one or
+    /// two per symbol, on the lookup-and-shift chain that bounds the decoder) is a one-cycle
+    /// `shlx`/`shrx` instead of a `shl`/`shr` through `cl` and the flags.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "bmi2")]
+    unsafe fn decode_mcu_bmi2(
+        &mut self,
+        data: &[u8],
+        out: &mut [Option<&mut [i16; 64]>],
+    ) -> Result<Step, Anomaly> {
+        self.decode_mcu_inlined(data, out)
+    }
+
+    #[inline(always)]
+    fn decode_mcu_inlined(
         &mut self,
         data: &[u8],
         out: &mut [Option<&mut [i16; 64]>],
@@ -958,18 +988,35 @@ mod tests {
         Scan::new(tables, s.specs.clone(), s.restart_interval, s.mcus, start).expect("scan")
     }
 
-    /// Decodes the whole scan; the blocks and where the decoder hands the data back.
+    /// Decodes the whole scan; the blocks and where the decoder hands the data back. Every
+    /// stream goes through both builds of the decoder, which must agree: the one this CPU runs
+    /// (BMI2 on any x86-64 of the last decade) and the portable one, which the tests would
+    /// otherwise never reach here.
     fn decode_all(
         s: &Stream,
         data: &[u8],
         start: usize,
+    ) -> Result<(Vec<[i16; 64]>, usize), Anomaly> {
+        let chosen = decode_all_with(s, data, start, Scan::decode_mcu);
+        let portable = decode_all_with(s, data, start, Scan::decode_mcu_inlined);
+        assert_eq!(chosen, portable, "the two builds of the decoder disagree");
+        chosen
+    }
+
+    type DecodeMcu = fn(&mut Scan, &[u8], &mut [Option<&mut [i16; 64]>]) -> Result<Step, Anomaly>;
+
+    fn decode_all_with(
+        s: &Stream,
+        data: &[u8],
+        start: usize,
+        decode_mcu: DecodeMcu,
     ) -> Result<(Vec<[i16; 64]>, usize), Anomaly> {
         let mut scan = scan(s, start);
         let mut out = Vec::new();
         loop {
             let mut blocks = vec![[0i16; 64]; s.specs.len()];
             let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
-            let step = scan.decode_mcu(data, &mut refs)?;
+            let step = decode_mcu(&mut scan, data, &mut refs)?;
             out.extend(blocks);
             if let Step::Done(pos) = step {
                 return Ok((out, pos));
