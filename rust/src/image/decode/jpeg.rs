@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::convert::{ModeImage, Pixels};
-use super::jpeg_huffman::{BlockSpec, HuffTable, Scan, Step, MAX_BLOCKS_IN_MCU};
+use super::jpeg_huffman::{BlockSpec, HuffTable, Scan, Step, TableClass, MAX_BLOCKS_IN_MCU};
 use super::jpeg_pipeline::{self, Pipeline};
 use super::{check_size, exif, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
 
@@ -137,7 +137,13 @@ impl HookState {
                 // `huffval[256]`), alive and unchanged while the scan decodes.
                 let (counts, symbols) =
                     unsafe { (&*counts.cast::<[u8; 17]>(), &*symbols.cast::<[u8; 256]>()) };
-                tables.push(HuffTable::new(counts, symbols)?);
+                // Slots 0-3 hold the DC tables, 4-7 the AC ones (`jpeg_shim.c`).
+                let class = if slot < 4 {
+                    TableClass::Dc
+                } else {
+                    TableClass::Ac
+                };
+                tables.push(HuffTable::new(counts, symbols, class)?);
                 slots[slot] = Some(tables.len() - 1);
             }
             slots[slot]

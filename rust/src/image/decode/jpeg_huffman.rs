@@ -18,7 +18,9 @@
 //! The bit reader refills 8 bytes at a time when none of them is 0xFF (almost always), byte by
 //! byte otherwise, with libjpeg's reading of `FF 00` (a data byte), `FF FF …` (fill) and
 //! `FF xx` (a marker: the segment ends, zeros follow). Codes of up to [`FAST_BITS`] bits are one
-//! table lookup; an AC code whose value bits also fit is decoded whole by that lookup.
+//! table lookup; an AC code whose value bits also fit is decoded whole by that lookup, and so is
+//! the AC symbol after it when that one fits in the bits left (most of a photo's late, small
+//! coefficients: one lookup for two symbols, [`AcEntry`]).
 //!
 //! Each symbol costs a chain of one table lookup and one shift, which bounds a single stream
 //! (compiled with BMI2 where the CPU has it, so that the shift takes one cycle, not two).
@@ -58,18 +60,21 @@ pub(crate) const MAX_BLOCKS_IN_MCU: usize = 10;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Anomaly(pub(crate) &'static str);
 
+/// Which coefficients a table codes (a DHT segment's table class).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TableClass {
+    Dc,
+    Ac,
+}
+
 /// One decoding table, built from a DHT segment's code counts and symbols.
 #[derive(Clone)]
 pub(crate) struct HuffTable {
     /// Indexed by the next [`FAST_BITS`] bits: `length << 8 | symbol`, 0 when the code is longer.
     fast: [u16; FAST_SIZE],
-    /// For AC tables, indexed the same way: `value << 11 | skip << 4 | bits`, where `bits`
-    /// counts the code and the value's bits together (0 when they do not fit in [`FAST_BITS`])
-    /// and the decoder writes `value` at zigzag index `k + skip`, then goes on from there plus
-    /// one. A run of 16 zeros is value 0 with skip 15 (the 0 lands on a coefficient still 0);
-    /// an end of block, and any other zero-size symbol (libjpeg reads them so), is value 0
-    /// with skip 64: the index leaves the block and the 0 lands on position 63, still 0.
-    ac: [i32; FAST_SIZE],
+    /// For AC tables, indexed the same way: up to two whole AC symbols with their values, as
+    /// [`AcEntry`] packs them (0 when the first does not fit in [`FAST_BITS`]).
+    ac: [u64; FAST_SIZE],
     /// libjpeg's `maxcode` (the largest code of each length, -1 for none) and `valoffset`.
     maxcode: [i32; 17],
     valoffset: [i32; 17],
@@ -78,9 +83,11 @@ pub(crate) struct HuffTable {
 
 impl HuffTable {
     /// Builds the table of `counts[1..=16]` codes per length over `symbols`, assigned as
-    /// libjpeg's `jpeg_make_d_derived_tbl` assigns them. `None` for tables libjpeg refuses too
-    /// (more than 256 codes, or codes that do not fit their length).
-    pub(crate) fn new(counts: &[u8; 17], symbols: &[u8; 256]) -> Option<Self> {
+    /// libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the two-symbol lookups of
+    /// [`Self::ac`] for an AC table (a DC table leaves them empty: building them costs a few µs a
+    /// table, which a thumbnail notices). `None` for tables libjpeg refuses too (more than 256
+    /// codes, or codes that do not fit their length).
+    pub(crate) fn new(counts: &[u8; 17], symbols: &[u8; 256], class: TableClass) -> Option<Self> {
         let mut t = Self {
             fast: [0; FAST_SIZE],
             ac: [0; FAST_SIZE],
@@ -119,22 +126,77 @@ impl HuffTable {
             }
             code <<= 1;
         }
+        if class == TableClass::Dc {
+            return Some(t);
+        }
         for peek in 0..FAST_SIZE {
-            let entry = t.fast[peek];
-            let len = u32::from(entry >> 8);
-            let (run, size) = (u32::from(entry & 0xFF) >> 4, u32::from(entry & 15));
-            if len == 0 || len + size > FAST_BITS {
+            let Some((first, used)) = t.fast_ac(peek, FAST_BITS) else {
                 continue;
-            }
-            t.ac[peek] = if size == 0 {
-                let skip = if run == 15 { 15 } else { 64 };
-                (skip << 4 | len) as i32
-            } else {
-                let raw = (peek as u32 >> (FAST_BITS - len - size)) & ((1 << size) - 1);
-                extend(raw, size) << 11 | (run << 4 | (len + size)) as i32
             };
+            // A second symbol follows in the same bits when it fits whole in what is left, and
+            // the first does not end the block (an end of block, or a zero-size symbol libjpeg
+            // reads as one); whether a run ends it is only known while decoding, which then
+            // leaves the second alone.
+            let second = match first.skip {
+                64 => None,
+                _ => t.fast_ac((peek << used) & (FAST_SIZE - 1), FAST_BITS - used),
+            };
+            t.ac[peek] = AcEntry::pack(first, used, second);
         }
         Some(t)
+    }
+
+    /// The AC symbol whose code and value bits start the `FAST_BITS`-bit window `peek`, when
+    /// they fit in its first `room` bits: the symbol and the bits it takes.
+    fn fast_ac(&self, peek: usize, room: u32) -> Option<(AcSymbol, u32)> {
+        let entry = self.fast[peek];
+        let len = u32::from(entry >> 8);
+        let (run, size) = (u32::from(entry & 0xFF) >> 4, u32::from(entry & 15));
+        if len == 0 || len + size > room {
+            return None;
+        }
+        let symbol = if size == 0 {
+            // A run of 16 zeros: value 0 written 15 ahead, on a coefficient still 0. Any other
+            // zero-size symbol ends the block (libjpeg reads them so): value 0 written 64
+            // ahead, where the index has left the block and lands on position 63, still 0.
+            AcSymbol {
+                skip: if run == 15 { 15 } else { 64 },
+                value: 0,
+            }
+        } else {
+            let raw = (peek as u32 >> (FAST_BITS - len - size)) & ((1 << size) - 1);
+            AcSymbol {
+                skip: run,
+                value: extend(raw, size) as i16,
+            }
+        };
+        Some((symbol, len + size))
+    }
+}
+
+/// An AC symbol decoded: the decoder writes `value` at zigzag index `k + skip`, then goes on
+/// from there plus one.
+#[derive(Clone, Copy)]
+struct AcSymbol {
+    skip: u32,
+    value: i16,
+}
+
+/// The packing of [`HuffTable::ac`]'s entries: the first symbol's bits (1 to [`FAST_BITS`])
+/// in bits 0–3 and its skip (up to 64) in 4–10; the second symbol's bits in 11–14, its skip in
+/// 16–22 and 1 in bit 23 (all 0 without a second symbol); the first value in bits 32–47, the
+/// second in 48–63.
+struct AcEntry;
+
+impl AcEntry {
+    fn pack(first: AcSymbol, used: u32, second: Option<(AcSymbol, u32)>) -> u64 {
+        let mut e =
+            u64::from(used) | u64::from(first.skip) << 4 | u64::from(first.value as u16) << 32;
+        if let Some((symbol, bits)) = second {
+            e |= u64::from(bits) << 11 | u64::from(symbol.skip) << 16 | 1 << 23;
+            e |= u64::from(symbol.value as u16) << 48;
+        }
+        e
     }
 }
 
@@ -669,10 +731,20 @@ impl Scan {
         bits.refill(data);
         let e = ac.ac[bits.peek(FAST_BITS) as usize];
         if e != 0 {
+            // The refill left at least 32 bits; the two symbols take at most `FAST_BITS`.
             bits.consume((e & 15) as u32);
             *k += ((e >> 4) & 127) as usize;
-            block[usize::from(NATURAL_ORDER[*k])] = (e >> 11) as i16;
+            block[usize::from(NATURAL_ORDER[*k])] = (e >> 32) as i16;
             *k += 1;
+            if *k < 64 {
+                // The second symbol (if any: else 0 bits, and a 0 written where the index
+                // stands, on a coefficient not written yet). When the first ended the block,
+                // the bits after it are the next block's.
+                bits.consume(((e >> 11) & 15) as u32);
+                *k += ((e >> 16) & 127) as usize;
+                block[usize::from(NATURAL_ORDER[*k])] = (e >> 48) as i16;
+                *k += ((e >> 23) & 1) as usize;
+            }
             return Ok(());
         }
         let symbol = bits.symbol(ac)?;
@@ -982,8 +1054,8 @@ mod tests {
         let tables = s
             .tables
             .iter()
-            .flat_map(|(dc, ac)| [dc, ac])
-            .map(|c| HuffTable::new(&c.counts, &c.symbols).expect("valid table"))
+            .flat_map(|(dc, ac)| [(dc, TableClass::Dc), (ac, TableClass::Ac)])
+            .map(|(c, class)| HuffTable::new(&c.counts, &c.symbols, class).expect("valid table"))
             .collect();
         Scan::new(tables, s.specs.clone(), s.restart_interval, s.mcus, start).expect("scan")
     }
@@ -1116,8 +1188,8 @@ mod tests {
     /// A one-component scan of `mcus` blocks coded with `dc` and `ac`, without restarts.
     fn gray_scan(dc: &Code, ac: &Code, mcus: u64) -> Scan {
         let tables = vec![
-            HuffTable::new(&dc.counts, &dc.symbols).unwrap(),
-            HuffTable::new(&ac.counts, &ac.symbols).unwrap(),
+            HuffTable::new(&dc.counts, &dc.symbols, TableClass::Dc).unwrap(),
+            HuffTable::new(&ac.counts, &ac.symbols, TableClass::Ac).unwrap(),
         ];
         let spec = BlockSpec {
             component: 0,
@@ -1250,11 +1322,11 @@ mod tests {
         let symbols = [0u8; 256];
         let mut counts = [0u8; 17];
         counts[1] = 3; // three 1-bit codes
-        assert!(HuffTable::new(&counts, &symbols).is_none());
+        assert!(HuffTable::new(&counts, &symbols, TableClass::Ac).is_none());
         let mut counts = [0u8; 17];
         counts[16] = 255;
         counts[15] = 2; // 257 codes
-        assert!(HuffTable::new(&counts, &symbols).is_none());
+        assert!(HuffTable::new(&counts, &symbols, TableClass::Dc).is_none());
     }
 
     #[test]
