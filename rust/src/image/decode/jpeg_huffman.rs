@@ -37,7 +37,7 @@ const FAST_SIZE: usize = 1 << FAST_BITS;
 
 /// libjpeg's `jpeg_natural_order`: zigzag index to position in the 8 × 8 block, then 63 for
 /// the indices past the block that corrupt runs reach (libjpeg has 16 such entries; the 64 here
-/// also cover the end-of-block entries of [`HuffTable::ac`], which jump 64 ahead).
+/// also cover the end-of-block entries of [`HuffTable::whole`], which jump 64 ahead).
 const NATURAL_ORDER: [u8; 128] = {
     let zigzag: [u8; 64] = [
         0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27,
@@ -72,9 +72,10 @@ pub(crate) enum TableClass {
 pub(crate) struct HuffTable {
     /// Indexed by the next [`FAST_BITS`] bits: `length << 8 | symbol`, 0 when the code is longer.
     fast: [u16; FAST_SIZE],
-    /// For AC tables, indexed the same way: up to two whole AC symbols with their values, as
-    /// [`AcEntry`] packs them (0 when the first does not fit in [`FAST_BITS`]).
-    ac: [u64; FAST_SIZE],
+    /// Indexed the same way, whole symbols with their value bits (0 when the first does not fit
+    /// in [`FAST_BITS`]): for an AC table up to two AC symbols, as [`AcEntry`] packs them; for a
+    /// DC table the DC difference, as [`DcEntry`] packs it.
+    whole: [u64; FAST_SIZE],
     /// libjpeg's `maxcode` (the largest code of each length, -1 for none) and `valoffset`.
     maxcode: [i32; 17],
     valoffset: [i32; 17],
@@ -83,14 +84,14 @@ pub(crate) struct HuffTable {
 
 impl HuffTable {
     /// Builds the table of `counts[1..=16]` codes per length over `symbols`, assigned as
-    /// libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the two-symbol lookups of
-    /// [`Self::ac`] for an AC table (a DC table leaves them empty: building them costs a few µs a
-    /// table, which a thumbnail notices). `None` for tables libjpeg refuses too (more than 256
-    /// codes, or codes that do not fit their length).
+    /// libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the lookups of [`Self::whole`]
+    /// for its class (the two-symbol AC ones cost a few µs a table to build, which a thumbnail
+    /// notices, and a DC table has no use for them). `None` for tables libjpeg refuses too (more
+    /// than 256 codes, or codes that do not fit their length).
     pub(crate) fn new(counts: &[u8; 17], symbols: &[u8; 256], class: TableClass) -> Option<Self> {
         let mut t = Self {
             fast: [0; FAST_SIZE],
-            ac: [0; FAST_SIZE],
+            whole: [0; FAST_SIZE],
             maxcode: [-1; 17],
             valoffset: [0; 17],
             symbols: *symbols,
@@ -127,6 +128,9 @@ impl HuffTable {
             code <<= 1;
         }
         if class == TableClass::Dc {
+            for (peek, whole) in t.whole.iter_mut().enumerate() {
+                *whole = DcEntry::pack(&t.fast, peek);
+            }
             return Some(t);
         }
         for peek in 0..FAST_SIZE {
@@ -141,7 +145,7 @@ impl HuffTable {
                 64 => None,
                 _ => t.fast_ac((peek << used) & (FAST_SIZE - 1), FAST_BITS - used),
             };
-            t.ac[peek] = AcEntry::pack(first, used, second);
+            t.whole[peek] = AcEntry::pack(first, used, second);
         }
         Some(t)
     }
@@ -182,7 +186,7 @@ struct AcSymbol {
     value: i16,
 }
 
-/// The packing of [`HuffTable::ac`]'s entries: the first symbol's bits (1 to [`FAST_BITS`])
+/// The packing of an AC table's [`HuffTable::whole`] entries: the first symbol's bits (1 to [`FAST_BITS`])
 /// in bits 0–3 and its skip (up to 64) in 4–10; the second symbol's bits in 11–14, its skip in
 /// 16–22 and 1 in bit 23 (all 0 without a second symbol); the first value in bits 32–47, the
 /// second in 48–63.
@@ -197,6 +201,34 @@ impl AcEntry {
             e |= u64::from(symbol.value as u16) << 48;
         }
         e
+    }
+}
+
+/// The packing of a DC table's [`HuffTable::whole`] entries: the bits of the code and its
+/// value (1 to [`FAST_BITS`]) in bits 0–3, 1 in bit 23 (so that a difference of 0 is not an
+/// empty entry), the difference in bits 32–47.
+struct DcEntry;
+
+impl DcEntry {
+    /// The entry of the `FAST_BITS`-bit window `peek` of a table whose [`HuffTable::fast`]
+    /// lookups are `fast`: 0 unless the code and its value fit in the window.
+    fn pack(fast: &[u16; FAST_SIZE], peek: usize) -> u64 {
+        let entry = fast[peek];
+        let len = u32::from(entry >> 8);
+        // As `Scan::dc_step` reads the symbol.
+        let size = u32::from(entry & 15);
+        if len == 0 || len + size > FAST_BITS {
+            return 0;
+        }
+        let diff = if size == 0 {
+            0
+        } else {
+            extend(
+                (peek as u32 >> (FAST_BITS - len - size)) & ((1 << size) - 1),
+                size,
+            )
+        };
+        u64::from(len + size) | 1 << 23 | u64::from(diff as i16 as u16) << 32
     }
 }
 
@@ -729,7 +761,7 @@ impl Scan {
         block: &mut [i16; 64],
     ) -> Result<(), Anomaly> {
         bits.refill(data);
-        let e = ac.ac[bits.peek(FAST_BITS) as usize];
+        let e = ac.whole[bits.peek(FAST_BITS) as usize];
         if e != 0 {
             // The refill left at least 32 bits; the two symbols take at most `FAST_BITS`.
             bits.consume((e & 15) as u32);
@@ -772,10 +804,20 @@ impl Scan {
     ) -> Result<i16, Anomaly> {
         // Each refill leaves at least 32 bits: a code (at most 16) and its value (at most 15).
         bits.refill(data);
-        // DC symbols above 15 are refused by libjpeg's table check; `& 15` keeps the shift in
-        // range for a table that got here anyway.
-        let size = bits.symbol(dc)? & 15;
-        let diff = if size == 0 { 0 } else { bits.value(size) };
+        let e = dc.whole[bits.peek(FAST_BITS) as usize];
+        let diff = if e != 0 {
+            bits.consume((e & 15) as u32);
+            i32::from((e >> 32) as i16)
+        } else {
+            // DC symbols above 15 are refused by libjpeg's table check; `& 15` keeps the shift
+            // in range for a table that got here anyway (and `DcEntry` reads them the same way).
+            let size = bits.symbol(dc)? & 15;
+            if size == 0 {
+                0
+            } else {
+                bits.value(size)
+            }
+        };
         *prediction = prediction.wrapping_add(diff);
         Ok(*prediction as i16)
     }
@@ -889,10 +931,14 @@ mod tests {
         c
     }
 
-    /// DC categories 0–11 and all 162 AC symbols (shuffled), with the code lengths of the
-    /// usual luminance tables.
+    /// DC categories 0–11 and all 162 AC symbols (each shuffled: any category may get a short
+    /// code), with the code lengths of the usual luminance tables.
     fn tables(rng: &mut Rng) -> (Code, Code) {
-        let dc = code(&[0, 1, 5, 1, 1, 1, 1, 1, 1], &(0..12).collect::<Vec<u8>>());
+        let mut dc_symbols: Vec<u8> = (0..12).collect();
+        for i in (1..dc_symbols.len()).rev() {
+            dc_symbols.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let dc = code(&[0, 1, 5, 1, 1, 1, 1, 1, 1], &dc_symbols);
         let mut ac_symbols: Vec<u8> = vec![0x00, 0xF0];
         for run in 0..16u8 {
             for size in 1..=10u8 {
@@ -984,7 +1030,19 @@ mod tests {
 
     fn random_block(rng: &mut Rng) -> [i16; 64] {
         let mut b = [0i16; 64];
-        b[0] = rng.below(2048) as i16 - 1024;
+        // A DC value of a random size (0 to 10 bits), so that the differences between blocks
+        // take every category, small ones too.
+        b[0] = match rng.below(11) as u32 {
+            0 => 0,
+            size => {
+                let magnitude = (1 << (size - 1)) + rng.below(1 << (size - 1)) as i16;
+                if rng.below(2) == 0 {
+                    magnitude
+                } else {
+                    -magnitude
+                }
+            }
+        };
         let density = rng.below(64) + 1;
         for v in b.iter_mut().skip(1) {
             if rng.below(64) < density {
