@@ -29,9 +29,10 @@
 //! the two chains overlap; the second interval's blocks wait (up to 512 KiB) until libjpeg
 //! asks for them.
 
-/// Bits looked up at once. 11 decodes more of a dense photo's AC codes with their values in one
-/// lookup than 10 did (up to 11 % faster decodes on the Intel VM), and its tables (8 + 4 KiB
-/// each) still fit the L1 cache beside the blocks; 12 was slower on every photo measured.
+/// Bits looked up at once. 11 decodes more of a dense photo's codes with their values in one
+/// lookup than 10 did (up to 11 % faster decodes on the Intel VM); 12 was slower on every photo
+/// measured (a table's lookups, 4 KiB of codes and 16 KiB of whole symbols at 11 bits, would
+/// double and crowd the L1 cache).
 const FAST_BITS: u32 = 11;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
@@ -84,10 +85,9 @@ pub(crate) struct HuffTable {
 
 impl HuffTable {
     /// Builds the table of `counts[1..=16]` codes per length over `symbols`, assigned as
-    /// libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the lookups of [`Self::whole`]
-    /// for its class (the two-symbol AC ones cost a few µs a table to build, which a thumbnail
-    /// notices, and a DC table has no use for them). `None` for tables libjpeg refuses too (more
-    /// than 256 codes, or codes that do not fit their length).
+    /// libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the whole-symbol lookups of
+    /// [`Self::whole`] for its `class`. `None` for tables libjpeg refuses too (more than 256
+    /// codes, or codes that do not fit their length).
     pub(crate) fn new(counts: &[u8; 17], symbols: &[u8; 256], class: TableClass) -> Option<Self> {
         let mut t = Self {
             fast: [0; FAST_SIZE],
@@ -198,10 +198,10 @@ struct Symbol {
     value: i16,
 }
 
-/// The packing of an AC table's [`HuffTable::whole`] entries: the first symbol's bits (1 to [`FAST_BITS`])
-/// in bits 0–3 and its skip (up to 64) in 4–10; the second symbol's bits in 11–14, its skip in
-/// 16–22 and 1 in bit 23 (all 0 without a second symbol); the first value in bits 32–47, the
-/// second in 48–63.
+/// The packing of an AC table's [`HuffTable::whole`] entries: the first symbol's bits (1 to
+/// [`FAST_BITS`]) in bits 0–3 and its skip (up to 64) in 4–10; the second symbol's bits in
+/// 11–14, its skip in 16–22 and 1 in bit 23 (all 0 without a second symbol); the first value in
+/// bits 32–47, the second in 48–63.
 struct AcEntry;
 
 impl AcEntry {
