@@ -110,6 +110,11 @@ struct HookState {
     start: usize,
 }
 
+/// Scans of fewer blocks decode without the tables' whole-symbol lookups
+/// ([`HuffTable::new`]): building them costs more than they save below a few hundred blocks
+/// (a 32 × 32 photo, 24 blocks, decoded ~50 % slower with them).
+const WHOLE_SYMBOLS_MIN_BLOCKS: u64 = 256;
+
 impl HookState {
     /// Builds the scan from libjpeg's description, and where its data starts; `None` declines.
     fn start(&self, desc: &ScanDesc) -> Option<(Scan, usize)> {
@@ -124,8 +129,19 @@ impl HookState {
         // Build the tables the blocks use, each once. Allocation failures decline the scan (the
         // stock decoder needs no more memory).
         let mut slots: [Option<usize>; 8] = [None; 8];
+        // Room for the tables the blocks use, not all eight slots: a table is ~21 KiB, and
+        // eight would make a request above glibc's mmap threshold (128 KiB), whose pages each
+        // decode would fault in afresh (~10 µs, a third of a thumbnail's decode).
+        let used = (0..8)
+            .filter(|&slot| {
+                let slot = slot as c_int;
+                desc.block_dc[..count].contains(&slot) || desc.block_ac[..count].contains(&slot)
+            })
+            .count();
         let mut tables = Vec::new();
-        tables.try_reserve_exact(slots.len()).ok()?;
+        tables.try_reserve_exact(used).ok()?;
+        let blocks = desc.mcus.saturating_mul(count as u64);
+        let whole = blocks >= WHOLE_SYMBOLS_MIN_BLOCKS;
         let mut table = |slot: c_int| -> Option<usize> {
             let slot = usize::try_from(slot).ok().filter(|&s| s < 8)?;
             if slots[slot].is_none() {
@@ -143,7 +159,7 @@ impl HookState {
                 } else {
                     TableClass::Ac
                 };
-                tables.push(HuffTable::new(counts, symbols, class)?);
+                tables.push(HuffTable::new(counts, symbols, class, whole)?);
                 slots[slot] = Some(tables.len() - 1);
             }
             slots[slot]

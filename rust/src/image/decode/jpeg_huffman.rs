@@ -86,9 +86,16 @@ pub(crate) struct HuffTable {
 impl HuffTable {
     /// Builds the table of `counts[1..=16]` codes per length over `symbols`, assigned as
     /// libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the whole-symbol lookups of
-    /// [`Self::whole`] for its `class`. `None` for tables libjpeg refuses too (more than 256
-    /// codes, or codes that do not fit their length).
-    pub(crate) fn new(counts: &[u8; 17], symbols: &[u8; 256], class: TableClass) -> Option<Self> {
+    /// [`Self::whole`] for its `class` when `whole` is set (they cost a few µs to build, more
+    /// than a scan of a few hundred blocks gains from them; without them every symbol takes the
+    /// code lookup and reads its value bits after it). `None` for tables libjpeg refuses too
+    /// (more than 256 codes, or codes that do not fit their length).
+    pub(crate) fn new(
+        counts: &[u8; 17],
+        symbols: &[u8; 256],
+        class: TableClass,
+        whole: bool,
+    ) -> Option<Self> {
         let mut t = Self {
             fast: [0; FAST_SIZE],
             whole: [0; FAST_SIZE],
@@ -131,6 +138,9 @@ impl HuffTable {
                 return None;
             }
             code <<= 1;
+        }
+        if !whole {
+            return Some(t);
         }
         // Every whole symbol: a short code followed by each value its size allows, when the
         // two fit in `FAST_BITS` bits (at most `FAST_SIZE` of them: they are prefix-free), as
@@ -1104,11 +1114,16 @@ mod tests {
     }
 
     fn scan(s: &Stream, start: usize) -> Scan {
+        scan_with(s, start, true)
+    }
+
+    /// [`scan`], with or without the tables' whole-symbol lookups.
+    fn scan_with(s: &Stream, start: usize, whole: bool) -> Scan {
         let tables = s
             .tables
             .iter()
             .flat_map(|(dc, ac)| [(dc, TableClass::Dc), (ac, TableClass::Ac)])
-            .map(|(c, class)| HuffTable::new(&c.counts, &c.symbols, class).expect("valid table"))
+            .map(|(c, class)| HuffTable::new(&c.counts, &c.symbols, class, whole).expect("table"))
             .collect();
         Scan::new(tables, s.specs.clone(), s.restart_interval, s.mcus, start).expect("scan")
     }
@@ -1122,9 +1137,14 @@ mod tests {
         data: &[u8],
         start: usize,
     ) -> Result<(Vec<[i16; 64]>, usize), Anomaly> {
-        let chosen = decode_all_with(s, data, start, Scan::decode_mcu);
-        let portable = decode_all_with(s, data, start, Scan::decode_mcu_inlined);
+        let chosen = decode_all_with(s, data, start, Scan::decode_mcu, true);
+        let portable = decode_all_with(s, data, start, Scan::decode_mcu_inlined, true);
         assert_eq!(chosen, portable, "the two builds of the decoder disagree");
+        let by_codes = decode_all_with(s, data, start, Scan::decode_mcu, false);
+        assert_eq!(
+            chosen, by_codes,
+            "decoding with and without whole symbols disagrees"
+        );
         chosen
     }
 
@@ -1135,8 +1155,9 @@ mod tests {
         data: &[u8],
         start: usize,
         decode_mcu: DecodeMcu,
+        whole: bool,
     ) -> Result<(Vec<[i16; 64]>, usize), Anomaly> {
-        let mut scan = scan(s, start);
+        let mut scan = scan_with(s, start, whole);
         let mut out = Vec::new();
         loop {
             let mut blocks = vec![[0i16; 64]; s.specs.len()];
@@ -1241,8 +1262,8 @@ mod tests {
     /// A one-component scan of `mcus` blocks coded with `dc` and `ac`, without restarts.
     fn gray_scan(dc: &Code, ac: &Code, mcus: u64) -> Scan {
         let tables = vec![
-            HuffTable::new(&dc.counts, &dc.symbols, TableClass::Dc).unwrap(),
-            HuffTable::new(&ac.counts, &ac.symbols, TableClass::Ac).unwrap(),
+            HuffTable::new(&dc.counts, &dc.symbols, TableClass::Dc, true).unwrap(),
+            HuffTable::new(&ac.counts, &ac.symbols, TableClass::Ac, true).unwrap(),
         ];
         let spec = BlockSpec {
             component: 0,
@@ -1375,11 +1396,11 @@ mod tests {
         let symbols = [0u8; 256];
         let mut counts = [0u8; 17];
         counts[1] = 3; // three 1-bit codes
-        assert!(HuffTable::new(&counts, &symbols, TableClass::Ac).is_none());
+        assert!(HuffTable::new(&counts, &symbols, TableClass::Ac, true).is_none());
         let mut counts = [0u8; 17];
         counts[16] = 255;
         counts[15] = 2; // 257 codes
-        assert!(HuffTable::new(&counts, &symbols, TableClass::Dc).is_none());
+        assert!(HuffTable::new(&counts, &symbols, TableClass::Dc, false).is_none());
     }
 
     #[test]
