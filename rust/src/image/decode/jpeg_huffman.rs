@@ -769,9 +769,12 @@ impl Scan {
         let e = ac.whole[bits.peek(FAST_BITS) as usize];
         if e != 0 {
             // The refill left at least 32 bits; the two symbols take at most `FAST_BITS`.
+            // Indices into `NATURAL_ORDER` stay below 128 (`*k < 64` before each skip, a skip is
+            // at most 64, a run at most 15); `& 127` says so to the compiler, which then drops
+            // the bounds checks (1.5-5 % of a decode).
             bits.consume((e & 15) as u32);
             *k += ((e >> 4) & 127) as usize;
-            block[usize::from(NATURAL_ORDER[*k])] = (e >> 32) as i16;
+            block[usize::from(NATURAL_ORDER[*k & 127])] = (e >> 32) as i16;
             *k += 1;
             if *k < 64 {
                 // The second symbol (if any: else 0 bits, and a 0 written where the index
@@ -779,7 +782,7 @@ impl Scan {
                 // the bits after it are the next block's.
                 bits.consume(((e >> 11) & 15) as u32);
                 *k += ((e >> 16) & 127) as usize;
-                block[usize::from(NATURAL_ORDER[*k])] = (e >> 48) as i16;
+                block[usize::from(NATURAL_ORDER[*k & 127])] = (e >> 48) as i16;
                 *k += ((e >> 23) & 1) as usize;
             }
             return Ok(());
@@ -788,7 +791,7 @@ impl Scan {
         let (run, size) = ((symbol >> 4) as usize, symbol & 15);
         if size != 0 {
             *k += run;
-            block[usize::from(NATURAL_ORDER[*k])] = bits.value(size) as i16;
+            block[usize::from(NATURAL_ORDER[*k & 127])] = bits.value(size) as i16;
             *k += 1;
         } else if run != 15 {
             *k = 64;
