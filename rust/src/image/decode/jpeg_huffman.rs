@@ -30,9 +30,9 @@
 //! asks for them.
 
 /// Bits looked up at once. 11 decodes more of a dense photo's codes with their values in one
-/// lookup than 10 did (up to 11 % faster decodes on the Intel VM); 12 was slower on every photo
-/// measured (a table's lookups, 4 KiB of codes and 16 KiB of whole symbols at 11 bits, would
-/// double and crowd the L1 cache).
+/// lookup than 10 did (up to 11 % faster decodes on the Intel VM); 12 was 3–9 % slower on five
+/// of six photos measured and level on the sixth (a table's lookups, 4 KiB of codes and 16 KiB
+/// of whole symbols at 11 bits, would double and crowd the L1 cache).
 const FAST_BITS: u32 = 11;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
