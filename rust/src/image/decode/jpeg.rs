@@ -129,9 +129,8 @@ impl HookState {
         // Build the tables the blocks use, each once. Allocation failures decline the scan (the
         // stock decoder needs no more memory).
         let mut slots: [Option<usize>; 8] = [None; 8];
-        // Room for the tables the blocks use, not all eight slots: a table is ~21 KiB, and
-        // eight would make a request above glibc's mmap threshold (128 KiB), whose pages each
-        // decode would fault in afresh (~10 µs, a third of a thumbnail's decode).
+        // Room for the tables the blocks use (usually 4, or 2 for grey), not all eight slots:
+        // a table is ~21 KiB.
         let used = (0..8)
             .filter(|&slot| {
                 let slot = slot as c_int;
