@@ -27,6 +27,7 @@ pub mod convert;
 mod error;
 pub mod exif;
 pub mod gif;
+mod inflate;
 pub mod jpeg;
 mod jpeg_huffman;
 mod jpeg_pipeline;

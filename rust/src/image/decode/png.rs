@@ -595,27 +595,13 @@ fn inflate_joined(data: &[u8], first_body: usize, first_len: usize, out: &mut [u
         joined = buffer;
         &joined
     };
-    let mut z = zlib_rs::Inflate::new(true, 15);
-    let (mut used, mut filled) = (0usize, 0usize);
-    let status = loop {
-        // One call, unless the input or output is longer than zlib's 32-bit counts.
-        let (status, read, written) = inflate_step(
-            &mut z,
-            &input[used..],
-            &mut out[filled..],
-            zlib_rs::InflateFlush::NoFlush,
-        );
-        used += read;
-        filled += written;
-        let progress = read + written > 0;
-        match status {
-            Ok(zlib_rs::Status::Ok) if progress && filled < out.len() && used < input.len() => {}
-            _ => break status,
-        }
+    let (used, status) = match fast_inflate(input, out) {
+        Some(used) => (used, Ok(zlib_rs::Status::StreamEnd)),
+        None => match inflate_all(input, out) {
+            Some(done) => done,
+            None => return Joined::Fails,
+        },
     };
-    if filled < out.len() {
-        return Joined::Fails;
-    }
     if !matches!(status, Ok(zlib_rs::Status::Ok | zlib_rs::Status::StreamEnd)) {
         return Joined::Unsure;
     }
@@ -635,6 +621,52 @@ fn inflate_joined(data: &[u8], first_body: usize, first_len: usize, out: &mut [u
         }
     }
     Joined::Unsure
+}
+
+/// Set to `1` to inflate PNG image data with zlib-rs alone, without [`super::inflate`]'s fast
+/// path (for comparisons; read once).
+pub const ZLIB_INFLATE_ENV: &str = "SMG_GRPC_PROTO_PNG_ZLIB_INFLATE";
+
+/// [`super::inflate::inflate_exact`] unless [`ZLIB_INFLATE_ENV`] is set: `Some(input bytes
+/// used)` only for a stream that fills `out` exactly, ends and checks, which zlib inflates to
+/// the same bytes with the same input used.
+fn fast_inflate(input: &[u8], out: &mut [u8]) -> Option<usize> {
+    static ZLIB_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let zlib_only = *ZLIB_ONLY.get_or_init(|| {
+        std::env::var(ZLIB_INFLATE_ENV).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+    });
+    if zlib_only {
+        return None;
+    }
+    super::inflate::inflate_exact(input, out)
+}
+
+/// zlib-rs inflating all of `input` into `out` in one call (several only past 4 GiB):
+/// `(input bytes used, last status)` when it filled `out`, `None` when it did not.
+#[allow(clippy::type_complexity)]
+fn inflate_all(
+    input: &[u8],
+    out: &mut [u8],
+) -> Option<(usize, Result<zlib_rs::Status, zlib_rs::InflateError>)> {
+    let mut z = zlib_rs::Inflate::new(true, 15);
+    let (mut used, mut filled) = (0usize, 0usize);
+    let status = loop {
+        // One call, unless the input or output is longer than zlib's 32-bit counts.
+        let (status, read, written) = inflate_step(
+            &mut z,
+            &input[used..],
+            &mut out[filled..],
+            zlib_rs::InflateFlush::NoFlush,
+        );
+        used += read;
+        filled += written;
+        let progress = read + written > 0;
+        match status {
+            Ok(zlib_rs::Status::Ok) if progress && filled < out.len() && used < input.len() => {}
+            _ => break status,
+        }
+    };
+    (filled == out.len()).then_some((used, status))
 }
 
 /// Inflates the image data into all of `out` at once, fed in the same pieces as Pillow's
