@@ -22,6 +22,9 @@
 //! refilled (eight bytes at a time, without a branch on its level), and one or two literals
 //! are written without a branch between the two. Matches copy 16 bytes at a time.
 
+use std::cell::Cell;
+use std::sync::OnceLock;
+
 use zlib_rs::adler32::adler32;
 
 /// Bits of the literal/length code looked up at once; longer codes take a second lookup.
@@ -303,6 +306,42 @@ impl Bits<'_> {
 /// the stream took)` when it fills `out` exactly and ends with a matching adler32, `None` for
 /// anything else (see the module documentation: the caller then asks zlib-rs).
 pub(crate) fn inflate_exact(input: &[u8], out: &mut [u8]) -> Option<usize> {
+    // The tables (48 KiB) are kept per thread: allocating and clearing them cost a small PNG's
+    // decode more than inflating it.
+    let mut tables = TABLES.with(Cell::take);
+    if tables.len() != LIT_TABLE + DIST_TABLE {
+        tables = vec![0; LIT_TABLE + DIST_TABLE];
+    }
+    let (lit, dist) = tables.split_at_mut(LIT_TABLE);
+    let result = inflate_with(input, out, lit, dist);
+    TABLES.with(|kept| kept.set(tables));
+    result
+}
+
+thread_local! {
+    /// This thread's literal/length and distance tables, between calls.
+    static TABLES: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+}
+
+/// The fixed code's tables (literal/length, then distance), built once.
+fn fixed_tables() -> &'static [u32] {
+    static FIXED: OnceLock<Vec<u32>> = OnceLock::new();
+    FIXED.get_or_init(|| {
+        let mut lengths = [8u8; 288 + 32];
+        lengths[144..256].fill(9);
+        lengths[256..280].fill(7);
+        lengths[288..].fill(5);
+        let mut tables = vec![0; LIT_TABLE + DIST_TABLE];
+        let (lit, dist) = tables.split_at_mut(LIT_TABLE);
+        let built = build(lit, LIT_BITS, &lengths[..288], Code::Litlen { valid: 286 })
+            .and_then(|()| build(dist, DIST_BITS, &lengths[288..], Code::Dist { valid: 30 }));
+        debug_assert!(built.is_some(), "the fixed code is complete");
+        tables
+    })
+}
+
+/// [`inflate_exact`] with the tables to build the stream's codes in.
+fn inflate_with(input: &[u8], out: &mut [u8], lit: &mut [u32], dist: &mut [u32]) -> Option<usize> {
     let (&cmf, &flg) = (input.first()?, input.get(1)?);
     if cmf & 15 != 8 || cmf >> 4 > 7 || (u16::from(cmf) << 8 | u16::from(flg)) % 31 != 0 {
         return None;
@@ -310,8 +349,6 @@ pub(crate) fn inflate_exact(input: &[u8], out: &mut [u8]) -> Option<usize> {
     if flg & 0x20 != 0 {
         return None; // a preset dictionary: zlib asks for it
     }
-    let mut lit = vec![0u32; LIT_TABLE];
-    let mut dist = vec![0u32; DIST_TABLE];
     let mut bits = Bits {
         input,
         pos: 2,
@@ -339,24 +376,8 @@ pub(crate) fn inflate_exact(input: &[u8], out: &mut [u8]) -> Option<usize> {
                 (bits.buf, bits.bits) = (0, 0);
             }
             1 => {
-                let mut fixed = [8u8; 288 + 32];
-                fixed[144..256].fill(9);
-                fixed[256..280].fill(7);
-                fixed[288..].fill(5);
-                build(
-                    &mut lit,
-                    LIT_BITS,
-                    &fixed[..288],
-                    Code::Litlen { valid: 286 },
-                )?;
-                pair_literals(&mut lit, &fixed[..288]);
-                build(
-                    &mut dist,
-                    DIST_BITS,
-                    &fixed[288..],
-                    Code::Dist { valid: 30 },
-                )?;
-                o = inflate_block(&mut bits, &lit, &dist, out, o)?;
+                let (lit, dist) = fixed_tables().split_at(LIT_TABLE);
+                o = inflate_block(&mut bits, lit, dist, out, o)?;
             }
             2 => {
                 let nlit = 257 + bits.take(5) as usize;
@@ -397,20 +418,15 @@ pub(crate) fn inflate_exact(input: &[u8], out: &mut [u8]) -> Option<usize> {
                 if lengths[256] == 0 {
                     return None; // no end-of-block code
                 }
+                build(lit, LIT_BITS, &lengths[..nlit], Code::Litlen { valid: 286 })?;
+                pair_literals(lit, &lengths[..nlit]);
                 build(
-                    &mut lit,
-                    LIT_BITS,
-                    &lengths[..nlit],
-                    Code::Litlen { valid: 286 },
-                )?;
-                pair_literals(&mut lit, &lengths[..nlit]);
-                build(
-                    &mut dist,
+                    dist,
                     DIST_BITS,
                     &lengths[nlit..total],
                     Code::Dist { valid: 30 },
                 )?;
-                o = inflate_block(&mut bits, &lit, &dist, out, o)?;
+                o = inflate_block(&mut bits, lit, dist, out, o)?;
             }
             _ => return None,
         }
