@@ -52,6 +52,7 @@ __all__ = [
     "media_digest",
     "media_digests",
     "normalise_config",
+    "png_inflate_stats",
     "processor_error_kinds",
     "processor_families",
     "resize",
@@ -212,6 +213,11 @@ def jpeg_huffman_stats() -> dict[str, int]:
     threads=0 or >= 2)``), ``shared`` (of those, with the calling thread decoding some restart
     intervals too) and ``retried`` (of all these, given back to libjpeg-turbo on an anomaly:
     decoded again by libjpeg alone)."""
+
+def png_inflate_stats() -> dict[str, int]:
+    """PNG images since the process started whose image data our inflate took (``ours``: a
+    whole, valid stream filling the image, of at least 2 KiB), and those left to zlib-rs
+    (``zlib``)."""
 
 def image_format(data: bytes) -> str | None:
     """The format ``decode_image`` recognises from the signature at the start of ``data`` (16

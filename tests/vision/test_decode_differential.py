@@ -878,6 +878,33 @@ def test_jpeg_fill_bytes_inside_the_data_decode_as_pillow() -> None:
     assert tried >= 20, tried
 
 
+def test_our_inflate_takes_whole_valid_streams_and_leaves_the_rest_to_zlib() -> None:
+    """Our PNG inflate takes the real photos' image data; zlib-rs gets what ours refuses (a
+    stream with more data than the image, a bad adler32, image data under 2 KiB), and every
+    outcome is Pillow's."""
+    from support.images import real_photos
+
+    def taken(data: bytes) -> tuple[int, int]:
+        before = _native.png_inflate_stats()
+        assert _agree(data, threads=1) in ("same pixels", "both raise")
+        after = _native.png_inflate_stats()
+        return after["ours"] - before["ours"], after["zlib"] - before["zlib"]
+
+    photos = [p.read_bytes() for n, p in sorted(real_photos().items()) if n.endswith(".png")]
+    assert len(photos) >= 15
+    for data in photos:
+        assert taken(data) == (1, 0)
+    rng = np.random.default_rng(7)
+    rows = 60
+    raw = b"".join(b"\x01" + rng.integers(0, 8, 180, dtype=np.uint8).tobytes() for _ in range(rows))
+    ihdr = struct.pack(">IIBBBBB", 60, rows, 8, 2, 0, 0, 0)  # 60 x 60 RGB, 10 860 bytes of data
+    assert taken(_png(ihdr, [zlib.compress(raw)])) == (1, 0)
+    assert taken(_png(ihdr, [zlib.compress(raw + b"\0" * 181)])) == (0, 1)  # a row too many
+    assert taken(_png(ihdr, [_zlib_with_bad_adler(raw)])) == (0, 1)
+    small = struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0)
+    assert taken(_png(small, [zlib.compress(raw[:25] * 8)])) == (0, 1)  # 200 bytes of data
+
+
 def test_fast_inflate_and_zlib_inflate_give_the_same_results() -> None:
     """`SMG_GRPC_PROTO_PNG_ZLIB_INFLATE=1` inflates PNG image data with zlib-rs alone: a process
     with it gives the same pixels, or the same error, as the default (our inflate, zlib-rs when

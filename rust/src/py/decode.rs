@@ -201,6 +201,18 @@ fn jpeg_huffman_stats() -> std::collections::HashMap<&'static str, u64> {
         .collect()
 }
 
+/// png_inflate_stats() -> dict[str, int]
+/// --
+///
+/// PNG images since the process started whose image data our inflate took (`ours`: a whole,
+/// valid stream filling the image, of at least 2 KiB), and those left to zlib-rs (`zlib`).
+#[pyfunction]
+fn png_inflate_stats() -> std::collections::HashMap<&'static str, u64> {
+    crate::image::decode::png::inflate_stats()
+        .into_iter()
+        .collect()
+}
+
 /// decode_error_kinds() -> list[str]
 /// --
 ///
@@ -216,5 +228,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_image, m)?)?;
     m.add_function(wrap_pyfunction!(image_format, m)?)?;
     m.add_function(wrap_pyfunction!(jpeg_huffman_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(png_inflate_stats, m)?)?;
     m.add_function(wrap_pyfunction!(decode_error_kinds, m)?)
 }

@@ -35,6 +35,8 @@
 //! `IDAT` declaring a frame smaller than the image does not shrink the decoded region; an `IHDR`
 //! after the image data is checked but does not change how later `tRNS` chunks are read.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::convert::{ModeImage, Palette, Pixels, Transparency};
 use super::{check_size, zeroed, DecodeError, Decoded, Format};
 
@@ -597,7 +599,14 @@ fn inflate_joined(data: &[u8], first_body: usize, first_len: usize, out: &mut [u
         joined = buffer;
         &joined
     };
-    let (used, status) = match fast_inflate(input, out) {
+    let fast = fast_inflate(input, out);
+    let counter = if fast.is_some() {
+        &INFLATED_OURS
+    } else {
+        &INFLATED_ZLIB
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let (used, status) = match fast {
         Some(used) => (used, Ok(zlib_rs::Status::StreamEnd)),
         None => match inflate_all(input, out) {
             Some(done) => done,
@@ -623,6 +632,19 @@ fn inflate_joined(data: &[u8], first_body: usize, first_len: usize, out: &mut [u
         }
     }
     Joined::Unsure
+}
+
+/// Images whose data [`super::inflate`] inflated, and those left to zlib-rs (small, switched
+/// off, or not a whole, valid stream filling the image), counted for tests and diagnostics.
+static INFLATED_OURS: AtomicU64 = AtomicU64::new(0);
+static INFLATED_ZLIB: AtomicU64 = AtomicU64::new(0);
+
+/// The counts of [`INFLATED_OURS`] and [`INFLATED_ZLIB`], by name.
+pub fn inflate_stats() -> [(&'static str, u64); 2] {
+    [
+        ("ours", INFLATED_OURS.load(Ordering::Relaxed)),
+        ("zlib", INFLATED_ZLIB.load(Ordering::Relaxed)),
+    ]
 }
 
 /// Set to `1` to inflate PNG image data with zlib-rs alone, without [`super::inflate`]'s fast
