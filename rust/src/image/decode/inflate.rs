@@ -569,9 +569,15 @@ fn inflate_block_inlined(
 }
 
 /// Copies `len` bytes from `distance` back to `o` (overlapping: a short distance repeats),
-/// `o + len <= out.len()` and `distance <= o`. With 16 bytes to spare after the match and a
-/// distance of at least 16, 16 bytes at a time: each piece reads only bytes written before it,
-/// and the bytes written past the match are rewritten later (or the inflate fails).
+/// `o + len <= out.len()` and `distance <= o`.
+///
+/// With 16 bytes to spare after the match and a distance of at least 16 (most of a photo's
+/// matches), 16 bytes at a time: each piece reads only bytes written before it, and the bytes
+/// written past the match are rewritten later (or the inflate fails). A run of one byte is a
+/// fill. Otherwise the bytes from `o - distance` on repeat with period `distance`: each copy
+/// takes the longest whole number of periods already written (a non-overlapping copy), which
+/// about doubles what is written, so a long run of 3- or 4-byte pixels takes a few copies, not
+/// a loop over its bytes.
 #[inline(always)]
 fn copy_match(out: &mut [u8], o: usize, distance: usize, len: usize) {
     if distance >= 16 && out.len() - o >= len + 16 {
@@ -583,10 +589,22 @@ fn copy_match(out: &mut [u8], o: usize, distance: usize, len: usize) {
                 break;
             }
         }
-        return;
-    }
-    for i in o..o + len {
-        out[i] = out[i - distance];
+    } else if distance == 1 {
+        let byte = out[o - 1];
+        out[o..o + len].fill(byte);
+    } else if len <= 16 {
+        for i in o..o + len {
+            out[i] = out[i - distance];
+        }
+    } else {
+        let mut done = 0;
+        while done < len {
+            let period = (done + distance) / distance * distance;
+            let n = period.min(len - done);
+            let from = o + done - period;
+            out.copy_within(from..from + n, o + done);
+            done += n;
+        }
     }
 }
 
