@@ -216,8 +216,8 @@ def jpeg_huffman_stats() -> dict[str, int]:
 
 def png_inflate_stats() -> dict[str, int]:
     """PNG images since the process started whose image data our inflate took (``ours``: a
-    whole, valid stream filling the image, of at least 2 KiB), and those left to zlib-rs
-    (``zlib``)."""
+    whole, valid stream filling the image, of at least 2 KiB compressed), and those left to
+    zlib-rs (``zlib``)."""
 
 def image_format(data: bytes) -> str | None:
     """The format ``decode_image`` recognises from the signature at the start of ``data`` (16

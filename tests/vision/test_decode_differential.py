@@ -880,7 +880,7 @@ def test_jpeg_fill_bytes_inside_the_data_decode_as_pillow() -> None:
 
 def test_our_inflate_takes_whole_valid_streams_and_leaves_the_rest_to_zlib() -> None:
     """Our PNG inflate takes the real photos' image data; zlib-rs gets what ours refuses (a
-    stream with more data than the image, a bad adler32, image data under 2 KiB), and every
+    stream with more data than the image, a bad adler32, under 2 KiB of compressed data), and every
     outcome is Pillow's."""
     from support.images import real_photos
 

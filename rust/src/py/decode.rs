@@ -205,7 +205,8 @@ fn jpeg_huffman_stats() -> std::collections::HashMap<&'static str, u64> {
 /// --
 ///
 /// PNG images since the process started whose image data our inflate took (`ours`: a whole,
-/// valid stream filling the image, of at least 2 KiB), and those left to zlib-rs (`zlib`).
+/// valid stream filling the image, of at least 2 KiB compressed), and those left to zlib-rs
+/// (`zlib`).
 #[pyfunction]
 fn png_inflate_stats() -> std::collections::HashMap<&'static str, u64> {
     crate::image::decode::png::inflate_stats()
