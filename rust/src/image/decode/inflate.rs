@@ -76,15 +76,19 @@ enum Code {
     Litlen { valid: usize },
     /// Distance symbols; those from `valid` on (30 and 31 of the fixed code) are errors.
     Dist { valid: usize },
+    /// The code-length code's symbols 0-18 (as literals): it must be complete.
+    Lengths,
 }
 
 /// The entry a symbol of `code` decodes to, its code being `len` bits long.
 fn entry(code: Code, sym: usize, len: u32) -> u32 {
     match code {
         Code::Litlen { valid } if sym >= valid => BAD | len,
-        Code::Litlen { .. } if sym < 256 => LIT | len | len << 5 | (sym as u32) << 16,
+        Code::Litlen { .. } | Code::Lengths if sym < 256 => {
+            LIT | len | len << 5 | (sym as u32) << 16
+        }
         Code::Litlen { .. } if sym == 256 => EOB | len,
-        Code::Litlen { .. } => {
+        Code::Litlen { .. } | Code::Lengths => {
             let i = sym - 257;
             LEN | (len + u32::from(LEN_EXTRA[i])) | len << 5 | u32::from(LEN_BASE[i]) << 16
         }
@@ -104,8 +108,8 @@ fn reversed(code: u32, len: u32) -> usize {
 /// Fills `table` (primary entries of `bits` bits, then subtables) for the code with these
 /// lengths, with zlib's acceptance rule: over-subscribed codes are refused, and so are
 /// incomplete ones unless the longest code is one bit long (zlib's single-code exception) or,
-/// for distances, there is no code at all; their unused entries are `BAD`. `None` when zlib
-/// would refuse the code.
+/// for distances, there is no code at all; their unused entries are `BAD`. The code-length
+/// code must be complete. `None` when zlib would refuse the code.
 ///
 /// Symbols are taken in canonical order (by length, then symbol): codes then increase, so the
 /// long codes sharing an 11-bit prefix come one after another and share one subtable.
@@ -125,7 +129,11 @@ fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<()>
     }
     let primary = 1usize << bits;
     if left > 0 {
-        let allowed = max == 1 || (max == 0 && matches!(code, Code::Dist { .. }));
+        let allowed = match code {
+            Code::Lengths => false,
+            Code::Litlen { .. } => max == 1,
+            Code::Dist { .. } => max <= 1,
+        };
         if !allowed {
             return None;
         }
@@ -392,7 +400,7 @@ fn inflate_with(input: &[u8], out: &mut [u8], lit: &mut [u32], dist: &mut [u32])
                     cl_lengths[sym] = bits.take(3) as u8;
                 }
                 let mut cl = [0u32; 128];
-                build(&mut cl, 7, &cl_lengths, Code::Litlen { valid: 19 })?;
+                build(&mut cl, 7, &cl_lengths, Code::Lengths)?;
                 let total = nlit + ndist;
                 let mut i = 0;
                 while i < total {
@@ -889,6 +897,11 @@ mod tests {
         lengths.iter().map(|&l| (usize::from(l), 0)).collect()
     }
 
+    thread_local! {
+        /// Makes [`dynamic`] send an incomplete code-length code.
+        static INCOMPLETE_CL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
     /// A dynamic block: HLIT/HDIST as given, the code-length sequence `cl_seq` (code-length
     /// code: symbols 0-12 four bits, 13-18 five), then the symbols with codes from `lit` and
     /// `dist` lengths.
@@ -910,6 +923,9 @@ mod tests {
         w.bits(19 - 4, 4);
         let mut cl_lengths = [4u8; 19];
         cl_lengths[13..].fill(5);
+        if INCOMPLETE_CL.with(std::cell::Cell::get) {
+            cl_lengths[0] = 5; // 12/16 + 7/32: a code-length code with a hole
+        }
         for &sym in &CL_ORDER {
             w.bits(u32::from(cl_lengths[sym]), 3);
         }
@@ -1065,6 +1081,11 @@ mod tests {
             run(286, 30, both(&lit, &dist30), &lit, &dist30),
             (true, true)
         );
+        // An incomplete code-length code (its codes enough to send these lengths).
+        INCOMPLETE_CL.with(|c| c.set(true));
+        let holed = run(286, 30, both(&lit, &dist30), &lit, &dist30);
+        INCOMPLETE_CL.with(|c| c.set(false));
+        assert_eq!(holed, (false, false));
         // Repeats: 16 (previous), 17 and 18 (zeros) give the same lengths.
         let mut seq = vec![(9, 0), (16, 3), (16, 3), (16, 3), (16, 3)]; // 1 + 4 * 6 = 25 nines
         for _ in 0..(256 - 25) / 6 {
