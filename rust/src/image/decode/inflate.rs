@@ -159,6 +159,10 @@ fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<()>
     let mut free = primary;
     let mut prefix_now = usize::MAX;
     let (mut next, mut len_now) = (0u32, 0u32);
+    // The literal codes short enough to leave room for another, by length (reversed code,
+    // length, literal): for `pair_literals`.
+    let mut short = [(0u16, 0u8, 0u8); 256];
+    let mut shorts = 0;
     for &sym in &sorted[..total] {
         let sym = usize::from(sym);
         let len = u32::from(lengths[sym]);
@@ -167,6 +171,10 @@ fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<()>
         let rev = reversed(next, len);
         next += 1;
         let e = entry(code, sym, len);
+        if matches!(code, Code::Litlen { .. }) && sym < 256 && len < LIT_BITS {
+            short[shorts] = (rev as u16, len as u8, sym as u8);
+            shorts += 1;
+        }
         if len <= bits {
             let mut i = rev;
             while i < primary {
@@ -188,61 +196,18 @@ fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<()>
             }
         }
     }
+    pair_literals(table, &short[..shorts]);
     Some(())
 }
 
 /// Turns each primary entry of a single literal whose code leaves room for a whole second
-/// literal code into a `LIT2` entry decoding both (`table` built by [`build`] from these
-/// literal/length code lengths, complete or with only one-bit codes). Built from the list of
-/// literals whose codes are short enough to come first or second, by length, so that the work
-/// is the entries written.
-fn pair_literals(table: &mut [u32], lengths: &[u8]) {
-    let shortest = lengths[..256]
-        .iter()
-        .filter(|&&l| l > 0)
-        .min()
-        .copied()
-        .unwrap_or(16);
+/// literal code into a `LIT2` entry decoding both. `short` holds the literal codes shorter than
+/// [`LIT_BITS`], by length, as [`build`] found them; the work is the entries written.
+fn pair_literals(table: &mut [u32], short: &[(u16, u8, u8)]) {
     // Two codes fit only if the shortest literal code has at most half the bits.
-    if 2 * u32::from(shortest) > LIT_BITS {
+    if short.first().is_none_or(|s| 2 * u32::from(s.1) > LIT_BITS) {
         return;
     }
-    let longest = LIT_BITS as u8 - shortest;
-    let (mut count, mut literals) = ([0u16; 16], [0u16; 16]);
-    for (sym, &len) in lengths.iter().enumerate() {
-        count[usize::from(len & 15)] += 1;
-        literals[usize::from(len & 15)] += u16::from(sym < 256);
-    }
-    count[0] = 0;
-    let mut next = [0u32; 16];
-    let mut by_len = [0u16; 17];
-    let mut c = 0;
-    for len in 1..16 {
-        c = (c + u32::from(count[len - 1])) << 1;
-        next[len] = c;
-        by_len[len + 1] = by_len[len]
-            + if len as u8 <= longest {
-                literals[len]
-            } else {
-                0
-            };
-    }
-    // (reversed code, length, literal) of the short literal codes, by length.
-    let mut short = [(0u16, 0u8, 0u8); 256];
-    let mut at = by_len;
-    for (sym, &len) in lengths.iter().enumerate() {
-        if len == 0 {
-            continue;
-        }
-        let code = next[usize::from(len)];
-        next[usize::from(len)] += 1;
-        if sym < 256 && len <= longest {
-            let slot = &mut at[usize::from(len)];
-            short[usize::from(*slot)] = (reversed(code, u32::from(len)) as u16, len, sym as u8);
-            *slot += 1;
-        }
-    }
-    let short = &short[..usize::from(by_len[usize::from(longest) + 1])];
     for &(rev1, len1, v1) in short {
         let room = LIT_BITS as u8 - len1;
         for &(rev2, len2, v2) in short.iter().take_while(|s| s.1 <= room) {
@@ -429,7 +394,6 @@ fn inflate_with(input: &[u8], out: &mut [u8], lit: &mut [u32], dist: &mut [u32])
                     return None; // no end-of-block code
                 }
                 build(lit, LIT_BITS, &lengths[..nlit], Code::Litlen { valid: 286 })?;
-                pair_literals(lit, &lengths[..nlit]);
                 build(
                     dist,
                     DIST_BITS,
@@ -582,9 +546,9 @@ fn inflate_block_inlined(
 /// `o + len <= out.len()` and `distance <= o`.
 ///
 /// A long match that does not overlap its source is one copy. With 16 bytes to spare after the
-/// match and a distance of at least 16 (most of a photo's matches), 16 bytes at a time: each piece reads only bytes written before it, and the bytes
-/// written past the match are rewritten later (or the inflate fails). A run of one byte is a
-/// fill. Otherwise the bytes from `o - distance` on repeat with period `distance`: each copy
+/// match and a distance of at least 16 (most of a photo's matches), 16 bytes at a time: each
+/// piece reads only bytes written before it, and the bytes written past the match are
+/// rewritten later (or the inflate fails). A run of one byte is a fill. Otherwise the bytes from `o - distance` on repeat with period `distance`: each copy
 /// takes the longest whole number of periods already written (a non-overlapping copy), which
 /// about doubles what is written, so a long run of 3- or 4-byte pixels takes a few copies, not
 /// a loop over its bytes.
