@@ -92,9 +92,7 @@ pub fn huffman_stats() -> [(&'static str, u64); 4] {
 
 fn stock_huffman() -> bool {
     static STOCK: OnceLock<bool> = OnceLock::new();
-    *STOCK.get_or_init(|| {
-        std::env::var(STOCK_HUFFMAN_ENV).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
-    })
+    *STOCK.get_or_init(|| super::env_switch(STOCK_HUFFMAN_ENV))
 }
 
 /// The Rust side of the entropy hook: the file's bytes and the scan, once started.

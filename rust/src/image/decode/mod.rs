@@ -41,6 +41,12 @@ pub use error::DecodeError;
 
 use convert::ModeImage;
 
+/// Whether the environment variable `name` is set to something other than empty, `0` or
+/// `false`: the switches that turn one of our decoders off for comparisons.
+pub(crate) fn env_switch(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+}
+
 /// Pillow's `Image.MAX_IMAGE_PIXELS` (`int(1024 * 1024 * 1024 // 4 // 3)`): above it Pillow warns.
 pub const PILLOW_MAX_IMAGE_PIXELS: u64 = 89_478_485;
 

@@ -599,19 +599,15 @@ fn inflate_joined(data: &[u8], first_body: usize, first_len: usize, out: &mut [u
         joined = buffer;
         &joined
     };
-    let fast = fast_inflate(input, out);
-    let counter = if fast.is_some() {
-        &INFLATED_OURS
+    let (used, status) = if let Some(used) = fast_inflate(input, out) {
+        INFLATED_OURS.fetch_add(1, Ordering::Relaxed);
+        (used, Ok(zlib_rs::Status::StreamEnd))
     } else {
-        &INFLATED_ZLIB
-    };
-    counter.fetch_add(1, Ordering::Relaxed);
-    let (used, status) = match fast {
-        Some(used) => (used, Ok(zlib_rs::Status::StreamEnd)),
-        None => match inflate_all(input, out) {
+        INFLATED_ZLIB.fetch_add(1, Ordering::Relaxed);
+        match inflate_all(input, out) {
             Some(done) => done,
             None => return Joined::Fails,
-        },
+        }
     };
     if !matches!(status, Ok(zlib_rs::Status::Ok | zlib_rs::Status::StreamEnd)) {
         return Joined::Unsure;
@@ -656,9 +652,7 @@ pub const ZLIB_INFLATE_ENV: &str = "SMG_GRPC_PROTO_PNG_ZLIB_INFLATE";
 /// the same bytes with the same input used.
 fn fast_inflate(input: &[u8], out: &mut [u8]) -> Option<usize> {
     static ZLIB_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let zlib_only = *ZLIB_ONLY.get_or_init(|| {
-        std::env::var(ZLIB_INFLATE_ENV).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
-    });
+    let zlib_only = *ZLIB_ONLY.get_or_init(|| super::env_switch(ZLIB_INFLATE_ENV));
     // Under 2 KiB of compressed image data (a 24 x 24 RGB photo, a 100 x 100 drawing of a few
     // shapes), zlib-rs is as fast or faster: our tables (2 048 entries a block) cost more to
     // build than so few codes save.
