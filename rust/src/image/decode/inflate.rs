@@ -863,18 +863,15 @@ mod tests {
         lengths.iter().map(|&l| (usize::from(l), 0)).collect()
     }
 
-    thread_local! {
-        /// Makes [`dynamic`] send an incomplete code-length code.
-        static INCOMPLETE_CL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
+    /// The code-length code [`dynamic`] sends: symbols 0-12 four bits, 13-18 five (complete).
+    const CL_LENGTHS: [u8; 19] = [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5];
 
-    /// A dynamic block: HLIT/HDIST as given, the code-length sequence `cl_seq` (code-length
-    /// code: symbols 0-12 four bits, 13-18 five), then the symbols with codes from `lit` and
-    /// `dist` lengths.
+    /// A final dynamic block: HLIT/HDIST as given, the code-length code `cl_lengths`, the
+    /// code-length sequence `cl_seq`, then the symbols with codes from `lit` and `dist` lengths.
     #[allow(clippy::too_many_arguments)]
     fn dynamic(
         w: &mut Writer,
-        last: bool,
+        cl_lengths: &[u8; 19],
         nlit: usize,
         ndist: usize,
         cl_seq: &[(usize, u32)],
@@ -882,20 +879,15 @@ mod tests {
         dist: &[u8],
         syms: &[Sym],
     ) {
-        w.bits(u32::from(last), 1);
+        w.bits(1, 1);
         w.bits(2, 2);
         w.bits((nlit - 257) as u32, 5);
         w.bits((ndist - 1) as u32, 5);
         w.bits(19 - 4, 4);
-        let mut cl_lengths = [4u8; 19];
-        cl_lengths[13..].fill(5);
-        if INCOMPLETE_CL.with(std::cell::Cell::get) {
-            cl_lengths[0] = 5; // 12/16 + 7/32: a code-length code with a hole
-        }
         for &sym in &CL_ORDER {
             w.bits(u32::from(cl_lengths[sym]), 3);
         }
-        let cl_codes = canonical(&cl_lengths);
+        let cl_codes = canonical(cl_lengths);
         for &(sym, extra) in cl_seq {
             w.code(cl_codes[sym]);
             match sym {
@@ -975,7 +967,7 @@ mod tests {
             let mut seq = plain(&lit);
             seq.extend(plain(&dist30));
             stream(
-                |w| dynamic(w, true, 286, 30, &seq, &lit, &dist30, &syms),
+                |w| dynamic(w, &CL_LENGTHS, 286, 30, &seq, &lit, &dist30, &syms),
                 data,
             )
         };
@@ -1031,12 +1023,20 @@ mod tests {
         dist30[0] = 4;
         dist30[1] = 4;
         let syms = || vec![Sym::Lit(b'x'), Sym::Lit(b'y'), Sym::Eob];
-        let run = |nlit: usize, ndist: usize, seq: Vec<(usize, u32)>, lit: &[u8], dist: &[u8]| {
+        let run_with = |cl: &[u8; 19],
+                        nlit: usize,
+                        ndist: usize,
+                        seq: Vec<(usize, u32)>,
+                        lit: &[u8],
+                        dist: &[u8]| {
             let s = stream(
-                |w| dynamic(w, true, nlit, ndist, &seq, lit, dist, &syms()),
+                |w| dynamic(w, cl, nlit, ndist, &seq, lit, dist, &syms()),
                 b"xy",
             );
             agree(&s, 2)
+        };
+        let run = |nlit: usize, ndist: usize, seq: Vec<(usize, u32)>, lit: &[u8], dist: &[u8]| {
+            run_with(&CL_LENGTHS, nlit, ndist, seq, lit, dist)
         };
         let both = |a: &[u8], b: &[u8]| {
             let mut seq = plain(a);
@@ -1047,11 +1047,11 @@ mod tests {
             run(286, 30, both(&lit, &dist30), &lit, &dist30),
             (true, true)
         );
-        // An incomplete code-length code (its codes enough to send these lengths).
-        INCOMPLETE_CL.with(|c| c.set(true));
-        let holed = run(286, 30, both(&lit, &dist30), &lit, &dist30);
-        INCOMPLETE_CL.with(|c| c.set(false));
-        assert_eq!(holed, (false, false));
+        // An incomplete code-length code (12/16 + 7/32; its codes enough to send these lengths).
+        let mut holed = CL_LENGTHS;
+        holed[0] = 5;
+        let sent = run_with(&holed, 286, 30, both(&lit, &dist30), &lit, &dist30);
+        assert_eq!(sent, (false, false));
         // Repeats: 16 (previous), 17 and 18 (zeros) give the same lengths.
         let mut seq = vec![(9, 0), (16, 3), (16, 3), (16, 3), (16, 3)]; // 1 + 4 * 6 = 25 nines
         for _ in 0..(256 - 25) / 6 {
@@ -1117,7 +1117,7 @@ mod tests {
         no_eob[257] = 4;
         let s = both(&no_eob, &dist30);
         let bytes = stream(
-            |w| dynamic(w, true, 286, 30, &s, &no_eob, &dist30, &[]),
+            |w| dynamic(w, &CL_LENGTHS, 286, 30, &s, &no_eob, &dist30, &[]),
             b"",
         );
         assert_eq!(agree(&bytes, 0), (false, false));
@@ -1146,7 +1146,7 @@ mod tests {
             syms.push(Sym::RawDist(257, missing, 1));
             syms.push(Sym::Eob);
             let bytes = stream(
-                |w| dynamic(w, true, 286, 30, &s, &lit, dist, &syms),
+                |w| dynamic(w, &CL_LENGTHS, 286, 30, &s, &lit, dist, &syms),
                 &[b'a'; 13],
             );
             assert_eq!(agree(&bytes, 13), (false, false));
