@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import struct
 import time
+import typing
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -314,6 +315,32 @@ def test_png_chunks_after_the_image_data() -> None:
     assert _agree(bytes(crc)) == "same pixels"
     broken = _png(ihdr, idat, b"\x00\x00\x00\x01!!!!x\x00\x00\x00\x00")
     assert _agree(broken) == "same pixels"
+
+
+def test_thousands_of_tiny_compressed_chunks_cost_what_they_hold() -> None:
+    """Each compressed text or ICC chunk used to inflate into a cleared buffer of Pillow's whole
+    1 MiB limit: this 150 KB file of 6 000 tiny chunks cost us ~6x Pillow's time (a megabyte
+    cleared per 25-byte chunk). The buffer now grows with the text, so such a file decodes as
+    Pillow decodes it, and faster (CPU time, best of 3 each, same process: ~8x faster here)."""
+    tiny = zlib.compress(b"x")
+    before = png_chunk(b"iCCP", b"p\x00\x00" + tiny) * 2000
+    before += png_chunk(b"zTXt", b"k\x00\x00" + tiny) * 2000
+    before += png_chunk(b"iTXt", b"k\x00\x01\x00\x00\x00" + tiny) * 2000
+    data = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", _gray_ihdr()) + before
+    data += png_chunk(b"IDAT", zlib.compress(_filtered(GRAY_8x4))) + png_chunk(b"IEND", b"")
+    assert _agree(data) == "same pixels"
+
+    def best(call: typing.Callable[[], object]) -> float:
+        times = []
+        for _ in range(3):
+            start = time.process_time()
+            call()
+            times.append(time.process_time() - start)
+        return min(times)
+
+    ours = best(lambda: vision.decode(data))
+    pillow = best(lambda: reference(data))
+    assert ours < pillow, f"ours {ours * 1e3:.1f} ms, Pillow {pillow * 1e3:.1f} ms"
 
 
 def _pack(row: np.ndarray, bits: int) -> bytes:

@@ -44,6 +44,8 @@ const FORMAT: Format = Format::Png;
 
 /// Pillow's limit on decompressed text and ICC chunks (`MAX_TEXT_CHUNK`): past it, it raises.
 const MAX_TEXT_CHUNK: usize = 1 << 20;
+/// The first output buffer of [`inflate_text`], doubled as the text needs.
+const TEXT_START: usize = 4096;
 /// Pillow's limit on the total text kept (`MAX_TEXT_MEMORY`): past it, it raises.
 const MAX_TEXT_MEMORY: usize = 64 * MAX_TEXT_CHUNK;
 /// How much image data Pillow reads at a time (`ImageFile.MAXBLOCK`).
@@ -142,9 +144,13 @@ fn inflate_step(
 /// What `python zlib.decompressobj().decompress(data, MAX_TEXT_CHUNK)` gives, as Pillow's
 /// `_safe_zlib_decompress` uses it: `Ok(Some(text))`, `Ok(None)` for a `zlib.error` (Pillow
 /// ignores the chunk's value), `Err` when the text inflates past the limit (Pillow raises).
+///
+/// The output buffer starts small and doubles as the text fills it, up to the limit: a chunk
+/// costs memory and time in proportion to what it inflates to, never the whole limit (a file
+/// of thousands of tiny compressed chunks would otherwise clear a megabyte for each).
 fn inflate_text(data: &[u8]) -> Result<Option<Vec<u8>>, DecodeError> {
     let mut z = zlib_rs::Inflate::new(true, 15);
-    let mut out = vec![0u8; MAX_TEXT_CHUNK];
+    let mut out = vec![0u8; TEXT_START.min(MAX_TEXT_CHUNK)];
     let mut used_in = 0usize;
     let mut used_out = 0usize;
     loop {
@@ -159,6 +165,11 @@ fn inflate_text(data: &[u8]) -> Result<Option<Vec<u8>>, DecodeError> {
         match status {
             Err(_) => return Ok(None),
             Ok(zlib_rs::Status::StreamEnd) => break,
+            // Full below the limit: where one call into a buffer of the whole limit would have
+            // gone on writing, grow and go on (the bytes and the errors are those of one call).
+            Ok(_) if used_out == out.len() && out.len() < MAX_TEXT_CHUNK => {
+                out.resize((2 * out.len()).min(MAX_TEXT_CHUNK), 0);
+            }
             Ok(_) if used_in == data.len() => break,
             Ok(_) if used_out == out.len() => {
                 return Err(corrupt("Decompressed data too large for a text chunk"))
@@ -1547,6 +1558,139 @@ fn unpack_bits(row: &[u8], bits: u8, dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `inflate_text` as it was: one output buffer of the whole limit, cleared up front.
+    fn inflate_text_one_buffer(data: &[u8]) -> Result<Option<Vec<u8>>, DecodeError> {
+        let mut z = zlib_rs::Inflate::new(true, 15);
+        let mut out = vec![0u8; MAX_TEXT_CHUNK];
+        let (mut used_in, mut used_out) = (0, 0);
+        loop {
+            let (status, read, written) = inflate_step(
+                &mut z,
+                &data[used_in..],
+                &mut out[used_out..],
+                zlib_rs::InflateFlush::SyncFlush,
+            );
+            used_in += read;
+            used_out += written;
+            match status {
+                Err(_) => return Ok(None),
+                Ok(zlib_rs::Status::StreamEnd) => break,
+                Ok(_) if used_in == data.len() => break,
+                Ok(_) if used_out == out.len() => return Err(corrupt("too large")),
+                Ok(zlib_rs::Status::BufError) => break,
+                Ok(zlib_rs::Status::Ok) => {}
+            }
+        }
+        out.truncate(used_out);
+        Ok(Some(out))
+    }
+
+    fn zlib_compress(data: &[u8], level: i32) -> Vec<u8> {
+        let mut out = vec![0u8; data.len() + data.len() / 100 + 64];
+        let config = zlib_rs::DeflateConfig::new(level);
+        let (done, rc) = zlib_rs::compress_slice(&mut out, data, config);
+        assert_eq!(rc as i32, 0, "compress failed");
+        done.to_vec()
+    }
+
+    #[test]
+    fn text_chunks_inflate_into_a_growing_buffer_as_into_one_of_the_limit() {
+        // Texts on both sides of each doubling and of the limit, whole, cut short, damaged
+        // and with bytes after their end: the same text, the same "ignored" and the same
+        // error as the one-buffer loop.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = |n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|i| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    // Half runs, half noise: both literals and long matches.
+                    if (i / 512) % 2 == 0 {
+                        b'a' + (i % 7) as u8
+                    } else {
+                        seed as u8
+                    }
+                })
+                .collect()
+        };
+        let limit = MAX_TEXT_CHUNK;
+        let mut checked = 0;
+        for n in [
+            0,
+            1,
+            100,
+            4095,
+            4096,
+            4097,
+            8192,
+            70_000,
+            limit - 1,
+            limit,
+            limit + 1,
+            3 * limit,
+        ] {
+            let text = noise(n);
+            for level in [0, 1, 9] {
+                let whole = zlib_compress(&text, level);
+                let mut cases = vec![whole.clone(), whole[..whole.len() / 2].to_vec()];
+                let mut after = whole.clone();
+                after.extend_from_slice(b"trailing bytes");
+                cases.push(after);
+                for at in [2, whole.len() / 3, whole.len() - 3] {
+                    let mut bad = whole.clone();
+                    if let Some(b) = bad.get_mut(at) {
+                        *b ^= 0x55;
+                    }
+                    cases.push(bad);
+                }
+                for case in &cases {
+                    let ours = inflate_text(case);
+                    let theirs = inflate_text_one_buffer(case);
+                    match (&ours, &theirs) {
+                        (Ok(a), Ok(b)) => assert_eq!(a, b, "text of {n} bytes, level {level}"),
+                        (Err(_), Err(_)) => {}
+                        _ => {
+                            panic!("text of {n} bytes, level {level}: {ours:?} against {theirs:?}")
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 12 * 3 * 6);
+        // The whole text back, and the limit still refused.
+        let text = noise(70_000);
+        assert_eq!(
+            inflate_text(&zlib_compress(&text, 6)).unwrap().unwrap(),
+            text
+        );
+        assert!(inflate_text(&zlib_compress(&noise(limit + 1), 6)).is_err());
+    }
+
+    #[test]
+    fn a_small_text_chunk_takes_a_small_buffer() {
+        // The buffer grows with the text: thousands of tiny chunks must not clear a
+        // megabyte each.
+        let text = inflate_text(&zlib_compress(b"an ICC profile, say", 6))
+            .unwrap()
+            .unwrap();
+        assert_eq!(text, b"an ICC profile, say");
+        assert!(
+            text.capacity() <= TEXT_START,
+            "{} bytes kept",
+            text.capacity()
+        );
+        let big = vec![7u8; 100_000];
+        let text = inflate_text(&zlib_compress(&big, 6)).unwrap().unwrap();
+        assert_eq!(text, big);
+        assert!(
+            text.capacity() < 2 * big.len(),
+            "{} bytes kept",
+            text.capacity()
+        );
+    }
 
     #[test]
     fn unpacks_sub_byte_samples() {
