@@ -905,18 +905,24 @@ fn unfilter(buf: &mut [u8], row_bytes: usize, rows: usize, bpp: usize) -> Result
     while r < rows {
         let (before, rest) = buf.split_at_mut(r * stride);
         #[cfg(target_arch = "x86_64")]
-        if r > 0 && r + 1 < rows && matches!(bpp, 3 | 4) && rest[0] == 4 && rest[stride] == 4 {
-            // Two Paeth rows under a row: side by side (see `paeth_rows2_sse2`).
+        if r > 0 && r + 1 < rows && matches!(bpp, 3 | 4) && side_by_side(rest[0], rest[stride]) {
+            // Two Paeth or Average rows under a row: side by side (see `rows2_sse2`).
             let prev = &before[(r - 1) * stride + 1..];
             let (first, second) = rest[..2 * stride].split_at_mut(stride);
+            let (f0, f1) = (first[0], second[0]);
             let (first, second) = (&mut first[1..], &mut second[1..]);
-            // SAFETY: the function's only requirement is the `sse2` target feature, which
+            // SAFETY: the functions' only requirement is the `sse2` target feature, which
             // every x86-64 CPU has (it is enabled in the x86_64 targets' baseline).
             unsafe {
-                if bpp == 3 {
-                    paeth_rows2_sse2::<3>(first, second, prev);
-                } else {
-                    paeth_rows2_sse2::<4>(first, second, prev);
+                match (bpp, f0, f1) {
+                    (3, PAETH, PAETH) => rows2_sse2::<3, PAETH, PAETH>(first, second, prev),
+                    (3, PAETH, _) => rows2_sse2::<3, PAETH, AVERAGE>(first, second, prev),
+                    (3, _, PAETH) => rows2_sse2::<3, AVERAGE, PAETH>(first, second, prev),
+                    (3, _, _) => rows2_sse2::<3, AVERAGE, AVERAGE>(first, second, prev),
+                    (_, PAETH, PAETH) => rows2_sse2::<4, PAETH, PAETH>(first, second, prev),
+                    (_, PAETH, _) => rows2_sse2::<4, PAETH, AVERAGE>(first, second, prev),
+                    (_, _, PAETH) => rows2_sse2::<4, AVERAGE, PAETH>(first, second, prev),
+                    (_, _, _) => rows2_sse2::<4, AVERAGE, AVERAGE>(first, second, prev),
                 }
             }
             r += 2;
@@ -928,6 +934,17 @@ fn unfilter(buf: &mut [u8], row_bytes: usize, rows: usize, bpp: usize) -> Result
         r += 1;
     }
     Ok(())
+}
+
+/// The filter types of PNG rows that [`rows2_sse2`] runs side by side.
+const AVERAGE: u8 = 3;
+const PAETH: u8 = 4;
+
+/// Whether two rows with these filter types go through [`rows2_sse2`]: each is Paeth or
+/// Average, whose every pixel depends on the one to its left (Sub, Up and None rows are quick
+/// one by one).
+fn side_by_side(f0: u8, f1: u8) -> bool {
+    matches!(f0, AVERAGE | PAETH) && matches!(f1, AVERAGE | PAETH)
 }
 
 /// The PNG specification's Paeth predictor, as Pillow writes it: the neighbour (left `a`, above
@@ -1015,6 +1032,37 @@ fn paeth_px_sse2(
     _mm_and_si128(_mm_add_epi16(raw, predicted), _mm_set1_epi16(0xff))
 }
 
+/// One pixel of Average in SSE2 16-bit lanes: `raw + (a + b) / 2`, the sum exact in 16 bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+#[inline]
+fn average_px_sse2(
+    a: std::arch::x86_64::__m128i,
+    b: std::arch::x86_64::__m128i,
+    raw: std::arch::x86_64::__m128i,
+) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::{_mm_add_epi16, _mm_and_si128, _mm_set1_epi16, _mm_srli_epi16};
+    let predicted = _mm_srli_epi16::<1>(_mm_add_epi16(a, b));
+    _mm_and_si128(_mm_add_epi16(raw, predicted), _mm_set1_epi16(0xff))
+}
+
+/// One pixel of filter `F` ([`PAETH`] or [`AVERAGE`]) in SSE2 16-bit lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+#[inline]
+fn px_sse2<const F: u8>(
+    a: std::arch::x86_64::__m128i,
+    b: std::arch::x86_64::__m128i,
+    c: std::arch::x86_64::__m128i,
+    raw: std::arch::x86_64::__m128i,
+) -> std::arch::x86_64::__m128i {
+    if F == PAETH {
+        paeth_px_sse2(a, b, c, raw)
+    } else {
+        average_px_sse2(a, b, raw)
+    }
+}
+
 /// `BPP` (3 or 4) bytes as the low 16-bit lanes of an SSE2 register, and back.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
@@ -1038,32 +1086,37 @@ fn store_px<const BPP: usize>(px: std::arch::x86_64::__m128i, bytes: &mut [u8]) 
     bytes.copy_from_slice(&word[..BPP]);
 }
 
-/// [`paeth_row`] for 3- and 4-byte pixels with SSE2: a pixel's samples in 16-bit lanes (the
-/// fourth computes on zeros for RGB and is not stored). No pointers: bytes go in and out
-/// through `i32`s.
+/// [`paeth_row`] (`F` = [`PAETH`]) or [`average_row`] (`F` = [`AVERAGE`]) for 3- and 4-byte
+/// pixels with SSE2: a pixel's samples in 16-bit lanes (the fourth computes on zeros for RGB
+/// and is not stored). No pointers: bytes go in and out through `i32`s.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-fn paeth_row_sse2<const BPP: usize>(cur: &mut [u8], prev: &[u8]) {
+fn row_sse2<const BPP: usize, const F: u8>(cur: &mut [u8], prev: &[u8]) {
     use std::arch::x86_64::_mm_setzero_si128;
     let (mut left, mut upper_left) = (_mm_setzero_si128(), _mm_setzero_si128());
     for (px, up) in cur.chunks_exact_mut(BPP).zip(prev.chunks_exact(BPP)) {
         let above = load_px::<BPP>(up);
-        left = paeth_px_sse2(left, above, upper_left, load_px::<BPP>(px));
+        left = px_sse2::<F>(left, above, upper_left, load_px::<BPP>(px));
         store_px::<BPP>(left, px);
         upper_left = above;
     }
 }
 
-/// Two consecutive Paeth rows at once: `first` under `prev`, `second` under `first`. Each
-/// pixel depends on the one to its left, a chain of about ten operations; the second row's
-/// pixel needs only the first row's pixel above it, so the two chains run side by side, one
-/// pixel apart, and the pair costs little more than one row.
+/// Two consecutive rows at once, filtered with `F0` and `F1` ([`PAETH`] or [`AVERAGE`]):
+/// `first` under `prev`, `second` under `first`. Each pixel depends on the one to its left, a
+/// chain of about ten operations for Paeth, four for Average; the second row's pixel needs only
+/// the first row's pixels above it, so the two chains run side by side, one pixel apart, and
+/// the pair costs little more than one row.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-fn paeth_rows2_sse2<const BPP: usize>(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
+fn rows2_sse2<const BPP: usize, const F0: u8, const F1: u8>(
+    first: &mut [u8],
+    second: &mut [u8],
+    prev: &[u8],
+) {
     use std::arch::x86_64::_mm_setzero_si128;
     if BPP == 3 {
-        paeth_rows2_rgb_sse2(first, second, prev);
+        rows2_rgb_sse2::<F0, F1>(first, second, prev);
         return;
     }
     let zero = _mm_setzero_si128();
@@ -1074,22 +1127,23 @@ fn paeth_rows2_sse2<const BPP: usize>(first: &mut [u8], second: &mut [u8], prev:
         .zip(prev.chunks_exact(BPP));
     for ((px0, px1), up) in pixels {
         let above0 = load_px::<BPP>(up);
-        left0 = paeth_px_sse2(left0, above0, upper_left0, load_px::<BPP>(px0));
+        left0 = px_sse2::<F0>(left0, above0, upper_left0, load_px::<BPP>(px0));
         store_px::<BPP>(left0, px0);
         upper_left0 = above0;
-        left1 = paeth_px_sse2(left1, left0, upper_left1, load_px::<BPP>(px1));
+        left1 = px_sse2::<F1>(left1, left0, upper_left1, load_px::<BPP>(px1));
         store_px::<BPP>(left1, px1);
         upper_left1 = left0;
     }
 }
 
-/// [`paeth_rows2_sse2`] for 3-byte pixels with one 4-byte load and store per pixel and row
-/// instead of two of each: every pixel but the last reads and writes one byte of the next
-/// pixel too (in a 4th lane, which computes on it and is never used). The next pixel's filtered bytes are loaded before this pixel is stored (the store
-/// overwrites the first of them), and its own store then writes that byte again, unfiltered.
+/// [`rows2_sse2`] for 3-byte pixels with one 4-byte load and store per pixel and row instead of
+/// two of each: every pixel but the last reads and writes one byte of the next pixel too (in a
+/// 4th lane, which computes on it and is never used). The next pixel's filtered bytes are
+/// loaded before this pixel is stored (the store overwrites the first of them), and its own
+/// store then writes that byte again, unfiltered.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-fn paeth_rows2_rgb_sse2(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
+fn rows2_rgb_sse2<const F0: u8, const F1: u8>(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
     use std::arch::x86_64::_mm_setzero_si128;
     let n = first.len().min(second.len()).min(prev.len()) / 3;
     if n < 2 {
@@ -1097,9 +1151,9 @@ fn paeth_rows2_rgb_sse2(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
         let zero = _mm_setzero_si128();
         if n == 1 {
             let above = load_px::<3>(&prev[..3]);
-            let px0 = paeth_px_sse2(zero, above, zero, load_px::<3>(&first[..3]));
+            let px0 = px_sse2::<F0>(zero, above, zero, load_px::<3>(&first[..3]));
             store_px::<3>(px0, &mut first[..3]);
-            let px1 = paeth_px_sse2(zero, px0, zero, load_px::<3>(&second[..3]));
+            let px1 = px_sse2::<F1>(zero, px0, zero, load_px::<3>(&second[..3]));
             store_px::<3>(px1, &mut second[..3]);
         }
         return;
@@ -1110,7 +1164,7 @@ fn paeth_rows2_rgb_sse2(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
     for i in 0..n - 1 {
         let at = 3 * i;
         let above0 = load_px::<4>(&prev[at..at + 4]);
-        left0 = paeth_px_sse2(left0, above0, upper_left0, raw0);
+        left0 = px_sse2::<F0>(left0, above0, upper_left0, raw0);
         // The next pixel's bytes, before this one's 4-byte store overwrites the first of them;
         // the last pixel's take exactly 3 bytes (a 4th would lie past the row).
         let (next0, next1) = if i + 2 < n {
@@ -1126,16 +1180,16 @@ fn paeth_rows2_rgb_sse2(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
         };
         store_px::<4>(left0, &mut first[at..at + 4]);
         upper_left0 = above0;
-        left1 = paeth_px_sse2(left1, left0, upper_left1, raw1);
+        left1 = px_sse2::<F1>(left1, left0, upper_left1, raw1);
         store_px::<4>(left1, &mut second[at..at + 4]);
         upper_left1 = left0;
         (raw0, raw1) = (next0, next1);
     }
     let at = 3 * (n - 1);
     let above0 = load_px::<3>(&prev[at..at + 3]);
-    left0 = paeth_px_sse2(left0, above0, upper_left0, raw0);
+    left0 = px_sse2::<F0>(left0, above0, upper_left0, raw0);
     store_px::<3>(left0, &mut first[at..at + 3]);
-    left1 = paeth_px_sse2(left1, left0, upper_left1, raw1);
+    left1 = px_sse2::<F1>(left1, left0, upper_left1, raw1);
     store_px::<3>(left1, &mut second[at..at + 3]);
 }
 
@@ -1208,6 +1262,13 @@ fn unfilter_row(
                 *c = c.wrapping_add(p);
             }
         }
+        // SAFETY: the function's only requirement is the `sse2` target feature, which every
+        // x86-64 CPU has (it is enabled in the x86_64 targets' baseline).
+        #[cfg(target_arch = "x86_64")]
+        (3, Some(prev)) if bpp == 3 => unsafe { row_sse2::<3, AVERAGE>(cur, &prev[..n]) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (3, Some(prev)) if bpp == 4 => unsafe { row_sse2::<4, AVERAGE>(cur, &prev[..n]) },
         (3, prev) => per_bpp!(bpp, average_row(cur, prev.map(|p| &p[..n]))),
         (4, Some(prev)) => match bpp {
             1 => paeth_row::<1, 1>(cur, &prev[..n]),
@@ -1215,10 +1276,10 @@ fn unfilter_row(
             // SAFETY: the function's only requirement is the `sse2` target feature, which every
             // x86-64 CPU has (it is enabled in the x86_64 targets' baseline).
             #[cfg(target_arch = "x86_64")]
-            3 => unsafe { paeth_row_sse2::<3>(cur, &prev[..n]) },
+            3 => unsafe { row_sse2::<3, PAETH>(cur, &prev[..n]) },
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
-            4 => unsafe { paeth_row_sse2::<4>(cur, &prev[..n]) },
+            4 => unsafe { row_sse2::<4, PAETH>(cur, &prev[..n]) },
             #[cfg(not(target_arch = "x86_64"))]
             3 => paeth_row::<3, 4>(cur, &prev[..n]),
             #[cfg(not(target_arch = "x86_64"))]
@@ -1762,11 +1823,30 @@ mod tests {
         }
     }
 
+    /// [`unfilter_row`] with the portable kernels only (no SSE2): the reference for the SIMD
+    /// paths.
+    fn unfilter_row_portable(filter: u8, cur: &mut [u8], prev: Option<&[u8]>, bpp: usize) {
+        let n = cur.len();
+        match (filter, prev) {
+            (4, Some(prev)) => match bpp {
+                1 => paeth_row::<1, 1>(cur, &prev[..n]),
+                2 => paeth_row::<2, 4>(cur, &prev[..n]),
+                3 => paeth_row::<3, 4>(cur, &prev[..n]),
+                4 => paeth_row::<4, 4>(cur, &prev[..n]),
+                6 => paeth_row::<6, 8>(cur, &prev[..n]),
+                _ => paeth_row::<8, 8>(cur, &prev[..n]),
+            },
+            (3, prev) => per_bpp!(bpp, average_row(cur, prev.map(|p| &p[..n]))),
+            _ => unfilter_row(filter, cur, prev, bpp).unwrap(),
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn paeth_row_pairs_equal_rows_one_by_one() {
-        // Random filtered images, mostly Paeth rows (so pairs and odd rows both occur), through
-        // `unfilter` and through `unfilter_row` one row at a time.
+    fn paeth_and_average_row_pairs_equal_rows_one_by_one() {
+        // Random filtered images, mostly Paeth and Average rows (so every pair of the two and
+        // odd rows occur), through `unfilter` and through the portable kernels one row at a
+        // time.
         let mut state = 0x1234_5678u32;
         let mut next = || {
             state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
@@ -1787,14 +1867,18 @@ mod tests {
                 let mut buf: Vec<u8> = (0..stride * rows).map(|_| next()).collect();
                 for r in 0..rows {
                     let f = next();
-                    buf[r * stride] = if f < 170 { 4 } else { f % 5 };
+                    buf[r * stride] = match f {
+                        0..100 => PAETH,
+                        100..200 => AVERAGE,
+                        _ => f % 5,
+                    };
                 }
                 let mut want = buf.clone();
                 for r in 0..rows {
                     let (before, rest) = want.split_at_mut(r * stride);
                     let prev = (r > 0).then(|| &before[(r - 1) * stride + 1..]);
                     let (filter, cur) = rest[..stride].split_at_mut(1);
-                    unfilter_row(filter[0], cur, prev, bpp).unwrap();
+                    unfilter_row_portable(filter[0], cur, prev, bpp);
                 }
                 unfilter(&mut buf, row_bytes, rows, bpp).unwrap();
                 assert_eq!(buf, want, "bpp {bpp}, {width} x {rows}");
@@ -1803,7 +1887,7 @@ mod tests {
     }
 
     #[test]
-    fn paeth_sse2_matches_the_portable_kernel() {
+    fn paeth_and_average_sse2_match_the_portable_kernels() {
         // Pseudo-random rows (a fixed LCG), with runs of equal bytes for the ties.
         let mut state = 0x2545_f491_u32;
         let mut next = || {
@@ -1823,11 +1907,11 @@ mod tests {
                 if bpp == 3 {
                     paeth_row::<3, 4>(&mut want, &prev);
                     // SAFETY: sse2 is in every x86-64 CPU's baseline.
-                    unsafe { paeth_row_sse2::<3>(&mut got, &prev) };
+                    unsafe { row_sse2::<3, PAETH>(&mut got, &prev) };
                 } else {
                     paeth_row::<4, 4>(&mut want, &prev);
                     // SAFETY: as above.
-                    unsafe { paeth_row_sse2::<4>(&mut got, &prev) };
+                    unsafe { row_sse2::<4, PAETH>(&mut got, &prev) };
                 }
                 assert_eq!(got, want, "bpp {bpp} len {len}");
                 // And both are the specification's predictor, byte by byte.
@@ -1841,6 +1925,18 @@ mod tests {
                     spec[i] = spec[i].wrapping_add(paeth(a, prev[i], c));
                 }
                 assert_eq!(want, spec, "bpp {bpp} len {len}");
+                // Average: the SSE2 kernel against the portable one.
+                let (mut want, mut got) = (row.clone(), row.clone());
+                if bpp == 3 {
+                    average_row::<3>(&mut want, Some(&prev));
+                    // SAFETY: sse2 is in every x86-64 CPU's baseline.
+                    unsafe { row_sse2::<3, AVERAGE>(&mut got, &prev) };
+                } else {
+                    average_row::<4>(&mut want, Some(&prev));
+                    // SAFETY: as above.
+                    unsafe { row_sse2::<4, AVERAGE>(&mut got, &prev) };
+                }
+                assert_eq!(got, want, "average, bpp {bpp} len {len}");
             }
         }
     }
