@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import random
 import struct
+import subprocess
+import sys
+import textwrap
 import time
 import typing
 import zlib
@@ -315,6 +318,66 @@ def test_png_chunks_after_the_image_data() -> None:
     assert _agree(bytes(crc)) == "same pixels"
     broken = _png(ihdr, idat, b"\x00\x00\x00\x01!!!!x\x00\x00\x00\x00")
     assert _agree(broken) == "same pixels"
+
+
+def test_a_broken_stream_declaring_a_huge_image_touches_none_of_it() -> None:
+    """A 62-byte PNG declaring 13 000 x 13 000 RGBA 16-bit pixels, with a broken stream: the
+    decoder used to clear the whole 1.35 GB row buffer before its row-by-row retry (0.5 s,
+    +1.3 GB of resident memory; Pillow fails in milliseconds). Now the retry writes rows as it
+    inflates them and fails after the first bytes: the child's peak memory barely moves."""
+    ihdr = struct.pack(">IIBBBBB", 13_000, 13_000, 16, 6, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+    data += png_chunk(b"IDAT", b"\x78\x9c\xff\xff\xff") + png_chunk(b"IEND", b"")
+    assert len(data) == 62
+    _pillow_raises(data)
+    child = textwrap.dedent(
+        """
+        import sys
+        from smg_grpc_proto import vision
+        from smg_grpc_proto.errors import CorruptImageError
+
+        def peak_kib():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+
+        data = sys.stdin.buffer.read()
+        before = peak_kib()
+        try:
+            vision.decode(data)
+        except CorruptImageError:
+            print(peak_kib() - before)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child], input=data, capture_output=True, check=True, timeout=60
+    )
+    grown_kib = int(out.stdout)
+    assert grown_kib < 64 * 1024, f"peak memory grew by {grown_kib} KiB"
+
+
+def test_rows_past_a_stream_that_ends_early_are_zero_in_a_recycled_buffer() -> None:
+    """A stream that ends cleanly after two of its rows: Pillow keeps the image, the other rows
+    zero. The row buffer may be a recycled one holding an earlier image's bytes (it is no longer
+    cleared up front), so those rows must be zeroed on the way out."""
+    rng = np.random.default_rng(7)
+
+    def rgb_png(pixels: np.ndarray, rows: int) -> bytes:
+        height, width, _ = pixels.shape
+        ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+        head = _filtered(pixels[:rows].tobytes(), 3 * width)
+        return _png(ihdr, [zlib.compress(head)])
+
+    # The first image's pixels (360 000 bytes), freed, are kept for the next decode, and fit
+    # the second's row buffer (241 x 961 bytes).
+    big = rng.integers(1, 256, size=(300, 400, 3), dtype=np.uint8)
+    small = rng.integers(1, 256, size=(240, 320, 3), dtype=np.uint8)
+    for _ in range(3):
+        assert _agree(rgb_png(big, 300)) == "same pixels"
+        assert _agree(rgb_png(small, 2)) == "same pixels"
+    ours = vision.decode(rgb_png(small, 2))
+    assert not ours[2:].any()
+    assert (ours[:2] == small[:2]).all()
 
 
 def test_thousands_of_tiny_compressed_chunks_cost_what_they_hold() -> None:

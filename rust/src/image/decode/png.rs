@@ -512,7 +512,7 @@ struct DataEnd {
 }
 
 /// `load_read` + `ImagingZipDecode`: inflates the image data into `out` (the layout's rows with
-/// their filter bytes, zero) with Pillow's outcome. First [`inflate_joined`] (all the data in
+/// their filter bytes; whatever it holds is overwritten) with Pillow's outcome. First [`inflate_joined`] (all the data in
 /// one call), then, when an error after the last byte or a cut-short chunk leaves it unsure,
 /// [`inflate_whole`] (Pillow's pieces); both succeed only when Pillow's row-by-row inflate does,
 /// and then give the same bytes. When neither succeeds (a broken or truncated stream, a stream
@@ -541,7 +541,9 @@ fn inflate_image(
         }
         Joined::Fails => {}
     }
-    out.fill(0);
+    // `out` is not cleared first: the rows are written in order, and only an image whose
+    // stream ends early gets its remaining bytes zeroed (a broken stream that declares a huge
+    // image fails after its first bytes without touching the rest of the buffer).
     inflate_rows(data, first_body, first_len, layout, out)
 }
 
@@ -764,7 +766,8 @@ fn inflate_whole(
 }
 
 /// [`inflate_image`] as Pillow does it: for each piece one inflate call per row, into that
-/// row's remaining bytes.
+/// row's remaining bytes. `out` may hold anything: every byte of it is written (inflated, or
+/// zero past a stream that ends early) when this succeeds.
 fn inflate_rows(
     data: &[u8],
     first_body: usize,
@@ -851,12 +854,14 @@ fn inflate_rows(
             }
             match rows.next() {
                 Some(bytes) if !ended => row_end += bytes,
-                // The last row, or a stream that ends with a row: the image is done.
+                // The last row, or a stream that ends with a row: the image is done, its
+                // rows past the stream's end zero (Pillow's image starts cleared).
                 _ => {
+                    out[filled..].fill(0);
                     return Ok(DataEnd {
                         pos,
                         left_in_chunk: left,
-                    })
+                    });
                 }
             }
         }
@@ -1390,9 +1395,9 @@ pub(crate) fn decode(data: &[u8], limit: u64) -> Result<Decoded, DecodeError> {
         stream.interlaced,
     )
     .ok_or_else(oom)?;
-    // Recycled when a kept buffer fits (no page faults of fresh memory): `inflate_image` either
-    // fills every byte or zeroes the buffer before its row-by-row retry, so stale bytes are
-    // never read.
+    // Recycled when a kept buffer fits (no page faults of fresh memory): when `inflate_image`
+    // succeeds it has written every byte (the rows past a stream that ends early as zeros), so
+    // stale bytes are never read.
     let mut inflated: Vec<u8> =
         crate::memory::overwritable_bytes(layout.total).map_err(|bytes| {
             DecodeError::OutOfMemory {
