@@ -298,6 +298,13 @@ thread_local! {
     static TABLES: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
 }
 
+/// Dynamic blocks taken before their average output is checked against [`MIN_BLOCK_OUTPUT`].
+const TRIAL_BLOCKS: usize = 8;
+/// The least output per dynamic block, on average, for which the fast path goes on: zlib's
+/// deflate ends a block every 16 384 symbols (at its default memory level), so tens of
+/// kilobytes; a block of a few hundred bytes is faster in zlib-rs, whose tables are smaller.
+const MIN_BLOCK_OUTPUT: usize = 4096;
+
 /// The fixed code's tables (literal/length, then distance), built once.
 fn fixed_tables() -> &'static [u32] {
     static FIXED: OnceLock<Vec<u32>> = OnceLock::new();
@@ -332,6 +339,7 @@ fn inflate_with(input: &[u8], out: &mut [u8], lit: &mut [u32], dist: &mut [u32])
     };
     let mut o = 0usize;
     let mut lengths = [0u8; 286 + 30];
+    let mut dynamic_blocks = 0usize;
     loop {
         bits.refill()?;
         let last = bits.take(1);
@@ -355,6 +363,14 @@ fn inflate_with(input: &[u8], out: &mut [u8], lit: &mut [u32], dist: &mut [u32])
                 o = inflate_block(&mut bits, lit, dist, out, o)?;
             }
             2 => {
+                // Building a dynamic block's tables costs ~2-3 µs, several times zlib's: a
+                // stream of tiny blocks (hand-made: real encoders write kilobytes per block)
+                // would cost us far more than zlib-rs. Past the first few, blocks must average
+                // `MIN_BLOCK_OUTPUT` bytes, else zlib-rs takes the stream.
+                if dynamic_blocks >= TRIAL_BLOCKS && o < dynamic_blocks * MIN_BLOCK_OUTPUT {
+                    return None;
+                }
+                dynamic_blocks += 1;
                 let nlit = 257 + bits.take(5) as usize;
                 let ndist = 1 + bits.take(5) as usize;
                 let ncl = 4 + bits.take(4) as usize;
@@ -879,7 +895,23 @@ mod tests {
         dist: &[u8],
         syms: &[Sym],
     ) {
-        w.bits(1, 1);
+        dynamic_block(w, true, cl_lengths, nlit, ndist, cl_seq, lit, dist, syms);
+    }
+
+    /// [`dynamic`], final (`last`) or not.
+    #[allow(clippy::too_many_arguments)]
+    fn dynamic_block(
+        w: &mut Writer,
+        last: bool,
+        cl_lengths: &[u8; 19],
+        nlit: usize,
+        ndist: usize,
+        cl_seq: &[(usize, u32)],
+        lit: &[u8],
+        dist: &[u8],
+        syms: &[Sym],
+    ) {
+        w.bits(u32::from(last), 1);
         w.bits(2, 2);
         w.bits((nlit - 257) as u32, 5);
         w.bits((ndist - 1) as u32, 5);
@@ -1013,6 +1045,70 @@ mod tests {
             h[1] = 0;
             h[1] = (31 - ((u16::from(h[0]) << 8) % 31) as u8) % 31;
             assert_eq!(agree(&h, 6), (true, true), "cinfo {cinfo}");
+        }
+    }
+
+    #[test]
+    fn streams_of_tiny_dynamic_blocks_are_left_to_zlib() {
+        // Blocks of 64 literals each, with the full 286/30 codes to build: after the trial
+        // blocks, their average output is far below `MIN_BLOCK_OUTPUT`, and zlib-rs takes the
+        // stream (which it inflates, as ours would have, to the same bytes).
+        let lit = lit_lengths(286);
+        let mut dist30 = vec![5u8; 30];
+        dist30[0] = 4;
+        dist30[1] = 4;
+        let mut seq = plain(&lit);
+        seq.extend(plain(&dist30));
+        let tiny = |blocks: usize| -> (Vec<u8>, Vec<u8>) {
+            let data: Vec<u8> = (0..blocks * 64).map(|i| (i * 7 % 251) as u8).collect();
+            let mut w = Writer::zlib();
+            for (k, part) in data.chunks(64).enumerate() {
+                let mut syms: Vec<Sym> = part.iter().map(|&v| Sym::Lit(v)).collect();
+                syms.push(Sym::Eob);
+                let last = k + 1 == blocks;
+                dynamic_block(
+                    &mut w,
+                    last,
+                    &CL_LENGTHS,
+                    286,
+                    30,
+                    &seq,
+                    &lit,
+                    &dist30,
+                    &syms,
+                );
+            }
+            (w.finish(&data), data)
+        };
+        for blocks in [1, TRIAL_BLOCKS, TRIAL_BLOCKS + 1, 500] {
+            let (stream, data) = tiny(blocks);
+            let (theirs, _, ended) = zlib(&stream, data.len());
+            assert!(
+                ended && theirs == data,
+                "{blocks} blocks: zlib-rs inflates it"
+            );
+            let mut out = vec![0u8; data.len()];
+            let ours = inflate_exact(&stream, &mut out);
+            if blocks <= TRIAL_BLOCKS {
+                assert_eq!(ours, Some(stream.len()), "{blocks} blocks: ours takes it");
+                assert_eq!(out, data);
+            } else {
+                assert_eq!(ours, None, "{blocks} blocks: left to zlib-rs");
+            }
+        }
+        // Blocks as large as zlib writes them are taken whatever their number.
+        // Like filtered photo rows, Huffman codes only: a block every 16 384 literals (zlib's
+        // default memory level), so ~24 dynamic blocks of 16 KiB.
+        let data = sample(0, 400_000, &mut Rng(0x2545_f491_4f6c_dd1d));
+        for level in [1, 6, 9] {
+            let stream = compress(&data, level, zlib_rs::Strategy::HuffmanOnly, 15);
+            let mut out = vec![0u8; data.len()];
+            assert_eq!(
+                inflate_exact(&stream, &mut out),
+                Some(stream.len()),
+                "level {level}"
+            );
+            assert_eq!(out, data);
         }
     }
 
