@@ -405,12 +405,17 @@ impl Bits {
         self.n >= self.pad && !self.hit_end
     }
 
-    /// What libjpeg would decode otherwise, if anything (checked after each MCU).
+    /// What libjpeg would decode otherwise, if anything (checked after each MCU). A segment
+    /// that ran out of data is caught here, at the first MCU past its end, and not only where
+    /// it should end: a frame declaring millions of MCUs over a few bytes of scan would
+    /// otherwise be decoded to its end on zeros before libjpeg decodes it all again.
     fn anomaly(&self) -> Option<Anomaly> {
         if self.hit_end {
             Some(Anomaly("the data ends without a marker"))
         } else if self.fill_in_data {
             Some(Anomaly("0xFF fill bytes inside the data"))
+        } else if !self.within_segment() {
+            Some(Anomaly("a segment ran out of data"))
         } else {
             None
         }
@@ -1392,6 +1397,45 @@ mod tests {
             sc.decode_mcu(&s.data, &mut refs).unwrap_err(),
             Anomaly("more MCUs than the frame has")
         );
+    }
+
+    #[test]
+    fn a_frame_far_larger_than_its_data_stops_at_the_first_mcu_past_it() {
+        // The scan of 40 MCUs, but a frame of a million: libjpeg would go on on zeros to the
+        // end of the frame, and so did this decoder (to find out only there that the segment
+        // ran out). The anomaly now comes at the first MCU that reads past the data.
+        for interval in [0, 8] {
+            let mut rng = Rng(0xF4A3);
+            let mut s = stream(&mut rng, &[1, 1, 1], 40, interval);
+            assert!(decode_all(&s, &s.data, 0).is_ok());
+            s.mcus = 1_000_000;
+            let mut sc = scan(&s, 0);
+            let mut blocks = [[0i16; 64]; 3];
+            let mut decoded = 0u64;
+            let anomaly = loop {
+                let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
+                match sc.decode_mcu(&s.data, &mut refs) {
+                    Ok(Step::More) => decoded += 1,
+                    Ok(Step::Done(_)) => panic!("a million MCUs from the data of 40"),
+                    Err(anomaly) => break anomaly,
+                }
+            };
+            // The 40 MCUs and at most one more (the EOI's bytes and the reader's look-ahead
+            // may hold a few bits that decode as one).
+            assert!(
+                (40..=41).contains(&decoded),
+                "interval {interval}: {decoded} MCUs"
+            );
+            assert!(
+                matches!(
+                    anomaly,
+                    Anomaly(
+                        "a segment ran out of data" | "a restart marker missing or out of order"
+                    )
+                ),
+                "interval {interval}: {anomaly:?}"
+            );
+        }
     }
 
     #[test]
