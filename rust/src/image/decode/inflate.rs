@@ -17,10 +17,12 @@
 //!
 //! The speed comes from what zlib's table format does not do: a literal/length entry holds two
 //! literals when both codes fit in the [`LIT_BITS`] bits looked up (`motorcycle_left.png`:
-//! 798 000 literals, 581 000 of them decoded in pairs), a length or distance entry is dropped
-//! with its extra bits in one shift, the next entry is looked up before the bit buffer is
-//! refilled (eight bytes at a time, without a branch on its level), and one or two literals
-//! are written without a branch between the two. Matches are copied 16 bytes at a time, by
+//! 798 000 literals, 581 000 of them decoded in pairs), a length of 3 to 10 and the distance
+//! code after it are decoded by one lookup when both codes fit in those bits (`chelsea.png`:
+//! 103 000 matches, most of 3 or 4 bytes; see [`combine_lengths`]), a length or distance entry
+//! is dropped with its extra bits in one shift, the next entry is looked up before the bit
+//! buffer is refilled (eight bytes at a time, without a branch on its level), and one or two
+//! literals are written without a branch between the two. Matches are copied 16 bytes at a time, by
 //! whole periods when the distance is short, in one copy when they do not overlap their source
 //! (see [`copy_match`]). The tables are kept per thread, the fixed code's built once.
 
@@ -42,7 +44,8 @@ const DIST_TABLE: usize = 4096;
 // An entry (u32): bits 0-4 the bits it decodes (its code, or both literal codes, or a length's
 // or distance's code and extra bits: dropped with one shift), bits 5-9 the length of its
 // (first) code (the index bits for `SUB`), bits 10-12 the kind, bits 16-31 the value (a
-// length's or distance's base, a subtable's start, one literal in 16-23 and a second in 24-31).
+// length's or distance's base, a subtable's start, one literal in 16-23 and a second in 24-31;
+// `LEN_DIST` entries also use bits 13-15).
 const KIND: u32 = 7 << 10;
 const LIT: u32 = 0;
 const LIT2: u32 = 1 << 10;
@@ -50,6 +53,11 @@ const LEN: u32 = 2 << 10;
 const SUB: u32 = 3 << 10;
 const EOB: u32 = 4 << 10;
 const BAD: u32 = 5 << 10;
+/// A length of 3 to 10 (no extra bits) and the distance code after it, both within the
+/// [`LIT_BITS`] looked up: bits 0-4 everything to drop (both codes and the distance's extra
+/// bits), 5-9 the two codes' bits (where the extra bits start), 13-15 the length minus 3,
+/// 16-31 the distance's base. A match then costs one lookup instead of two dependent ones.
+const LEN_DIST: u32 = 6 << 10;
 
 const LEN_BASE: [u16; 29] = [
     3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99, 115, 131,
@@ -115,7 +123,7 @@ fn reversed(code: u32, len: u32) -> usize {
 ///
 /// Symbols are taken in canonical order (by length, then symbol): codes then increase, so the
 /// long codes sharing an 11-bit prefix come one after another and share one subtable.
-fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<()> {
+fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<LenCodes> {
     let mut count = [0u16; 16];
     for &len in lengths {
         count[usize::from(len & 15)] += 1;
@@ -163,6 +171,7 @@ fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<()>
     // length, literal): for `pair_literals`.
     let mut short = [(0u16, 0u8, 0u8); 256];
     let mut shorts = 0;
+    let mut len_codes = LenCodes::default();
     for &sym in &sorted[..total] {
         let sym = usize::from(sym);
         let len = u32::from(lengths[sym]);
@@ -174,6 +183,10 @@ fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<()>
         if matches!(code, Code::Litlen { .. }) && sym < 256 && len < LIT_BITS {
             short[shorts] = (rev as u16, len as u8, sym as u8);
             shorts += 1;
+        }
+        if matches!(code, Code::Litlen { .. }) && (257..=264).contains(&sym) && len < LIT_BITS {
+            len_codes.codes[len_codes.n] = (rev as u16, len as u8);
+            len_codes.n += 1;
         }
         if len <= bits {
             let mut i = rev;
@@ -197,7 +210,38 @@ fn build(table: &mut [u32], bits: u32, lengths: &[u8], code: Code) -> Option<()>
         }
     }
     pair_literals(table, &short[..shorts]);
-    Some(())
+    Some(len_codes)
+}
+
+/// The codes of lengths 3 to 10 (symbols 257-264, no extra bits) shorter than [`LIT_BITS`], as
+/// [`build`] found them: (reversed code, length).
+#[derive(Default)]
+struct LenCodes {
+    codes: [(u16, u8); 8],
+    n: usize,
+}
+
+/// Turns each primary entry of a length of 3 to 10 whose remaining bits hold a whole distance
+/// code into a [`LEN_DIST`] entry decoding both (`dist` built for the same block). Entries
+/// whose distance code is longer, a subtable's or invalid keep their `LEN` entry, and the
+/// distance is then looked up as before. The work is the entries written.
+fn combine_lengths(lit: &mut [u32], dist: &[u32], len_codes: &LenCodes) {
+    for &(rev, len) in &len_codes.codes[..len_codes.n] {
+        let len = u32::from(len);
+        let room = LIT_BITS - len;
+        let length = (lit[usize::from(rev)] >> 16) - 3;
+        for rest in 0..1usize << room {
+            // The primary entry of the bits after the length code (a distance code longer
+            // than `DIST_BITS` has a subtable there, and is skipped).
+            let d = dist[rest & ((1 << DIST_BITS) - 1)];
+            let (kind, code) = (d & KIND, (d >> 5) & 31);
+            if kind != 0 || code > room {
+                continue; // a subtable, an invalid code, or a code longer than the room left
+            }
+            let i = usize::from(rev) | rest << len;
+            lit[i] = LEN_DIST | (len + (d & 31)) | (len + code) << 5 | length << 13 | d & !0xffff;
+        }
+    }
 }
 
 /// Turns each primary entry of a single literal whose code leaves room for a whole second
@@ -315,9 +359,15 @@ fn fixed_tables() -> &'static [u32] {
         lengths[288..].fill(5);
         let mut tables = vec![0; LIT_TABLE + DIST_TABLE];
         let (lit, dist) = tables.split_at_mut(LIT_TABLE);
-        let built = build(lit, LIT_BITS, &lengths[..288], Code::Litlen { valid: 286 })
-            .and_then(|()| build(dist, DIST_BITS, &lengths[288..], Code::Dist { valid: 30 }));
-        debug_assert!(built.is_some(), "the fixed code is complete");
+        let len_codes = build(lit, LIT_BITS, &lengths[..288], Code::Litlen { valid: 286 });
+        let built = build(dist, DIST_BITS, &lengths[288..], Code::Dist { valid: 30 });
+        debug_assert!(
+            len_codes.is_some() && built.is_some(),
+            "the fixed code is complete"
+        );
+        if let Some(len_codes) = len_codes {
+            combine_lengths(lit, dist, &len_codes);
+        }
         tables
     })
 }
@@ -409,13 +459,15 @@ fn inflate_with(input: &[u8], out: &mut [u8], lit: &mut [u32], dist: &mut [u32])
                 if lengths[256] == 0 {
                     return None; // no end-of-block code
                 }
-                build(lit, LIT_BITS, &lengths[..nlit], Code::Litlen { valid: 286 })?;
+                let len_codes =
+                    build(lit, LIT_BITS, &lengths[..nlit], Code::Litlen { valid: 286 })?;
                 build(
                     dist,
                     DIST_BITS,
                     &lengths[nlit..total],
                     Code::Dist { valid: 30 },
                 )?;
+                combine_lengths(lit, dist, &len_codes);
                 o = inflate_block(&mut bits, lit, dist, out, o)?;
             }
             _ => return None,
@@ -522,6 +574,22 @@ fn inflate_block_inlined(
             continue;
         }
         let kind = e & KIND;
+        if kind == LEN_DIST {
+            // Both codes and the distance's extra bits dropped with one shift.
+            let len = 3 + ((e >> 13) & 7) as usize;
+            let distance =
+                (e >> 16) as usize + ((buf & ((1 << (e & 31)) - 1)) >> ((e >> 5) & 31)) as usize;
+            buf >>= e & 31;
+            bits -= e & 31;
+            if distance > o || len > out.len() - o {
+                break None;
+            }
+            e = lit[(buf & lit_mask) as usize];
+            refill!();
+            copy_match(out, o, distance, len);
+            o += len;
+            continue;
+        }
         if kind != LEN {
             buf >>= e & 31;
             bits -= e & 31;
@@ -564,10 +632,10 @@ fn inflate_block_inlined(
 /// A long match that does not overlap its source is one copy. With 16 bytes to spare after the
 /// match and a distance of at least 16 (most of a photo's matches), 16 bytes at a time: each
 /// piece reads only bytes written before it, and the bytes written past the match are
-/// rewritten later (or the inflate fails). A run of one byte is a fill. Otherwise the bytes from `o - distance` on repeat with period `distance`: each copy
-/// takes the longest whole number of periods already written (a non-overlapping copy), which
-/// about doubles what is written, so a long run of 3- or 4-byte pixels takes a few copies, not
-/// a loop over its bytes.
+/// rewritten later (or the inflate fails). A run of one byte is a fill. Otherwise the bytes
+/// from `o - distance` on repeat with period `distance`: each copy takes the longest whole
+/// number of periods already written (a non-overlapping copy), which about doubles what is
+/// written, so a long run of 3- or 4-byte pixels takes a few copies, not a loop over its bytes.
 #[inline(always)]
 fn copy_match(out: &mut [u8], o: usize, distance: usize, len: usize) {
     if distance >= len && len > 32 {
@@ -1046,6 +1114,136 @@ mod tests {
             h[1] = (31 - ((u16::from(h[0]) << 8) % 31) as u8) % 31;
             assert_eq!(agree(&h, 6), (true, true), "cinfo {cinfo}");
         }
+    }
+
+    /// A match's (length, distance, bits used) from the tables at the low bits of `buf`, by
+    /// the `LEN_DIST` entry when there is one, else by the `LEN` and distance entries one
+    /// after the other; `None` for anything but a match (or an invalid distance code).
+    fn match_at(lit: &[u32], dist: &[u32], buf: u64) -> Option<(usize, usize, u32)> {
+        let field = |v: u64, e: u32| (v & ((1 << (e & 31)) - 1)) >> ((e >> 5) & 31);
+        let e = lit[(buf & ((1 << LIT_BITS) - 1)) as usize];
+        match e & KIND {
+            LEN_DIST => {
+                let len = 3 + ((e >> 13) & 7) as usize;
+                Some((len, (e >> 16) as usize + field(buf, e) as usize, e & 31))
+            }
+            LEN => {
+                let len = (e >> 16) as usize + field(buf, e) as usize;
+                let rest = buf >> (e & 31);
+                let mut d = dist[(rest & ((1 << DIST_BITS) - 1)) as usize];
+                if d & KIND == SUB {
+                    let sub = (rest >> DIST_BITS) & ((1 << ((d >> 5) & 31)) - 1);
+                    d = dist[(d >> 16) as usize + sub as usize];
+                }
+                if d & KIND != 0 {
+                    return None;
+                }
+                Some((
+                    len,
+                    (d >> 16) as usize + field(rest, d) as usize,
+                    (e & 31) + (d & 31),
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn length_and_distance_entries_decode_as_the_two_lookups() {
+        // Random complete codes (literal/length lengths from real streams' shapes: short
+        // length codes, distance codes of 1 to 15 bits), the tables built with and without
+        // `combine_lengths`: every 11-bit index, under random higher bits, decodes the same
+        // match from both, and combined entries do occur.
+        let mut rng = Rng(0x51ed_2701_a3c9_4e6b);
+        let mut combined = 0usize;
+        for round in 0..300 {
+            let data = sample(round % 6, 20_000, &mut rng);
+            let z = compress(
+                &data,
+                1 + (round as i32 % 9),
+                zlib_rs::Strategy::Default,
+                15,
+            );
+            // The first block's code lengths, read with a plain decoder of the header.
+            let Some((lit_lengths, dist_lengths)) = first_dynamic_lengths(&z) else {
+                continue;
+            };
+            let mut lit = vec![0u32; LIT_TABLE];
+            let mut dist = vec![0u32; DIST_TABLE];
+            let codes = build(
+                &mut lit,
+                LIT_BITS,
+                &lit_lengths,
+                Code::Litlen { valid: 286 },
+            );
+            let Some(codes) = codes else { continue };
+            if build(
+                &mut dist,
+                DIST_BITS,
+                &dist_lengths,
+                Code::Dist { valid: 30 },
+            )
+            .is_none()
+            {
+                continue;
+            }
+            let plain = lit.clone();
+            combine_lengths(&mut lit, &dist, &codes);
+            for i in 0..1u64 << LIT_BITS {
+                let buf = i | (rng.next() << LIT_BITS);
+                assert_eq!(
+                    match_at(&lit, &dist, buf),
+                    match_at(&plain, &dist, buf),
+                    "round {round}, index {i}"
+                );
+                combined += usize::from(lit[i as usize] & KIND == LEN_DIST);
+            }
+        }
+        assert!(combined > 10_000, "{combined} combined entries");
+    }
+
+    /// The literal/length and distance code lengths of the first block of a zlib stream, when
+    /// it is a dynamic block.
+    fn first_dynamic_lengths(z: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        let mut bits = Bits {
+            input: z,
+            pos: 2,
+            buf: 0,
+            bits: 0,
+        };
+        bits.refill()?;
+        bits.take(1);
+        if bits.take(2) != 2 {
+            return None;
+        }
+        let nlit = 257 + bits.take(5) as usize;
+        let ndist = 1 + bits.take(5) as usize;
+        let ncl = 4 + bits.take(4) as usize;
+        let mut cl_lengths = [0u8; 19];
+        for &sym in &CL_ORDER[..ncl] {
+            bits.refill()?;
+            cl_lengths[sym] = bits.take(3) as u8;
+        }
+        let mut cl = [0u32; 128];
+        build(&mut cl, 7, &cl_lengths, Code::Lengths)?;
+        let mut lengths = vec![0u8; nlit + ndist];
+        let mut i = 0;
+        while i < nlit + ndist {
+            bits.refill()?;
+            let e = cl[(bits.buf & 127) as usize];
+            bits.drop_bits(e & 31);
+            let sym = (e >> 16) as u8;
+            let (value, times) = match sym {
+                0..=15 => (sym, 1),
+                16 => (lengths[i - 1], 3 + bits.take(2) as usize),
+                17 => (0, 3 + bits.take(3) as usize),
+                _ => (0, 11 + bits.take(7) as usize),
+            };
+            lengths.get_mut(i..i + times)?.fill(value);
+            i += times;
+        }
+        let dist = lengths.split_off(nlit);
+        Some((lengths, dist))
     }
 
     #[test]

@@ -512,8 +512,8 @@ struct DataEnd {
 }
 
 /// `load_read` + `ImagingZipDecode`: inflates the image data into `out` (the layout's rows with
-/// their filter bytes; whatever it holds is overwritten) with Pillow's outcome. First [`inflate_joined`] (all the data in
-/// one call), then, when an error after the last byte or a cut-short chunk leaves it unsure,
+/// their filter bytes; whatever it holds is overwritten) with Pillow's outcome. First
+/// [`inflate_joined`] (all the data in one call), then, when an error after the last byte or a cut-short chunk leaves it unsure,
 /// [`inflate_whole`] (Pillow's pieces); both succeed only when Pillow's row-by-row inflate does,
 /// and then give the same bytes. When neither succeeds (a broken or truncated stream, a stream
 /// that ends before the last row), the data is inflated again row by row ([`inflate_rows`]) to
