@@ -1108,10 +1108,16 @@ fn row_sse2<const BPP: usize, const F: u8>(cur: &mut [u8], prev: &[u8]) {
 }
 
 /// Two consecutive rows at once, filtered with `F0` and `F1` ([`PAETH`] or [`AVERAGE`]):
-/// `first` under `prev`, `second` under `first`. Each pixel depends on the one to its left, a
-/// chain of about ten operations for Paeth, four for Average; the second row's pixel needs only
-/// the first row's pixels above it, so the two chains run side by side, one pixel apart, and
-/// the pair costs little more than one row.
+/// `first` under `prev`, `second` under `first`. Each pixel depends on the one to its left (a
+/// chain of about ten operations for Paeth, four for Average), but the second row's pixel needs
+/// only the first row's pixels above it. So one register holds a pixel of each row, the first
+/// row's pixel `s` in lanes 0-3 and the second row's pixel `s - 1` in lanes 4-7, and one pass of
+/// vector operations does both: the second row's `above` is the first row's previous result,
+/// its `upper left` the first row's `above` one step earlier.
+///
+/// For 3-byte pixels a pixel is loaded and stored as 4 bytes but at the end of a row: a store
+/// overwrites the first byte of the next pixel, whose filtered bytes were loaded before it, and
+/// that pixel's own store then writes the byte again, unfiltered.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
 fn rows2_sse2<const BPP: usize, const F0: u8, const F1: u8>(
@@ -1119,83 +1125,86 @@ fn rows2_sse2<const BPP: usize, const F0: u8, const F1: u8>(
     second: &mut [u8],
     prev: &[u8],
 ) {
-    use std::arch::x86_64::_mm_setzero_si128;
-    if BPP == 3 {
-        rows2_rgb_sse2::<F0, F1>(first, second, prev);
+    use std::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_srli_si128, _mm_unpacklo_epi64};
+    let n = first.len().min(second.len()).min(prev.len()) / BPP;
+    if n < 3 {
+        // Too short to share loads: one row, then the other.
+        row_sse2::<BPP, F0>(&mut first[..n * BPP], &prev[..n * BPP]);
+        row_sse2::<BPP, F1>(&mut second[..n * BPP], &first[..n * BPP]);
         return;
     }
+    // Pixel `px` of `row` as 4 bytes, or as exactly `BPP` where a 4th would lie past the row.
+    let load = |row: &[u8], px: usize| -> __m128i {
+        if px + 1 < n {
+            load_px::<4>(&row[px * BPP..px * BPP + 4])
+        } else {
+            load_px::<BPP>(&row[px * BPP..px * BPP + BPP])
+        }
+    };
+    // One step: the two pixels from their left (`res`), above and upper-left neighbours.
+    let step = |res: __m128i, upper_left: __m128i, above: __m128i, raw: __m128i| {
+        let b = _mm_unpacklo_epi64(above, res);
+        (pixel_pair_sse2::<F0, F1>(res, b, upper_left, raw), b)
+    };
     let zero = _mm_setzero_si128();
-    let (mut left0, mut upper_left0, mut left1, mut upper_left1) = (zero, zero, zero, zero);
-    let pixels = first
-        .chunks_exact_mut(BPP)
-        .zip(second.chunks_exact_mut(BPP))
-        .zip(prev.chunks_exact(BPP));
-    for ((px0, px1), up) in pixels {
-        let above0 = load_px::<BPP>(up);
-        left0 = px_sse2::<F0>(left0, above0, upper_left0, load_px::<BPP>(px0));
-        store_px::<BPP>(left0, px0);
-        upper_left0 = above0;
-        left1 = px_sse2::<F1>(left1, left0, upper_left1, load_px::<BPP>(px1));
-        store_px::<BPP>(left1, px1);
-        upper_left1 = left0;
+    // s = 0: the second row's lanes compute on zeros (its pixel -1, left of its first).
+    let (mut res, mut upper_left) = step(zero, zero, load(prev, 0), load(first, 0));
+    let (mut raw0, mut raw1) = (load(first, 1), load(second, 0));
+    store_px::<BPP>(res, &mut first[..BPP]);
+    for s in 1..n - 1 {
+        (res, upper_left) = step(
+            res,
+            upper_left,
+            load(prev, s),
+            _mm_unpacklo_epi64(raw0, raw1),
+        );
+        // The next pixels' bytes, before these 4-byte stores overwrite the first of them.
+        (raw0, raw1) = (load(first, s + 1), load(second, s));
+        store_px::<4>(res, &mut first[s * BPP..s * BPP + 4]);
+        store_px::<4>(
+            _mm_srli_si128::<8>(res),
+            &mut second[(s - 1) * BPP..(s - 1) * BPP + 4],
+        );
     }
+    // s = n - 1: the first row's last pixel, exactly `BPP` bytes.
+    let s = n - 1;
+    (res, upper_left) = step(
+        res,
+        upper_left,
+        load(prev, s),
+        _mm_unpacklo_epi64(raw0, raw1),
+    );
+    raw1 = load(second, s);
+    store_px::<BPP>(res, &mut first[s * BPP..s * BPP + BPP]);
+    store_px::<4>(
+        _mm_srli_si128::<8>(res),
+        &mut second[(s - 1) * BPP..(s - 1) * BPP + 4],
+    );
+    // s = n: the second row's last pixel (the first row's lanes compute on zeros, unstored).
+    (res, _) = step(res, upper_left, zero, _mm_unpacklo_epi64(zero, raw1));
+    store_px::<BPP>(
+        _mm_srli_si128::<8>(res),
+        &mut second[s * BPP..s * BPP + BPP],
+    );
 }
 
-/// [`rows2_sse2`] for 3-byte pixels with one 4-byte load and store per pixel and row instead of
-/// two of each: every pixel but the last reads and writes one byte of the next pixel too (in a
-/// 4th lane, which computes on it and is never used). The next pixel's filtered bytes are
-/// loaded before this pixel is stored (the store overwrites the first of them), and its own
-/// store then writes that byte again, unfiltered.
+/// One step of [`rows2_sse2`]: lanes 0-3 filtered with `F0`, lanes 4-7 with `F1`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-fn rows2_rgb_sse2<const F0: u8, const F1: u8>(first: &mut [u8], second: &mut [u8], prev: &[u8]) {
-    use std::arch::x86_64::_mm_setzero_si128;
-    let n = first.len().min(second.len()).min(prev.len()) / 3;
-    if n < 2 {
-        // One pixel: nothing to share a load with.
-        let zero = _mm_setzero_si128();
-        if n == 1 {
-            let above = load_px::<3>(&prev[..3]);
-            let px0 = px_sse2::<F0>(zero, above, zero, load_px::<3>(&first[..3]));
-            store_px::<3>(px0, &mut first[..3]);
-            let px1 = px_sse2::<F1>(zero, px0, zero, load_px::<3>(&second[..3]));
-            store_px::<3>(px1, &mut second[..3]);
-        }
-        return;
+#[inline]
+fn pixel_pair_sse2<const F0: u8, const F1: u8>(
+    a: std::arch::x86_64::__m128i,
+    b: std::arch::x86_64::__m128i,
+    c: std::arch::x86_64::__m128i,
+    raw: std::arch::x86_64::__m128i,
+) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::{_mm_and_si128, _mm_andnot_si128, _mm_or_si128, _mm_set_epi64x};
+    if F0 == F1 {
+        return px_sse2::<F0>(a, b, c, raw);
     }
-    let zero = _mm_setzero_si128();
-    let (mut left0, mut upper_left0, mut left1, mut upper_left1) = (zero, zero, zero, zero);
-    let (mut raw0, mut raw1) = (load_px::<4>(&first[..4]), load_px::<4>(&second[..4]));
-    for i in 0..n - 1 {
-        let at = 3 * i;
-        let above0 = load_px::<4>(&prev[at..at + 4]);
-        left0 = px_sse2::<F0>(left0, above0, upper_left0, raw0);
-        // The next pixel's bytes, before this one's 4-byte store overwrites the first of them;
-        // the last pixel's take exactly 3 bytes (a 4th would lie past the row).
-        let (next0, next1) = if i + 2 < n {
-            (
-                load_px::<4>(&first[at + 3..at + 7]),
-                load_px::<4>(&second[at + 3..at + 7]),
-            )
-        } else {
-            (
-                load_px::<3>(&first[at + 3..at + 6]),
-                load_px::<3>(&second[at + 3..at + 6]),
-            )
-        };
-        store_px::<4>(left0, &mut first[at..at + 4]);
-        upper_left0 = above0;
-        left1 = px_sse2::<F1>(left1, left0, upper_left1, raw1);
-        store_px::<4>(left1, &mut second[at..at + 4]);
-        upper_left1 = left0;
-        (raw0, raw1) = (next0, next1);
-    }
-    let at = 3 * (n - 1);
-    let above0 = load_px::<3>(&prev[at..at + 3]);
-    left0 = px_sse2::<F0>(left0, above0, upper_left0, raw0);
-    store_px::<3>(left0, &mut first[at..at + 3]);
-    left1 = px_sse2::<F1>(left1, left0, upper_left1, raw1);
-    store_px::<3>(left1, &mut second[at..at + 3]);
+    let high = _mm_set_epi64x(-1, 0);
+    let (low_px, high_px) = (px_sse2::<F0>(a, b, c, raw), px_sse2::<F1>(a, b, c, raw));
+    _mm_or_si128(_mm_andnot_si128(high, low_px), _mm_and_si128(high, high_px))
 }
 
 /// Sub (and Paeth with no row above) over whole pixels of `BPP` bytes, the left pixel kept in
