@@ -1028,8 +1028,9 @@ mod tests {
     fn lit_lengths(nlit: usize) -> Vec<u8> {
         // 256 literals of 9 bits = 1/2; 256..nlit: fill the other half with 6- to 9-bit codes.
         let mut l = vec![9u8; 256];
-        let rest = nlit - 256; // 1..=30 symbols share 1/2 of the code space
-                               // `rest` codes filling 1/2 exactly: k codes of length a and the rest one longer.
+        // 1..=30 symbols share the other half of the code space: k codes of length a and the
+        // rest one longer fill it exactly.
+        let rest = nlit - 256;
         let mut best = Vec::new();
         for a in 2..15u32 {
             // k codes at a, (rest - k) at a + 1: k/2^a + (rest-k)/2^(a+1) = 1/2

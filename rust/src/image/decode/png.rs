@@ -513,14 +513,14 @@ struct DataEnd {
 
 /// `load_read` + `ImagingZipDecode`: inflates the image data into `out` (the layout's rows with
 /// their filter bytes; whatever it holds is overwritten) with Pillow's outcome. First
-/// [`inflate_joined`] (all the data in one call), then, when an error after the last byte or a cut-short chunk leaves it unsure,
-/// [`inflate_whole`] (Pillow's pieces); both succeed only when Pillow's row-by-row inflate does,
-/// and then give the same bytes. When neither succeeds (a broken or truncated stream, a stream
-/// that ends before the last row), the data is inflated again row by row ([`inflate_rows`]) to
-/// fail, or stop, where Pillow does.
+/// [`inflate_joined`] (all the data in one call), then, when an error after the last byte or a
+/// cut-short chunk leaves it unsure, [`inflate_whole`] (Pillow's pieces); both succeed only
+/// when Pillow's row-by-row inflate does, and then give the same bytes. When neither succeeds
+/// (a broken or truncated stream, a stream that ends before the last row), the data is
+/// inflated again row by row ([`inflate_rows`]) to fail, or stop, where Pillow does.
 ///
 /// The joined call is [`super::inflate`]'s own inflate when the stream is whole and valid and
-/// fills the output exactly (the usual case, 1.2–1.4x faster than zlib-rs on the real PNGs),
+/// fills the output exactly (the usual case, 1.3–1.5x faster than zlib-rs on the real PNGs),
 /// zlib-rs otherwise. libdeflate (about 1.2x faster than zlib-rs too) is not used: it accepts
 /// streams zlib refuses, in the middle of the data (length symbols 286/287, distance symbols
 /// 30/31, more than 286 or 30 code lengths, the unused codeword of a one-codeword code, an
