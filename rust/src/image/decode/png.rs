@@ -520,7 +520,7 @@ struct DataEnd {
 /// inflated again row by row ([`inflate_rows`]) to fail, or stop, where Pillow does.
 ///
 /// The joined call is [`super::inflate`]'s own inflate when the stream is whole and valid and
-/// fills the output exactly (the usual case, 1.3–1.5x faster than zlib-rs on the real PNGs),
+/// fills the output exactly (the usual case, 1.1–1.5x faster than zlib-rs on the real PNGs),
 /// zlib-rs otherwise. libdeflate (about 1.2x faster than zlib-rs too) is not used: it accepts
 /// streams zlib refuses, in the middle of the data (length symbols 286/287, distance symbols
 /// 30/31, more than 286 or 30 code lengths, the unused codeword of a one-codeword code, an
