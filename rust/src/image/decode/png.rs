@@ -919,15 +919,10 @@ fn unfilter(buf: &mut [u8], row_bytes: usize, rows: usize, bpp: usize) -> Result
             // SAFETY: the functions' only requirement is the `sse2` target feature, which
             // every x86-64 CPU has (it is enabled in the x86_64 targets' baseline).
             unsafe {
-                match (bpp, f0, f1) {
-                    (3, PAETH, PAETH) => rows2_sse2::<3, PAETH, PAETH>(first, second, prev),
-                    (3, PAETH, _) => rows2_sse2::<3, PAETH, AVERAGE>(first, second, prev),
-                    (3, _, PAETH) => rows2_sse2::<3, AVERAGE, PAETH>(first, second, prev),
-                    (3, _, _) => rows2_sse2::<3, AVERAGE, AVERAGE>(first, second, prev),
-                    (_, PAETH, PAETH) => rows2_sse2::<4, PAETH, PAETH>(first, second, prev),
-                    (_, PAETH, _) => rows2_sse2::<4, PAETH, AVERAGE>(first, second, prev),
-                    (_, _, PAETH) => rows2_sse2::<4, AVERAGE, PAETH>(first, second, prev),
-                    (_, _, _) => rows2_sse2::<4, AVERAGE, AVERAGE>(first, second, prev),
+                if bpp == 3 {
+                    rows2_of::<3>(f0, f1, first, second, prev);
+                } else {
+                    rows2_of::<4>(f0, f1, first, second, prev);
                 }
             }
             r += 2;
@@ -1186,6 +1181,18 @@ fn rows2_sse2<const BPP: usize, const F0: u8, const F1: u8>(
         _mm_srli_si128::<8>(res),
         &mut second[s * BPP..s * BPP + BPP],
     );
+}
+
+/// [`rows2_sse2`] for the filter types `f0` and `f1` (each [`PAETH`] or [`AVERAGE`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn rows2_of<const BPP: usize>(f0: u8, f1: u8, first: &mut [u8], second: &mut [u8], prev: &[u8]) {
+    match (f0, f1) {
+        (PAETH, PAETH) => rows2_sse2::<BPP, PAETH, PAETH>(first, second, prev),
+        (PAETH, _) => rows2_sse2::<BPP, PAETH, AVERAGE>(first, second, prev),
+        (_, PAETH) => rows2_sse2::<BPP, AVERAGE, PAETH>(first, second, prev),
+        (_, _) => rows2_sse2::<BPP, AVERAGE, AVERAGE>(first, second, prev),
+    }
 }
 
 /// One step of [`rows2_sse2`]: lanes 0-3 filtered with `F0`, lanes 4-7 with `F1`.
