@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, TypeAlias, TypeVar
 
 import numpy.typing as npt
@@ -97,17 +96,24 @@ def as_media_list(
     return items
 
 
-@contextmanager
-def unlink_on_failure(message: TensorMessage[Any]) -> Iterator[None]:
+class unlink_on_failure:
     """Unlink the shared-memory segments written inside the block if it fails (segments the
-    message held before are left alone)."""
-    before = len(message.shm_segments)
-    try:
-        yield
-    except BaseException:
-        for name in message.shm_segments[before:]:
-            shm.unlink(name, directory=shm.DEFAULT_DIR)
-        raise
+    message held before are left alone). A class, not a generator: builders enter one on every
+    call."""
+
+    __slots__ = ("_before", "_message")
+
+    def __init__(self, message: TensorMessage[Any]) -> None:
+        self._message = message
+        self._before = 0
+
+    def __enter__(self) -> None:
+        self._before = len(self._message._shm)
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is not None:
+            for name in self._message.shm_segments[self._before :]:
+                shm.unlink(name, directory=shm.DEFAULT_DIR)
 
 
 def attach(

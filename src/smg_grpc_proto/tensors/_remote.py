@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,21 +150,41 @@ def reset_defaults() -> None:
         item.close()
 
 
-@contextmanager
+class _Using:
+    """The block of :func:`using`: sets the context variables on entry, resets them on exit."""
+
+    __slots__ = ("_exporter", "_puller", "_tokens")
+
+    def __init__(self, exporter: RemoteExporter | None, puller: RemotePuller | None) -> None:
+        self._exporter, self._puller = exporter, puller
+        self._tokens: list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]] = []
+
+    def __enter__(self) -> None:
+        if self._exporter is not None:
+            self._tokens.append((_exporter, _exporter.set(self._exporter)))
+        if self._puller is not None:
+            self._tokens.append((_puller, _puller.set(self._puller)))
+
+    def __exit__(self, *exc: object) -> None:
+        while self._tokens:
+            var, token = self._tokens.pop()
+            var.reset(token)
+
+
 def using(
     *, exporter: RemoteExporter | None = None, puller: RemotePuller | None = None
-) -> Iterator[None]:
+) -> AbstractContextManager[None]:
     """Within the block (this thread or task), remote payloads are exported with ``exporter``
-    and pulled with ``puller`` (``None`` keeps the enclosing choice)."""
-    exporter_token = _exporter.set(exporter) if exporter is not None else None
-    puller_token = _puller.set(puller) if puller is not None else None
-    try:
-        yield
-    finally:
-        if puller_token is not None:
-            _puller.reset(puller_token)
-        if exporter_token is not None:
-            _exporter.reset(exporter_token)
+    and pulled with ``puller`` (``None`` keeps the enclosing choice).
+
+    With neither given the block changes nothing (the builders and readers enter one on every
+    call), and no object is made for it."""
+    if exporter is None and puller is None:
+        return _NO_CHANGE
+    return _Using(exporter, puller)
+
+
+_NO_CHANGE: AbstractContextManager[None] = nullcontext()
 
 
 def _warn_once(key: str, message: str) -> None:
