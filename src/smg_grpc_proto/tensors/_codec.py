@@ -84,7 +84,7 @@ def inspect(array: Any, dtype: str | None) -> Source:
             expected=sorted(CONVERSIONS[source]),
             actual=target,
         )
-    shape = tuple(int(d) for d in array.shape)
+    shape = array.shape  # a tuple of Python ints
     return Source(array, source, target, shape, byte_length(shape, target, field="array.shape"))
 
 

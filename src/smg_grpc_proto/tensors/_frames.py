@@ -128,7 +128,7 @@ class TensorMessage(Generic[M]):
         if pending:
             # Not written yet: `serialize` (or `write_shm`, now) computes the values in place.
             payload, source_dtype, wire_dtype = array, "float32", "float32"
-            shape, nbytes = tuple(int(d) for d in array.shape), int(array.nbytes)
+            shape, nbytes = tuple(map(int, array.shape)), int(array.nbytes)
         else:
             if _backend.is_pending(array):
                 array = np.asarray(array.materialize())  # converted below, from the written array

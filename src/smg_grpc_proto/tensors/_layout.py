@@ -6,7 +6,6 @@ before any memory is touched.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeAlias
@@ -110,6 +109,7 @@ def byte_length(shape: tuple[int, ...] | list[int], dtype: str, *, field: str = 
             expected=MAX_NDIM,
             actual=len(shape),
         )
+    span = total = itemsize  # without and with the zero dimensions
     for i, dim in enumerate(shape):
         if not 0 <= dim <= MAX_DIM:
             raise TensorError(
@@ -118,7 +118,9 @@ def byte_length(shape: tuple[int, ...] | list[int], dtype: str, *, field: str = 
                 expected=f"0..{MAX_DIM}",
                 actual=dim,
             )
-    span = math.prod(d for d in shape if d) * itemsize
+        total *= dim
+        if dim:
+            span *= dim
     if span > MAX_ARRAY_BYTES:
         raise TensorError(
             f"{field} {list(shape)}: its non-zero dimensions span {span} bytes of {dtype}, more "
@@ -127,7 +129,7 @@ def byte_length(shape: tuple[int, ...] | list[int], dtype: str, *, field: str = 
             expected=MAX_ARRAY_BYTES,
             actual=span,
         )
-    return math.prod(shape) * itemsize
+    return total
 
 
 @dataclass(frozen=True)
