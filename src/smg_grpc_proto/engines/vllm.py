@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -412,6 +412,14 @@ def _decode(
     )
 
 
+_V = TypeVar("_V")
+
+
+def _video_names(values: dict[str, _V]) -> dict[str, _V]:
+    """``values`` with the key ``pixel_values`` renamed ``pixel_values_videos``."""
+    return {("pixel_values_videos" if k == "pixel_values" else k): v for k, v in values.items()}
+
+
 def _decode_batch(
     request: TensorSource[Any],
     at: str,
@@ -561,22 +569,25 @@ def _decode_batch(
                 merge_size,
             )
 
-    rename = {"pixel_values": "pixel_values_videos"} if modality == "video" else {}
-    tensors = {rename.get(k, k): v for k, v in wire.items()}
-    named_layout = {rename.get(k, k): v for k, v in layout.items()}
-    named_sizes = {rename.get(k, k): v for k, v in sizes.items()}
-    per_item = _decoded.split(tensors, named_layout, named_sizes, n)
+    keep_on_cpu = frozenset(k for k in mm.keep_on_cpu_keys if k in wire)
+    if modality == "video" and "pixel_values" in wire:
+        # A video's encoder input travels as pixel_values; the model calls it
+        # pixel_values_videos.
+        wire, layout, sizes = _video_names(wire), _video_names(layout), _video_names(sizes)
+        wire_dtypes = _video_names(wire_dtypes)
+        keep_on_cpu = frozenset(_video_names(dict.fromkeys(keep_on_cpu)))
+    per_item = _decoded.split(wire, layout, sizes, n)
     items = tuple(
         DecodedItem(i, modality, per_item[i], (ranges[i],), masks[i], hashes[i]) for i in range(n)
     )
     return DecodedBatch(
         modality=modality,
-        tensors=tensors,
-        layout=named_layout,
-        sizes=named_sizes,
+        tensors=wire,
+        layout=layout,
+        sizes=sizes,
         items=items,
         im_token_id=token,
-        keep_on_cpu=frozenset(rename.get(k, k) for k in mm.keep_on_cpu_keys if k in wire),
-        wire_dtypes={rename.get(k, k): v for k, v in wire_dtypes.items()},
+        keep_on_cpu=keep_on_cpu,
+        wire_dtypes=wire_dtypes,
         pixels=pixels,
     )
