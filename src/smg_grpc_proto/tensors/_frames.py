@@ -57,6 +57,7 @@ from smg_grpc_proto.tensors._codec import (
 )
 from smg_grpc_proto.tensors._layout import (
     LAYOUTS,
+    Layout,
     Plan,
     byte_length,
     check_dtype,
@@ -369,25 +370,31 @@ def _decode(message_type: type[M], plan: Plan, data: bytes, bf16: Bf16Mode) -> T
     if not spans:
         return result
     left = len(spans)  # tokens not yet found (fewer may survive protobuf's merging)
+    layouts: dict[type, Layout] = {}  # one TensorData type per engine: looked up once
     for path, td in _tensor_data(message, plan, ""):
-        layout = layout_of(td)
+        layout = layouts.get(type(td)) or layouts.setdefault(type(td), layout_of(td))
         payload = getattr(td, layout.payload_field)
         if len(payload) != _TOKEN_LEN or payload[:16] != nonce:
             continue
         offset, length = spans[int.from_bytes(payload[16:], "little")]
         left -= 1
-        # A top-level TensorData has no path: its errors name the message type instead.
-        name = f"{path} ({layout.full_name})" if path else layout.full_name
-        at = path or layout.full_name
         dtype: str = td.dtype
-        check_dtype(dtype, field=f"{at}.dtype")
         shape = tuple(td.shape)
-        nbytes = byte_length(shape, dtype, field=f"{at}.shape")
+        try:
+            nbytes = byte_length(shape, dtype)
+        except TensorError:
+            # The error again, naming the field (a top-level TensorData has no path: its errors
+            # name the message type instead); the names are built only when needed.
+            at = path or layout.full_name
+            check_dtype(dtype, field=f"{at}.dtype")
+            byte_length(shape, dtype, field=f"{at}.shape")
+            raise
         if length != nbytes:
+            name = f"{path} ({layout.full_name})" if path else layout.full_name
             raise TensorError(
                 f"{name}.{layout.payload_field}: {length} bytes, but shape {list(shape)} of "
                 f"{dtype} needs {nbytes}",
-                field=f"{at}.{layout.payload_field}",
+                field=f"{path or layout.full_name}.{layout.payload_field}",
                 expected=nbytes,
                 actual=length,
             )
