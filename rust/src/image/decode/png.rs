@@ -959,12 +959,16 @@ fn unfilter(buf: &mut [u8], row_bytes: usize, rows: usize, bpp: usize) -> Result
     Ok(())
 }
 
-/// The filter types of PNG rows that [`rows2_sse2`] runs side by side.
+/// The filter types of PNG rows that [`rows2_sse2`] and [`rows4_sse2`] run side by side (x86-64
+/// only; the tests use them everywhere).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVERAGE: u8 = 3;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const PAETH: u8 = 4;
 
 /// Whether the four rows starting at `rows` (each `stride` bytes, filter type first) go through
 /// [`rows4_sse2`]: all Paeth or all Average.
+#[cfg(target_arch = "x86_64")]
 fn four_alike(rows: &[u8], stride: usize) -> bool {
     let f = rows[0];
     matches!(f, AVERAGE | PAETH) && (1..4).all(|k| rows[k * stride] == f)
@@ -973,6 +977,7 @@ fn four_alike(rows: &[u8], stride: usize) -> bool {
 /// Whether two rows with these filter types go through [`rows2_sse2`]: each is Paeth or
 /// Average, whose every pixel depends on the one to its left (Sub, Up and None rows are quick
 /// one by one).
+#[cfg(target_arch = "x86_64")]
 fn side_by_side(f0: u8, f1: u8) -> bool {
     matches!(f0, AVERAGE | PAETH) && matches!(f1, AVERAGE | PAETH)
 }
