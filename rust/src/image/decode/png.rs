@@ -2010,6 +2010,34 @@ mod tests {
     }
 
     #[cfg(target_arch = "x86_64")]
+    /// `buf` (rows of `stride` bytes, filter type first) unfiltered by the portable kernels
+    /// one row at a time: what `unfilter` must give.
+    fn unfiltered_one_by_one(buf: &[u8], stride: usize, rows: usize, bpp: usize) -> Vec<u8> {
+        let mut out = buf.to_vec();
+        for r in 0..rows {
+            let (before, rest) = out.split_at_mut(r * stride);
+            let prev = (r > 0).then(|| &before[(r - 1) * stride + 1..]);
+            let (filter, cur) = rest[..stride].split_at_mut(1);
+            unfilter_row_portable(filter[0], cur, prev, bpp);
+        }
+        out
+    }
+
+    /// Pseudo-random bytes (a fixed LCG from `seed`), one in `small / 256` of them below
+    /// `mask + 1`, so that runs of equal neighbours (Paeth's ties) occur.
+    fn tie_prone_bytes(seed: u32, small: u8, mask: u8) -> impl FnMut() -> u8 {
+        let mut state = seed;
+        move || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let v = (state >> 24) as u8;
+            if v < small {
+                v & mask
+            } else {
+                v
+            }
+        }
+    }
+
     #[test]
     fn paeth_and_average_row_pairs_equal_rows_one_by_one() {
         // Random filtered images, mostly Paeth and Average rows (so every pair of the two and
@@ -2041,13 +2069,7 @@ mod tests {
                         _ => f % 5,
                     };
                 }
-                let mut want = buf.clone();
-                for r in 0..rows {
-                    let (before, rest) = want.split_at_mut(r * stride);
-                    let prev = (r > 0).then(|| &before[(r - 1) * stride + 1..]);
-                    let (filter, cur) = rest[..stride].split_at_mut(1);
-                    unfilter_row_portable(filter[0], cur, prev, bpp);
-                }
+                let want = unfiltered_one_by_one(&buf, stride, rows, bpp);
                 unfilter(&mut buf, row_bytes, rows, bpp).unwrap();
                 assert_eq!(buf, want, "bpp {bpp}, {width} x {rows}");
             }
@@ -2061,16 +2083,7 @@ mod tests {
         // alone) to widths with many unchecked steps, and run lengths that leave 1-3 rows to
         // the pair and single kernels; against the portable kernels one row at a time. The
         // bytes are drawn with many small values, so Paeth's ties occur.
-        let mut state = 0x9e37_79b9u32;
-        let mut next = || {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            let v = (state >> 24) as u8;
-            if v < 80 {
-                v & 7
-            } else {
-                v
-            }
-        };
+        let mut next = tie_prone_bytes(0x9e37_79b9, 80, 7);
         for bpp in [3usize, 4] {
             for width in (1usize..=12).chain([31, 64, 255]) {
                 for pattern in [
@@ -2090,13 +2103,7 @@ mod tests {
                     for (r, &f) in pattern.iter().enumerate() {
                         buf[r * stride] = f;
                     }
-                    let mut want = buf.clone();
-                    for r in 0..rows {
-                        let (before, rest) = want.split_at_mut(r * stride);
-                        let prev = (r > 0).then(|| &before[(r - 1) * stride + 1..]);
-                        let (filter, cur) = rest[..stride].split_at_mut(1);
-                        unfilter_row_portable(filter[0], cur, prev, bpp);
-                    }
+                    let want = unfiltered_one_by_one(&buf, stride, rows, bpp);
                     unfilter(&mut buf, row_bytes, rows, bpp).unwrap();
                     assert_eq!(buf, want, "bpp {bpp}, width {width}, filters {pattern:?}");
                 }
@@ -2106,17 +2113,8 @@ mod tests {
 
     #[test]
     fn paeth_and_average_sse2_match_the_portable_kernels() {
-        // Pseudo-random rows (a fixed LCG), with runs of equal bytes for the ties.
-        let mut state = 0x2545_f491_u32;
-        let mut next = || {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            let v = (state >> 24) as u8;
-            if v < 64 {
-                v & 3
-            } else {
-                v
-            }
-        };
+        // Pseudo-random rows, with runs of equal bytes for the ties.
+        let mut next = tie_prone_bytes(0x2545_f491, 64, 3);
         for bpp in [3usize, 4] {
             for len in [bpp, 2 * bpp, 99 * bpp] {
                 let prev: Vec<u8> = (0..len).map(|_| next()).collect();
