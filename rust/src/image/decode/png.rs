@@ -1257,9 +1257,10 @@ fn rows4_sse2<const BPP: usize, const F: u8>(rows: [&mut [u8]; 4], prev: &[u8]) 
         .min(prev.len())
         / BPP;
     let [r0, r1, r2, r3] = rows;
-    // Pixel `p` of a row as 4 bytes (exactly `BPP` for the last), zeros outside the row.
-    let load = |row: &[u8], p: usize, s: usize| -> __m128i {
-        let p = p.wrapping_add(s); // `s` is minus the row's lag, wrapping below zero
+    // A row's pixel `step - lag` (`minus_lag` is `0 - lag`, wrapping) as 4 bytes (exactly `BPP`
+    // for the row's last), zeros outside the row.
+    let load = |row: &[u8], step: usize, minus_lag: usize| -> __m128i {
+        let p = step.wrapping_add(minus_lag);
         if p >= n {
             _mm_setzero_si128()
         } else if p + 1 < n {
@@ -1268,14 +1269,15 @@ fn rows4_sse2<const BPP: usize, const F: u8>(rows: [&mut [u8]; 4], prev: &[u8]) 
             load_px::<BPP>(&row[p * BPP..p * BPP + BPP])
         }
     };
-    let store = |px: __m128i, row: &mut [u8], p: usize, s: usize| {
-        let p = p.wrapping_add(s);
-        if p >= n {
-            // outside the row: nothing to store
-        } else if p + 1 < n {
-            store_px::<4>(px, &mut row[p * BPP..p * BPP + 4]);
-        } else {
-            store_px::<BPP>(px, &mut row[p * BPP..p * BPP + BPP]);
+    // The same pixel stored (nothing outside the row).
+    let store = |px: __m128i, row: &mut [u8], step: usize, minus_lag: usize| {
+        let p = step.wrapping_add(minus_lag);
+        if p < n {
+            if p + 1 < n {
+                store_px::<4>(px, &mut row[p * BPP..p * BPP + 4]);
+            } else {
+                store_px::<BPP>(px, &mut row[p * BPP..p * BPP + BPP]);
+            }
         }
     };
     let lag = |k: usize| 0usize.wrapping_sub(k);
