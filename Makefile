@@ -29,9 +29,9 @@ TORCH_VENV ?= $(or $(SMG_TEST_CACHE),.cache)/torch-venv
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-system-deps: ## build tools for the bundled C libraries (cmake, nasm for libjpeg-turbo); apt if missing
-	@command -v cmake >/dev/null && command -v nasm >/dev/null || \
-		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake nasm; }
+system-deps: ## cmake, nasm (to build the bundled libjpeg-turbo), jpegtran (progressive JPEG tests); apt if missing
+	@command -v cmake >/dev/null && command -v nasm >/dev/null && command -v jpegtran >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake nasm libjpeg-turbo-progs; }
 
 # NIXL for tests/remote goes in with --no-deps: nixl-cu12 declares torch (and with it the CUDA
 # wheels) although its host-memory API never imports it. Same version range as the [nixl] extra.

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use super::convert::{ModeImage, Pixels};
 use super::jpeg_huffman::{BlockSpec, HuffTable, Scan, Step, TableClass, MAX_BLOCKS_IN_MCU};
 use super::jpeg_pipeline::{self, Pipeline};
+use super::jpeg_progressive::{Band, ProgressiveScan};
 use super::{check_size, exif, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
 
 // The static libjpeg-turbo comes with turbojpeg-sys; the shim below calls into it.
@@ -59,6 +60,12 @@ struct ScanDesc {
     table_symbols: [*const u8; 8],
     restart_interval: c_uint,
     mcus: u64,
+    /// 1 for a scan of a progressive file, whose band is `ss`..=`se`, `ah`, `al`.
+    progressive: c_int,
+    ss: c_int,
+    se: c_int,
+    ah: c_int,
+    al: c_int,
 }
 
 /// `jpeg_shim.c`'s `smg_entropy_hook`.
@@ -79,14 +86,17 @@ static SCANS_INLINE: AtomicU64 = AtomicU64::new(0);
 static SCANS_HELPER: AtomicU64 = AtomicU64::new(0);
 static SCANS_SHARED: AtomicU64 = AtomicU64::new(0);
 static SCANS_RETRIED: AtomicU64 = AtomicU64::new(0);
+/// Scans of progressive files the hook took ([`super::jpeg_progressive`]).
+static SCANS_PROGRESSIVE: AtomicU64 = AtomicU64::new(0);
 
 /// The counts of [`SCANS_INLINE`] and the others, by name.
-pub fn huffman_stats() -> [(&'static str, u64); 4] {
+pub fn huffman_stats() -> [(&'static str, u64); 5] {
     [
         ("inline", SCANS_INLINE.load(Ordering::Relaxed)),
         ("helper", SCANS_HELPER.load(Ordering::Relaxed)),
         ("shared", SCANS_SHARED.load(Ordering::Relaxed)),
         ("retried", SCANS_RETRIED.load(Ordering::Relaxed)),
+        ("progressive", SCANS_PROGRESSIVE.load(Ordering::Relaxed)),
     ]
 }
 
@@ -101,8 +111,10 @@ struct HookState {
     len: usize,
     /// The scan, decoded on libjpeg's thread ...
     scan: Option<Scan>,
-    /// ... or on a helper thread ([`jpeg_pipeline`]), when `helper` allows one.
+    /// ... or on a helper thread ([`jpeg_pipeline`]), when `helper` allows one ...
     pipeline: Option<Pipeline>,
+    /// ... or, in a progressive file, the current scan.
+    progressive: Option<ProgressiveScan>,
     helper: bool,
     /// Where the scan's data starts in `data`.
     start: usize,
@@ -172,6 +184,70 @@ impl HookState {
         }
         Scan::new(tables, blocks, desc.restart_interval, desc.mcus, start).map(|s| (s, start))
     }
+
+    /// Builds a progressive scan from libjpeg's description (after its `start_pass` accepted
+    /// the band), and where its data starts; `None` declines.
+    fn start_progressive(&self, desc: &ScanDesc) -> Option<(ProgressiveScan, usize)> {
+        let start = (desc.data as usize).checked_sub(self.data as usize)?;
+        if start > self.len || desc.len != self.len - start {
+            return None;
+        }
+        let count = usize::try_from(desc.blocks_in_mcu).ok()?;
+        if count == 0 || count > MAX_BLOCKS_IN_MCU {
+            return None;
+        }
+        let byte = |v: c_int| u8::try_from(v).ok();
+        let band = Band {
+            ss: byte(desc.ss)?,
+            se: byte(desc.se)?,
+            ah: byte(desc.ah)?,
+            al: byte(desc.al)?,
+        };
+        let pass = band.pass(count)?;
+        // The table each block reads: its DC table in a DC scan, its AC table in an AC scan
+        // (a DC refinement reads none).
+        let (slots, class) = if band.ss == 0 {
+            (&desc.block_dc, TableClass::Dc)
+        } else {
+            (&desc.block_ac, TableClass::Ac)
+        };
+        let mut tables: Vec<HuffTable> = Vec::new();
+        let mut built: [Option<usize>; 8] = [None; 8];
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(count).ok()?;
+        for (&component, &slot) in desc.block_component[..count].iter().zip(&slots[..count]) {
+            let component = usize::try_from(component).ok()?;
+            if band.ss == 0 && band.ah != 0 {
+                blocks.push((component, 0));
+                continue;
+            }
+            let slot = usize::try_from(slot).ok().filter(|&s| s < 8)?;
+            if built[slot].is_none() {
+                let (counts, symbols) = (desc.table_counts[slot], desc.table_symbols[slot]);
+                if counts.is_null() || symbols.is_null() {
+                    return None;
+                }
+                // SAFETY: non-null pointers into libjpeg's JHUFF_TBL of this slot (`bits[17]`,
+                // `huffval[256]`), alive and unchanged while the scan decodes.
+                let (counts, symbols) =
+                    unsafe { (&*counts.cast::<[u8; 17]>(), &*symbols.cast::<[u8; 256]>()) };
+                tables.try_reserve(1).ok()?;
+                tables.push(HuffTable::new(counts, symbols, class, false)?);
+                built[slot] = Some(tables.len() - 1);
+            }
+            blocks.push((component, built[slot]?));
+        }
+        ProgressiveScan::new(
+            pass,
+            band,
+            tables,
+            blocks,
+            desc.restart_interval,
+            desc.mcus,
+            start,
+        )
+        .map(|s| (s, start))
+    }
 }
 
 extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {
@@ -180,6 +256,18 @@ extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {
         // not otherwise borrowed during the shim call; `desc` points to the shim's filled
         // description on its stack.
         let (state, desc) = unsafe { (&mut *ctx.cast::<HookState>(), &*desc) };
+        // A scan replaces the one before it (a progressive file has several).
+        state.scan = None;
+        state.progressive = None;
+        if desc.progressive != 0 {
+            let Some((scan, start)) = state.start_progressive(desc) else {
+                return 0;
+            };
+            state.start = start;
+            state.progressive = Some(scan);
+            SCANS_PROGRESSIVE.fetch_add(1, Ordering::Relaxed);
+            return 1;
+        }
         let Some((scan, start)) = state.start(desc) else {
             return 0;
         };
@@ -224,6 +312,30 @@ extern "C" fn hook_decode_mcu(
         // call; the hook runs only inside it, and nothing writes those bytes meanwhile.
         let data = unsafe { std::slice::from_raw_parts(state.data, state.len) };
         let count = usize::try_from(count).unwrap_or(usize::MAX);
+        if let Some(scan) = state.progressive.as_mut() {
+            if count != scan.blocks_in_mcu() || blocks.is_null() {
+                return -1;
+            }
+            let mut out: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
+            for (b, slot) in out[..count].iter_mut().enumerate() {
+                // SAFETY: libjpeg's coefficient controller passes `blocks_in_MCU` pointers to
+                // distinct JBLOCKs (64 JCOEF = i16) of its whole-image coefficient buffer, which
+                // hold what the earlier scans wrote and which it does not touch during the call;
+                // `count` is that number, checked against the scan's above.
+                *slot = unsafe { (*blocks.add(b)).as_mut() };
+            }
+            return match scan.decode_mcu(data, &mut out[..count]) {
+                Ok(Step::More) => 0,
+                Ok(Step::Done(pos)) => match pos.checked_sub(state.start) {
+                    Some(n) => {
+                        *consumed = n;
+                        1
+                    }
+                    None => -1,
+                },
+                Err(_) => -1,
+            };
+        }
         let expected = match (&state.scan, &state.pipeline) {
             (Some(scan), _) => scan.blocks_in_mcu(),
             (None, Some(pipeline)) => pipeline.blocks_in_mcu(),
@@ -548,6 +660,7 @@ pub(crate) fn decode(data: &[u8], limit: u64, threads: usize) -> Result<Decoded,
         len: data.len(),
         scan: None,
         pipeline: None,
+        progressive: None,
         helper: helper_allowed(threads),
         start: 0,
     };

@@ -33,13 +33,13 @@
 /// lookup than 10 did (up to 11 % faster decodes on the Intel VM); 12 was 3–9 % slower on five
 /// of six photos measured and level on the sixth (a table's lookups, 4 KiB of codes and 16 KiB
 /// of whole symbols at 11 bits, would double and crowd the L1 cache).
-const FAST_BITS: u32 = 11;
+pub(crate) const FAST_BITS: u32 = 11;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
 /// libjpeg's `jpeg_natural_order`: zigzag index to position in the 8 × 8 block, then 63 for
 /// the indices past the block that corrupt runs reach (libjpeg has 16 such entries; the 64 here
 /// also cover the end-of-block entries of [`HuffTable::whole`], which jump 64 ahead).
-const NATURAL_ORDER: [u8; 128] = {
+pub(crate) const NATURAL_ORDER: [u8; 128] = {
     let zigzag: [u8; 64] = [
         0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27,
         20, 13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
@@ -275,7 +275,7 @@ pub(crate) fn find_marker(data: &[u8], mut pos: usize) -> Option<usize> {
 /// decoder works on a local copy the compiler keeps in registers; the out-of-line slow paths
 /// take and return it by value.
 #[derive(Clone, Copy)]
-struct Bits {
+pub(crate) struct Bits {
     /// The next bits, most significant first; `n` of them are valid (bits below them may hold
     /// the next byte's bits already, which the following refill writes again).
     buf: u64,
@@ -297,7 +297,7 @@ struct Bits {
 }
 
 impl Bits {
-    fn at(pos: usize) -> Self {
+    pub(crate) fn at(pos: usize) -> Self {
         Self {
             buf: 0,
             n: 0,
@@ -311,7 +311,7 @@ impl Bits {
 
     /// Makes at least 32 bits valid.
     #[inline(always)]
-    fn refill(&mut self, data: &[u8]) {
+    pub(crate) fn refill(&mut self, data: &[u8]) {
         if self.n >= 32 {
             return;
         }
@@ -367,19 +367,19 @@ impl Bits {
     }
 
     #[inline(always)]
-    fn peek(&self, bits: u32) -> u32 {
+    pub(crate) fn peek(&self, bits: u32) -> u32 {
         (self.buf >> (64 - bits)) as u32
     }
 
     #[inline(always)]
-    fn consume(&mut self, bits: u32) {
+    pub(crate) fn consume(&mut self, bits: u32) {
         self.buf <<= bits;
         self.n -= bits;
     }
 
     /// `size` (1–15) bits as a signed value; needs `size` valid bits.
     #[inline(always)]
-    fn value(&mut self, size: u32) -> i32 {
+    pub(crate) fn value(&mut self, size: u32) -> i32 {
         let raw = self.peek(size);
         self.consume(size);
         extend(raw, size)
@@ -387,7 +387,7 @@ impl Bits {
 
     /// The next symbol of `t`; needs 16 valid bits.
     #[inline(always)]
-    fn symbol(&mut self, t: &HuffTable) -> Result<u32, Anomaly> {
+    pub(crate) fn symbol(&mut self, t: &HuffTable) -> Result<u32, Anomaly> {
         let entry = t.fast[self.peek(FAST_BITS) as usize];
         if entry != 0 {
             self.consume(u32::from(entry >> 8));
@@ -400,6 +400,30 @@ impl Bits {
         Ok(u32::from(t.symbols[index]))
     }
 
+    /// Checks that the segment read held all the bits taken from it and that a marker ends
+    /// it; the index of the marker's code byte.
+    pub(crate) fn segment_end(&self, data: &[u8]) -> Result<usize, Anomaly> {
+        if !self.within_segment() {
+            return Err(Anomaly("a segment ran out of data"));
+        }
+        match self.marker {
+            Some(at) => Ok(at),
+            None => find_marker(data, self.pos).ok_or(Anomaly("the data ends without a marker")),
+        }
+    }
+
+    /// Where the next byte of the data would be read.
+    pub(crate) fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// How many bits have been taken from the data, padding included (readers that refill at
+    /// different moments agree on it).
+    #[cfg(test)]
+    pub(crate) fn taken(&self) -> u64 {
+        self.pos as u64 * 8 + u64::from(self.pad) - u64::from(self.n)
+    }
+
     /// Whether the bits read so far all came from the segment (none of the zeros after it).
     fn within_segment(&self) -> bool {
         self.n >= self.pad && !self.hit_end
@@ -409,7 +433,7 @@ impl Bits {
     /// that ran out of data is caught here, at the first MCU past its end, and not only where
     /// it should end: a frame declaring millions of MCUs over a few bytes of scan would
     /// otherwise be decoded to its end on zeros before libjpeg decodes it all again.
-    fn anomaly(&self) -> Option<Anomaly> {
+    pub(crate) fn anomaly(&self) -> Option<Anomaly> {
         if self.hit_end {
             Some(Anomaly("the data ends without a marker"))
         } else if self.fill_in_data {
@@ -716,15 +740,7 @@ impl Scan {
     /// Checks that the segment just decoded held all its bits and that a marker ends it; the
     /// index of the marker's code byte.
     fn end_of_segment(&mut self, data: &[u8]) -> Result<usize, Anomaly> {
-        if !self.bits.within_segment() {
-            return Err(Anomaly("a segment ran out of data"));
-        }
-        match self.bits.marker {
-            Some(at) => Ok(at),
-            None => {
-                find_marker(data, self.bits.pos).ok_or(Anomaly("the data ends without a marker"))
-            }
-        }
+        self.bits.segment_end(data)
     }
 
     fn restart(&mut self, data: &[u8]) -> Result<(), Anomaly> {

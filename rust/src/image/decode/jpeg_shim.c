@@ -20,6 +20,9 @@
  *
  * An entropy hook (jpeg_huffman.rs) may take over Huffman decoding of single-scan sequential
  * files: after jpeg_start_decompress, libjpeg's decode_mcu is replaced by a trampoline into Rust.
+ * In progressive files (jpeg_progressive.rs) every scan is offered to it as libjpeg starts the
+ * scan, after libjpeg's own start_pass has checked it (the first from the progress monitor, the
+ * others from a wrapper around start_pass), all inside jpeg_start_decompress.
  * The Rust side never calls libjpeg and returns a status; when it reports an anomaly (something
  * libjpeg would recover from in its own way), the trampoline longjmps out, still below the
  * setjmp and with no Rust frame in between, and smg_jpeg_decode returns SMG_RETRY: the caller
@@ -58,6 +61,9 @@ typedef struct {
     const unsigned char *table_symbols[8];
     unsigned int restart_interval;
     unsigned long long mcus;
+    /* 1 in a progressive file, whose scan codes band Ss..Se, bits Ah/Al. */
+    int progressive;
+    int Ss, Se, Ah, Al;
 } smg_scan_desc;
 
 /* start: 1 when the hook takes the scan. decode_mcu: 0 = decoded, more follow; 1 = the last
@@ -97,6 +103,12 @@ typedef struct {
     size_t skip;
     const smg_entropy_hook *hook;
     int hook_declined;
+    /* A progressive file's scans are offered to this hook as libjpeg starts each one: the
+     * first from the progress monitor (libjpeg started it in jinit_master_decompress), the
+     * others from a wrapper around the entropy decoder's start_pass. */
+    const smg_entropy_hook *progressive_hook;
+    int progressive_pending;
+    void (*libjpeg_start_pass)(j_decompress_ptr cinfo);
     const JOCTET *hook_base;
     size_t hook_len;
     char message[JMSG_LENGTH_MAX + 64];
@@ -119,8 +131,21 @@ static void smg_error_exit(j_common_ptr cinfo) {
 
 static void smg_output_message(j_common_ptr cinfo) { (void)cinfo; }
 
+static void smg_offer_progressive_scan(smg_jpeg *self);
+static void smg_wrapped_start_pass(j_decompress_ptr cinfo);
+
 static void smg_progress(j_common_ptr cinfo) {
     smg_jpeg *self = (smg_jpeg *)cinfo;
+    if (self->progressive_pending && cinfo->is_decompressor && self->cinfo.progressive_mode &&
+        self->cinfo.entropy != NULL) {
+        /* The first call of jpeg_start_decompress's loop over the scans: libjpeg has started
+         * the first scan and read none of its data yet. */
+        struct smg_entropy_prefix *entropy = (struct smg_entropy_prefix *)self->cinfo.entropy;
+        self->progressive_pending = 0;
+        self->libjpeg_start_pass = entropy->start_pass;
+        entropy->start_pass = smg_wrapped_start_pass;
+        smg_offer_progressive_scan(self);
+    }
     if (cinfo->is_decompressor && self->max_scans > 0 &&
         self->cinfo.input_scan_number > self->max_scans) {
         snprintf(
@@ -233,12 +258,72 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
     return TRUE;
 }
 
+/* Fills what the hook needs of the current scan's blocks and tables. */
+static void smg_describe_scan(smg_jpeg *self, smg_scan_desc *desc) {
+    j_decompress_ptr cinfo = &self->cinfo;
+    int b, t;
+    memset(desc, 0, sizeof(*desc));
+    /* The hook gets the rest of the whole file (libjpeg may have been handed less so far). */
+    desc->data = cinfo->src->next_input_byte;
+    desc->len = (size_t)(self->data + self->len - desc->data);
+    desc->blocks_in_mcu = cinfo->blocks_in_MCU;
+    for (b = 0; b < cinfo->blocks_in_MCU; b++) {
+        int ci = cinfo->MCU_membership[b];
+        jpeg_component_info *comp = cinfo->cur_comp_info[ci];
+        desc->block_component[b] = ci;
+        desc->block_dc[b] = comp->dc_tbl_no;
+        desc->block_ac[b] = 4 + comp->ac_tbl_no;
+    }
+    for (t = 0; t < 4; t++) {
+        JHUFF_TBL *dc = cinfo->dc_huff_tbl_ptrs[t];
+        JHUFF_TBL *ac = cinfo->ac_huff_tbl_ptrs[t];
+        desc->table_counts[t] = dc ? dc->bits : NULL;
+        desc->table_symbols[t] = dc ? dc->huffval : NULL;
+        desc->table_counts[4 + t] = ac ? ac->bits : NULL;
+        desc->table_symbols[4 + t] = ac ? ac->huffval : NULL;
+    }
+    desc->restart_interval = cinfo->restart_interval;
+    desc->mcus = (unsigned long long)cinfo->MCUs_per_row * cinfo->MCU_rows_in_scan;
+    desc->Ss = cinfo->Ss;
+    desc->Se = cinfo->Se;
+    desc->Ah = cinfo->Ah;
+    desc->Al = cinfo->Al;
+}
+
+/* Offers the scan libjpeg has just started (its start_pass checked the band, built its own
+ * tables and recorded the progression) to the progressive hook; libjpeg's decode_mcu, which
+ * that start_pass chose, stays when the hook declines. */
+static void smg_offer_progressive_scan(smg_jpeg *self) {
+    j_decompress_ptr cinfo = &self->cinfo;
+    const smg_entropy_hook *hook = self->progressive_hook;
+    smg_scan_desc desc;
+    if (hook == NULL || !cinfo->progressive_mode || cinfo->arith_code ||
+        cinfo->data_precision != 8 || cinfo->buffered_image || cinfo->blocks_in_MCU < 1 ||
+        cinfo->blocks_in_MCU > SMG_MAX_BLOCKS || cinfo->entropy == NULL) {
+        return;
+    }
+    smg_describe_scan(self, &desc);
+    desc.progressive = 1;
+    if (!hook->start(hook->ctx, &desc)) {
+        return;
+    }
+    self->hook = hook;
+    self->hook_base = desc.data;
+    self->hook_len = desc.len;
+    ((struct smg_entropy_prefix *)cinfo->entropy)->decode_mcu = smg_hooked_decode_mcu;
+}
+
+static void smg_wrapped_start_pass(j_decompress_ptr cinfo) {
+    smg_jpeg *self = (smg_jpeg *)cinfo;
+    self->libjpeg_start_pass(cinfo);
+    smg_offer_progressive_scan(self);
+}
+
 /* Offers the scan to the hook when libjpeg reads it with its sequential Huffman decoder in one
  * pass (one scan holding every component, 8-bit, no arithmetic coding, not lossless). */
 static void smg_install_hook(smg_jpeg *self, const smg_entropy_hook *hook) {
     j_decompress_ptr cinfo = &self->cinfo;
     smg_scan_desc desc;
-    int b, t;
     if (hook == NULL || cinfo->progressive_mode || cinfo->arith_code ||
         cinfo->data_precision != 8 || cinfo->buffered_image ||
         cinfo->comps_in_scan != cinfo->num_components || cinfo->Ss != 0 || cinfo->Se != 63 ||
@@ -246,28 +331,7 @@ static void smg_install_hook(smg_jpeg *self, const smg_entropy_hook *hook) {
         cinfo->blocks_in_MCU > SMG_MAX_BLOCKS || cinfo->entropy == NULL) {
         return;
     }
-    memset(&desc, 0, sizeof(desc));
-    /* The hook gets the rest of the whole file (libjpeg may have been handed less so far). */
-    desc.data = cinfo->src->next_input_byte;
-    desc.len = (size_t)(self->data + self->len - desc.data);
-    desc.blocks_in_mcu = cinfo->blocks_in_MCU;
-    for (b = 0; b < cinfo->blocks_in_MCU; b++) {
-        int ci = cinfo->MCU_membership[b];
-        jpeg_component_info *comp = cinfo->cur_comp_info[ci];
-        desc.block_component[b] = ci;
-        desc.block_dc[b] = comp->dc_tbl_no;
-        desc.block_ac[b] = 4 + comp->ac_tbl_no;
-    }
-    for (t = 0; t < 4; t++) {
-        JHUFF_TBL *dc = cinfo->dc_huff_tbl_ptrs[t];
-        JHUFF_TBL *ac = cinfo->ac_huff_tbl_ptrs[t];
-        desc.table_counts[t] = dc ? dc->bits : NULL;
-        desc.table_symbols[t] = dc ? dc->huffval : NULL;
-        desc.table_counts[4 + t] = ac ? ac->bits : NULL;
-        desc.table_symbols[4 + t] = ac ? ac->huffval : NULL;
-    }
-    desc.restart_interval = cinfo->restart_interval;
-    desc.mcus = (unsigned long long)cinfo->MCUs_per_row * cinfo->MCU_rows_in_scan;
+    smg_describe_scan(self, &desc);
     if (!hook->start(hook->ctx, &desc)) {
         return;
     }
@@ -371,6 +435,9 @@ int smg_jpeg_decode(
             snprintf(self->message, sizeof(self->message), "bad output components");
             return SMG_ERROR;
     }
+    /* A progressive file's scans are all read in jpeg_start_decompress. */
+    self->progressive_hook = hook;
+    self->progressive_pending = hook != NULL && self->cinfo.progressive_mode;
     while (!jpeg_start_decompress(&self->cinfo)) {
         if (!smg_feed(self)) {
             return SMG_SUSPENDED;

@@ -31,6 +31,7 @@ mod inflate;
 pub mod jpeg;
 mod jpeg_huffman;
 mod jpeg_pipeline;
+mod jpeg_progressive;
 pub mod png;
 pub mod webp;
 

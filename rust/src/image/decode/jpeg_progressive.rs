@@ -1,0 +1,750 @@
+//! Huffman decoding of progressive JPEG scans, in place of libjpeg-turbo's `jdphuff.c`.
+//!
+//! A progressive file sends each block's coefficients in several scans: the DC coefficients
+//! first (of all components, in interleaved MCUs), then bands of AC coefficients of one
+//! component at a time, and with successive approximation the high bits of each first and one
+//! more bit per refinement scan. libjpeg-turbo reads these scans with a byte-at-a-time bit
+//! reader and an 8-bit code lookup, which makes a progressive photo decode two to three times
+//! slower than the same photo baseline. For each scan, `jpeg_shim.c` calls libjpeg's own
+//! `start_pass` (which checks the scan's parameters, builds its tables and records the
+//! progression in `coef_bits`, all of which the output pass reads) and then hands the scan's
+//! MCUs to [`ProgressiveScan::decode_mcu`]; the coefficient buffer, block smoothing, the IDCT,
+//! upsampling and colour conversion stay libjpeg-turbo's.
+//!
+//! The coefficients written are exactly `jdphuff.c`'s on every stream this decoder accepts:
+//! its four MCU decoders are followed step by step (DC first: a difference added to the
+//! prediction, shifted left by `Al`, truncated to 16 bits; DC refinement: one bit OR-ed in; AC
+//! first: runs, values shifted by `Al`, end-of-band runs of `2^r` plus `r` bits; AC
+//! refinement: a new coefficient of `±2^Al` after `r` zero positions, one correction bit for
+//! every nonzero coefficient passed, including in end-of-band runs), with libjpeg's indices past
+//! the band landing where its extended `jpeg_natural_order` puts them, and restart markers
+//! resetting the predictions and the end-of-band run. What libjpeg recovers from in its own way
+//! is an [`Anomaly`], and the image is decoded again without the hook, as for baseline scans
+//! (`jpeg_huffman.rs`): a code no table holds, a segment that runs out of bits, a restart
+//! marker missing or out of order, a DC prediction that overflows (libjpeg's
+//! `JERR_BAD_DCT_COEF`), more MCUs than the scan has.
+
+use super::jpeg_huffman::{Anomaly, Bits, HuffTable, Step, MAX_BLOCKS_IN_MCU, NATURAL_ORDER};
+
+const NO_BLOCK: Anomaly = Anomaly("an MCU without its blocks");
+
+/// Which of `jdphuff.c`'s four MCU decoders a scan takes (by its `Ss` and `Ah`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// `Ss = 0`, `Ah = 0`: DC differences of every block of the MCU.
+    DcFirst,
+    /// `Ss = 0`, `Ah > 0`: one more bit of each block's DC coefficient.
+    DcRefine,
+    /// `Ss > 0`, `Ah = 0`: a band of one component's AC coefficients, one block per MCU.
+    AcFirst,
+    /// `Ss > 0`, `Ah > 0`: one more bit of a band, one block per MCU.
+    AcRefine,
+}
+
+/// A progressive scan's parameters, as libjpeg has checked them in `start_pass`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Band {
+    pub(crate) ss: u8,
+    pub(crate) se: u8,
+    pub(crate) ah: u8,
+    pub(crate) al: u8,
+}
+
+impl Band {
+    /// The pass of a band libjpeg accepts (`start_pass_phuff_decoder`'s checks, and one block
+    /// per MCU for AC scans); `None` for any other.
+    pub(crate) fn pass(&self, blocks_in_mcu: usize) -> Option<Pass> {
+        let Band { ss, se, ah, al } = *self;
+        if al > 13 || (ah != 0 && al + 1 != ah) || se > 63 || ss > se {
+            return None;
+        }
+        match (ss, ah) {
+            (0, _) if se != 0 => None,
+            (0, 0) => Some(Pass::DcFirst),
+            (0, _) => Some(Pass::DcRefine),
+            _ if blocks_in_mcu != 1 => None,
+            (_, 0) => Some(Pass::AcFirst),
+            _ => Some(Pass::AcRefine),
+        }
+    }
+}
+
+/// The state of one progressive scan being decoded.
+pub(crate) struct ProgressiveScan {
+    pass: Pass,
+    band: Band,
+    /// Per block of the MCU: its component in the scan and the index of its table in `tables`
+    /// (the DC table for [`Pass::DcFirst`], the AC table for the AC passes, unused for
+    /// [`Pass::DcRefine`]).
+    blocks: Vec<(usize, usize)>,
+    tables: Vec<HuffTable>,
+    restart_interval: u32,
+    left_in_interval: u32,
+    next_restart: u8,
+    mcus_left: u64,
+    predictions: [i32; 4],
+    /// Blocks still to pass over in the current end-of-band run (`jdphuff.c`'s `EOBRUN`).
+    eobrun: u32,
+    bits: Bits,
+}
+
+impl ProgressiveScan {
+    /// A scan of `mcus` MCUs of `blocks` (component below 4, table index into `tables`), with a
+    /// restart marker every `restart_interval` MCUs (0: none), starting at `start` in the data.
+    pub(crate) fn new(
+        pass: Pass,
+        band: Band,
+        tables: Vec<HuffTable>,
+        blocks: Vec<(usize, usize)>,
+        restart_interval: u32,
+        mcus: u64,
+        start: usize,
+    ) -> Option<Self> {
+        let needs_table = pass != Pass::DcRefine;
+        let fits = |&(component, table): &(usize, usize)| {
+            component < 4 && (!needs_table || table < tables.len())
+        };
+        if band.pass(blocks.len()) != Some(pass)
+            || blocks.is_empty()
+            || blocks.len() > MAX_BLOCKS_IN_MCU
+            || !blocks.iter().all(fits)
+        {
+            return None;
+        }
+        Some(Self {
+            pass,
+            band,
+            blocks,
+            tables,
+            restart_interval,
+            left_in_interval: restart_interval,
+            next_restart: 0,
+            mcus_left: mcus,
+            predictions: [0; 4],
+            eobrun: 0,
+            bits: Bits::at(start),
+        })
+    }
+
+    /// The number of blocks in an MCU.
+    pub(crate) fn blocks_in_mcu(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Decodes the next MCU into `out` (one block per [`Self::blocks_in_mcu`], in order,
+    /// holding what the scans before this one wrote; a `None` block is an anomaly).
+    pub(crate) fn decode_mcu(
+        &mut self,
+        data: &[u8],
+        out: &mut [Option<&mut [i16; 64]>],
+    ) -> Result<Step, Anomaly> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("bmi2") {
+            // SAFETY: `decode_mcu_bmi2` only requires the CPU to have BMI2, checked just above.
+            return unsafe { self.decode_mcu_bmi2(data, out) };
+        }
+        self.decode_mcu_inlined::<false>(data, out)
+    }
+
+    /// [`Self::decode_mcu`] compiled with BMI2: one-cycle variable shifts for the bit reader,
+    /// and `pdep` to find where a refinement's run of zeros ends and which coefficients its
+    /// correction bits raise.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "bmi2")]
+    unsafe fn decode_mcu_bmi2(
+        &mut self,
+        data: &[u8],
+        out: &mut [Option<&mut [i16; 64]>],
+    ) -> Result<Step, Anomaly> {
+        self.decode_mcu_inlined::<true>(data, out)
+    }
+
+    /// `BMI2`: compiled into a function with BMI2 enabled, on a CPU that has it.
+    #[inline(always)]
+    fn decode_mcu_inlined<const BMI2: bool>(
+        &mut self,
+        data: &[u8],
+        out: &mut [Option<&mut [i16; 64]>],
+    ) -> Result<Step, Anomaly> {
+        if out.len() != self.blocks.len() {
+            return Err(Anomaly("an MCU of another size"));
+        }
+        if self.mcus_left == 0 {
+            return Err(Anomaly("more MCUs than the frame has"));
+        }
+        if self.restart_interval != 0 {
+            if self.left_in_interval == 0 {
+                self.restart(data)?;
+            }
+            self.left_in_interval -= 1;
+        }
+        let mut bits = self.bits;
+        match self.pass {
+            Pass::DcFirst => {
+                let al = u32::from(self.band.al);
+                for (&(component, table), block) in self.blocks.iter().zip(out.iter_mut()) {
+                    let block = block.as_deref_mut().ok_or(NO_BLOCK)?;
+                    let prediction = &mut self.predictions[component];
+                    let diff = dc_difference(&mut bits, data, &self.tables[table])?;
+                    // libjpeg refuses a sum that leaves `int` (JERR_BAD_DCT_COEF).
+                    *prediction = prediction
+                        .checked_add(diff)
+                        .ok_or(Anomaly("a DC coefficient out of range"))?;
+                    block[0] = (*prediction as u32).wrapping_shl(al) as i16;
+                }
+            }
+            Pass::DcRefine => {
+                let p1 = 1i16 << self.band.al;
+                for block in out.iter_mut() {
+                    let block = block.as_deref_mut().ok_or(NO_BLOCK)?;
+                    bits.refill(data);
+                    if bits.peek(1) != 0 {
+                        block[0] |= p1;
+                    }
+                    bits.consume(1);
+                }
+            }
+            Pass::AcFirst => {
+                if self.eobrun > 0 {
+                    self.eobrun -= 1;
+                } else {
+                    let table = &self.tables[self.blocks[0].1];
+                    let block = out[0].as_deref_mut().ok_or(NO_BLOCK)?;
+                    self.eobrun = ac_first(&mut bits, data, table, self.band, block)?;
+                }
+            }
+            Pass::AcRefine => {
+                let table = &self.tables[self.blocks[0].1];
+                let block = out[0].as_deref_mut().ok_or(NO_BLOCK)?;
+                self.eobrun =
+                    ac_refine::<BMI2>(&mut bits, data, table, self.band, self.eobrun, block)?;
+            }
+        }
+        self.bits = bits;
+        if let Some(anomaly) = self.bits.anomaly() {
+            return Err(anomaly);
+        }
+        self.mcus_left -= 1;
+        if self.mcus_left > 0 {
+            return Ok(Step::More);
+        }
+        self.bits.segment_end(data)?;
+        Ok(Step::Done(self.bits.position()))
+    }
+
+    fn restart(&mut self, data: &[u8]) -> Result<(), Anomaly> {
+        let at = self.bits.segment_end(data)?;
+        if data.get(at) != Some(&(0xD0 + self.next_restart)) {
+            return Err(Anomaly("a restart marker missing or out of order"));
+        }
+        self.next_restart = (self.next_restart + 1) & 7;
+        self.predictions = [0; 4];
+        self.eobrun = 0;
+        self.left_in_interval = self.restart_interval;
+        self.bits = Bits::at(at + 1);
+        Ok(())
+    }
+}
+
+/// A DC difference: a size from the table, then that many value bits.
+#[inline(always)]
+fn dc_difference(bits: &mut Bits, data: &[u8], table: &HuffTable) -> Result<i32, Anomaly> {
+    // A refill leaves at least 32 bits: a code (at most 16) and its value (at most 15).
+    bits.refill(data);
+    // DC symbols above 15 are refused by libjpeg's table check (`& 15` keeps the shift in range).
+    let size = bits.symbol(table)? & 15;
+    Ok(if size == 0 { 0 } else { bits.value(size) })
+}
+
+/// `decode_mcu_AC_first` for one block not in an end-of-band run: the band's first bits, each
+/// value shifted left by `Al`. Returns the end-of-band run left after this block.
+#[inline(always)]
+fn ac_first(
+    bits: &mut Bits,
+    data: &[u8],
+    table: &HuffTable,
+    band: Band,
+    block: &mut [i16; 64],
+) -> Result<u32, Anomaly> {
+    let (se, al) = (usize::from(band.se), u32::from(band.al));
+    let mut k = usize::from(band.ss);
+    while k <= se {
+        // At least 32 bits: a code (at most 16) and its value or run length (at most 15).
+        bits.refill(data);
+        let symbol = bits.symbol(table)?;
+        let (run, size) = (symbol >> 4, symbol & 15);
+        if size != 0 {
+            // `k + run` stays below 79; past the band it lands where libjpeg's extended natural
+            // order puts it (position 63).
+            k += run as usize;
+            let value = bits.value(size);
+            block[usize::from(NATURAL_ORDER[k & 127])] = (value as u32).wrapping_shl(al) as i16;
+        } else if run == 15 {
+            k += 15;
+        } else {
+            let mut eobrun = 1u32 << run;
+            if run != 0 {
+                eobrun += bits.peek(run);
+                bits.consume(run);
+            }
+            return Ok(eobrun - 1);
+        }
+        k += 1;
+    }
+    Ok(0)
+}
+
+/// Zigzag index of each natural position (the inverse of [`NATURAL_ORDER`]'s first 64).
+const ZIGZAG_INDEX: [u8; 64] = {
+    let mut table = [0u8; 64];
+    let mut k = 0;
+    while k < 64 {
+        table[NATURAL_ORDER[k] as usize] = k as u8;
+        k += 1;
+    }
+    table
+};
+
+/// `ZIGZAG_BITS[i][b]`: the zigzag-order bits of the natural positions `8 i + j` for each bit
+/// `j` set in `b` (a natural-order mask turned into a zigzag-order one a byte at a time).
+static ZIGZAG_BITS: [[u64; 256]; 8] = {
+    let mut table = [[0u64; 256]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut b = 0;
+        while b < 256 {
+            let mut mask = 0u64;
+            let mut j = 0;
+            while j < 8 {
+                if b >> j & 1 != 0 {
+                    mask |= 1 << ZIGZAG_INDEX[8 * i + j];
+                }
+                j += 1;
+            }
+            table[i][b] = mask;
+            b += 1;
+        }
+        i += 1;
+    }
+    table
+};
+
+/// Bit `p` set when coefficient `p` (natural order) of `block` is nonzero.
+#[inline(always)]
+fn nonzero_natural(block: &[i16; 64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            __m128i, _mm_cmpeq_epi16, _mm_loadu_si128, _mm_movemask_epi8, _mm_packs_epi16,
+            _mm_setzero_si128,
+        };
+        let mut zero = 0u64;
+        let base = block.as_ptr().cast::<__m128i>();
+        for half in 0..4 {
+            // SAFETY: SSE2 is part of x86_64; `base.add(2 * half)` and the vector after it
+            // cover coefficients 16 half .. 16 half + 16 of the 64-element block (unaligned
+            // loads).
+            let bits = unsafe {
+                let z = _mm_setzero_si128();
+                let lo = _mm_cmpeq_epi16(_mm_loadu_si128(base.add(2 * half)), z);
+                let hi = _mm_cmpeq_epi16(_mm_loadu_si128(base.add(2 * half + 1)), z);
+                _mm_movemask_epi8(_mm_packs_epi16(lo, hi)) as u32 as u64
+            };
+            zero |= bits << (16 * half);
+        }
+        !zero
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        block
+            .iter()
+            .enumerate()
+            .fold(0u64, |m, (p, &c)| m | (u64::from(c != 0) << p))
+    }
+}
+
+/// Bit `k` set when the coefficient at zigzag index `k` of `block` is nonzero.
+#[inline(always)]
+fn nonzero_zigzag(block: &[i16; 64]) -> u64 {
+    let natural = nonzero_natural(block);
+    let mut zigzag = 0;
+    for (i, row) in ZIGZAG_BITS.iter().enumerate() {
+        zigzag |= row[(natural >> (8 * i)) as usize & 255];
+    }
+    zigzag
+}
+
+/// Zigzag indices `from..to` as a mask (`from <= to <= 64`).
+#[inline(always)]
+fn span(from: u32, to: u32) -> u64 {
+    let below_to = if to >= 64 { u64::MAX } else { (1u64 << to) - 1 };
+    below_to & !((1u64 << from) - 1)
+}
+
+/// `pdep`: the bits of `value`, lowest first, deposited on the set bits of `mask`, lowest
+/// first. `BMI2` is true only in [`ProgressiveScan::decode_mcu_bmi2`], compiled with BMI2 and
+/// called only on a CPU that has it.
+#[inline(always)]
+fn deposit<const BMI2: bool>(value: u64, mut mask: u64) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if BMI2 {
+        // SAFETY: `BMI2` is true only inside `decode_mcu_bmi2`, which runs only after
+        // `is_x86_feature_detected!("bmi2")` (see `deposit`'s contract above).
+        return unsafe { std::arch::x86_64::_pdep_u64(value, mask) };
+    }
+    let mut out = 0;
+    let mut bit = 0;
+    while mask != 0 {
+        let lowest = mask & mask.wrapping_neg();
+        if bit < 64 && value >> bit & 1 != 0 {
+            out |= lowest;
+        }
+        mask ^= lowest;
+        bit += 1;
+    }
+    out
+}
+
+/// One correction bit for each nonzero coefficient at the zigzag indices of `mask`, lowest
+/// first: when set and the bit at `p1` is not yet, the magnitude grows by `p1`
+/// (`jdphuff.c`'s `*thiscoef += p1` or `m1`, in 16 bits). The bits are read up to 32 at a
+/// time and only the coefficients they raise are visited.
+#[inline(always)]
+fn correct<const BMI2: bool>(
+    bits: &mut Bits,
+    data: &[u8],
+    block: &mut [i16; 64],
+    mut mask: u64,
+    p1: i16,
+) {
+    while mask != 0 {
+        bits.refill(data);
+        let count = mask.count_ones().min(32);
+        // The next `count` bits (1 to 32), the first read in bit 0.
+        let word = u64::from(bits.peek(count).reverse_bits() >> (32 - count));
+        bits.consume(count);
+        let chunk = if count == mask.count_ones() {
+            mask
+        } else {
+            deposit::<BMI2>(u64::from(u32::MAX), mask)
+        };
+        mask &= !chunk;
+        let mut raised = deposit::<BMI2>(word, chunk);
+        while raised != 0 {
+            let k = raised.trailing_zeros() as usize;
+            raised &= raised - 1;
+            let coef = &mut block[usize::from(NATURAL_ORDER[k])];
+            if *coef & p1 == 0 {
+                *coef = if *coef >= 0 {
+                    coef.wrapping_add(p1)
+                } else {
+                    coef.wrapping_sub(p1)
+                };
+            }
+        }
+    }
+}
+
+/// `decode_mcu_AC_refine` for one block, `eobrun` blocks into an end-of-band run (0: none).
+/// Returns the run left after this block.
+///
+/// libjpeg walks the band coefficient by coefficient; here a mask of the band's nonzero
+/// coefficients (which get a correction bit each) tells where each run of zeros ends, so only
+/// the nonzero coefficients are visited. Coefficients made nonzero by this scan lie behind the
+/// walk, so the mask taken at the start stays right for what is ahead of it.
+#[inline(always)]
+fn ac_refine<const BMI2: bool>(
+    bits: &mut Bits,
+    data: &[u8],
+    table: &HuffTable,
+    band: Band,
+    mut eobrun: u32,
+    block: &mut [i16; 64],
+) -> Result<u32, Anomaly> {
+    let (ss, se) = (u32::from(band.ss), u32::from(band.se));
+    // `1 << Al` in 16 bits: Al is at most 13.
+    let p1 = 1i16 << band.al;
+    let in_band = span(ss, se + 1);
+    let nonzero = nonzero_zigzag(block) & in_band;
+    let mut k = ss;
+    if eobrun == 0 {
+        while k <= se {
+            bits.refill(data);
+            let symbol = bits.symbol(table)?;
+            let (run, size) = (symbol >> 4, symbol & 15);
+            // A new coefficient is ±1 at this bit (libjpeg warns when the size is not 1, and
+            // reads one sign bit all the same).
+            let mut new = 0i16;
+            if size != 0 {
+                new = if bits.peek(1) != 0 {
+                    p1
+                } else {
+                    p1.wrapping_neg()
+                };
+                bits.consume(1);
+            } else if run != 15 {
+                eobrun = 1u32 << run;
+                if run != 0 {
+                    eobrun += bits.peek(run);
+                    bits.consume(run);
+                }
+                break;
+            }
+            // libjpeg passes the nonzero coefficients (a correction bit each) and `run` zero
+            // ones, and stops on the zero one after them; without one in the band, at `Se + 1`.
+            let zeros = !nonzero & in_band & !((1u64 << k) - 1);
+            let target = deposit::<BMI2>(1 << run, zeros);
+            let stop = if target == 0 {
+                se + 1
+            } else {
+                target.trailing_zeros()
+            };
+            correct::<BMI2>(bits, data, block, nonzero & span(k, stop), p1);
+            k = stop;
+            if new != 0 {
+                // `k` is at most `Se + 1`: past 63 it lands on 63, as libjpeg's table has it.
+                block[usize::from(NATURAL_ORDER[k as usize & 127])] = new;
+            }
+            k += 1;
+        }
+    }
+    if eobrun > 0 {
+        if k <= se {
+            correct::<BMI2>(bits, data, block, nonzero & span(k, se + 1), p1);
+        }
+        eobrun -= 1;
+    }
+    Ok(eobrun)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::jpeg_huffman::TableClass;
+    use super::*;
+
+    /// A small deterministic generator (xorshift64*).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn bmi2() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return std::arch::is_x86_feature_detected!("bmi2");
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// Every symbol a refinement scan uses: a new coefficient after a run (`r << 4 | 1`), a run
+    /// of 16 (`0xF0`) and the end-of-band runs (`r << 4`, r < 15): 15 codes of 4 bits and 15 of
+    /// 8 (the last 8-bit code, all ones, is left out as libjpeg requires, so random data also
+    /// meets a code no table holds).
+    fn refine_table() -> HuffTable {
+        let mut counts = [0u8; 17];
+        counts[4] = 15;
+        counts[8] = 15;
+        let mut symbols = [0u8; 256];
+        let all: Vec<u8> = (0..16u8)
+            .map(|r| r << 4 | 1)
+            .chain((0..15u8).map(|r| r << 4))
+            .chain(std::iter::once(0xF0))
+            .collect();
+        symbols[..30].copy_from_slice(&all[..30]);
+        HuffTable::new(&counts, &symbols, TableClass::Ac, false).unwrap()
+    }
+
+    /// `decode_mcu_AC_refine`'s walk as `jdphuff.c` writes it, coefficient by coefficient.
+    fn walk_refine(
+        bits: &mut Bits,
+        data: &[u8],
+        table: &HuffTable,
+        band: Band,
+        mut eobrun: u32,
+        block: &mut [i16; 64],
+    ) -> Result<u32, Anomaly> {
+        let (se, p1) = (usize::from(band.se), 1i16 << band.al);
+        let m1 = p1.wrapping_neg();
+        let mut correction = |bits: &mut Bits, coef: &mut i16| {
+            bits.refill(data);
+            if bits.peek(1) != 0 && *coef & p1 == 0 {
+                *coef = coef.wrapping_add(if *coef >= 0 { p1 } else { m1 });
+            }
+            bits.consume(1);
+        };
+        let mut k = usize::from(band.ss);
+        if eobrun == 0 {
+            while k <= se {
+                bits.refill(data);
+                let symbol = bits.symbol(table)?;
+                let (mut r, s) = ((symbol >> 4) as i32, symbol & 15);
+                let mut new = 0;
+                if s != 0 {
+                    new = if bits.peek(1) != 0 { p1 } else { m1 };
+                    bits.consume(1);
+                } else if r != 15 {
+                    eobrun = 1 << r;
+                    if r != 0 {
+                        eobrun += bits.peek(r as u32);
+                        bits.consume(r as u32);
+                    }
+                    break;
+                }
+                loop {
+                    let pos = usize::from(NATURAL_ORDER[k]);
+                    if block[pos] != 0 {
+                        correction(bits, &mut block[pos]);
+                    } else {
+                        r -= 1;
+                        if r < 0 {
+                            break;
+                        }
+                    }
+                    k += 1;
+                    if k > se {
+                        break;
+                    }
+                }
+                if new != 0 {
+                    block[usize::from(NATURAL_ORDER[k])] = new;
+                }
+                k += 1;
+            }
+        }
+        if eobrun > 0 {
+            for k in k..=se {
+                let pos = usize::from(NATURAL_ORDER[k]);
+                if block[pos] != 0 {
+                    correction(bits, &mut block[pos]);
+                }
+            }
+            eobrun -= 1;
+        }
+        Ok(eobrun)
+    }
+
+    /// Earlier scans' coefficients: mostly zero, the others multiples of `2 << al` of either
+    /// sign, and now and then one with the bit at `al` already set (which must stay as it is).
+    fn earlier_block(rng: &mut Rng, al: u8) -> [i16; 64] {
+        let mut block = [0i16; 64];
+        let density = rng.below(100);
+        for c in block.iter_mut() {
+            if rng.below(100) < density {
+                let magnitude = (1 + rng.below(6) as i32) << (al + 1);
+                let magnitude = magnitude | i32::from(rng.below(10) == 0) << al;
+                *c = (if rng.below(2) == 0 {
+                    magnitude
+                } else {
+                    -magnitude
+                }) as i16;
+            }
+        }
+        block
+    }
+
+    fn random_data(rng: &mut Rng, len: usize) -> Vec<u8> {
+        let mut data: Vec<u8> = (0..len).map(|_| rng.below(255) as u8).collect();
+        data.extend_from_slice(&[0xFF, 0xD9]);
+        data
+    }
+
+    #[test]
+    fn deposit_is_pdep() {
+        let mut rng = Rng(0x5EED_0001);
+        for _ in 0..20_000 {
+            let (value, mask) = (rng.next() >> rng.below(64), rng.next() & rng.next());
+            let mut want = 0u64;
+            let mut next = 0;
+            for bit in 0..64 {
+                if mask >> bit & 1 != 0 {
+                    want |= (value >> next & 1) << bit;
+                    next += 1;
+                }
+            }
+            assert_eq!(deposit::<false>(value, mask), want, "{value:x} {mask:x}");
+            if bmi2() {
+                assert_eq!(deposit::<true>(value, mask), want, "{value:x} {mask:x}");
+            }
+        }
+    }
+
+    #[test]
+    fn refinement_matches_libjpegs_walk() {
+        let table = refine_table();
+        let mut rng = Rng(0x5EED_0002);
+        let (mut blocks, mut anomalies) = (0, 0);
+        for _ in 0..1500 {
+            let ss = 1 + rng.below(63) as u8;
+            let se = ss + rng.below(u64::from(64 - ss)) as u8;
+            let al = rng.below(14) as u8;
+            let band = Band {
+                ss,
+                se,
+                ah: al + 1,
+                al,
+            };
+            let len = 16 + rng.below(400) as usize;
+            let data = random_data(&mut rng, len);
+            let (mut want_bits, mut fast_bits, mut bmi2_bits) =
+                (Bits::at(0), Bits::at(0), Bits::at(0));
+            let (mut want_run, mut fast_run, mut bmi2_run) = (0u32, 0u32, 0u32);
+            for _ in 0..40 {
+                let earlier = earlier_block(&mut rng, al);
+                let (mut want, mut fast, mut with_bmi2) = (earlier, earlier, earlier);
+                let expected =
+                    walk_refine(&mut want_bits, &data, &table, band, want_run, &mut want);
+                let got =
+                    ac_refine::<false>(&mut fast_bits, &data, &table, band, fast_run, &mut fast);
+                assert_eq!(got, expected);
+                if bmi2() {
+                    let got = ac_refine::<true>(
+                        &mut bmi2_bits,
+                        &data,
+                        &table,
+                        band,
+                        bmi2_run,
+                        &mut with_bmi2,
+                    );
+                    assert_eq!(got, expected);
+                    assert_eq!(with_bmi2, want);
+                    assert_eq!(bmi2_bits.taken(), want_bits.taken());
+                }
+                let Ok(run) = expected else {
+                    anomalies += 1;
+                    break;
+                };
+                assert_eq!(fast, want, "band {ss}..={se}, al {al}");
+                assert_eq!(fast_bits.taken(), want_bits.taken());
+                (want_run, fast_run, bmi2_run) = (run, run, run);
+                blocks += 1;
+            }
+        }
+        // Both outcomes were exercised, most blocks decoded.
+        assert!(
+            blocks > 20_000 && anomalies > 30,
+            "{blocks} blocks, {anomalies} anomalies"
+        );
+    }
+
+    #[test]
+    fn bands_libjpeg_refuses_are_declined() {
+        let band = |ss, se, ah, al| Band { ss, se, ah, al };
+        assert_eq!(band(0, 0, 0, 0).pass(3), Some(Pass::DcFirst));
+        assert_eq!(band(0, 0, 2, 1).pass(6), Some(Pass::DcRefine));
+        assert_eq!(band(1, 63, 0, 13).pass(1), Some(Pass::AcFirst));
+        assert_eq!(band(5, 5, 1, 0).pass(1), Some(Pass::AcRefine));
+        assert_eq!(band(0, 5, 0, 0).pass(1), None); // a DC scan reaching into AC
+        assert_eq!(band(6, 5, 0, 0).pass(1), None); // Ss > Se
+        assert_eq!(band(1, 64, 0, 0).pass(1), None); // Se past the block
+        assert_eq!(band(1, 63, 0, 0).pass(2), None); // an AC scan of two blocks per MCU
+        assert_eq!(band(1, 63, 3, 1).pass(1), None); // Al != Ah - 1
+        assert_eq!(band(1, 63, 0, 14).pass(1), None); // Al past 13
+    }
+}
