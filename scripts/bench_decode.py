@@ -18,7 +18,10 @@ one, the clock is the wall clock, and the ``threads`` columns give that call's w
 ratio to Pillow's, its CPU time and its speed-up over our one-thread call.
 
 Files: every PNG and JPEG of ``tests/support/images.real_photos()`` and Pillow's test PNGs of
-other kinds (palette, palette + tRNS interlaced, RGBA, RGBA interlaced, LA, 1-bit, L, large RGB).
+other kinds (palette, palette + tRNS interlaced, RGBA, RGBA interlaced, LA, 1-bit, L, large RGB),
+and, when ``jpegtran`` is installed (``make system-deps``), each real JPEG made progressive by
+``jpegtran -progressive`` (lossless: the photo's own coefficients in libjpeg's default ten
+scans), named ``NAME (progressive)``; ``--no-progressive`` leaves them out.
 Columns: milliseconds, ``x`` = Pillow / ours, peak MiB (ours / Pillow).
 """
 
@@ -59,7 +62,7 @@ PILLOW_PNGS = (
 )
 
 
-def files() -> list[tuple[str, Path]]:
+def files(progressive: bool = True) -> list[tuple[str, Path]]:
     from support.images import pillow_test_images, real_photos
 
     photos = [
@@ -68,7 +71,33 @@ def files() -> list[tuple[str, Path]]:
         if name.endswith((".png", ".jpg"))
     ]
     pillow = pillow_test_images()
-    return photos + [(f"pillow:{name}", pillow / name) for name in PILLOW_PNGS]
+    out = photos + [(f"pillow:{name}", pillow / name) for name in PILLOW_PNGS]
+    return out + (progressive_rewrites(photos) if progressive else [])
+
+
+def progressive_rewrites(photos: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    """Each real JPEG rewritten progressive by jpegtran (into a temporary directory); none
+    without jpegtran, and none of the files jpegtran refuses (it stops on libjpeg's warnings)."""
+    import tempfile
+
+    jpegtran = shutil.which("jpegtran")
+    if jpegtran is None:
+        print("jpegtran not found: no progressive rows (`make system-deps` installs it)\n")
+        return []
+    directory = Path(tempfile.mkdtemp(prefix="bench-progressive-"))
+    out = []
+    for name, path in photos:
+        if not name.endswith(".jpg"):
+            continue
+        target = directory / name
+        run = subprocess.run(
+            [jpegtran, "-progressive", "-outfile", str(target), str(path)],
+            capture_output=True,
+            check=False,
+        )
+        if run.returncode == 0:
+            out.append((f"{name} (progressive)", target))
+    return out
 
 
 def decoders(data: bytes, torch_too: bool = True, threads: int = 1) -> dict[str, Callable[[], Any]]:
@@ -204,6 +233,11 @@ def main() -> None:
         default=1,
         help="also time vision.decode(..., threads=N) on two cores (wall clock)",
     )
+    parser.add_argument(
+        "--no-progressive",
+        action="store_true",
+        help="leave out the real JPEGs made progressive by jpegtran",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--peak", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -228,7 +262,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|" + ("---|" if threaded else ""))
     env = dict(os.environ)
-    for name, path in files():
+    for name, path in files(progressive=not args.no_progressive):
         if only and name not in only and name.removeprefix("pillow:") not in only:
             continue
         cmd = [*pin, sys.executable, __file__, "--child", str(path), "--rounds", str(args.rounds)]
