@@ -84,6 +84,13 @@ pub(crate) struct HuffTable {
 }
 
 impl HuffTable {
+    /// The code of up to [`FAST_BITS`] bits at the top of the `FAST_BITS`-bit `window`: its
+    /// length and symbol (`None` when the code is longer).
+    pub(crate) fn short_code(&self, window: u32) -> Option<(u32, u8)> {
+        let entry = *self.fast.get(window as usize)?;
+        (entry != 0).then(|| (u32::from(entry >> 8), (entry & 0xFF) as u8))
+    }
+
     /// Builds the table of `counts[1..=16]` codes per length over `symbols`, assigned as
     /// libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the whole-symbol lookups of
     /// [`Self::whole`] for its `class` when `whole` is set (they cost a few µs to build, more
@@ -240,7 +247,7 @@ impl DcEntry {
 /// JPEG's sign extension of a `size`-bit value (F.2.2.1): the lower half of the range stands
 /// for negative values.
 #[inline(always)]
-fn extend(raw: u32, size: u32) -> i32 {
+pub(crate) fn extend(raw: u32, size: u32) -> i32 {
     let v = raw as i32;
     if v < 1 << (size - 1) {
         v - (1 << size) + 1
