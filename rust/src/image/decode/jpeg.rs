@@ -325,7 +325,14 @@ extern "C" fn hook_decode_mcu(
                 *slot = unsafe { (*blocks.add(b)).as_mut() };
             }
             return match scan.decode_mcu(data, &mut out[..count]) {
-                Ok(Step::More) => 0,
+                // The shim passes over the MCUs of an end-of-band run without calling back.
+                Ok(Step::More) => match scan.skip_ahead() {
+                    0 => 0,
+                    n => {
+                        *consumed = usize::try_from(n).unwrap_or(0);
+                        2
+                    }
+                },
                 Ok(Step::Done(pos)) => match pos.checked_sub(state.start) {
                     Some(n) => {
                         *consumed = n;

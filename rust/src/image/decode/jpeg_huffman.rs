@@ -378,6 +378,12 @@ impl Bits {
         (self.buf >> (64 - bits)) as u32
     }
 
+    /// The next `bits` bits, 0 to 32 (0 for none, without a branch).
+    #[inline(always)]
+    pub(crate) fn peek_up_to_32(&self, bits: u32) -> u32 {
+        (self.buf >> 32 >> (32 - bits)) as u32
+    }
+
     #[inline(always)]
     pub(crate) fn consume(&mut self, bits: u32) {
         self.buf <<= bits;

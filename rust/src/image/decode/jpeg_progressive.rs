@@ -207,6 +207,23 @@ impl ProgressiveScan {
         self.blocks.len()
     }
 
+    /// After an MCU: how many of the next MCUs need nothing written — blocks of an AC-first
+    /// end-of-band run, within the restart interval and before the scan's last MCU — counted
+    /// as decoded, so that the caller passes over them without calling [`Self::decode_mcu`].
+    pub(crate) fn skip_ahead(&mut self) -> u64 {
+        if self.pass != Pass::AcFirst || self.eobrun == 0 {
+            return 0;
+        }
+        let mut n = u64::from(self.eobrun).min(self.mcus_left.saturating_sub(1));
+        if self.restart_interval != 0 {
+            n = n.min(u64::from(self.left_in_interval));
+            self.left_in_interval -= n as u32;
+        }
+        self.eobrun -= n as u32;
+        self.mcus_left -= n;
+        n
+    }
+
     /// Decodes the next MCU into `out` (one block per [`Self::blocks_in_mcu`], in order,
     /// holding what the scans before this one wrote; a `None` block is an anomaly).
     pub(crate) fn decode_mcu(
@@ -540,10 +557,25 @@ fn deposit<const BMI2: bool>(value: u64, mut mask: u64) -> u64 {
     out
 }
 
-/// The correction bits of the nonzero coefficients at the zigzag indices of `mask`, one each,
-/// lowest index first, read up to 32 at a time: the indices whose bit is set.
+/// The correction bits of the `count` nonzero coefficients at the zigzag indices of `mask`,
+/// one each, lowest index first: the indices whose bit is set. Up to 32 bits (almost always)
+/// are read at once without a branch on their number, which is on the decoder's critical path.
 #[inline(always)]
-fn correction_bits<const BMI2: bool>(bits: &mut Bits, data: &[u8], mut mask: u64) -> u64 {
+fn correction_bits<const BMI2: bool>(
+    bits: &mut Bits,
+    data: &[u8],
+    mut mask: u64,
+    count: u32,
+) -> u64 {
+    debug_assert_eq!(count, mask.count_ones());
+    if count <= 32 {
+        bits.refill(data);
+        // The next `count` bits (0 to 32), the first read in bit 0: shifts that give 0 for none.
+        let word = bits.peek_up_to_32(count);
+        bits.consume(count);
+        let first_in_bit_0 = u64::from(word).reverse_bits() >> 1 >> (63 - count);
+        return deposit::<BMI2>(first_in_bit_0, mask);
+    }
     let mut raised = 0;
     while mask != 0 {
         bits.refill(data);
@@ -624,7 +656,15 @@ fn ac_refine<const BMI2: bool>(
             } else {
                 target.trailing_zeros()
             };
-            raised |= correction_bits::<BMI2>(bits, data, nonzero & span(k, stop));
+            // Between `k` and `stop` lie the `run` zero coefficients passed; the rest are
+            // nonzero (when the band ended first, they are counted).
+            let passed = nonzero & span(k, stop);
+            let count = if target == 0 {
+                passed.count_ones()
+            } else {
+                stop - k - run
+            };
+            raised |= correction_bits::<BMI2>(bits, data, passed, count);
             k = stop;
             if new != 0 {
                 // `k` is at most `Se + 1`: past 63 it lands on 63, as libjpeg's table has it.
@@ -635,7 +675,8 @@ fn ac_refine<const BMI2: bool>(
     }
     if eobrun > 0 {
         if k <= se {
-            raised |= correction_bits::<BMI2>(bits, data, nonzero & span(k, se + 1));
+            let rest = nonzero & span(k, se + 1);
+            raised |= correction_bits::<BMI2>(bits, data, rest, rest.count_ones());
         }
         eobrun -= 1;
     }

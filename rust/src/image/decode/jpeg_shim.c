@@ -67,7 +67,9 @@ typedef struct {
 } smg_scan_desc;
 
 /* start: 1 when the hook takes the scan. decode_mcu: 0 = decoded, more follow; 1 = the last
- * MCU decoded, *consumed bytes of the data are the hook's; -1 = anomaly, decode again. */
+ * MCU decoded, *consumed bytes of the data are the hook's; 2 = decoded, and the next *consumed
+ * MCUs need nothing written (a progressive end-of-band run the hook has accounted for: they
+ * are not passed to it); -1 = anomaly, decode again. */
 typedef struct {
     void *ctx;
     int (*start)(void *ctx, const smg_scan_desc *desc);
@@ -103,6 +105,8 @@ typedef struct {
     size_t skip;
     const smg_entropy_hook *hook;
     int hook_declined;
+    /* MCUs of the current scan still to pass over without calling the hook (status 2). */
+    size_t hook_skip;
     /* A progressive file's scans are offered to this hook as libjpeg starts each one: the
      * first from the progress monitor (libjpeg started it in jinit_master_decompress), the
      * others from a wrapper around the entropy decoder's start_pass. */
@@ -217,7 +221,16 @@ static void smg_see_up_to(smg_jpeg *self, size_t end) {
 static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     smg_jpeg *self = (smg_jpeg *)cinfo;
     size_t consumed = 0;
-    int status = self->hook->decode_mcu(self->hook->ctx, MCU_data, cinfo->blocks_in_MCU, &consumed);
+    int status;
+    if (self->hook_skip > 0) {
+        self->hook_skip--;
+        return TRUE;
+    }
+    status = self->hook->decode_mcu(self->hook->ctx, MCU_data, cinfo->blocks_in_MCU, &consumed);
+    if (status == 2) {
+        self->hook_skip = consumed;
+        return TRUE;
+    }
     if (status < 0 || consumed > self->hook_len) {
         self->hook_declined = 1;
         snprintf(self->message, sizeof(self->message), "entropy hook declined");
@@ -310,6 +323,7 @@ static void smg_offer_progressive_scan(smg_jpeg *self) {
     self->hook = hook;
     self->hook_base = desc.data;
     self->hook_len = desc.len;
+    self->hook_skip = 0;
     ((struct smg_entropy_prefix *)cinfo->entropy)->decode_mcu = smg_hooked_decode_mcu;
 }
 
@@ -338,6 +352,7 @@ static void smg_install_hook(smg_jpeg *self, const smg_entropy_hook *hook) {
     self->hook = hook;
     self->hook_base = desc.data;
     self->hook_len = desc.len;
+    self->hook_skip = 0;
     ((struct smg_entropy_prefix *)cinfo->entropy)->decode_mcu = smg_hooked_decode_mcu;
 }
 
