@@ -76,8 +76,9 @@ typecheck: ## mypy --strict on the hand-written code and examples; stubtest on _
 	$(PYTHON) -m mypy
 	cd /tmp && $(PYTHON) -m mypy.stubtest smg_grpc_proto._native
 
-rust-test: ## the crate's own tests (no Python)
+rust-test: ## the crate's own tests (no Python), and the fuzz targets still compile (they run on nightly)
 	cd rust && $(CARGO) test --quiet
+	cd rust/fuzz && CARGO_TARGET_DIR=../target $(CARGO) check --bins --quiet
 
 pytest-fallback: ## the tensor tests again with the pure-numpy kernels (SMG_GRPC_PROTO_NATIVE=0)
 	SMG_GRPC_PROTO_NATIVE=0 $(PYTHON) -m pytest -q -p no:cacheprovider tests/tensors/test_tensors.py \

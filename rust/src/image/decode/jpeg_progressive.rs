@@ -4,8 +4,14 @@
 //! first (of all components, in interleaved MCUs), then bands of AC coefficients of one
 //! component at a time, and with successive approximation the high bits of each first and one
 //! more bit per refinement scan. libjpeg-turbo reads these scans with a byte-at-a-time bit
-//! reader and an 8-bit code lookup, which makes a progressive photo decode two to three times
-//! slower than the same photo baseline. For each scan, `jpeg_shim.c` calls libjpeg's own
+//! reader and an 8-bit code lookup, and walks a refinement band coefficient by coefficient;
+//! here the bit reader is [`Bits`] (8 bytes a refill), an AC code and its value bits are one
+//! lookup ([`Whole`]), a refinement visits only the nonzero coefficients (a zigzag mask), and
+//! the shim passes over the blocks of an end-of-band run without a call
+//! ([`ProgressiveScan::skip_ahead`]): 0.58–0.85× of the time of libjpeg's progressive decode
+//! on real photos. (A progressive photo still costs 2–2.6× its baseline twin: libjpeg keeps
+//! every coefficient of the image and each scan walks them again.) For each scan, `jpeg_shim.c`
+//! calls libjpeg's own
 //! `start_pass` (which checks the scan's parameters, builds its tables and records the
 //! progression in `coef_bits`, all of which the output pass reads) and then hands the scan's
 //! MCUs to [`ProgressiveScan::decode_mcu`]; the coefficient buffer, block smoothing, the IDCT,
