@@ -126,16 +126,22 @@ struct HookState {
 const WHOLE_SYMBOLS_MIN_BLOCKS: u64 = 256;
 
 impl HookState {
-    /// Builds the scan from libjpeg's description, and where its data starts; `None` declines.
-    fn start(&self, desc: &ScanDesc) -> Option<(Scan, usize)> {
+    /// Where the described scan's data starts in the file (it must run to the file's end), and
+    /// its blocks per MCU (1 to [`MAX_BLOCKS_IN_MCU`]).
+    fn placement(&self, desc: &ScanDesc) -> Option<(usize, usize)> {
         let start = (desc.data as usize).checked_sub(self.data as usize)?;
         if start > self.len || desc.len != self.len - start {
             return None;
         }
         let count = usize::try_from(desc.blocks_in_mcu).ok()?;
-        if count == 0 || count > MAX_BLOCKS_IN_MCU {
-            return None;
-        }
+        (1..=MAX_BLOCKS_IN_MCU)
+            .contains(&count)
+            .then_some((start, count))
+    }
+
+    /// Builds the scan from libjpeg's description, and where its data starts; `None` declines.
+    fn start(&self, desc: &ScanDesc) -> Option<(Scan, usize)> {
+        let (start, count) = self.placement(desc)?;
         // Build the tables the blocks use, each once. Allocation failures decline the scan (the
         // stock decoder needs no more memory).
         let mut slots: [Option<usize>; 8] = [None; 8];
@@ -154,21 +160,7 @@ impl HookState {
         let mut table = |slot: c_int| -> Option<usize> {
             let slot = usize::try_from(slot).ok().filter(|&s| s < 8)?;
             if slots[slot].is_none() {
-                let (counts, symbols) = (desc.table_counts[slot], desc.table_symbols[slot]);
-                if counts.is_null() || symbols.is_null() {
-                    return None;
-                }
-                // SAFETY: non-null pointers into libjpeg's JHUFF_TBL of this slot (`bits[17]`,
-                // `huffval[256]`), alive and unchanged while the scan decodes.
-                let (counts, symbols) =
-                    unsafe { (&*counts.cast::<[u8; 17]>(), &*symbols.cast::<[u8; 256]>()) };
-                // Slots 0-3 hold the DC tables, 4-7 the AC ones (`jpeg_shim.c`).
-                let class = if slot < 4 {
-                    TableClass::Dc
-                } else {
-                    TableClass::Ac
-                };
-                tables.push(HuffTable::new(counts, symbols, class, whole)?);
+                tables.push(table_of(desc, slot, whole)?);
                 slots[slot] = Some(tables.len() - 1);
             }
             slots[slot]
@@ -188,14 +180,7 @@ impl HookState {
     /// Builds a progressive scan from libjpeg's description (after its `start_pass` accepted
     /// the band), and where its data starts; `None` declines.
     fn start_progressive(&self, desc: &ScanDesc) -> Option<(ProgressiveScan, usize)> {
-        let start = (desc.data as usize).checked_sub(self.data as usize)?;
-        if start > self.len || desc.len != self.len - start {
-            return None;
-        }
-        let count = usize::try_from(desc.blocks_in_mcu).ok()?;
-        if count == 0 || count > MAX_BLOCKS_IN_MCU {
-            return None;
-        }
+        let (start, count) = self.placement(desc)?;
         let byte = |v: c_int| u8::try_from(v).ok();
         let band = Band {
             ss: byte(desc.ss)?,
@@ -206,10 +191,10 @@ impl HookState {
         let pass = band.pass(count)?;
         // The table each block reads: its DC table in a DC scan, its AC table in an AC scan
         // (a DC refinement reads none).
-        let (slots, class) = if band.ss == 0 {
-            (&desc.block_dc, TableClass::Dc)
+        let slots = if band.ss == 0 {
+            &desc.block_dc
         } else {
-            (&desc.block_ac, TableClass::Ac)
+            &desc.block_ac
         };
         let mut tables: Vec<HuffTable> = Vec::new();
         let mut built: [Option<usize>; 8] = [None; 8];
@@ -223,16 +208,8 @@ impl HookState {
             }
             let slot = usize::try_from(slot).ok().filter(|&s| s < 8)?;
             if built[slot].is_none() {
-                let (counts, symbols) = (desc.table_counts[slot], desc.table_symbols[slot]);
-                if counts.is_null() || symbols.is_null() {
-                    return None;
-                }
-                // SAFETY: non-null pointers into libjpeg's JHUFF_TBL of this slot (`bits[17]`,
-                // `huffval[256]`), alive and unchanged while the scan decodes.
-                let (counts, symbols) =
-                    unsafe { (&*counts.cast::<[u8; 17]>(), &*symbols.cast::<[u8; 256]>()) };
                 tables.try_reserve(1).ok()?;
-                tables.push(HuffTable::new(counts, symbols, class, false)?);
+                tables.push(table_of(desc, slot, false)?);
                 built[slot] = Some(tables.len() - 1);
             }
             blocks.push((component, built[slot]?));
@@ -248,6 +225,28 @@ impl HookState {
         )
         .map(|s| (s, start))
     }
+}
+
+/// The decoding table in slot `slot` (0–3 DC, 4–7 AC, as `jpeg_shim.c` fills them) of the
+/// scan `desc` describes, with the whole-symbol lookups when `whole`; `None` for an empty slot
+/// or a table libjpeg would refuse.
+fn table_of(desc: &ScanDesc, slot: usize, whole: bool) -> Option<HuffTable> {
+    let (counts, symbols) = (
+        *desc.table_counts.get(slot)?,
+        *desc.table_symbols.get(slot)?,
+    );
+    if counts.is_null() || symbols.is_null() {
+        return None;
+    }
+    // SAFETY: non-null pointers into libjpeg's JHUFF_TBL of this slot (`bits[17]`,
+    // `huffval[256]`), alive and unchanged while the scan decodes.
+    let (counts, symbols) = unsafe { (&*counts.cast::<[u8; 17]>(), &*symbols.cast::<[u8; 256]>()) };
+    let class = if slot < 4 {
+        TableClass::Dc
+    } else {
+        TableClass::Ac
+    };
+    HuffTable::new(counts, symbols, class, whole)
 }
 
 extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {

@@ -928,20 +928,21 @@ impl Scan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::jpeg_pipeline::{Pipeline, Plan};
     use super::*;
 
-    /// A small deterministic generator (xorshift64*).
-    struct Rng(u64);
+    /// A small deterministic generator (xorshift64*), for this module's tests and
+    /// `jpeg_progressive.rs`'s.
+    pub(crate) struct Rng(pub(crate) u64);
     impl Rng {
-        fn next(&mut self) -> u64 {
+        pub(crate) fn next(&mut self) -> u64 {
             self.0 ^= self.0 >> 12;
             self.0 ^= self.0 << 25;
             self.0 ^= self.0 >> 27;
             self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
         }
-        fn below(&mut self, n: u64) -> u64 {
+        pub(crate) fn below(&mut self, n: u64) -> u64 {
             self.next() % n
         }
     }

@@ -692,22 +692,9 @@ fn ac_refine<const BMI2: bool>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::jpeg_huffman::tests::Rng;
     use super::super::jpeg_huffman::TableClass;
     use super::*;
-
-    /// A small deterministic generator (xorshift64*).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
 
     fn bmi2() -> bool {
         #[cfg(target_arch = "x86_64")]

@@ -271,6 +271,17 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
     return TRUE;
 }
 
+/* The hook took the scan described by `desc`: libjpeg's decode_mcu calls it from now on. */
+static void smg_take_scan(
+    smg_jpeg *self, const smg_entropy_hook *hook, const smg_scan_desc *desc
+) {
+    self->hook = hook;
+    self->hook_base = desc->data;
+    self->hook_len = desc->len;
+    self->hook_skip = 0;
+    ((struct smg_entropy_prefix *)self->cinfo.entropy)->decode_mcu = smg_hooked_decode_mcu;
+}
+
 /* Fills what the hook needs of the current scan's blocks and tables. */
 static void smg_describe_scan(smg_jpeg *self, smg_scan_desc *desc) {
     j_decompress_ptr cinfo = &self->cinfo;
@@ -320,11 +331,7 @@ static void smg_offer_progressive_scan(smg_jpeg *self) {
     if (!hook->start(hook->ctx, &desc)) {
         return;
     }
-    self->hook = hook;
-    self->hook_base = desc.data;
-    self->hook_len = desc.len;
-    self->hook_skip = 0;
-    ((struct smg_entropy_prefix *)cinfo->entropy)->decode_mcu = smg_hooked_decode_mcu;
+    smg_take_scan(self, hook, &desc);
 }
 
 static void smg_wrapped_start_pass(j_decompress_ptr cinfo) {
@@ -349,11 +356,7 @@ static void smg_install_hook(smg_jpeg *self, const smg_entropy_hook *hook) {
     if (!hook->start(hook->ctx, &desc)) {
         return;
     }
-    self->hook = hook;
-    self->hook_base = desc.data;
-    self->hook_len = desc.len;
-    self->hook_skip = 0;
-    ((struct smg_entropy_prefix *)cinfo->entropy)->decode_mcu = smg_hooked_decode_mcu;
+    smg_take_scan(self, hook, &desc);
 }
 
 smg_jpeg *smg_jpeg_new(void) { return (smg_jpeg *)calloc(1, sizeof(smg_jpeg)); }
