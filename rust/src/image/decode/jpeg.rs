@@ -311,41 +311,11 @@ extern "C" fn hook_decode_mcu(
         // call; the hook runs only inside it, and nothing writes those bytes meanwhile.
         let data = unsafe { std::slice::from_raw_parts(state.data, state.len) };
         let count = usize::try_from(count).unwrap_or(usize::MAX);
-        if let Some(scan) = state.progressive.as_mut() {
-            if count != scan.blocks_in_mcu() || blocks.is_null() {
-                return -1;
-            }
-            let mut out: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
-            for (b, slot) in out[..count].iter_mut().enumerate() {
-                // SAFETY: libjpeg's coefficient controller passes `blocks_in_MCU` pointers to
-                // distinct JBLOCKs (64 JCOEF = i16) of its whole-image coefficient buffer, which
-                // hold what the earlier scans wrote and which it does not touch during the call;
-                // `count` is that number, checked against the scan's above.
-                *slot = unsafe { (*blocks.add(b)).as_mut() };
-            }
-            return match scan.decode_mcu(data, &mut out[..count]) {
-                // The shim passes over the MCUs of an end-of-band run without calling back.
-                Ok(Step::More) => match scan.skip_ahead() {
-                    0 => 0,
-                    n => {
-                        *consumed = usize::try_from(n).unwrap_or(0);
-                        2
-                    }
-                },
-                Ok(Step::Done(pos)) => match pos.checked_sub(state.start) {
-                    Some(n) => {
-                        *consumed = n;
-                        1
-                    }
-                    None => -1,
-                },
-                Err(_) => -1,
-            };
-        }
-        let expected = match (&state.scan, &state.pipeline) {
-            (Some(scan), _) => scan.blocks_in_mcu(),
-            (None, Some(pipeline)) => pipeline.blocks_in_mcu(),
-            (None, None) => return -1,
+        let expected = match (&state.progressive, &state.scan, &state.pipeline) {
+            (Some(scan), _, _) => scan.blocks_in_mcu(),
+            (None, Some(scan), _) => scan.blocks_in_mcu(),
+            (None, None, Some(pipeline)) => pipeline.blocks_in_mcu(),
+            (None, None, None) => return -1,
         };
         if count != expected {
             return -1;
@@ -354,18 +324,28 @@ extern "C" fn hook_decode_mcu(
         if !blocks.is_null() {
             for (b, slot) in out[..count].iter_mut().enumerate() {
                 // SAFETY: libjpeg's coefficient controller passes `blocks_in_MCU` pointers to
-                // distinct, zeroed JBLOCKs (64 JCOEF = i16) that it does not touch during the
-                // call; `count` is that number, checked against the scan's above.
+                // distinct JBLOCKs (64 JCOEF = i16) that it does not touch during the call —
+                // zeroed in a sequential scan, holding what the earlier scans wrote in a
+                // progressive one; `count` is that number, checked against the scan's above.
                 *slot = unsafe { (*blocks.add(b)).as_mut() };
             }
         }
-        let step = match (&mut state.scan, &mut state.pipeline) {
-            (Some(scan), _) => scan.decode_mcu(data, &mut out[..count]),
-            (None, Some(pipeline)) => pipeline.next_mcu(data, &mut out[..count]),
-            (None, None) => return -1,
+        let step = match (&mut state.progressive, &mut state.scan, &mut state.pipeline) {
+            (Some(scan), _, _) => scan.decode_mcu(data, &mut out[..count]),
+            (None, Some(scan), _) => scan.decode_mcu(data, &mut out[..count]),
+            (None, None, Some(pipeline)) => pipeline.next_mcu(data, &mut out[..count]),
+            (None, None, None) => return -1,
         };
         match step {
-            Ok(Step::More) => 0,
+            // The shim passes over the MCUs of a progressive end-of-band run without calling
+            // back.
+            Ok(Step::More) => match state.progressive.as_mut().map_or(0, |s| s.skip_ahead()) {
+                0 => 0,
+                n => {
+                    *consumed = n as usize; // a u32: lossless on every target libjpeg builds for
+                    2
+                }
+            },
             Ok(Step::Done(pos)) => match pos.checked_sub(state.start) {
                 Some(n) => {
                     *consumed = n;

@@ -413,6 +413,23 @@ impl Bits {
         Ok(u32::from(t.symbols[index]))
     }
 
+    /// The next DC difference of `dc`: a size, then that many value bits (one lookup when the
+    /// table has its whole-symbol entries and both fit).
+    #[inline(always)]
+    pub(crate) fn dc_difference(&mut self, data: &[u8], dc: &HuffTable) -> Result<i32, Anomaly> {
+        // Each refill leaves at least 32 bits: a code (at most 16) and its value (at most 15).
+        self.refill(data);
+        let e = dc.whole[self.peek(FAST_BITS) as usize];
+        if e != 0 {
+            self.consume((e & 15) as u32);
+            return Ok(i32::from((e >> 32) as i16));
+        }
+        // DC symbols above 15 are refused by libjpeg's table check; `& 15` keeps the shift in
+        // range for a table that got here anyway (and `DcEntry` reads them the same way).
+        let size = self.symbol(dc)? & 15;
+        Ok(if size == 0 { 0 } else { self.value(size) })
+    }
+
     /// Checks that the segment read held all the bits taken from it and that a marker ends
     /// it; the index of the marker's code byte.
     pub(crate) fn segment_end(&self, data: &[u8]) -> Result<usize, Anomaly> {
@@ -844,22 +861,7 @@ impl Scan {
         dc: &HuffTable,
         prediction: &mut i32,
     ) -> Result<i16, Anomaly> {
-        // Each refill leaves at least 32 bits: a code (at most 16) and its value (at most 15).
-        bits.refill(data);
-        let e = dc.whole[bits.peek(FAST_BITS) as usize];
-        let diff = if e != 0 {
-            bits.consume((e & 15) as u32);
-            i32::from((e >> 32) as i16)
-        } else {
-            // DC symbols above 15 are refused by libjpeg's table check; `& 15` keeps the shift
-            // in range for a table that got here anyway (and `DcEntry` reads them the same way).
-            let size = bits.symbol(dc)? & 15;
-            if size == 0 {
-                0
-            } else {
-                bits.value(size)
-            }
-        };
+        let diff = bits.dc_difference(data, dc)?;
         *prediction = prediction.wrapping_add(diff);
         Ok(*prediction as i16)
     }

@@ -216,17 +216,18 @@ impl ProgressiveScan {
     /// After an MCU: how many of the next MCUs need nothing written — blocks of an AC-first
     /// end-of-band run, within the restart interval and before the scan's last MCU — counted
     /// as decoded, so that the caller passes over them without calling [`Self::decode_mcu`].
-    pub(crate) fn skip_ahead(&mut self) -> u64 {
+    pub(crate) fn skip_ahead(&mut self) -> u32 {
         if self.pass != Pass::AcFirst || self.eobrun == 0 {
             return 0;
         }
-        let mut n = u64::from(self.eobrun).min(self.mcus_left.saturating_sub(1));
+        // Below `eobrun`, so it fits in a u32.
+        let mut n = u64::from(self.eobrun).min(self.mcus_left.saturating_sub(1)) as u32;
         if self.restart_interval != 0 {
-            n = n.min(u64::from(self.left_in_interval));
-            self.left_in_interval -= n as u32;
+            n = n.min(self.left_in_interval);
+            self.left_in_interval -= n;
         }
-        self.eobrun -= n as u32;
-        self.mcus_left -= n;
+        self.eobrun -= n;
+        self.mcus_left -= u64::from(n);
         n
     }
 
@@ -284,7 +285,7 @@ impl ProgressiveScan {
                 for (&(component, table), block) in self.blocks.iter().zip(out.iter_mut()) {
                     let block = block.as_deref_mut().ok_or(NO_BLOCK)?;
                     let prediction = &mut self.predictions[component];
-                    let diff = dc_difference(&mut bits, data, &self.tables[table])?;
+                    let diff = bits.dc_difference(data, &self.tables[table])?;
                     // libjpeg refuses a sum that leaves `int` (JERR_BAD_DCT_COEF).
                     *prediction = prediction
                         .checked_add(diff)
@@ -345,16 +346,6 @@ impl ProgressiveScan {
         self.bits = Bits::at(at + 1);
         Ok(())
     }
-}
-
-/// A DC difference: a size from the table, then that many value bits.
-#[inline(always)]
-fn dc_difference(bits: &mut Bits, data: &[u8], table: &HuffTable) -> Result<i32, Anomaly> {
-    // A refill leaves at least 32 bits: a code (at most 16) and its value (at most 15).
-    bits.refill(data);
-    // DC symbols above 15 are refused by libjpeg's table check (`& 15` keeps the shift in range).
-    let size = bits.symbol(table)? & 15;
-    Ok(if size == 0 { 0 } else { bits.value(size) })
 }
 
 /// An AC symbol with what follows its code.

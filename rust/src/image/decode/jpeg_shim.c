@@ -109,9 +109,9 @@ typedef struct {
     size_t hook_skip;
     /* A progressive file's scans are offered to this hook as libjpeg starts each one: the
      * first from the progress monitor (libjpeg started it in jinit_master_decompress), the
-     * others from a wrapper around the entropy decoder's start_pass. */
+     * others from a wrapper around the entropy decoder's start_pass, libjpeg's own kept here
+     * (NULL until the wrapper is in place). */
     const smg_entropy_hook *progressive_hook;
-    int progressive_pending;
     void (*libjpeg_start_pass)(j_decompress_ptr cinfo);
     const JOCTET *hook_base;
     size_t hook_len;
@@ -140,12 +140,11 @@ static void smg_wrapped_start_pass(j_decompress_ptr cinfo);
 
 static void smg_progress(j_common_ptr cinfo) {
     smg_jpeg *self = (smg_jpeg *)cinfo;
-    if (self->progressive_pending && cinfo->is_decompressor && self->cinfo.progressive_mode &&
-        self->cinfo.entropy != NULL) {
+    if (self->progressive_hook != NULL && self->libjpeg_start_pass == NULL &&
+        cinfo->is_decompressor && self->cinfo.progressive_mode && self->cinfo.entropy != NULL) {
         /* The first call of jpeg_start_decompress's loop over the scans: libjpeg has started
          * the first scan and read none of its data yet. */
         struct smg_entropy_prefix *entropy = (struct smg_entropy_prefix *)self->cinfo.entropy;
-        self->progressive_pending = 0;
         self->libjpeg_start_pass = entropy->start_pass;
         entropy->start_pass = smg_wrapped_start_pass;
         smg_offer_progressive_scan(self);
@@ -455,7 +454,6 @@ int smg_jpeg_decode(
     }
     /* A progressive file's scans are all read in jpeg_start_decompress. */
     self->progressive_hook = hook;
-    self->progressive_pending = hook != NULL && self->cinfo.progressive_mode;
     while (!jpeg_start_decompress(&self->cinfo)) {
         if (!smg_feed(self)) {
             return SMG_SUSPENDED;
