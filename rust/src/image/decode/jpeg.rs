@@ -188,7 +188,6 @@ impl HookState {
             ah: byte(desc.ah)?,
             al: byte(desc.al)?,
         };
-        let pass = band.pass(count)?;
         // The table each block reads: its DC table in a DC scan, its AC table in an AC scan
         // (a DC refinement reads none).
         let slots = if band.ss == 0 {
@@ -215,7 +214,6 @@ impl HookState {
             blocks.push((component, built[slot]?));
         }
         ProgressiveScan::new(
-            pass,
             band,
             tables,
             blocks,

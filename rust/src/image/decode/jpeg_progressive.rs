@@ -165,10 +165,10 @@ pub(crate) struct ProgressiveScan {
 }
 
 impl ProgressiveScan {
-    /// A scan of `mcus` MCUs of `blocks` (component below 4, table index into `tables`), with a
-    /// restart marker every `restart_interval` MCUs (0: none), starting at `start` in the data.
+    /// A scan of `band` over `mcus` MCUs of `blocks` (component below 4, table index into
+    /// `tables`), with a restart marker every `restart_interval` MCUs (0: none), starting at
+    /// `start` in the data; `None` for a band [`Band::pass`] declines.
     pub(crate) fn new(
-        pass: Pass,
         band: Band,
         tables: Vec<HuffTable>,
         blocks: Vec<(usize, usize)>,
@@ -176,15 +176,12 @@ impl ProgressiveScan {
         mcus: u64,
         start: usize,
     ) -> Option<Self> {
+        let pass = band.pass(blocks.len())?;
         let needs_table = pass != Pass::DcRefine;
         let fits = |&(component, table): &(usize, usize)| {
             component < 4 && (!needs_table || table < tables.len())
         };
-        if band.pass(blocks.len()) != Some(pass)
-            || blocks.is_empty()
-            || blocks.len() > MAX_BLOCKS_IN_MCU
-            || !blocks.iter().all(fits)
-        {
+        if blocks.is_empty() || blocks.len() > MAX_BLOCKS_IN_MCU || !blocks.iter().all(fits) {
             return None;
         }
         // An AC scan has one block per MCU and one table.
