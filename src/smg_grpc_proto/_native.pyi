@@ -211,9 +211,10 @@ def jpeg_huffman_stats() -> dict[str, int]:
     """JPEG scans whose Huffman decoding the Rust decoder took since the process started:
     ``inline`` (on the calling thread), ``helper`` (on a helper thread: ``decode_image(...,
     threads=0 or >= 2)``), ``shared`` (of those, with the calling thread decoding some restart
-    intervals too), ``progressive`` (scans of progressive files, on the calling thread) and
-    ``retried`` (images given back to libjpeg-turbo on an anomaly: decoded again by libjpeg
-    alone)."""
+    intervals too), ``progressive`` (scans of progressive files, on the calling thread),
+    ``progressive_rows`` (calls that decoded the rest of a block row of a progressive scan of
+    one component) and ``retried`` (images given back to libjpeg-turbo on an anomaly: decoded
+    again by libjpeg alone)."""
 
 def png_inflate_stats() -> dict[str, int]:
     """PNG images since the process started whose image data our inflate took (``ours``: a

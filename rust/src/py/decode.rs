@@ -193,8 +193,9 @@ fn image_format(data: &Bound<'_, PyBytes>) -> Option<String> {
 /// JPEG scans whose Huffman decoding the Rust decoder took since the process started:
 /// `inline` (on the calling thread), `helper` (on a helper thread), `shared` (of those, with
 /// the calling thread decoding some restart intervals too), `progressive` (scans of progressive
-/// files, on the calling thread), and `retried` (images given back to libjpeg-turbo on an
-/// anomaly: decoded again by libjpeg alone).
+/// files, on the calling thread), `progressive_rows` (calls that decoded the rest of a block
+/// row of a progressive scan of one component), and `retried` (images given back to
+/// libjpeg-turbo on an anomaly: decoded again by libjpeg alone).
 #[pyfunction]
 fn jpeg_huffman_stats() -> std::collections::HashMap<&'static str, u64> {
     crate::image::decode::jpeg::huffman_stats()

@@ -66,6 +66,8 @@ struct ScanDesc {
     se: c_int,
     ah: c_int,
     al: c_int,
+    /// A progressive scan of one component: its MCUs (blocks) per block row; else 0.
+    mcus_per_row: c_uint,
 }
 
 /// `jpeg_shim.c`'s `smg_entropy_hook`.
@@ -88,15 +90,18 @@ static SCANS_SHARED: AtomicU64 = AtomicU64::new(0);
 static SCANS_RETRIED: AtomicU64 = AtomicU64::new(0);
 /// Scans of progressive files the hook took ([`super::jpeg_progressive`]).
 static SCANS_PROGRESSIVE: AtomicU64 = AtomicU64::new(0);
+/// Calls that decoded the rest of a block row of a progressive scan of one component.
+static PROGRESSIVE_ROWS: AtomicU64 = AtomicU64::new(0);
 
 /// The counts of [`SCANS_INLINE`] and the others, by name.
-pub fn huffman_stats() -> [(&'static str, u64); 5] {
+pub fn huffman_stats() -> [(&'static str, u64); 6] {
     [
         ("inline", SCANS_INLINE.load(Ordering::Relaxed)),
         ("helper", SCANS_HELPER.load(Ordering::Relaxed)),
         ("shared", SCANS_SHARED.load(Ordering::Relaxed)),
         ("retried", SCANS_RETRIED.load(Ordering::Relaxed)),
         ("progressive", SCANS_PROGRESSIVE.load(Ordering::Relaxed)),
+        ("progressive_rows", PROGRESSIVE_ROWS.load(Ordering::Relaxed)),
     ]
 }
 
@@ -221,7 +226,7 @@ impl HookState {
             desc.mcus,
             start,
         )
-        .map(|s| (s, start))
+        .map(|s| (s.with_rows(desc.mcus_per_row), start))
     }
 }
 
@@ -318,6 +323,36 @@ extern "C" fn hook_decode_mcu(
         if count != expected {
             return -1;
         }
+        if let Some(scan) = state.progressive.as_mut() {
+            let n = scan.row_blocks();
+            if n > 1 && count == 1 && !blocks.is_null() {
+                // SAFETY: a progressive scan of one component (`row_blocks` is 1 otherwise):
+                // libjpeg-turbo's coefficient controller (`jdcoefct.c`'s `consume_data`, the
+                // version turbojpeg-sys builds from the source pinned in Cargo.lock) passes
+                // the block at column `c` of a block row as `buffer[row] + c`, a row of the
+                // component's coefficient array holding at least `MCUs_per_row` consecutive
+                // JBLOCKs (64 JCOEF = i16), and calls again for `c + 1` .. the row's end in
+                // order, touching none of them in between; `n` reaches at most the row's end
+                // (`row_blocks`, from `MCUs_per_row` and the MCUs decoded so far). The shim
+                // answers those calls itself (status 3) and checks each pointer is the next.
+                let row = unsafe {
+                    let first = *blocks;
+                    if first.is_null() {
+                        return -1;
+                    }
+                    std::slice::from_raw_parts_mut(first, n)
+                };
+                return match scan.decode_row(data, row) {
+                    Ok(Step::More) => {
+                        PROGRESSIVE_ROWS.fetch_add(1, Ordering::Relaxed);
+                        *consumed = n - 1;
+                        3
+                    }
+                    // `row_blocks` leaves the scan's last MCU to a call of its own.
+                    Ok(Step::Done(_)) | Err(_) => -1,
+                };
+            }
+        }
         let mut out: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
         if !blocks.is_null() {
             for (b, slot) in out[..count].iter_mut().enumerate() {
@@ -335,15 +370,7 @@ extern "C" fn hook_decode_mcu(
             (None, None, None) => return -1,
         };
         match step {
-            // The shim passes over the MCUs of a progressive end-of-band run without calling
-            // back.
-            Ok(Step::More) => match state.progressive.as_mut().map_or(0, |s| s.skip_ahead()) {
-                0 => 0,
-                n => {
-                    *consumed = n as usize; // a u32: lossless on every target libjpeg builds for
-                    2
-                }
-            },
+            Ok(Step::More) => 0,
             Ok(Step::Done(pos)) => match pos.checked_sub(state.start) {
                 Some(n) => {
                     *consumed = n;

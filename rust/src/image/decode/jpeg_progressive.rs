@@ -7,9 +7,8 @@
 //! reader and an 8-bit code lookup, and walks a refinement band coefficient by coefficient;
 //! here the bit reader is [`Bits`] (8 bytes a refill), an AC code and its value bits are one
 //! lookup ([`Whole`]), a refinement visits only the nonzero coefficients (a zigzag mask), and
-//! the shim passes over the blocks of an end-of-band run without a call
-//! ([`ProgressiveScan::skip_ahead`]): 0.58–0.85× of the time of libjpeg's progressive decode
-//! on real photos. (A progressive photo still costs 2–2.6× its baseline twin: libjpeg keeps
+//! a scan of one component is decoded a block row per call ([`ProgressiveScan::decode_row`]):
+//! 0.58–0.85× of the time of libjpeg's progressive decode on real photos. (A progressive photo still costs 2–2.6× its baseline twin: libjpeg keeps
 //! every coefficient of the image and each scan walks them again.) For each scan, `jpeg_shim.c`
 //! calls libjpeg's own
 //! `start_pass` (which checks the scan's parameters, builds its tables and records the
@@ -143,6 +142,12 @@ impl Whole {
 /// than a few hundred blocks gain from them.
 const WHOLE_MIN_BLOCKS: u64 = 256;
 
+/// What [`ProgressiveScan::mcus`] decodes: one MCU (its blocks), or a row of one-block MCUs.
+enum Mcus<'a, 'b> {
+    One(&'a mut [Option<&'b mut [i16; 64]>]),
+    Row(&'a mut [[i16; 64]]),
+}
+
 /// The state of one progressive scan being decoded.
 pub(crate) struct ProgressiveScan {
     pass: Pass,
@@ -158,6 +163,10 @@ pub(crate) struct ProgressiveScan {
     left_in_interval: u32,
     next_restart: u8,
     mcus_left: u64,
+    /// The scan's MCUs, and per block row (a scan of one component whose rows the caller
+    /// hands over whole, [`Self::decode_row`]; else 0).
+    mcus: u64,
+    mcus_per_row: u64,
     predictions: [i32; 4],
     /// Blocks still to pass over in the current end-of-band run (`jdphuff.c`'s `EOBRUN`).
     eobrun: u32,
@@ -199,6 +208,8 @@ impl ProgressiveScan {
             left_in_interval: restart_interval,
             next_restart: 0,
             mcus_left: mcus,
+            mcus,
+            mcus_per_row: 0,
             predictions: [0; 4],
             eobrun: 0,
             bits: Bits::at(start),
@@ -210,22 +221,26 @@ impl ProgressiveScan {
         self.blocks.len()
     }
 
-    /// After an MCU: how many of the next MCUs need nothing written — blocks of an AC-first
-    /// end-of-band run, within the restart interval and before the scan's last MCU — counted
-    /// as decoded, so that the caller passes over them without calling [`Self::decode_mcu`].
-    pub(crate) fn skip_ahead(&mut self) -> u32 {
-        if self.pass != Pass::AcFirst || self.eobrun == 0 {
-            return 0;
+    /// The scan of one component whose blocks come in rows of `mcus_per_row` (0: not known,
+    /// or several components), the blocks of a row one after another in memory: then
+    /// [`Self::row_blocks`] may exceed 1.
+    pub(crate) fn with_rows(mut self, mcus_per_row: u32) -> Self {
+        if self.blocks.len() == 1 {
+            self.mcus_per_row = u64::from(mcus_per_row);
         }
-        // Below `eobrun`, so it fits in a u32.
-        let mut n = u64::from(self.eobrun).min(self.mcus_left.saturating_sub(1)) as u32;
-        if self.restart_interval != 0 {
-            n = n.min(self.left_in_interval);
-            self.left_in_interval -= n;
+        self
+    }
+
+    /// How many blocks [`Self::decode_row`] takes next: the rest of the current block row
+    /// (MCUs go row by row, left to right), short of the scan's last MCU, which
+    /// [`Self::decode_mcu`] decodes alone; 1 when the scan's rows are not known.
+    pub(crate) fn row_blocks(&self) -> usize {
+        if self.mcus_per_row == 0 {
+            return 1;
         }
-        self.eobrun -= n;
-        self.mcus_left -= u64::from(n);
-        n
+        let left_in_row = self.mcus_per_row - (self.mcus - self.mcus_left) % self.mcus_per_row;
+        // At most `mcus_per_row`, a u32.
+        left_in_row.min(self.mcus_left.saturating_sub(1)).max(1) as usize
     }
 
     /// Decodes the next MCU into `out` (one block per [`Self::blocks_in_mcu`], in order,
@@ -235,37 +250,71 @@ impl ProgressiveScan {
         data: &[u8],
         out: &mut [Option<&mut [i16; 64]>],
     ) -> Result<Step, Anomaly> {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("bmi2") {
-            // SAFETY: `decode_mcu_bmi2` only requires the CPU to have BMI2, checked just above.
-            return unsafe { self.decode_mcu_bmi2(data, out) };
-        }
-        self.decode_mcu_inlined::<false>(data, out)
-    }
-
-    /// [`Self::decode_mcu`] compiled with BMI2: one-cycle variable shifts for the bit reader,
-    /// and `pdep` to find where a refinement's run of zeros ends and which coefficients its
-    /// correction bits raise.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "bmi2")]
-    unsafe fn decode_mcu_bmi2(
-        &mut self,
-        data: &[u8],
-        out: &mut [Option<&mut [i16; 64]>],
-    ) -> Result<Step, Anomaly> {
-        self.decode_mcu_inlined::<true>(data, out)
-    }
-
-    /// `BMI2`: compiled into a function with BMI2 enabled, on a CPU that has it.
-    #[inline(always)]
-    fn decode_mcu_inlined<const BMI2: bool>(
-        &mut self,
-        data: &[u8],
-        out: &mut [Option<&mut [i16; 64]>],
-    ) -> Result<Step, Anomaly> {
         if out.len() != self.blocks.len() {
             return Err(Anomaly("an MCU of another size"));
         }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("bmi2") {
+            // SAFETY: `mcus_bmi2` only requires the CPU to have BMI2, checked just above.
+            return unsafe { self.mcus_bmi2(data, Mcus::One(out)) };
+        }
+        self.mcus::<false>(data, Mcus::One(out))
+    }
+
+    /// Decodes the next `row.len()` MCUs of a scan of one component, one block each, into
+    /// `row` (the rest of a block row: at most [`Self::row_blocks`]).
+    pub(crate) fn decode_row(
+        &mut self,
+        data: &[u8],
+        row: &mut [[i16; 64]],
+    ) -> Result<Step, Anomaly> {
+        if self.blocks.len() != 1 || row.len() > self.row_blocks() {
+            return Err(Anomaly("a row of blocks longer than the scan's"));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("bmi2") {
+            // SAFETY: `mcus_bmi2` only requires the CPU to have BMI2, checked just above.
+            return unsafe { self.mcus_bmi2(data, Mcus::Row(row)) };
+        }
+        self.mcus::<false>(data, Mcus::Row(row))
+    }
+
+    /// [`Self::mcus`] compiled with BMI2: one-cycle variable shifts for the bit reader, and
+    /// `pdep` to find where a refinement's run of zeros ends and which coefficients its
+    /// correction bits raise.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "bmi2")]
+    unsafe fn mcus_bmi2(&mut self, data: &[u8], mcus: Mcus<'_, '_>) -> Result<Step, Anomaly> {
+        self.mcus::<true>(data, mcus)
+    }
+
+    /// Decodes one MCU, or a row of one-block MCUs, each after the restart marker due before
+    /// it; then, after the scan's last MCU, checks the scan's end. `BMI2`: compiled into a
+    /// function with BMI2 enabled, on a CPU that has it.
+    #[inline(always)]
+    fn mcus<const BMI2: bool>(&mut self, data: &[u8], mcus: Mcus<'_, '_>) -> Result<Step, Anomaly> {
+        match mcus {
+            Mcus::One(out) => self.mcu::<BMI2>(data, out)?,
+            Mcus::Row(row) => {
+                for block in row {
+                    self.mcu::<BMI2>(data, &mut [Some(block)])?;
+                }
+            }
+        }
+        if self.mcus_left > 0 {
+            return Ok(Step::More);
+        }
+        self.bits.segment_end(data)?;
+        Ok(Step::Done(self.bits.position()))
+    }
+
+    /// One MCU (`out`: its blocks).
+    #[inline(always)]
+    fn mcu<const BMI2: bool>(
+        &mut self,
+        data: &[u8],
+        out: &mut [Option<&mut [i16; 64]>],
+    ) -> Result<(), Anomaly> {
         if self.mcus_left == 0 {
             return Err(Anomaly("more MCUs than the frame has"));
         }
@@ -324,11 +373,7 @@ impl ProgressiveScan {
             return Err(anomaly);
         }
         self.mcus_left -= 1;
-        if self.mcus_left > 0 {
-            return Ok(Step::More);
-        }
-        self.bits.segment_end(data)?;
-        Ok(Step::Done(self.bits.position()))
+        Ok(())
     }
 
     fn restart(&mut self, data: &[u8]) -> Result<(), Anomaly> {
@@ -551,51 +596,55 @@ fn deposit<const BMI2: bool>(value: u64, mut mask: u64) -> u64 {
     out
 }
 
-/// The correction bits of the `count` nonzero coefficients at the zigzag indices of `mask`,
-/// one each, lowest index first: the indices whose bit is set. Up to 32 bits (almost always)
-/// are read at once without a branch on their number, which is on the decoder's critical path.
+/// The correction bits of the `count` nonzero coefficients marked in `reversed`, one each,
+/// lowest zigzag index first. Masks here are *reversed*: zigzag index `k` is bit `63 - k`, so
+/// the first bit read, the MSB of the next `count`, lands on the highest set bit by a plain
+/// `pdep` (no bit reversal on the way). Up to 32 bits (almost always) are read at once without
+/// a branch on their number, which is on the decoder's critical path. Returns the reversed
+/// mask of the coefficients whose bit is set.
 #[inline(always)]
 fn correction_bits<const BMI2: bool>(
     bits: &mut Bits,
     data: &[u8],
-    mut mask: u64,
+    mut reversed: u64,
     count: u32,
 ) -> u64 {
-    debug_assert_eq!(count, mask.count_ones());
+    debug_assert_eq!(count, reversed.count_ones());
     if count <= 32 {
         bits.refill(data);
-        // The next `count` bits (0 to 32), the first read in bit 0: shifts that give 0 for none.
+        // The next `count` bits (0 to 32), the first read in bit `count - 1`; 0 for none.
         let word = bits.peek_up_to_32(count);
         bits.consume(count);
-        let first_in_bit_0 = u64::from(word).reverse_bits() >> 1 >> (63 - count);
-        return deposit::<BMI2>(first_in_bit_0, mask);
+        return deposit::<BMI2>(u64::from(word), reversed);
     }
     let mut raised = 0;
-    while mask != 0 {
+    while reversed != 0 {
         bits.refill(data);
-        let count = mask.count_ones().min(32);
-        // The next `count` bits (1 to 32), the first read in bit 0.
-        let word = u64::from(bits.peek(count).reverse_bits() >> (32 - count));
+        let left = reversed.count_ones();
+        let count = left.min(32);
+        // The next `count` bits (1 to 32), for the `count` highest set bits of `reversed`.
+        let word = u64::from(bits.peek(count));
         bits.consume(count);
-        let chunk = if count == mask.count_ones() {
-            mask
+        let chunk = if count == left {
+            reversed
         } else {
-            deposit::<BMI2>(u64::from(u32::MAX), mask)
+            // The highest `count` set bits: all but the lowest `left - count`.
+            reversed & !deposit::<BMI2>((1u64 << (left - count)) - 1, reversed)
         };
-        mask &= !chunk;
+        reversed &= !chunk;
         raised |= deposit::<BMI2>(word, chunk);
     }
     raised
 }
 
-/// Applies correction bits to the coefficients at the zigzag indices of `raised`: one whose
-/// bit at `p1` is not set yet grows in magnitude by `p1` (`jdphuff.c`'s `*thiscoef += p1` or
-/// `m1`, in 16 bits; the sign without a branch).
+/// Applies correction bits to the coefficients marked in `raised` (a reversed mask: zigzag
+/// index `k` is bit `63 - k`): one whose bit at `p1` is not set yet grows in magnitude by `p1`
+/// (`jdphuff.c`'s `*thiscoef += p1` or `m1`, in 16 bits; the sign without a branch).
 #[inline(always)]
 fn raise(block: &mut [i16; 64], mut raised: u64, p1: i16) {
     while raised != 0 {
-        let k = raised.trailing_zeros() as usize;
-        raised &= raised - 1;
+        let k = raised.leading_zeros() as usize;
+        raised ^= (1u64 << 63) >> k;
         let coef = &mut block[usize::from(NATURAL_ORDER[k])];
         let sign = *coef >> 15; // 0 or -1
         let step = (p1 ^ sign).wrapping_sub(sign); // p1 or -p1
@@ -626,9 +675,11 @@ fn ac_refine<const BMI2: bool>(
     let p1 = 1i16 << band.al;
     let in_band = span(ss, se + 1);
     let nonzero = nonzero_zigzag(block) & in_band;
-    // The coefficients whose correction bit is set, applied at the end: each correction
-    // depends only on the coefficient as the earlier scans left it (the new ones this scan
-    // writes lie on zero coefficients, behind the walk).
+    // The same, reversed (zigzag index `k` in bit `63 - k`), for `correction_bits`.
+    let nonzero_reversed = nonzero.reverse_bits();
+    // The coefficients whose correction bit is set (reversed), applied at the end: each
+    // correction depends only on the coefficient as the earlier scans left it (the new ones
+    // this scan writes lie on zero coefficients, behind the walk).
     let mut raised = 0;
     let mut k = ss;
     if eobrun == 0 {
@@ -651,8 +702,9 @@ fn ac_refine<const BMI2: bool>(
                 target.trailing_zeros()
             };
             // Between `k` and `stop` lie the `run` zero coefficients passed; the rest are
-            // nonzero (when the band ended first, they are counted).
-            let passed = nonzero & span(k, stop);
+            // nonzero (when the band ended first, they are counted). Zigzag `k..stop` is
+            // reversed bits `64 - stop..64 - k` (`k` is at least `Ss`, 1).
+            let passed = nonzero_reversed & span(64 - stop, 64 - k);
             let count = if target == 0 {
                 passed.count_ones()
             } else {
@@ -669,7 +721,7 @@ fn ac_refine<const BMI2: bool>(
     }
     if eobrun > 0 {
         if k <= se {
-            let rest = nonzero & span(k, se + 1);
+            let rest = nonzero_reversed & span(63 - se, 64 - k);
             raised |= correction_bits::<BMI2>(bits, data, rest, rest.count_ones());
         }
         eobrun -= 1;

@@ -23,6 +23,8 @@
  * In progressive files (jpeg_progressive.rs) every scan is offered to it as libjpeg starts the
  * scan, after libjpeg's own start_pass has checked it (the first from the progress monitor, the
  * others from a wrapper around start_pass), all inside jpeg_start_decompress.
+ * In a progressive scan of one component, the hook may decode the rest of a block row in one
+ * call (see smg_hooked_decode_mcu).
  * The Rust side never calls libjpeg and returns a status; when it reports an anomaly (something
  * libjpeg would recover from in its own way), the trampoline longjmps out, still below the
  * setjmp and with no Rust frame in between, and smg_jpeg_decode returns SMG_RETRY: the caller
@@ -64,12 +66,16 @@ typedef struct {
     /* 1 in a progressive file, whose scan codes band Ss..Se, bits Ah/Al. */
     int progressive;
     int Ss, Se, Ah, Al;
+    /* A progressive scan of one component: its MCUs (blocks) per block row; else 0. */
+    unsigned int mcus_per_row;
 } smg_scan_desc;
 
 /* start: 1 when the hook takes the scan. decode_mcu: 0 = decoded, more follow; 1 = the last
- * MCU decoded, *consumed bytes of the data are the hook's; 2 = decoded, and the next *consumed
- * MCUs need nothing written (a progressive end-of-band run the hook has accounted for: they
- * are not passed to it); -1 = anomaly, decode again. */
+ * MCU decoded, *consumed bytes of the data are the hook's; 3 = decoded, and so were the next
+ * *consumed blocks of the block row, through the block pointer's successors (a progressive
+ * scan of one component: libjpeg's coefficient controller, jdcoefct.c's consume_data, hands
+ * out the blocks of a row left to right as consecutive JBLOCKs of the row of its coefficient
+ * array, MCUs_per_row of them); -1 = anomaly, decode again. */
 typedef struct {
     void *ctx;
     int (*start)(void *ctx, const smg_scan_desc *desc);
@@ -105,8 +111,10 @@ typedef struct {
     size_t skip;
     const smg_entropy_hook *hook;
     int hook_declined;
-    /* MCUs of the current scan still to pass over without calling the hook (status 2). */
-    size_t hook_skip;
+    /* Blocks of the current row the hook has decoded ahead (status 3), and where the next of
+     * them must be: libjpeg's calls for them are answered here, each pointer checked. */
+    size_t hook_row_left;
+    JBLOCKROW hook_row_next;
     /* A progressive file's scans are offered to this hook as libjpeg starts each one: the
      * first from the progress monitor (libjpeg started it in jinit_master_decompress), the
      * others from a wrapper around the entropy decoder's start_pass, libjpeg's own kept here
@@ -221,13 +229,21 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
     smg_jpeg *self = (smg_jpeg *)cinfo;
     size_t consumed = 0;
     int status;
-    if (self->hook_skip > 0) {
-        self->hook_skip--;
+    if (self->hook_row_left > 0) {
+        if (MCU_data[0] != self->hook_row_next) {
+            /* Not the block the hook wrote: libjpeg's layout is not the one assumed. */
+            self->hook_declined = 1;
+            snprintf(self->message, sizeof(self->message), "entropy hook declined (row layout)");
+            longjmp(self->err.jump, 1);
+        }
+        self->hook_row_next++;
+        self->hook_row_left--;
         return TRUE;
     }
     status = self->hook->decode_mcu(self->hook->ctx, MCU_data, cinfo->blocks_in_MCU, &consumed);
-    if (status == 2) {
-        self->hook_skip = consumed;
+    if (status == 3) {
+        self->hook_row_left = consumed;
+        self->hook_row_next = MCU_data[0] + 1;
         return TRUE;
     }
     if (status < 0 || consumed > self->hook_len) {
@@ -277,7 +293,8 @@ static void smg_take_scan(
     self->hook = hook;
     self->hook_base = desc->data;
     self->hook_len = desc->len;
-    self->hook_skip = 0;
+    self->hook_row_left = 0;
+    self->hook_row_next = NULL;
     ((struct smg_entropy_prefix *)self->cinfo.entropy)->decode_mcu = smg_hooked_decode_mcu;
 }
 
@@ -311,6 +328,8 @@ static void smg_describe_scan(smg_jpeg *self, smg_scan_desc *desc) {
     desc->Se = cinfo->Se;
     desc->Ah = cinfo->Ah;
     desc->Al = cinfo->Al;
+    desc->mcus_per_row =
+        cinfo->progressive_mode && cinfo->comps_in_scan == 1 ? cinfo->MCUs_per_row : 0;
 }
 
 /* Offers the scan libjpeg has just started (its start_pass checked the band, built its own
