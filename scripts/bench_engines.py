@@ -121,8 +121,11 @@ def case_paths(names: list[str], directory: Path) -> dict[str, list[Path]]:
     return out
 
 
-def pipeline(impl: str, files: list[bytes]) -> dict[str, Callable[[], Any]]:
-    """Zero-argument callables for each stage of ``impl`` on ``files`` (and the whole path)."""
+def pipeline(impl: str, files: list[bytes], dtype: str = "float32") -> dict[str, Callable[[], Any]]:
+    """Zero-argument callables for each stage of ``impl`` on ``files`` (and the whole path), the
+    pixel values sent as ``dtype`` (``bfloat16``: ours writes them as such straight into the
+    request; the plain path converts its float32 array with ``ml_dtypes``, as a client sending
+    bfloat16 with numpy would)."""
     import io
 
     import numpy as np
@@ -143,11 +146,12 @@ def pipeline(impl: str, files: list[bytes]) -> dict[str, Callable[[], Any]]:
             return model.prepare(files, threads=1)
 
         media = processor()
-        request = adapter.generate_request("b", prompt, media)
+        wire_dtype = None if dtype == "float32" else dtype
+        request = adapter.generate_request("b", prompt, media, dtype=wire_dtype)
         data = tensors.serialize(request)
 
         def build() -> Any:
-            return adapter.generate_request("b", prompt, media)
+            return adapter.generate_request("b", prompt, media, dtype=wire_dtype)
 
         def serialize() -> bytes:
             return tensors.serialize(request)
@@ -157,7 +161,7 @@ def pipeline(impl: str, files: list[bytes]) -> dict[str, Callable[[], Any]]:
 
         def total() -> Any:
             m = model.prepare(files, threads=1)
-            wire = tensors.serialize(adapter.generate_request("b", prompt, m))
+            wire = tensors.serialize(adapter.generate_request("b", prompt, m, dtype=wire_dtype))
             return adapter.decode_mm_inputs(tensors.parse(wire, pb.GenerateRequest), merge_size=2)
 
         return {
@@ -177,13 +181,17 @@ def pipeline(impl: str, files: list[bytes]) -> dict[str, Callable[[], Any]]:
     sizes = np.asarray(media.flat_sizes(), dtype=np.int64)
 
     def arrays_of(out: dict[str, Any]) -> dict[str, Any]:
+        if dtype != "float32":
+            import ml_dtypes
+
+            out = {**out, "pixel_values": out["pixel_values"].astype(getattr(ml_dtypes, dtype))}
         return {**out, "patches_per_image": sizes}
 
     arrays = arrays_of(demo.plain_preprocess(files))
     data = demo.plain_encode("b", ids, arrays, meta.mm_inputs)
     return {
         "decode": lambda: [Image.open(io.BytesIO(d)).convert("RGB") for d in files],
-        "processor": lambda: demo.plain_preprocess(files),
+        "processor": lambda: arrays_of(demo.plain_preprocess(files)),
         "encode": lambda: demo.plain_encode("b", ids, arrays, meta.mm_inputs),
         "parse": lambda: demo.plain_decode(data),
         "total": lambda: demo.plain_decode(
@@ -192,15 +200,15 @@ def pipeline(impl: str, files: list[bytes]) -> dict[str, Callable[[], Any]]:
     }
 
 
-def check_same(files: list[bytes]) -> None:
+def check_same(files: list[bytes], dtype: str = "float32") -> None:
     """Both paths must hand the engine the same bytes (else the comparison is meaningless)."""
     import numpy as np
 
-    ours = pipeline("ours", files)["total"]()[0].tensors
-    plain = pipeline("plain", files)["total"]()
+    ours = pipeline("ours", files, dtype)["total"]()[0].tensors
+    plain = pipeline("plain", files, dtype)["total"]()
     for name in ("pixel_values", "image_grid_thw", "patches_per_image"):
         a, b = np.ascontiguousarray(ours[name]), np.ascontiguousarray(plain[name])
-        if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+        if a.shape != b.shape or a.tobytes() != b.tobytes() or str(a.dtype) != str(b.dtype):
             raise SystemExit(
                 f"ours and plain differ on {name}: {a.dtype}{a.shape} {b.dtype}{b.shape}"
             )
@@ -222,15 +230,16 @@ def time_op(fn: Callable[[], Any], repeat: int, clock: Callable[[], float]) -> f
 def child(spec: dict[str, Any]) -> None:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core: every thread shares it
     files = [Path(p).read_bytes() for p in spec["paths"]]
+    dtype = spec.get("dtype", "float32")
     if spec["mode"] == "time":
-        check_same(files)
+        check_same(files, dtype)
         clock = time.process_time if spec["clock"] == "cpu" else time.perf_counter
         result = {}
         for impl, stages in (("ours", STAGES), ("plain", PLAIN_STAGES)):
-            ops = pipeline(impl, files)
+            ops = pipeline(impl, files, dtype)
             result[impl] = {stage: time_op(ops[stage], spec["repeat"], clock) for stage in stages}
     else:
-        total = pipeline(spec["impl"], files)["total"]
+        total = pipeline(spec["impl"], files, dtype)["total"]
         total()
         result = {"peak": measure_peak(total)}
     print(json.dumps(result))
@@ -286,7 +295,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"machine: {machine()}")
     print(
         f"rounds: {args.rounds} fresh processes, median of >= {args.repeat} calls each; "
-        f"clock: {'process CPU time' if args.clock == 'cpu' else 'wall'}\n"
+        f"clock: {'process CPU time' if args.clock == 'cpu' else 'wall'}; "
+        f"pixel values sent as {args.dtype}\n"
     )
     header = (
         "| case | MP | plain Python (ms) | ours (ms) | speed-up | our decode (ms) |"
@@ -357,6 +367,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per figure")
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the pixel values' wire dtype, on both sides (bfloat16 needs ml_dtypes)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--json", metavar="FILE", help="write the raw figures to FILE")
     parser.add_argument("--images", type=Path, help="where to write the synthetic JPEGs")
@@ -373,7 +389,13 @@ def main() -> None:
     results: dict[str, Any] = {}
     for name in args.cases:
         paths = [str(p) for p in cases[name]]
-        spec = {"mode": "time", "paths": paths, "repeat": args.repeat, "clock": args.clock}
+        spec = {
+            "mode": "time",
+            "paths": paths,
+            "repeat": args.repeat,
+            "clock": args.clock,
+            "dtype": args.dtype,
+        }
         rounds = [run_child(spec) for _ in range(args.rounds)]
         figures: dict[str, Any] = {
             impl: {s: statistics.median(r[impl][s] for r in rounds) for s in stages}
@@ -387,9 +409,8 @@ def main() -> None:
         figures["mp"] = megapixels(cases[name])
         if not args.no_memory:
             for impl in ("ours", "plain"):
-                figures[impl]["peak"] = run_child({"mode": "peak", "impl": impl, "paths": paths})[
-                    "peak"
-                ]
+                peak = {"mode": "peak", "impl": impl, "paths": paths, "dtype": args.dtype}
+                figures[impl]["peak"] = run_child(peak)["peak"]
         results[name] = figures
         print(f"{name}: done", file=sys.stderr)
     report(results, args)

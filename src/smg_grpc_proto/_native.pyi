@@ -94,7 +94,8 @@ def convert_into(
 
     ``dst`` must be a writable, C-contiguous ``uint8`` array of exactly the converted size and
     must not overlap ``src``; ``ValueError`` names both sizes otherwise. A
-    :class:`PendingTensor` (``float32`` only) is written straight into ``dst``.
+    :class:`PendingTensor` is written straight into ``dst`` as ``float32`` or ``bfloat16``
+    (the same values rounded to nearest even); any other ``wire_dtype`` raises ``ValueError``.
     """
 
 def decode_frames(data: bytes, plan: _Plan, nonce: bytes) -> tuple[bytes, list[tuple[int, int]]]:
@@ -119,7 +120,8 @@ def encode_frames(
 ) -> bytes:
     """The inverse of :func:`decode_frames`: write the tensors into the header.
 
-    A :class:`PendingTensor` source (``float32`` only) is computed straight into its place.
+    A :class:`PendingTensor` source is computed straight into its place as ``float32`` or
+    ``bfloat16`` (the same values rounded to nearest even: half the bytes).
 
     Every TensorData payload of ``header`` that is a token ``nonce + u32_le(i)`` is replaced by
     ``sources[i]`` = ``(array, wire_dtype)`` converted as by :func:`convert`, written straight
@@ -247,7 +249,8 @@ class Tensor:
 class PendingTensor:
     """A Qwen ``pixel_values`` (or ``pixel_values_videos``) not written yet: the batch decoded,
     resized and laid out. :func:`encode_frames` and :func:`convert_into` write it straight into
-    its destination; :meth:`materialize` into a new :class:`Tensor`."""
+    its destination (as ``float32`` or ``bfloat16``); :meth:`materialize` into a new
+    :class:`Tensor`."""
 
     @property
     def name(self) -> str: ...
@@ -255,7 +258,7 @@ class PendingTensor:
     def shape(self) -> list[int]: ...
     @property
     def dtype(self) -> str:
-        """Always ``"float32"``."""
+        """Always ``"float32"`` (the values computed; ``bfloat16`` on the wire rounds them)."""
 
     @property
     def nbytes(self) -> int: ...

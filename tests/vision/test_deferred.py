@@ -55,10 +55,13 @@ def _deferred_and_eager(
     return model, images, model.prepare(images), reference
 
 
-def _eager_wire(request_id: str, media: Any, pixels: np.ndarray[Any, Any]) -> bytes:
-    """The request with the materialised array attached, as before deferral."""
+def _eager_wire(
+    request_id: str, media: Any, pixels: np.ndarray[Any, Any], dtype: str | None = None
+) -> bytes:
+    """The request with the materialised array attached (converted to ``dtype`` on the wire),
+    as before deferral."""
     request = vllm_adapter.generate_request(request_id, _prompt(media.count), media)
-    request.attach(PATH, pixels)
+    request.attach(PATH, pixels, dtype=dtype)
     return tensors.serialize(request)
 
 
@@ -106,28 +109,34 @@ def test_deferred_videos_and_other_families() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
 @pytest.mark.parametrize("size", [(300, 200), (960, 1280)], ids=["small", "23MB-streamed"])
-def test_wire_bytes_at_every_payload_alignment(size: tuple[int, int]) -> None:
+def test_wire_bytes_at_every_payload_alignment(size: tuple[int, int], dtype: str | None) -> None:
     """The payload's offset in the message follows the fields before it: request ids of 1..64
     characters move it through 64 consecutive offsets, so every byte alignment within a cache
-    line. Large tensors take the streaming-store path, whose cache-line split depends on it."""
+    line. Large tensors take the streaming-store path, whose cache-line split depends on it.
+    As ``bfloat16`` the values are written straight into the request too, half the bytes, the
+    same bits as the float32 array converted on the wire."""
     model = VisionModel.for_family("qwen2_vl")
     files = [_jpeg(_images(4, [size])[0])]
     media = model.prepare(files, threads=1)
     reference = VisionModel.for_family("qwen2_vl").prepare(files, threads=1).output.pixel_values
     assert reference is not None
     offsets = set()
+    payload = _native.convert(reference, dtype) if dtype else reference.tobytes()
+    assert len(payload) == reference.nbytes // (2 if dtype else 1)
     for n in range(1, 65):
         request_id = "r" * n
-        request = vllm_adapter.generate_request(request_id, _prompt(1), media)
+        request = vllm_adapter.generate_request(request_id, _prompt(1), media, dtype=dtype)
         assert PATH in request
         assert len(request) == 3
         wire = tensors.serialize(request)
-        expected = _eager_wire(request_id, media, reference)
+        expected = _eager_wire(request_id, media, reference, dtype)
         assert wire == expected, f"request id of {n} characters"
-        offsets.add(wire.find(reference.tobytes()[:64]) % 64)
+        offsets.add(wire.find(payload[:64]) % 64)
         decoded = vllm_adapter.decode_mm_inputs(tensors.parse(wire, vllm_pb.GenerateRequest))
-        assert decoded[0].tensors["pixel_values"].tobytes() == reference.tobytes()
+        got = decoded[0].tensors["pixel_values"]
+        assert np.asarray(got).tobytes() == payload
     assert len(offsets) == 64
 
 
@@ -150,13 +159,18 @@ def test_media_materialises_once_and_builders_stay_deferred() -> None:
     assert media.item_tensors(1)["pixel_values"].shape == (16, 1176)
 
 
-def test_shm_transport_writes_straight_into_the_segment(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_shm_transport_writes_straight_into_the_segment(tmp_path: Path, dtype: str | None) -> None:
     _, _, media, reference = _deferred_and_eager(6, (200, 300))
-    request = vllm_adapter.generate_request("r", _prompt(1), media, transport="shm")
+    request = vllm_adapter.generate_request("r", _prompt(1), media, transport="shm", dtype=dtype)
     assert len(request.shm_segments) == 1
     received = tensors.parse(tensors.serialize(request), vllm_pb.GenerateRequest)
+    assert received.message.mm_inputs.pixel_values.shm.nbytes == reference.nbytes // (
+        2 if dtype else 1
+    )
     decoded = vllm_adapter.decode_mm_inputs(received)
-    assert decoded[0].tensors["pixel_values"].tobytes() == reference.tobytes()
+    want = _native.convert(reference, dtype) if dtype else reference.tobytes()
+    assert np.asarray(decoded[0].tensors["pixel_values"]).tobytes() == want
 
 
 def test_conversion_and_accessors_materialise() -> None:
@@ -198,8 +212,16 @@ def test_sglang_builder_writes_pending_pixels() -> None:
 def test_native_refusals_name_the_numbers() -> None:
     pending = ImageProcessor.for_family("qwen2_vl").deferred(_images(10, [(56, 56)]))
     tensor = pending.pending["pixel_values"]
-    with pytest.raises(ValueError, match=r"PendingTensor \(pixel_values\) is written as float32"):
-        _native.convert_into(tensor, np.zeros(tensor.nbytes // 2, np.uint8), "bfloat16")
+    with pytest.raises(
+        ValueError,
+        match=r"PendingTensor \(pixel_values\) is written as float32 or bfloat16, not float16",
+    ):
+        _native.convert_into(tensor, np.zeros(tensor.nbytes // 2, np.uint8), "float16")
+    with pytest.raises(ValueError, match=rf"holds 7 bytes, .* needs exactly {tensor.nbytes // 2}"):
+        _native.convert_into(tensor, np.zeros(7, np.uint8), "bfloat16")
+    half = np.zeros(tensor.nbytes // 2, np.uint8)
+    _native.convert_into(tensor, half, "bfloat16")
+    assert half.tobytes() == _native.convert(np.asarray(tensor.materialize()), "bfloat16")
     with pytest.raises(ValueError, match=rf"holds 7 bytes, .* needs exactly {tensor.nbytes}"):
         _native.convert_into(tensor, np.zeros(7, np.uint8), "float32")
     out = np.zeros(tensor.nbytes, np.uint8)

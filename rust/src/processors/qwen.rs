@@ -20,6 +20,7 @@ use super::value::{
 };
 use std::mem::MaybeUninit;
 
+use crate::tensor::dtype::WireDtype;
 use crate::tensor::wire::Produce;
 use crate::tensor::TensorError;
 
@@ -575,7 +576,8 @@ where
 /// `(i·ps + y, j·ps + x)`. Each patch of a distinct frame is normalised once and stored to every
 /// frame slot showing it (a still image fills all `T` slots from one pass): straight from the
 /// registers with unaligned stores, or with `stream` through a staging row copied out with
-/// streaming stores (see [`store`]).
+/// streaming stores (see [`store`]). As [`Element::Bf16`], each staged row is written as
+/// little-endian `bfloat16` (round to nearest even), 2 bytes a value.
 pub fn write_window_row(
     frames: &[RgbRef<'_>],
     patch_size: usize,
@@ -583,14 +585,14 @@ pub fn write_window_row(
     window_row: usize,
     normalize: &Normalize,
     out: &mut [MaybeUninit<u8>],
-    stream: bool,
+    Writing { stream, element }: Writing,
 ) {
     let (ps, m, t_len) = (patch_size, merge_size, frames.len());
     let width = frames[0].width;
     let grid_w = width / ps;
     let block = ps * ps;
     let cols = 3 * t_len * block;
-    debug_assert_eq!(out.len(), grid_w * m * cols * 4);
+    debug_assert_eq!(out.len(), grid_w * m * cols * element.size());
     // Where each distinct frame's block goes in an output row, per channel: once per frame slot
     // showing it. `copies[t]` is empty unless frame `t` is distinct (a frame equal to the one
     // before it is not).
@@ -613,7 +615,8 @@ pub fn write_window_row(
     // row before it is written; with streaming stores, a whole output row is staged (in the L1
     // cache) and copied out in one piece.
     let mut staging = Vec::new();
-    let mut rows = out.chunks_exact_mut(cols * 4);
+    let (mut rounded, mut narrow) = (Vec::new(), Vec::new());
+    let mut rows = out.chunks_exact_mut(cols * element.size());
     for bj in 0..grid_w / m {
         for mi in 0..m {
             for mj in 0..m {
@@ -621,7 +624,31 @@ pub fn write_window_row(
                 let (i, j) = (window_row * m + mi, bj * m + mj);
                 let first = (i * ps * width + j * ps) * 3;
                 let patches = frames.iter().zip(&copies).filter(|(_, c)| !c.is_empty());
-                if stream {
+                if element == Element::Bf16 {
+                    // Each distinct frame's patch is normalised once into `staging` (its three
+                    // channels one block after another), rounded to bfloat16 once, and the
+                    // rounded blocks copied to every frame slot showing it; the row, now whole,
+                    // is copied out.
+                    staging.resize(3 * block, 0f32);
+                    rounded.resize(3 * block * 2, 0u8);
+                    narrow.resize(cols * 2, 0u8);
+                    for (frame, slots) in patches {
+                        normalize.deinterleave_into(
+                            &frame.data[first..],
+                            runs,
+                            &mut staging,
+                            &[[0, block, 2 * block]],
+                        );
+                        store::bf16_row(&staging, &mut rounded);
+                        for slot in slots {
+                            for (c, &at) in slot.iter().enumerate() {
+                                narrow[2 * at..2 * (at + block)]
+                                    .copy_from_slice(&rounded[2 * c * block..2 * (c + 1) * block]);
+                            }
+                        }
+                    }
+                    store::copy_raw(row, &narrow, stream);
+                } else if stream {
                     staging.resize(cols, 0f32);
                     for (frame, copies) in patches {
                         normalize.deinterleave_into(
@@ -649,6 +676,40 @@ pub fn write_window_row(
         }
     }
     store::fence(stream);
+}
+
+/// How [`write_window_row`] writes: as which [`Element`], with streaming stores or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Writing {
+    pub element: Element,
+    pub stream: bool,
+}
+
+/// How [`Patches`] writes its values: `float32`, or `bfloat16` (rounded from the same `float32`
+/// values to the nearest even, as a `float32` tensor converted on the wire would be).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Element {
+    F32,
+    Bf16,
+}
+
+impl Element {
+    /// The element of a wire dtype, if [`Patches`] writes it.
+    pub fn of(dtype: WireDtype) -> Option<Self> {
+        match dtype {
+            WireDtype::Float32 => Some(Element::F32),
+            WireDtype::Bfloat16 => Some(Element::Bf16),
+            _ => None,
+        }
+    }
+
+    /// Bytes a value.
+    pub const fn size(self) -> usize {
+        match self {
+            Element::F32 => 4,
+            Element::Bf16 => 2,
+        }
+    }
 }
 
 fn same_frame(a: RgbRef<'_>, b: RgbRef<'_>) -> bool {
@@ -748,30 +809,32 @@ impl<'a> Patches<'a> {
     /// alignment): little-endian `f32` values, row-major, every byte written. The same values
     /// as [`into_outputs`](Self::into_outputs), bit for bit.
     pub fn write(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), ProcessorError> {
-        self.write_streaming(out, self.byte_len() >= WRITE_STREAM_MIN_BYTES)
+        self.write_streaming(out, self.byte_len() >= WRITE_STREAM_MIN_BYTES, Element::F32)
     }
 
-    /// [`write`](Self::write), with streaming stores (`stream`: the values go to memory, not
-    /// into the caches) or without.
+    /// [`write`](Self::write) as `element`s, with streaming stores (`stream`: the values go to
+    /// memory, not into the caches) or without.
     fn write_streaming(
         &self,
         out: &mut [MaybeUninit<u8>],
         stream: bool,
+        element: Element,
     ) -> Result<(), ProcessorError> {
-        if out.len() != self.byte_len() {
+        let [rows, cols] = self.shape();
+        let expected = rows * cols * element.size();
+        if out.len() != expected {
             return Err(ProcessorError::BatchShape {
                 what: "destination bytes",
-                expected: vec![self.byte_len()],
+                expected: vec![expected],
                 actual: vec![out.len()],
             });
         }
         let (ps, m) = (self.patch_size, self.merge_size);
-        let cols = self.shape()[1];
         // One job per merge-window row of each group, each with its own slice of the output.
         let lengths: Vec<usize> = self
             .groups
             .iter()
-            .flat_map(|g| std::iter::repeat_n(g.grid_w * m * cols * 4, g.grid_h / m))
+            .flat_map(|g| std::iter::repeat_n(g.grid_w * m * cols * element.size(), g.grid_h / m))
             .collect();
         let mut slices = split_lengths(out, &lengths).into_iter();
         let mut jobs = Vec::with_capacity(lengths.len());
@@ -788,7 +851,15 @@ impl<'a> Patches<'a> {
         }
         let workers = parallel::workers(self.threads, jobs.len());
         parallel::map(jobs, workers, |_, (frames, window_row, out)| {
-            write_window_row(&frames, ps, m, window_row, &self.normalize, out, stream)
+            write_window_row(
+                &frames,
+                ps,
+                m,
+                window_row,
+                &self.normalize,
+                out,
+                Writing { element, stream },
+            )
         });
         Ok(())
     }
@@ -872,23 +943,30 @@ pub const WRITE_STREAM_MIN_BYTES: usize = 16 << 20;
 /// core, whole path: 4–13% faster than with cached stores (`scripts/bench_engines.py`).
 pub const PRODUCE_STREAM_MIN_BYTES: usize = 1 << 20;
 
-// SAFETY: `write_streaming` succeeds only on a destination of exactly `byte_len` bytes, which it splits
+// SAFETY: `write_streaming` succeeds only on a destination of exactly `wire_len` bytes, which it splits
 // into one slice per merge-window row (the slices' lengths sum to `byte_len`); each
 // `write_window_row` writes every value of its slice (all `grid_w × merge` patch rows of the
 // window row, every column of each: grids are multiples of the merge size, checked in
 // `prepare`), so every byte is initialised when it returns.
 unsafe impl Produce for Patches<'_> {
-    fn wire_len(&self) -> usize {
-        self.byte_len()
+    /// `float32`, or `bfloat16` (half the bytes: the same values rounded to nearest even).
+    fn wire_len(&self, dtype: WireDtype) -> Option<usize> {
+        let [rows, cols] = self.shape();
+        Some(rows * cols * Element::of(dtype)?.size())
     }
 
     /// Into a serialized message or a shared-memory segment, which this process does not read
     /// back: streamed from [`PRODUCE_STREAM_MIN_BYTES`] on (see there).
-    fn produce(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), TensorError> {
-        let stream = self.byte_len() >= PRODUCE_STREAM_MIN_BYTES;
-        self.write_streaming(out, stream)
+    fn produce(&self, out: &mut [MaybeUninit<u8>], dtype: WireDtype) -> Result<(), TensorError> {
+        let element = Element::of(dtype).ok_or(TensorError::UnsupportedConversion {
+            from: WireDtype::Float32,
+            to: dtype,
+        })?;
+        let expected = self.wire_len(dtype).unwrap_or(0);
+        let stream = expected >= PRODUCE_STREAM_MIN_BYTES;
+        self.write_streaming(out, stream, element)
             .map_err(|_| TensorError::DestinationSize {
-                expected: self.byte_len(),
+                expected,
                 actual: out.len(),
             })
     }
@@ -1159,7 +1237,18 @@ mod tests {
                         let mut buffer =
                             vec![crate::processors::Out::new(f32::NAN); expected.len() + 1];
                         let bytes = &mut store::bytes_of(&mut buffer)[offset..offset + len];
-                        write_window_row(&frames, ps, m, window_row, &n, bytes, stream);
+                        write_window_row(
+                            &frames,
+                            ps,
+                            m,
+                            window_row,
+                            &n,
+                            bytes,
+                            Writing {
+                                element: Element::F32,
+                                stream,
+                            },
+                        );
                         // SAFETY: every byte was initialised (NaN, then maybe overwritten).
                         let got: Vec<u32> = bytes
                             .chunks_exact(4)
@@ -1173,6 +1262,37 @@ mod tests {
                         assert_eq!(
                             got, expected,
                             "ps {ps}, window row {window_row}, stream {stream}, offset {offset}"
+                        );
+                    }
+                    // As bfloat16: each value the float32 one rounded to nearest even.
+                    let expected16: Vec<u16> = expected
+                        .iter()
+                        .map(|&bits| crate::tensor::convert::f32_to_bf16(bits))
+                        .collect();
+                    for (stream, offset) in [(false, 0), (true, 0), (false, 1), (true, 3)] {
+                        let len = 2 * expected16.len();
+                        let mut buffer = vec![MaybeUninit::new(0xAAu8); len + offset];
+                        let bytes = &mut buffer[offset..];
+                        let element = Element::Bf16;
+                        write_window_row(
+                            &frames,
+                            ps,
+                            m,
+                            window_row,
+                            &n,
+                            bytes,
+                            Writing { element, stream },
+                        );
+                        // SAFETY: every byte was initialised (0xAA, then maybe overwritten).
+                        let got: Vec<u16> = bytes
+                            .chunks_exact(2)
+                            .map(|b| unsafe {
+                                u16::from_le_bytes([b[0].assume_init(), b[1].assume_init()])
+                            })
+                            .collect();
+                        assert_eq!(
+                            got, expected16,
+                            "bfloat16: ps {ps}, window row {window_row}, stream {stream}, offset {offset}"
                         );
                     }
                 }
@@ -1205,7 +1325,9 @@ mod tests {
             .collect();
         for offset in [0, 3] {
             let mut buffer = vec![MaybeUninit::new(0xAAu8); len + offset];
-            patches.produce(&mut buffer[offset..]).unwrap();
+            patches
+                .produce(&mut buffer[offset..], WireDtype::Float32)
+                .unwrap();
             // SAFETY: every byte was initialised (0xAA, then overwritten).
             let got: Vec<u8> = buffer[offset..]
                 .iter()
@@ -1213,6 +1335,37 @@ mod tests {
                 .collect();
             assert!(got == want, "offset {offset}: produced bytes differ");
         }
+        // As bfloat16: half the bytes, each value the float32 one rounded to nearest even (the
+        // same bits as the float32 tensor converted on the wire), streamed (at least
+        // PRODUCE_STREAM_MIN_BYTES) or not, at any offset.
+        let want16: Vec<u8> = patches
+            .values()
+            .unwrap()
+            .iter()
+            .flat_map(|v| crate::tensor::convert::f32_to_bf16(v.to_bits()).to_le_bytes())
+            .collect();
+        assert_eq!(patches.wire_len(WireDtype::Bfloat16), Some(len / 2));
+        assert_eq!(patches.wire_len(WireDtype::Float16), None);
+        for (offset, stream) in [(0, true), (5, true), (0, false), (63, false)] {
+            let mut buffer = vec![MaybeUninit::new(0xAAu8); len / 2 + offset];
+            let out = &mut buffer[offset..];
+            if stream {
+                patches.produce(out, WireDtype::Bfloat16).unwrap();
+            } else {
+                patches.write_streaming(out, false, Element::Bf16).unwrap();
+            }
+            // SAFETY: every byte was initialised (0xAA, then overwritten).
+            let got: Vec<u8> = out.iter().map(|b| unsafe { b.assume_init() }).collect();
+            assert!(
+                got == want16,
+                "offset {offset}, stream {stream}: bfloat16 bytes differ"
+            );
+        }
+        let mut short = vec![MaybeUninit::new(0u8); len / 2 - 1];
+        assert!(patches.produce(&mut short, WireDtype::Bfloat16).is_err());
+        assert!(patches
+            .produce(&mut short, WireDtype::Float16)
+            .is_err_and(|e| matches!(e, TensorError::UnsupportedConversion { .. })));
     }
 
     #[test]

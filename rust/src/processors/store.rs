@@ -16,6 +16,7 @@
 use std::mem::MaybeUninit;
 
 use super::Out;
+use crate::tensor::convert::f32_to_bf16;
 
 /// Outputs of at least this many bytes are written with streaming stores.
 pub const STREAM_MIN_BYTES: usize = 8 << 20;
@@ -65,7 +66,11 @@ pub fn copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32], stream: bool) {
     );
     #[cfg(target_arch = "x86_64")]
     if stream {
-        stream_copy_bytes(dst, src);
+        // The source as bytes (x86-64 is little-endian, so they are the wire bytes).
+        // SAFETY: `src` is `dst.len()` initialised bytes (`4 · src.len()`, asserted above), and
+        // `u8` has alignment 1.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), dst.len()) };
+        stream_copy(dst, bytes);
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -85,14 +90,90 @@ pub fn copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32], stream: bool) {
     }
 }
 
+/// Writes `bytes` into `dst` (the same length, at any address), with streaming stores when
+/// `stream` is set (call [`fence`] after the last streamed copy).
+pub fn copy_raw(dst: &mut [MaybeUninit<u8>], bytes: &[u8], stream: bool) {
+    assert_eq!(
+        dst.len(),
+        bytes.len(),
+        "staging row and output bytes differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if stream {
+        stream_copy(dst, bytes);
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = stream;
+    copy_plain(dst, bytes);
+}
+
+/// The little-endian `bfloat16` bytes of `src` into `dst` (`2 · src.len()` bytes), each
+/// [`f32_to_bf16`] of the value (round to nearest even, as a wire tensor is converted):
+/// sixteen at a time with AVX2.
+pub fn bf16_row(src: &[f32], dst: &mut [u8]) {
+    assert_eq!(dst.len(), 2 * src.len(), "bfloat16 row of another length");
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected; the lengths match (asserted above).
+        done = unsafe { bf16_row_avx2(src, dst) };
+    }
+    for (d, v) in dst[2 * done..].chunks_exact_mut(2).zip(&src[done..]) {
+        d.copy_from_slice(&f32_to_bf16(v.to_bits()).to_le_bytes());
+    }
+}
+
+/// [`bf16_row`]'s whole groups of sixteen values; returns how many values it converted.
+///
+/// # Safety
+///
+/// The CPU must support AVX2; `dst.len() == 2 · src.len()`.
 #[cfg(target_arch = "x86_64")]
-fn stream_copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32]) {
+#[target_feature(enable = "avx2")]
+unsafe fn bf16_row_avx2(src: &[f32], dst: &mut [u8]) -> usize {
+    use std::arch::x86_64::{
+        __m256i, _mm256_add_epi32, _mm256_and_si256, _mm256_blendv_epi8, _mm256_cmpgt_epi32,
+        _mm256_loadu_si256, _mm256_or_si256, _mm256_packus_epi32, _mm256_permute4x64_epi64,
+        _mm256_set1_epi32, _mm256_srli_epi32, _mm256_storeu_si256,
+    };
+    // `f32_to_bf16` on eight lanes: the bits plus 0x7fff and the lowest kept bit, the upper
+    // half; a NaN keeps its upper half with the quiet bit set. Each result fits 16 bits.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn round(x: __m256i) -> __m256i {
+        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+        let bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb);
+        let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(x, bias));
+        let magnitude = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
+        let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f80_0000));
+        let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(0x40));
+        _mm256_blendv_epi8(rounded, quiet, nan)
+    }
+    let groups = src.len() / 16;
+    for g in 0..groups {
+        // SAFETY: values `16 g .. 16 g + 16` lie within `src` and their 32 bytes at `32 g`
+        // within `dst` (`2 · src.len()` bytes): unaligned loads and store.
+        unsafe {
+            let s = src.as_ptr().add(16 * g);
+            let a = round(_mm256_loadu_si256(s.cast()));
+            let b = round(_mm256_loadu_si256(s.add(8).cast()));
+            // `packus` works per 128-bit lane (a0-3, b0-3, a4-7, b4-7): the 64-bit quarters
+            // put back in order. The values fit 16 bits, so nothing saturates.
+            let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b));
+            _mm256_storeu_si256(dst.as_mut_ptr().add(32 * g).cast(), packed);
+        }
+    }
+    16 * groups
+}
+
+/// Copies `bytes` into `dst` (the same length), streaming its whole cache lines.
+#[cfg(target_arch = "x86_64")]
+fn stream_copy(dst: &mut [MaybeUninit<u8>], bytes: &[u8]) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
     let n = dst.len();
-    // The source as bytes (x86-64 is little-endian, so they are the wire bytes).
-    // SAFETY: `src` is `n` initialised bytes (`n = 4 · src.len()`, asserted by the caller), and
-    // `u8` has alignment 1.
-    let bytes: &[u8] = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), n) };
+    assert_eq!(n, bytes.len(), "copy between slices of different lengths");
     // Whole 64-byte cache lines are streamed; the partial lines at both ends are stored
     // normally. A line must not be part streamed, part stored: the write-combining buffer would
     // then go to memory with a partial line, which costs far more than the stores it saves.
@@ -239,6 +320,44 @@ pub fn fence(streamed: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_rows_round_like_the_wire_conversion() {
+        // Rounding boundaries (ties to even both ways), the largest finite values rounding to
+        // Inf, Inf, NaNs (signalling and quiet, both signs), subnormals; lengths with and
+        // without a whole group of sixteen, so both the AVX2 and the scalar code run.
+        let mut bits: Vec<u32> = Vec::new();
+        for hi in [
+            0x0000u32, 0x0001, 0x3f80, 0x3f81, 0x7f7f, 0x7f80, 0x7fc0, 0xbf80, 0xff80,
+        ] {
+            for lo in [0x0000u32, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000] {
+                bits.push(hi << 16 | lo);
+            }
+        }
+        bits.extend([
+            0x7f80_0001,
+            0xff80_0001,
+            0x7fa0_0000,
+            0x0000_0001,
+            0x8000_0000,
+        ]);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        bits.extend((0..300).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u32
+        }));
+        for len in [bits.len(), 16, 15, 33] {
+            let src: Vec<f32> = bits[..len].iter().map(|&b| f32::from_bits(b)).collect();
+            let mut dst = vec![0u8; 2 * len];
+            bf16_row(&src, &mut dst);
+            for (i, (&b, d)) in bits.iter().zip(dst.chunks_exact(2)).enumerate() {
+                let got = u16::from_le_bytes([d[0], d[1]]);
+                assert_eq!(got, f32_to_bf16(b), "value {i}: {b:#010x}");
+            }
+        }
+    }
 
     #[test]
     fn byte_copies_at_every_alignment() {

@@ -362,7 +362,7 @@ impl PyPendingTensor {
         self.patches.shape().to_vec()
     }
 
-    /// Always `"float32"`.
+    /// Always `"float32"` (the values computed; `bfloat16` on the wire rounds them).
     #[getter]
     fn dtype(&self) -> &'static str {
         "float32"

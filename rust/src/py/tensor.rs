@@ -281,7 +281,7 @@ fn convert_into(
         check_pending(pending, to, None)?;
         let mut destination = destination(dst, "dst")?;
         let output = core_convert::as_uninit(destination.bytes_mut("dst").map_err(value_error)?);
-        let source = Source::produced(pending.producer());
+        let source = Source::produced(pending.producer(), to).map_err(value_error)?;
         return py.detach(|| source.write(output)).map_err(value_error);
     }
     let (source, from) = source(src, "src", value_error)?;
@@ -303,15 +303,16 @@ fn convert_into(
 /// One source of `encode_frames`, held for the call.
 enum Item<'py> {
     Memory(NumpyArray<'py>, WireDtype, WireDtype),
-    Pending(Bound<'py, PyPendingTensor>),
+    Pending(Bound<'py, PyPendingTensor>, WireDtype),
 }
 
-/// A pending tensor goes on the wire as it is written: `float32`. `context` names the source
-/// (`"sources[2]"`) in the message and the field.
+/// A pending tensor goes on the wire as it is written: `float32`, or `bfloat16` (the same
+/// values rounded). `context` names the source (`"sources[2]"`) in the message and the field.
 fn check_pending(pending: &PyPendingTensor, to: WireDtype, context: Option<&str>) -> PyResult<()> {
-    if to != WireDtype::Float32 {
+    if pending.producer().wire_len(to).is_none() {
         let message = format!(
-            "a PendingTensor ({}) is written as float32, not {}; materialize() it to convert",
+            "a PendingTensor ({}) is written as float32 or bfloat16, not {}; materialize() it \
+             to convert",
             pending.name(),
             to.name()
         );
@@ -406,7 +407,7 @@ fn encode_frames<'py>(
         let first = pair.get_item(0)?;
         if let Ok(pending) = first.cast::<PyPendingTensor>() {
             check_pending(pending.get(), to, Some(&format!("sources[{i}]")))?;
-            arrays.push(Item::Pending(pending.clone()));
+            arrays.push(Item::Pending(pending.clone(), to));
             continue;
         }
         let (memory, from) =
@@ -419,7 +420,9 @@ fn encode_frames<'py>(
             Item::Memory(memory, from, to) => {
                 Source::new(memory.bytes(), *from, *to).map_err(in_source(py, i))?
             }
-            Item::Pending(pending) => Source::produced(pending.get().producer()),
+            Item::Pending(pending, to) => {
+                Source::produced(pending.get().producer(), *to).map_err(in_source(py, i))?
+            }
         };
         tensors.push(source);
     }

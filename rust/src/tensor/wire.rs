@@ -120,11 +120,12 @@ impl Plan {
 /// [`produce`](Self::produce) must initialise every byte of `out` whenever it returns `Ok`:
 /// [`Layout::write_into_uninit`] then hands the memory out as initialised bytes.
 pub unsafe trait Produce: Sync {
-    /// The number of bytes it writes.
-    fn wire_len(&self) -> usize;
+    /// The number of bytes it writes as `dtype`; `None` for a dtype it does not write.
+    fn wire_len(&self, dtype: WireDtype) -> Option<usize>;
 
-    /// Writes every byte of `out`, which holds exactly [`wire_len`](Self::wire_len) bytes.
-    fn produce(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), TensorError>;
+    /// Writes every byte of `out`, which holds exactly [`wire_len`](Self::wire_len)`(dtype)`
+    /// bytes, as little-endian `dtype` values.
+    fn produce(&self, out: &mut [MaybeUninit<u8>], dtype: WireDtype) -> Result<(), TensorError>;
 }
 
 /// One tensor to be written by [`encode_frames`]: its bytes and how to convert them, or what
@@ -141,7 +142,7 @@ enum Bytes<'a> {
         bytes: &'a [u8],
         conversion: Conversion,
     },
-    Produced(&'a dyn Produce),
+    Produced(&'a dyn Produce, WireDtype),
 }
 
 impl std::fmt::Debug for Source<'_> {
@@ -151,7 +152,7 @@ impl std::fmt::Debug for Source<'_> {
             Bytes::Memory { bytes, conversion } => s
                 .field("bytes", &bytes.len())
                 .field("conversion", &conversion),
-            Bytes::Produced(_) => s.field("produced", &true),
+            Bytes::Produced(_, dtype) => s.field("produced", &dtype),
         };
         s.field("out_len", &self.out_len).finish()
     }
@@ -168,12 +169,19 @@ impl<'a> Source<'a> {
         })
     }
 
-    /// The bytes `producer` writes, unchanged.
-    pub fn produced(producer: &'a dyn Produce) -> Self {
-        Source {
-            bytes: Bytes::Produced(producer),
-            out_len: producer.wire_len(),
-        }
+    /// The bytes `producer` writes as `to`; [`TensorError::UnsupportedConversion`] (from
+    /// `float32`, what producers compute) when it does not write `to`.
+    pub fn produced(producer: &'a dyn Produce, to: WireDtype) -> Result<Self, TensorError> {
+        let out_len = producer
+            .wire_len(to)
+            .ok_or(TensorError::UnsupportedConversion {
+                from: WireDtype::Float32,
+                to,
+            })?;
+        Ok(Source {
+            bytes: Bytes::Produced(producer, to),
+            out_len,
+        })
     }
 
     /// Bytes this tensor occupies on the wire.
@@ -193,7 +201,7 @@ impl<'a> Source<'a> {
             Bytes::Memory { bytes, conversion } => conversion
                 .convert_uninit(bytes, dst, default_threads(bytes.len()))
                 .map(|_| ()),
-            Bytes::Produced(producer) => producer.produce(dst),
+            Bytes::Produced(producer, dtype) => producer.produce(dst, dtype),
         }
     }
 }

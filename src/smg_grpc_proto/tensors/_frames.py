@@ -122,14 +122,18 @@ class TensorMessage(Generic[M]):
 
         ``array`` may also be a tensor not written yet (``_native.PendingTensor``, from
         :meth:`~smg_grpc_proto.vision.ImageProcessor.deferred`): its values are then computed
-        straight into the serialized request or the shared-memory segment, never copied (a
-        ``dtype`` conversion writes them into an array first).
+        straight into the serialized request or the shared-memory segment, never copied —
+        as ``float32``, or as ``bfloat16`` with ``dtype="bfloat16"`` (half the bytes: each
+        value rounded to nearest even, the bits a ``float32`` array converted to ``bfloat16``
+        would have); another ``dtype`` writes them into an array first.
         """
-        pending = _backend.is_pending(array) and dtype in (None, "float32")
+        pending = _backend.is_pending(array) and dtype in (None, "float32", "bfloat16")
         if pending:
             # Not written yet: `serialize` (or `write_shm`, now) computes the values in place.
-            payload, source_dtype, wire_dtype = array, "float32", "float32"
-            shape, nbytes = tuple(map(int, array.shape)), int(array.nbytes)
+            wire_dtype = dtype or "float32"
+            payload, source_dtype = array, "float32"
+            shape = tuple(map(int, array.shape))
+            nbytes = int(array.nbytes) // (2 if wire_dtype == "bfloat16" else 1)
         else:
             if _backend.is_pending(array):
                 array = np.asarray(array.materialize())  # converted below, from the written array
