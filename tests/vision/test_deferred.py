@@ -201,12 +201,17 @@ def test_numpy_fallback_codec_writes_the_same_bytes(monkeypatch: pytest.MonkeyPa
     assert fallback == native
 
 
-def test_sglang_builder_writes_pending_pixels() -> None:
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_sglang_builder_writes_pending_pixels(dtype: str | None) -> None:
     _, _, media, reference = _deferred_and_eager(9, (90, 120))
-    request = sglang_adapter.generate_request("r", _prompt(1), media)
-    received = tensors.parse(tensors.serialize(request), sgl_pb.GenerateRequest)
+    request = sglang_adapter.generate_request("r", _prompt(1), media, dtype=dtype)
+    wire = tensors.serialize(request)
+    received = tensors.parse(wire, sgl_pb.GenerateRequest)
     decoded = sglang_adapter.decode_mm_inputs(received)
-    assert decoded[0].tensors["pixel_values"].tobytes() == reference.tobytes()
+    want = _native.convert(reference, dtype) if dtype else reference.tobytes()
+    assert np.asarray(decoded[0].tensors["pixel_values"]).tobytes() == want
+    # The pixel values are most of the request: as bfloat16 it is half the size.
+    assert len(want) < len(wire) < len(want) + 4096
 
 
 def test_native_refusals_name_the_numbers() -> None:
