@@ -107,7 +107,18 @@ pub fn huffman_stats() -> [(&'static str, u64); 6] {
 
 fn stock_huffman() -> bool {
     static STOCK: OnceLock<bool> = OnceLock::new();
-    *STOCK.get_or_init(|| super::env_switch(STOCK_HUFFMAN_ENV))
+    *STOCK.get_or_init(|| super::env_switch(STOCK_HUFFMAN_ENV) || !shim_layout_matches())
+}
+
+/// Whether the shim's `smg_scan_desc` has [`ScanDesc`]'s size and last field offset (a build
+/// pairing a stale shim object with this code would not: the hook then stays out of it).
+fn shim_layout_matches() -> bool {
+    let (mut size, mut last_field) = (0usize, 0usize);
+    // SAFETY: `smg_scan_desc_layout` writes two `size_t`s through the pointers, which point to
+    // the two locals above.
+    unsafe { smg_scan_desc_layout(&mut size, &mut last_field) };
+    size == std::mem::size_of::<ScanDesc>()
+        && last_field == std::mem::offset_of!(ScanDesc, mcus_per_row)
 }
 
 /// The Rust side of the entropy hook: the file's bytes and the scan, once started.
@@ -386,6 +397,7 @@ extern "C" fn hook_decode_mcu(
 }
 
 extern "C" {
+    fn smg_scan_desc_layout(size: *mut usize, last_field: *mut usize);
     fn smg_jpeg_new() -> *mut ShimJpeg;
     fn smg_jpeg_free(j: *mut ShimJpeg);
     fn smg_jpeg_message(j: *const ShimJpeg) -> *const c_char;
@@ -770,6 +782,12 @@ pub(crate) fn decode(data: &[u8], limit: u64, threads: usize) -> Result<Decoded,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shims_scan_description_has_this_layout() {
+        // Else every hook would be left out (and the decoder would be libjpeg's alone).
+        assert!(shim_layout_matches());
+    }
 
     #[test]
     fn markers_collect_exif_and_xmp() {

@@ -377,6 +377,15 @@ static void smg_install_hook(smg_jpeg *self, const smg_entropy_hook *hook) {
     smg_take_scan(self, hook, &desc);
 }
 
+/* The layout of smg_scan_desc as compiled here: its size and where its last field lies. The Rust
+ * side compares them with its own #[repr(C)] copy before handing libjpeg a hook, so that a build
+ * pairing a stale object of this file with newer Rust (or the reverse) leaves Huffman decoding
+ * to libjpeg instead of reading a description of another shape. */
+void smg_scan_desc_layout(size_t *size, size_t *last_field) {
+    *size = sizeof(smg_scan_desc);
+    *last_field = offsetof(smg_scan_desc, mcus_per_row);
+}
+
 smg_jpeg *smg_jpeg_new(void) { return (smg_jpeg *)calloc(1, sizeof(smg_jpeg)); }
 
 void smg_jpeg_free(smg_jpeg *self) {
