@@ -1228,6 +1228,10 @@ mod tests {
                     })
                     .collect();
                 for n in [normalize.clone(), normalize.clone().without_simd()] {
+                    let write = |bytes: &mut [MaybeUninit<u8>], element, stream| {
+                        let writing = Writing { element, stream };
+                        write_window_row(&frames, ps, m, window_row, &n, bytes, writing);
+                    };
                     // Aligned outputs (values straight from the registers, or staged and
                     // streamed) and outputs at every misalignment (staged, copied as bytes).
                     for (stream, offset) in
@@ -1237,18 +1241,7 @@ mod tests {
                         let mut buffer =
                             vec![crate::processors::Out::new(f32::NAN); expected.len() + 1];
                         let bytes = &mut store::bytes_of(&mut buffer)[offset..offset + len];
-                        write_window_row(
-                            &frames,
-                            ps,
-                            m,
-                            window_row,
-                            &n,
-                            bytes,
-                            Writing {
-                                element: Element::F32,
-                                stream,
-                            },
-                        );
+                        write(bytes, Element::F32, stream);
                         // SAFETY: every byte was initialised (NaN, then maybe overwritten).
                         let got: Vec<u32> = bytes
                             .chunks_exact(4)
@@ -1273,16 +1266,7 @@ mod tests {
                         let len = 2 * expected16.len();
                         let mut buffer = vec![MaybeUninit::new(0xAAu8); len + offset];
                         let bytes = &mut buffer[offset..];
-                        let element = Element::Bf16;
-                        write_window_row(
-                            &frames,
-                            ps,
-                            m,
-                            window_row,
-                            &n,
-                            bytes,
-                            Writing { element, stream },
-                        );
+                        write(bytes, Element::Bf16, stream);
                         // SAFETY: every byte was initialised (0xAA, then maybe overwritten).
                         let got: Vec<u16> = bytes
                             .chunks_exact(2)
