@@ -82,7 +82,7 @@ impl Conversion {
     /// Converts `src` into `dst` on the calling thread with the best kernel this CPU runs.
     /// Writes `min(src.len() / src_itemsize, dst.len() / dst_itemsize)` elements; callers pass
     /// exactly matching lengths.
-    pub(crate) fn run(self, src: &[u8], dst: &mut [MaybeUninit<u8>]) {
+    fn run(self, src: &[u8], dst: &mut [MaybeUninit<u8>]) {
         #[cfg(target_arch = "x86_64")]
         if matches!(self, Conversion::F32ToBf16 | Conversion::F32ToF16)
             && std::arch::is_x86_feature_detected!("avx2")

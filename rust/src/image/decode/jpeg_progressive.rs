@@ -8,9 +8,9 @@
 //! here the bit reader is [`Bits`] (8 bytes a refill), an AC code and its value bits are one
 //! lookup ([`Whole`]), a refinement visits only the nonzero coefficients (a zigzag mask), and
 //! a scan of one component is decoded a block row per call ([`ProgressiveScan::decode_row`]):
-//! 0.58–0.85× of the time of libjpeg's progressive decode on real photos. (A progressive photo still costs 2–2.6× its baseline twin: libjpeg keeps
-//! every coefficient of the image and each scan walks them again.) For each scan, `jpeg_shim.c`
-//! calls libjpeg's own
+//! about 0.55–0.8× of the time of libjpeg's progressive decode on real photos. (A progressive
+//! photo still costs about twice its baseline twin: libjpeg keeps every coefficient of the image
+//! and each scan walks them again.) For each scan, `jpeg_shim.c` calls libjpeg's own
 //! `start_pass` (which checks the scan's parameters, builds its tables and records the
 //! progression in `coef_bits`, all of which the output pass reads) and then hands the scan's
 //! MCUs to [`ProgressiveScan::decode_mcu`]; the coefficient buffer, block smoothing, the IDCT,
