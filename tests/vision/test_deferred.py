@@ -214,6 +214,24 @@ def test_sglang_builder_writes_pending_pixels(dtype: str | None) -> None:
     assert len(want) < len(wire) < len(want) + 4096
 
 
+@pytest.mark.parametrize(
+    "family",
+    ["qwen2_5_vl", "qwen3_vl", "qwen3_omni_moe", "glm4v", "glm46v", "glm5_next", "minimax_m3_vl"],
+)
+def test_every_deferring_family_writes_bfloat16_as_its_float32_rounded(family: str) -> None:
+    """Every family that defers its pixel values shares the window-row writer: written as
+    bfloat16, the bytes are its float32 values converted on the wire (images of two sizes,
+    one of them a strip, in one batch)."""
+    processor = ImageProcessor.for_family(family)  # type: ignore[arg-type]
+    images = _images(11, [(90, 130), (29, 300)])
+    pending = processor.deferred(images).pending["pixel_values"]
+    float32 = np.asarray(pending.materialize())
+    assert float32.tobytes() == processor(images).pixel_values.tobytes()  # type: ignore[union-attr]
+    half = np.zeros(pending.nbytes // 2, np.uint8)
+    _native.convert_into(pending, half, "bfloat16")
+    assert half.tobytes() == _native.convert(float32, "bfloat16")
+
+
 def test_native_refusals_name_the_numbers() -> None:
     pending = ImageProcessor.for_family("qwen2_vl").deferred(_images(10, [(56, 56)]))
     tensor = pending.pending["pixel_values"]
