@@ -755,8 +755,13 @@ impl<'a> Patches<'a> {
 
     /// The size of the written tensor in bytes.
     pub fn byte_len(&self) -> usize {
+        self.len_as(Element::F32)
+    }
+
+    /// The size of the tensor written as `element`s, in bytes.
+    fn len_as(&self, element: Element) -> usize {
         let [rows, cols] = self.shape();
-        rows * cols * 4
+        rows * cols * element.size()
     }
 
     /// The tensor's name: `pixel_values`, or `pixel_values_videos`.
@@ -820,8 +825,7 @@ impl<'a> Patches<'a> {
         stream: bool,
         element: Element,
     ) -> Result<(), ProcessorError> {
-        let [rows, cols] = self.shape();
-        let expected = rows * cols * element.size();
+        let expected = self.len_as(element);
         if out.len() != expected {
             return Err(ProcessorError::BatchShape {
                 what: "destination bytes",
@@ -829,7 +833,7 @@ impl<'a> Patches<'a> {
                 actual: vec![out.len()],
             });
         }
-        let (ps, m) = (self.patch_size, self.merge_size);
+        let (ps, m, cols) = (self.patch_size, self.merge_size, self.shape()[1]);
         // One job per merge-window row of each group, each with its own slice of the output.
         let lengths: Vec<usize> = self
             .groups
@@ -951,8 +955,7 @@ pub const PRODUCE_STREAM_MIN_BYTES: usize = 1 << 20;
 unsafe impl Produce for Patches<'_> {
     /// `float32`, or `bfloat16` (half the bytes: the same values rounded to nearest even).
     fn wire_len(&self, dtype: WireDtype) -> Option<usize> {
-        let [rows, cols] = self.shape();
-        Some(rows * cols * Element::of(dtype)?.size())
+        Element::of(dtype).map(|element| self.len_as(element))
     }
 
     /// Into a serialized message or a shared-memory segment, which this process does not read
@@ -962,7 +965,7 @@ unsafe impl Produce for Patches<'_> {
             from: WireDtype::Float32,
             to: dtype,
         })?;
-        let expected = self.wire_len(dtype).unwrap_or(0);
+        let expected = self.len_as(element);
         let stream = expected >= PRODUCE_STREAM_MIN_BYTES;
         self.write_streaming(out, stream, element)
             .map_err(|_| TensorError::DestinationSize {

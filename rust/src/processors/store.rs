@@ -64,28 +64,20 @@ pub fn copy_bytes(dst: &mut [MaybeUninit<u8>], src: &[f32], stream: bool) {
         4 * src.len(),
         "staging row and output bytes differ"
     );
-    #[cfg(target_arch = "x86_64")]
-    if stream {
-        // The source as bytes (x86-64 is little-endian, so they are the wire bytes).
-        // SAFETY: `src` is `dst.len()` initialised bytes (`4 · src.len()`, asserted above), and
-        // `u8` has alignment 1.
-        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), dst.len()) };
-        stream_copy(dst, bytes);
-        return;
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = stream;
     #[cfg(target_endian = "little")]
     {
         // SAFETY: `src` is `dst.len()` initialised bytes (asserted above), read as `u8`
         // (alignment 1); on a little-endian target an `f32`'s memory is its little-endian bytes.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), dst.len()) };
-        copy_plain(dst, bytes);
+        copy_raw(dst, bytes, stream);
     }
     #[cfg(target_endian = "big")]
-    for (d, s) in dst.chunks_exact_mut(4).zip(src) {
-        for (d, b) in d.iter_mut().zip(s.to_le_bytes()) {
-            d.write(b);
+    {
+        let _ = stream;
+        for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+            for (d, b) in d.iter_mut().zip(s.to_le_bytes()) {
+                d.write(b);
+            }
         }
     }
 }

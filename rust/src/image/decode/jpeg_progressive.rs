@@ -165,7 +165,7 @@ pub(crate) struct ProgressiveScan {
     mcus_left: u64,
     /// The scan's MCUs, and per block row (a scan of one component whose rows the caller
     /// hands over whole, [`Self::decode_row`]; else 0).
-    mcus: u64,
+    total_mcus: u64,
     mcus_per_row: u64,
     predictions: [i32; 4],
     /// Blocks still to pass over in the current end-of-band run (`jdphuff.c`'s `EOBRUN`).
@@ -208,7 +208,7 @@ impl ProgressiveScan {
             left_in_interval: restart_interval,
             next_restart: 0,
             mcus_left: mcus,
-            mcus,
+            total_mcus: mcus,
             mcus_per_row: 0,
             predictions: [0; 4],
             eobrun: 0,
@@ -238,7 +238,8 @@ impl ProgressiveScan {
         if self.mcus_per_row == 0 {
             return 1;
         }
-        let left_in_row = self.mcus_per_row - (self.mcus - self.mcus_left) % self.mcus_per_row;
+        let left_in_row =
+            self.mcus_per_row - (self.total_mcus - self.mcus_left) % self.mcus_per_row;
         // At most `mcus_per_row`, a u32.
         left_in_row.min(self.mcus_left.saturating_sub(1)).max(1) as usize
     }
