@@ -2,6 +2,8 @@
 //!
 //! - [`huge_pages`]: advice to back fresh buffers of several MB with transparent huge pages
 //!   (one page fault per 2 MiB instead of per 4 KiB);
+//! - [`prefault`]: a fresh output buffer faulted in with one system call per writing thread
+//!   before it is written;
 //! - [`zeroed`]: fallible zeroed allocation (calloc, then huge-page advice) and
 //!   [`overwritable_bytes`] (a recycled buffer when one fits, else zeroed);
 //! - [`fallible`]: fallible forms of `vec!`, `with_capacity`, `to_vec` and `collect`, for every
@@ -14,10 +16,12 @@
 
 pub mod fallible;
 pub mod huge_pages;
+pub mod prefault;
 pub mod recycle;
 
 pub use fallible::AllocError;
 pub use huge_pages::advise_huge_pages;
+pub use prefault::prefault;
 
 /// A zero-filled buffer of `len` elements, or `Err(bytes)` if it cannot be allocated.
 ///

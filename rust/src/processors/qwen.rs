@@ -868,6 +868,12 @@ impl<'a> Patches<'a> {
         Ok(())
     }
 
+    /// How many merge-window rows the batch has: [`Self::write_streaming`]'s jobs.
+    fn window_rows(&self) -> usize {
+        let m = self.merge_size.max(1);
+        self.groups.iter().map(|g| g.grid_h / m).sum()
+    }
+
     /// The tensor written into a new buffer (a recycled one when one fits).
     pub fn values(&self) -> Result<Vec<f32>, ProcessorError> {
         let [rows, cols] = self.shape();
@@ -972,6 +978,11 @@ unsafe impl Produce for Patches<'_> {
                 expected,
                 actual: out.len(),
             })
+    }
+
+    /// One job per merge-window row of each image, on up to the batch's thread count.
+    fn writers(&self) -> usize {
+        parallel::workers(self.threads, self.window_rows())
     }
 }
 
@@ -1353,6 +1364,40 @@ mod tests {
         assert!(patches
             .produce(&mut short, WireDtype::Float16)
             .is_err_and(|e| matches!(e, TensorError::UnsupportedConversion { .. })));
+    }
+
+    #[test]
+    fn writers_are_the_write_jobs_on_the_threads_asked_for() {
+        // 224 x 224: a 16 x 16 patch grid, 8 merge-window rows per image.
+        let data = vec![7u8; 224 * 224 * 3];
+        let input = Input::Pixels {
+            data: &data,
+            width: 224,
+            height: 224,
+            channels: 3,
+        };
+        let config = QwenConfig::qwen2_vl();
+        let normalize = Normalize::new(Some(1.0 / 255.0), Some((CLIP_MEAN, CLIP_STD)));
+        for (images, threads, expected) in [
+            (1, 1, 1),
+            (1, 3, 3),
+            (1, 64, 8),
+            (2, 64, 16),
+            (2, 0, crate::cores::count().min(16)),
+        ] {
+            let options = Options {
+                threads,
+                ..Options::default()
+            };
+            let inputs = vec![input; images];
+            let patches = plan_images(&config, &normalize, &inputs, &options).unwrap();
+            assert_eq!(patches.window_rows(), 8 * images);
+            assert_eq!(
+                patches.writers(),
+                expected,
+                "{images} images, threads {threads}"
+            );
+        }
     }
 
     #[test]

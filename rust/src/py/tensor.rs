@@ -31,13 +31,19 @@ fn type_error(message: String, field: &str) -> PyErr {
     Python::attach(|py| errors::raise(py, Class::TensorType, &message, field, py.None(), py.None()))
 }
 
-/// A new `bytes` object of `len` bytes, filled by `write` with the GIL released.
+/// A new `bytes` object of `len` bytes, filled by `write` with the GIL released, on `writers`
+/// threads (its fresh pages are faulted in by as many first: [`crate::memory::prefault`]).
 ///
 /// `write` gets the object's uninitialised buffer and must return it initialised (the core's
 /// `*_uninit` writers do exactly that, so each output byte is written once). `PyBytes::new_with`
 /// is not used because it zero-fills the buffer first, holding the GIL: for a fresh 100 MiB
 /// output that first touch of the memory is most of the cost, and a second pass besides.
-fn new_bytes<'py, F>(py: Python<'py>, len: usize, write: F) -> PyResult<Bound<'py, PyBytes>>
+fn new_bytes<'py, F>(
+    py: Python<'py>,
+    len: usize,
+    writers: usize,
+    write: F,
+) -> PyResult<Bound<'py, PyBytes>>
 where
     F: for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], TensorError> + Send,
 {
@@ -81,6 +87,7 @@ where
     // On error the object is dropped unseen, so its unwritten bytes are never read.
     py.detach(|| {
         crate::memory::advise_huge_pages(buffer);
+        crate::memory::prefault(buffer, writers);
         write(buffer).map(|written| written.len())
     })
     .map_err(value_error)?;
@@ -258,7 +265,8 @@ fn convert<'py>(
         .output_len(memory.len(), "src")
         .map_err(value_error)?;
     let bytes = memory.bytes();
-    new_bytes(py, len, |out| {
+    let writers = core_convert::default_threads(bytes.len());
+    new_bytes(py, len, writers, |out| {
         core_convert::convert_into_uninit(bytes, from, out, to)
     })
 }
@@ -282,7 +290,14 @@ fn convert_into(
         let mut destination = destination(dst, "dst")?;
         let output = core_convert::as_uninit(destination.bytes_mut("dst").map_err(value_error)?);
         let source = Source::produced(pending.producer(), to).map_err(value_error)?;
-        return py.detach(|| source.write(output)).map_err(value_error);
+        return py
+            .detach(|| {
+                // A fresh shared-memory segment, typically: its pages mapped before the writers
+                // come (contents unchanged; every byte is overwritten next).
+                crate::memory::prefault(output, source.writers());
+                source.write(output)
+            })
+            .map_err(value_error);
     }
     let (source, from) = source(src, "src", value_error)?;
     let mut destination = destination(dst, "dst")?;
@@ -296,8 +311,11 @@ fn convert_into(
     }
     let input = source.bytes();
     let output = destination.bytes_mut("dst").map_err(value_error)?;
-    py.detach(|| core_convert::convert_into(input, from, output, to))
-        .map_err(value_error)
+    py.detach(|| {
+        crate::memory::prefault(output, core_convert::default_threads(input.len()));
+        core_convert::convert_into(input, from, output, to)
+    })
+    .map_err(value_error)
 }
 
 /// One source of `encode_frames`, held for the call.
@@ -351,7 +369,9 @@ fn decode_frames<'py>(
     let layout = py
         .detach(|| wire::decode_frames(data, &plan, nonce))
         .map_err(value_error)?;
-    let header = new_bytes(py, layout.len(), |out| layout.write_into_uninit(out))?;
+    let header = new_bytes(py, layout.len(), layout.writers(), |out| {
+        layout.write_into_uninit(out)
+    })?;
     Ok((header, layout.spans().to_vec()))
 }
 
@@ -430,7 +450,9 @@ fn encode_frames<'py>(
     let layout = py
         .detach(|| wire::encode_frames(header, &plan, nonce, &tensors))
         .map_err(value_error)?;
-    new_bytes(py, layout.len(), |out| layout.write_into_uninit(out))
+    new_bytes(py, layout.len(), layout.writers(), |out| {
+        layout.write_into_uninit(out)
+    })
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -126,6 +126,12 @@ pub unsafe trait Produce: Sync {
     /// Writes every byte of `out`, which holds exactly [`wire_len`](Self::wire_len)`(dtype)`
     /// bytes, as little-endian `dtype` values.
     fn produce(&self, out: &mut [MaybeUninit<u8>], dtype: WireDtype) -> Result<(), TensorError>;
+
+    /// How many threads [`produce`](Self::produce) writes with (a fresh destination is faulted
+    /// in by as many first, see [`crate::memory::prefault`]).
+    fn writers(&self) -> usize {
+        1
+    }
 }
 
 /// One tensor to be written by [`encode_frames`]: its bytes and how to convert them, or what
@@ -189,6 +195,14 @@ impl<'a> Source<'a> {
         self.out_len
     }
 
+    /// How many threads [`write`](Self::write) writes with.
+    pub fn writers(&self) -> usize {
+        match self.bytes {
+            Bytes::Memory { bytes, .. } => default_threads(bytes.len()),
+            Bytes::Produced(producer, _) => producer.writers(),
+        }
+    }
+
     /// Writes the tensor's wire bytes into `dst` (exactly [`wire_len`](Self::wire_len) bytes).
     pub fn write(&self, dst: &mut [MaybeUninit<u8>]) -> Result<(), TensorError> {
         if dst.len() != self.out_len {
@@ -244,6 +258,12 @@ impl Layout<'_> {
     /// Whether the output is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// How many threads [`write_into`](Self::write_into) writes with at most (one for an output
+    /// without tensors).
+    pub fn writers(&self) -> usize {
+        self.sources.iter().map(Source::writers).max().unwrap_or(1)
     }
 
     /// `(offset, length)` within the input of every payload replaced by a token, in token
@@ -981,6 +1001,66 @@ mod tests {
         let (header_again, spans) = decode(&out, &plan).unwrap();
         assert_eq!(header_again, header);
         assert_eq!(&out[spans[0].0..spans[0].0 + spans[0].1], &bf16[..]);
+    }
+
+    /// A producer that writes a constant byte and says how many threads it writes with.
+    struct Constant(usize, usize);
+
+    // SAFETY: `produce` fills every byte of `out` (or fails on a wrong size).
+    unsafe impl Produce for Constant {
+        fn wire_len(&self, _: WireDtype) -> Option<usize> {
+            Some(self.0)
+        }
+        fn produce(&self, out: &mut [MaybeUninit<u8>], _: WireDtype) -> Result<(), TensorError> {
+            if out.len() != self.0 {
+                return Err(TensorError::DestinationSize {
+                    expected: self.0,
+                    actual: out.len(),
+                });
+            }
+            out.fill(MaybeUninit::new(9));
+            Ok(())
+        }
+        fn writers(&self) -> usize {
+            self.1
+        }
+    }
+
+    #[test]
+    fn writers_are_the_busiest_tensors() {
+        let header = [
+            len_record(1, &len_record(1, &token(0))),
+            len_record(2, &len_record(1, &token(1))),
+        ]
+        .concat();
+        let plan = Plan::Message(vec![(1, Plan::Tensor(1)), (2, Plan::Tensor(1))]);
+        let big = vec![0u8; 64 << 20];
+        let small = Constant(10, 1);
+        let busy = Constant(10, 5);
+        for (sources, expected) in [
+            (
+                vec![
+                    raw(b"ab"),
+                    Source::produced(&small, WireDtype::Uint8).unwrap(),
+                ],
+                1,
+            ),
+            (
+                vec![
+                    raw(b"ab"),
+                    Source::produced(&busy, WireDtype::Uint8).unwrap(),
+                ],
+                5,
+            ),
+            (vec![raw(&big), raw(b"ab")], default_threads(big.len())),
+        ] {
+            let layout = encode_frames(&header, &plan, &NONCE, &sources).unwrap();
+            assert_eq!(layout.writers(), expected);
+        }
+        assert!(default_threads(big.len()) >= 1);
+        let message = len_record(1, &big);
+        let decoded = decode_frames(&message, &Plan::Tensor(1), &NONCE).unwrap();
+        assert_eq!(decoded.writers(), 1, "a header has no tensors to write");
     }
 
     // ---- every error variant from hand-crafted bytes ----
