@@ -73,10 +73,15 @@ unsafe impl Zeroable for f32 {}
 unsafe impl Zeroable for f64 {}
 
 /// `len` bytes the caller will overwrite entirely: a kept buffer ([`recycle::take_u8`], stale
-/// contents) when one fits, else [`zeroed`] memory; `Err(bytes)` if it cannot be allocated.
+/// contents) when one fits, else [`zeroed`] memory, faulted in at once ([`prefault`]: every
+/// page is written next anyway); `Err(bytes)` if it cannot be allocated.
 pub fn overwritable_bytes(len: usize) -> Result<Vec<u8>, u64> {
     match recycle::take_u8(len) {
         Some(buffer) => Ok(buffer),
-        None => zeroed(len),
+        None => {
+            let mut buffer = zeroed(len)?;
+            prefault(&mut buffer, 1);
+            Ok(buffer)
+        }
     }
 }
