@@ -13,7 +13,9 @@ def keep_freed_memory(max_bytes: int) -> bool:
     clear of each page before the first byte is written — as much CPU time as writing the
     request (a Qwen2-VL batch of 8 real photos, 94 MB: about half of ``serialize``). After this
     call allocations of up to ``max_bytes`` come from the allocator's heap and freed memory stays
-    there, so the next request of a similar size is written into pages already mapped.
+    there, so the next request of a similar size is written into pages already mapped. (Without
+    it, such fresh pages are mapped in one system call per writing thread before the request is
+    written, which already takes much of that cost away: ``SMG_GRPC_PROTO_PREFAULT``.)
 
     Process-wide and for the rest of the process (it sets glibc's ``M_MMAP_THRESHOLD`` to
     ``max_bytes`` and ``M_TRIM_THRESHOLD`` to twice that, as ``GLIBC_TUNABLES=
