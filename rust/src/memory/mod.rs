@@ -73,15 +73,14 @@ unsafe impl Zeroable for f32 {}
 unsafe impl Zeroable for f64 {}
 
 /// `len` bytes the caller will overwrite entirely: a kept buffer ([`recycle::take_u8`], stale
-/// contents) when one fits, else [`zeroed`] memory, faulted in at once ([`prefault`]: every
-/// page is written next anyway); `Err(bytes)` if it cannot be allocated.
+/// contents) when one fits, else [`zeroed`] memory; `Err(bytes)` if it cannot be allocated.
+///
+/// Not prefaulted ([`prefault`]): a decoder sizes this buffer from the header it has just read,
+/// before the data, and a broken stream declaring a huge image must cost none of it
+/// (`test_a_broken_stream_declaring_a_huge_image_touches_none_of_it`).
 pub fn overwritable_bytes(len: usize) -> Result<Vec<u8>, u64> {
     match recycle::take_u8(len) {
         Some(buffer) => Ok(buffer),
-        None => {
-            let mut buffer = zeroed(len)?;
-            prefault(&mut buffer, 1);
-            Ok(buffer)
-        }
+        None => zeroed(len),
     }
 }

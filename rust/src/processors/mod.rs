@@ -479,7 +479,8 @@ impl<T: recycle::Element> OutBuf<T> {
         }
         let mut values = fallible::uninit::<T>(len).map_err(ProcessorError::oom(what))?;
         // Fresh pages, not yet touched: one fault per 2 MiB instead of per 4 KiB, and all of
-        // them mapped at once (every value is written next).
+        // them mapped at once. Every value is written next: an output is allocated once every
+        // image of the batch has been decoded and resized, and sized from them.
         crate::memory::advise_huge_pages(&mut values);
         crate::memory::prefault(&mut values, 1);
         Ok(OutBuf(values))
