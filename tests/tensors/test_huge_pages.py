@@ -7,14 +7,12 @@ A 48 MiB request serialized into fresh memory takes a few dozen page faults with
 
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from support.processes import python_child
 
 from smg_grpc_proto import tensors
 
@@ -37,14 +35,7 @@ CHILD = textwrap.dedent(
 
 
 def _faults(**env: str) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **env},
-    )
-    return int(out.stdout.strip().splitlines()[-1])
+    return int(python_child(CHILD, **env).strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(

@@ -9,12 +9,10 @@ default) and off (``SMG_GRPC_PROTO_PREFAULT=0``).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from support.processes import python_child
 
 from smg_grpc_proto import tensors
 
@@ -43,14 +41,7 @@ CHILD = textwrap.dedent(
 
 
 def _digests(**env: str) -> list[str]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **env},
-    )
-    return out.stdout.strip().splitlines()[-2:]
+    return python_child(CHILD, **env).strip().splitlines()[-2:]
 
 
 @pytest.mark.skipif(tensors.backend != "native", reason="the native extension")

@@ -33,10 +33,7 @@ pub const HUGE_PAGES_ENV: &str = "SMG_GRPC_PROTO_HUGE_PAGES";
 #[cfg(target_os = "linux")]
 fn advice_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let value = std::env::var(HUGE_PAGES_ENV).unwrap_or_default();
-        !matches!(value.trim(), "0" | "false" | "off")
-    })
+    *ON.get_or_init(|| super::switch_on(HUGE_PAGES_ENV))
 }
 
 /// Advises the kernel to back the buffer at `buf` with huge pages (Linux; elsewhere a no-op;

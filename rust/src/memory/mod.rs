@@ -23,6 +23,13 @@ pub use fallible::AllocError;
 pub use huge_pages::advise_huge_pages;
 pub use prefault::prefault;
 
+/// Whether the environment switch `name` is on: anything but `0`, `false` or `off` (unset: on).
+/// Callers read it once and keep the answer.
+pub(crate) fn switch_on(name: &str) -> bool {
+    let value = std::env::var(name).unwrap_or_default();
+    !matches!(value.trim(), "0" | "false" | "off")
+}
+
 /// A zero-filled buffer of `len` elements, or `Err(bytes)` if it cannot be allocated.
 ///
 /// Unlike `vec![0; len]`, a failed allocation is an error instead of an abort; like it, large

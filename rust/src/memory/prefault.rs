@@ -33,10 +33,7 @@ pub const PREFAULT_ENV: &str = "SMG_GRPC_PROTO_PREFAULT";
 #[cfg(target_os = "linux")]
 fn prefault_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let value = std::env::var(PREFAULT_ENV).unwrap_or_default();
-        !matches!(value.trim(), "0" | "false" | "off")
-    })
+    *ON.get_or_init(|| super::switch_on(PREFAULT_ENV))
 }
 
 /// Whether the page at `addr` (page-aligned) is resident.
