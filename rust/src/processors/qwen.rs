@@ -1173,6 +1173,16 @@ mod tests {
     use super::*;
     use crate::processors::{Family, Preprocessor};
 
+    /// `data` as an interleaved RGB image of `width × height`.
+    fn rgb(data: &[u8], width: usize, height: usize) -> Input<'_> {
+        Input::Pixels {
+            data,
+            width,
+            height,
+            channels: 3,
+        }
+    }
+
     #[test]
     fn smart_resize_table() {
         // The reference table (§5.1) and Python's round-half-even: 70/28 = 2.5 -> 2.
@@ -1304,12 +1314,7 @@ mod tests {
         // PRODUCE_STREAM_MIN_BYTES), `values` does not (below store::STREAM_MIN_BYTES); the
         // same bits, at a misaligned destination too.
         let data: Vec<u8> = (0..224 * 224 * 3).map(|i| (i * 37 % 253) as u8).collect();
-        let input = Input::Pixels {
-            data: &data,
-            width: 224,
-            height: 224,
-            channels: 3,
-        };
+        let input = rgb(&data, 224, 224);
         let config = QwenConfig::qwen2_vl();
         let normalize = Normalize::new(Some(1.0 / 255.0), Some((CLIP_MEAN, CLIP_STD)));
         let patches = plan_images(&config, &normalize, &[input], &Options::default()).unwrap();
@@ -1370,12 +1375,7 @@ mod tests {
     fn writers_are_the_write_jobs_on_the_threads_asked_for() {
         // 224 x 224: a 16 x 16 patch grid, 8 merge-window rows per image.
         let data = vec![7u8; 224 * 224 * 3];
-        let input = Input::Pixels {
-            data: &data,
-            width: 224,
-            height: 224,
-            channels: 3,
-        };
+        let input = rgb(&data, 224, 224);
         let config = QwenConfig::qwen2_vl();
         let normalize = Normalize::new(Some(1.0 / 255.0), Some((CLIP_MEAN, CLIP_STD)));
         for (images, threads, expected) in [
@@ -1404,12 +1404,7 @@ mod tests {
     fn patch_order() {
         // A 4x4 image, patch 1, merge 2, T 2: rows in merge-window order, values repeated over T.
         let data: Vec<u8> = (0..48).collect();
-        let input = Input::Pixels {
-            data: &data,
-            width: 4,
-            height: 4,
-            channels: 3,
-        };
+        let input = rgb(&data, 4, 4);
         let p = Preprocessor::new(
             Family::Qwen2Vl,
             &[
@@ -1492,12 +1487,7 @@ mod tests {
     #[test]
     fn do_resize_off_needs_multiples() {
         let data = vec![0u8; 30 * 28 * 3];
-        let input = Input::Pixels {
-            data: &data,
-            width: 28,
-            height: 30,
-            channels: 3,
-        };
+        let input = rgb(&data, 28, 30);
         let p = Preprocessor::new(Family::Qwen2Vl, &[("do_resize".into(), Value::Bool(false))])
             .unwrap();
         let err = p.images(&[input], &Options::default()).unwrap_err();
