@@ -10,13 +10,13 @@
 //!
 //! Measured on the Intel Xeon VM (2 cores, transparent huge pages in `madvise` mode), a batch of
 //! 8 real photos through Qwen2-VL into a 94 MB vLLM request (`scripts/bench_threads.py`): one
-//! thread 59 → 48 ms, `threads=0` 36 → 26 ms; with huge pages off for the process, one thread
+//! thread 60 → 49 ms, `threads=0` 38–40 → 27 ms; with huge pages off for the process, one thread
 //! 93 → 60 ms.
 //!
 //! A buffer whose first and last pages are mapped already (a reused heap block, a buffer written
-//! before) is left alone. Populating never changes what the buffer holds (a page already mapped stays as it is; a new
-//! one is zeroed, as a first write would find it), and it is only asked for on memory we are
-//! about to overwrite entirely. A failure (an older kernel: `EINVAL`; no memory left) is ignored:
+//! before) is left alone. Populating never changes what the buffer holds (a page already mapped
+//! stays as it is; a new one is zeroed, as a first write would find it), and it is only asked for
+//! on memory we are about to overwrite entirely. A failure (an older kernel: `EINVAL`; no memory left) is ignored:
 //! the writes then fault the pages in as before. [`PREFAULT_ENV`]`=0` turns it off.
 
 /// Below this size the system call is not worth it.
