@@ -21,7 +21,10 @@ Files: every PNG and JPEG of ``tests/support/images.real_photos()`` and Pillow's
 other kinds (palette, palette + tRNS interlaced, RGBA, RGBA interlaced, LA, 1-bit, L, large RGB),
 and, when ``jpegtran`` is installed (``make system-deps``), each real JPEG made progressive by
 ``jpegtran -progressive`` (lossless: the photo's own coefficients in libjpeg's default ten
-scans), named ``NAME (progressive)``; ``--no-progressive`` leaves them out.
+scans), named ``NAME (progressive)``, and one hostile extra (not a photo): a flat 4000 x 4000
+gray JPEG of 36 KB rewritten with ``decode_cases.scan_per_coefficient``'s 99 scans, which make a
+progressive decoder walk all 250 000 blocks once per scan (``hostile:flat-99-scans.jpg``);
+``--no-progressive`` leaves them out.
 Columns: milliseconds, ``x`` = Pillow / ours, peak MiB (ours / Pillow).
 """
 
@@ -72,7 +75,7 @@ def files(progressive: bool = True) -> list[tuple[str, Path]]:
     ]
     pillow = pillow_test_images()
     out = photos + [(f"pillow:{name}", pillow / name) for name in PILLOW_PNGS]
-    return out + (progressive_rewrites(photos) if progressive else [])
+    return out + (progressive_rewrites(photos) + hostile_progressive() if progressive else [])
 
 
 def progressive_rewrites(photos: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
@@ -98,6 +101,31 @@ def progressive_rewrites(photos: list[tuple[str, Path]]) -> list[tuple[str, Path
         if run.returncode == 0:
             out.append((f"{name} (progressive)", target))
     return out
+
+
+def hostile_progressive() -> list[tuple[str, Path]]:
+    """The hostile extra: a flat gray 4000 x 4000 JPEG in a scan per coefficient (none without
+    jpegtran)."""
+    import tempfile
+
+    from PIL import Image
+    from support.decode_cases import encode, scan_per_coefficient
+
+    jpegtran = shutil.which("jpegtran")
+    if jpegtran is None:
+        return []
+    directory = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
+    script = directory / "scans.txt"
+    script.write_text(scan_per_coefficient(32))
+    target = directory / "flat-99-scans.jpg"
+    flat = encode(Image.new("L", (4000, 4000), 128), "JPEG", quality=90)
+    subprocess.run(
+        [jpegtran, "-scans", str(script), "-outfile", str(target)],
+        input=flat,
+        capture_output=True,
+        check=True,
+    )
+    return [("hostile:flat-99-scans.jpg", target)]
 
 
 def decoders(data: bytes, torch_too: bool = True, threads: int = 1) -> dict[str, Callable[[], Any]]:

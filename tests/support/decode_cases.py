@@ -41,6 +41,20 @@ def encode(im: Image.Image, fmt: str, **params: Any) -> bytes:
     return buf.getvalue()
 
 
+def scan_per_coefficient(bands: int) -> str:
+    """A jpegtran ``-scans`` script for a gray image, the shape of file that makes a progressive
+    decoder walk every block once per scan for a few bytes each: DC, then each of the first
+    ``bands`` AC coefficients alone with two bits of successive approximation (a first scan and
+    two refinements each), then the rest of the block in a first scan and one refinement:
+    ``3 * bands + 3`` scans."""
+    lines = ["0: 0-0, 0, 0;"]
+    for k in range(1, bands + 1):
+        lines += [f"0: {k}-{k}, 0, 2;", f"0: {k}-{k}, 2, 1;", f"0: {k}-{k}, 1, 0;"]
+    rest = bands + 1
+    lines += [f"0: {rest}-63, 0, 1;", f"0: {rest}-63, 1, 0;"]
+    return "\n".join(lines) + "\n"
+
+
 def photo(w: int = 97, h: int = 61, mode: str = "RGB", seed: int = 0) -> Image.Image:
     """A smooth gradient with noise: exercises chroma upsampling and IDCT rounding."""
     rng = np.random.default_rng(seed)

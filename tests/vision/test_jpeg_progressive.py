@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image, ImageFile
-from support.decode_cases import damage_jpeg_scan, encode, reference
+from support.decode_cases import damage_jpeg_scan, encode, reference, scan_per_coefficient
 
 from smg_grpc_proto import _native, vision
 from smg_grpc_proto.errors import ImageDecodeError
@@ -83,6 +83,32 @@ SCRIPTS = {
         0: 1-63, 1, 0;
         1: 9-63, 0, 0;
         2: 9-63, 0, 0;
+    """,
+    # Single coefficients and narrow bands, each refined on its own: end-of-band runs over
+    # many blocks whose band is zero (passed over a run at a time) or not (correction bits).
+    "per-coefficient": """
+        0,1,2: 0-0, 0, 1;
+        0: 1-1, 0, 2;
+        0: 2-2, 0, 2;
+        0: 3-3, 0, 1;
+        0: 4-9, 0, 2;
+        0: 10-63, 0, 2;
+        1: 1-1, 0, 1;
+        1: 2-63, 0, 1;
+        2: 1-63, 0, 1;
+        0,1,2: 0-0, 1, 0;
+        0: 1-1, 2, 1;
+        0: 1-1, 1, 0;
+        0: 2-2, 2, 1;
+        0: 2-2, 1, 0;
+        0: 3-3, 1, 0;
+        0: 4-9, 2, 1;
+        0: 4-9, 1, 0;
+        0: 10-63, 2, 1;
+        0: 10-63, 1, 0;
+        1: 1-1, 1, 0;
+        1: 2-63, 1, 0;
+        2: 1-63, 1, 0;
     """,
 }
 #: Gray only: large shifts and a progression that stops before the last bits (block smoothing).
@@ -170,6 +196,28 @@ def test_every_scan_script_decodes_to_pillows_pixels(tmp_path: Path) -> None:
     # The scans of one component were decoded a block row per call wherever a row has more
     # than one block left (the 1 x 1 images have none).
     assert after["progressive_rows"] > before["progressive_rows"]
+
+
+@pytest.mark.parametrize("restart", [(), ("-restart", "7B")], ids=["plain", "restarts"])
+def test_a_scan_per_coefficient_decodes_to_pillows_pixels(
+    tmp_path: Path, restart: tuple[str, ...]
+) -> None:
+    """``scan_per_coefficient``'s 99 scans over a 2048 x 1536 gray image: flat areas (each scan one
+    end-of-band run over most of the image, passed over a run at a time) beside a real photo
+    (runs broken by coefficients that take correction bits). Pillow's pixels, with the hook
+    taking every scan, a block row per call."""
+    photo = _photo().convert("L").resize((1024, 768))
+    canvas = Image.new("L", (2048, 1536), 128)
+    canvas.paste(photo, (512, 384))
+    base = encode(canvas, "JPEG", quality=92)
+    data = _rewrite(base, scan_per_coefficient(32), restart, tmp_path)
+    assert _scans(data) == 99
+    before = _native.jpeg_huffman_stats()
+    assert np.array_equal(vision.decode(data, threads=1), reference(data))
+    after = _native.jpeg_huffman_stats()
+    assert after["progressive"] - before["progressive"] == 99
+    assert after["retried"] == before["retried"]
+    assert after["progressive_rows"] - before["progressive_rows"] > 98 * 1536 // 8 // 2
 
 
 def test_real_photos_made_progressive_decode_to_their_baseline_pixels(tmp_path: Path) -> None:
