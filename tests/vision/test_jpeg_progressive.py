@@ -220,6 +220,42 @@ def test_a_scan_per_coefficient_decodes_to_pillows_pixels(
     assert after["progressive_rows"] - before["progressive_rows"] > 98 * 1536 // 8 // 2
 
 
+def _repeat_scan(data: bytes, index: int, copies: int) -> bytes:
+    """``data`` with its scan ``index`` (header and entropy-coded data) sent ``copies`` more
+    times right after it: libjpeg warns of a bogus progression and decodes each copy again."""
+    scans = []
+    at = 2
+    while data[at + 1] != 0xD9:
+        end = at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+        if data[at + 1] == 0xDA:
+            # The entropy-coded data runs to the next marker other than a stuffed byte or RSTn.
+            while True:
+                end = data.index(b"\xff", end)
+                if data[end + 1] == 0 or 0xD0 <= data[end + 1] <= 0xD7:
+                    end += 2
+                    continue
+                break
+            scans.append((at, end))
+        at = end
+    start, end = scans[index]
+    return data[:end] + data[start:end] * copies + data[end:]
+
+
+def test_a_scan_repeated_hundreds_of_times_decodes_to_pillows_pixels(tmp_path: Path) -> None:
+    """The first AC scan of a flat image sent 300 more times (a few bytes each: one end-of-band
+    run over the whole image; 399 scans in all): every copy is decoded again, as by libjpeg, a
+    run at a time, to Pillow's pixels."""
+    base = encode(Image.new("L", (1024, 1024), 128), "JPEG", quality=90)
+    progressive = _rewrite(base, scan_per_coefficient(32), (), tmp_path)
+    data = _repeat_scan(progressive, 1, 300)
+    assert _scans(data) == 399
+    before = _native.jpeg_huffman_stats()
+    assert np.array_equal(vision.decode(data, threads=1), reference(data))
+    after = _native.jpeg_huffman_stats()
+    assert after["progressive"] - before["progressive"] == 399
+    assert after["retried"] == before["retried"]
+
+
 def test_real_photos_made_progressive_decode_to_their_baseline_pixels(tmp_path: Path) -> None:
     """jpegtran's rewrite is lossless (the same quantised coefficients, sent in scans): every
     real camera JPEG of the corpus, made progressive, decodes to exactly the pixels of its
