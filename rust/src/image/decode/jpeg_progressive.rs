@@ -7,7 +7,8 @@
 //! reader and an 8-bit code lookup, and walks a refinement band coefficient by coefficient;
 //! here the bit reader is [`Bits`] (8 bytes a refill), an AC code and its value bits are one
 //! lookup ([`Whole`]), a refinement visits only the nonzero coefficients (a zigzag mask), and
-//! a scan of one component is decoded a block row per call ([`ProgressiveScan::decode_row`]):
+//! a scan of one component is decoded a block row per call ([`ProgressiveScan::decode_row`]),
+//! passing over the blocks of an end-of-band run that read no bits a run at a time:
 //! about 0.55–0.8× of the time of libjpeg's progressive decode on real photos. (A progressive
 //! photo still costs about twice its baseline twin: libjpeg keeps every coefficient of the image
 //! and each scan walks them again.) For each scan, `jpeg_shim.c` calls libjpeg's own
@@ -389,7 +390,8 @@ impl ProgressiveScan {
     ///
     /// One call per run instead of a [`Self::mcu`] per block: a progressive file can send a
     /// scan per coefficient, each one end-of-band run over millions of blocks (a 36 KB file of
-    /// 99 such scans over 4000 × 4000 pixels took 2.2× Pillow's time before, block by block).
+    /// 99 such scans over 4000 × 4000 gray pixels: 0.39 s block by block, 0.18 s a run at a
+    /// time, Pillow 0.28 s).
     #[inline(always)]
     fn pass_run(&mut self, row: &[[i16; 64]]) -> usize {
         if self.eobrun == 0 {
