@@ -86,6 +86,7 @@ EXPECTED: dict[str, tuple[type[Exception], str, Any, Any, dict[str, Any]]] = {
     "TensorError::FixedTruncated": (TensorError, "data", 8, 3, {"offset": 7}),
     "TensorError::LengthTruncated": (TensorError, "header", 300, 10, {"offset": 7}),
     "TensorError::MessageTooLarge": (TensorError, "output", 2**31 - 1, 2**31, {}),
+    "TensorError::TooManyTensors": (TensorError, "data", 2**16, 2**16 + 1, {}),
     "TensorError::TokenIndexOutOfRange": (TensorError, "header", 2, 3, {"offset": 40}),
     "TensorError::OutOfMemory": (TensorMemoryError, "output bytes", None, 2**40, {}),
     "ResampleError::Channels": (ResizeError, "channels", [1, 3, 4], 2, {"index": None}),

@@ -24,7 +24,7 @@ use pyo3::IntoPyObjectExt;
 use crate::image::decode::{DecodeError, Format};
 use crate::image::resample::{self, ResampleError};
 use crate::processors::ProcessorError;
-use crate::tensor::wire::{MAX_DEPTH, MAX_FIELD_NUMBER, NONCE_LEN};
+use crate::tensor::wire::{MAX_DEPTH, MAX_FIELD_NUMBER, MAX_TENSORS, NONCE_LEN};
 use crate::tensor::{TensorError, WireDtype};
 
 /// The classes of `smg_grpc_proto.errors` raised from Rust.
@@ -301,6 +301,7 @@ fn tensor_fields<'py>(py: Python<'py>, err: &TensorError) -> PyResult<Fields<'py
             val(py, *available)?.unbind(),
         ),
         MessageTooLarge { what, size, limit } => Fields::new(py, tensor, *what, *limit, *size),
+        TooManyTensors { max } => Fields::new(py, tensor, "data", *max, *max + 1),
         TokenIndexOutOfRange {
             offset,
             index,
@@ -522,6 +523,7 @@ variant_names!(
         FixedTruncated,
         LengthTruncated,
         MessageTooLarge,
+        TooManyTensors,
         TokenIndexOutOfRange,
         OutOfMemory,
     ]
@@ -632,6 +634,7 @@ fn tensor_samples() -> Vec<TensorError> {
             size: 1 << 31,
             limit: i32::MAX as u64,
         },
+        TooManyTensors { max: MAX_TENSORS },
         TokenIndexOutOfRange {
             offset: 40,
             index: 3,

@@ -100,6 +100,8 @@ pub enum TensorError {
         size: u64,
         limit: u64,
     },
+    /// More than [`MAX_TENSORS`](super::limits::MAX_TENSORS) tensor payloads in one message.
+    TooManyTensors { max: usize },
     /// A token whose index names no attached source.
     TokenIndexOutOfRange {
         offset: usize,
@@ -237,6 +239,11 @@ impl fmt::Display for TensorError {
                 f,
                 "{what}: {size} bytes exceeds the protobuf message limit of {limit} bytes; \
                  use shared memory for tensors this large"
+            ),
+            TooManyTensors { max } => write!(
+                f,
+                "data: more than {max} tensor payloads in one message (a request holds a few \
+                 per item)"
             ),
             TokenIndexOutOfRange {
                 offset,

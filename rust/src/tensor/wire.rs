@@ -23,7 +23,7 @@ use super::convert::{as_uninit, default_threads, Conversion};
 use super::dtype::WireDtype;
 use super::error::TensorError;
 
-pub use super::limits::{MAX_DEPTH, MAX_FIELD_NUMBER, NONCE_LEN};
+pub use super::limits::{MAX_DEPTH, MAX_FIELD_NUMBER, MAX_TENSORS, NONCE_LEN};
 /// Bytes of a token: the nonce and a little-endian `u32` index.
 pub const TOKEN_LEN: usize = NONCE_LEN + 4;
 /// Protobuf's message size limit: 2 GiB − 1.
@@ -474,6 +474,9 @@ impl Rewrite for Decode {
         start: usize,
         end: usize,
     ) -> Result<Option<(Piece, usize)>, TensorError> {
+        if self.spans.len() == MAX_TENSORS {
+            return Err(TensorError::TooManyTensors { max: MAX_TENSORS });
+        }
         // `data` is at most 2 GiB and every payload record takes at least 2 bytes, so the index
         // always fits; checked anyway.
         let index = u32::try_from(self.spans.len()).map_err(|_| TensorError::MessageTooLarge {
@@ -940,6 +943,23 @@ mod tests {
         let padded = [key(5, 2), vec![0x85, 0x00], len_record(3, b"abc")].concat();
         let (header, _) = decode(&padded, &plan).unwrap();
         assert_eq!(header, len_record(5, &len_record(3, b"abc")));
+    }
+
+    #[test]
+    fn a_message_holds_at_most_max_tensors_payloads() {
+        let plan = Plan::Message(vec![(5, Plan::Tensor(1))]);
+        let one = len_record(5, &len_record(1, b"abcd"));
+        let full = one.repeat(MAX_TENSORS);
+        let (_, spans) = decode(&full, &plan).unwrap();
+        assert_eq!(spans.len(), MAX_TENSORS);
+        let over = [full, one].concat();
+        let err = decode_frames(&over, &plan, &NONCE).unwrap_err();
+        assert_eq!(err, TensorError::TooManyTensors { max: MAX_TENSORS });
+        assert_eq!(
+            err.to_string(),
+            "data: more than 65536 tensor payloads in one message (a request holds a few per \
+             item)"
+        );
     }
 
     #[test]
