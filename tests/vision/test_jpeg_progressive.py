@@ -256,6 +256,30 @@ def test_a_scan_repeated_hundreds_of_times_decodes_to_pillows_pixels(tmp_path: P
     assert after["retried"] == before["retried"]
 
 
+def test_a_progressive_file_cut_inside_a_scan_hands_only_that_scan_to_libjpeg(
+    tmp_path: Path,
+) -> None:
+    """A progressive photo cut inside its n-th scan (a truncated upload): Pillow's outcome; the
+    scans before the cut are ours, the one running into the end of the file goes to libjpeg
+    before it starts (it used to be decoded by us to the end, then the whole image again by
+    libjpeg), and nothing is retried."""
+    from support.images import real_photos
+
+    data = _rewrite(real_photos()["rocket.jpg"].read_bytes(), None, (), tmp_path)
+    starts = [i for i in range(len(data) - 1) if data[i : i + 2] == b"\xff\xda"]
+    assert len(starts) >= 8
+    for n in (2, 5, len(starts) - 1):
+        cut = data[: (starts[n] + starts[n + 1]) // 2] if n + 1 < len(starts) else data[:-3]
+        before = _native.jpeg_huffman_stats()
+        with pytest.raises(OSError, match="truncated"):
+            reference(cut)
+        with pytest.raises(ImageDecodeError):
+            vision.decode(cut, threads=1)
+        after = _native.jpeg_huffman_stats()
+        assert after["progressive"] - before["progressive"] == n, n  # scans 0 .. n-1
+        assert after["retried"] == before["retried"], n
+
+
 def test_real_photos_made_progressive_decode_to_their_baseline_pixels(tmp_path: Path) -> None:
     """jpegtran's rewrite is lossless (the same quantised coefficients, sent in scans): every
     real camera JPEG of the corpus, made progressive, decodes to exactly the pixels of its

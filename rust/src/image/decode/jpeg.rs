@@ -136,6 +136,20 @@ struct HookState {
     start: usize,
 }
 
+/// Whether the entropy-coded data from `start` on reaches a marker other than a restart
+/// marker, as libjpeg's `next_marker` finds them: some `FF` followed by a byte that is neither
+/// `00` (a stuffed data byte), `FF` (fill) nor `D0`–`D7`. Markers are exactly those pairs, so
+/// the search runs backwards from the end of the file, which a whole file reaches at once (its
+/// EOI, or the end of what follows it); only a file cut inside a scan is searched to the scan's
+/// start.
+fn ends_at_a_marker(data: &[u8], start: usize) -> bool {
+    data.get(start..).is_some_and(|scan| {
+        scan.windows(2)
+            .rev()
+            .any(|w| w[0] == 0xFF && !matches!(w[1], 0x00 | 0xFF | 0xD0..=0xD7))
+    })
+}
+
 /// Scans of fewer blocks decode without the tables' whole-symbol lookups
 /// ([`HuffTable::new`]): building them costs more than they save below a few hundred blocks
 /// (a 32 × 32 photo, 24 blocks, decoded ~50 % slower with them).
@@ -144,9 +158,20 @@ const WHOLE_SYMBOLS_MIN_BLOCKS: u64 = 256;
 impl HookState {
     /// Where the described scan's data starts in the file (it must run to the file's end), and
     /// its blocks per MCU (1 to [`MAX_BLOCKS_IN_MCU`]).
+    ///
+    /// A scan whose data never reaches a marker ([`ends_at_a_marker`]) is declined: it runs
+    /// into the end of the file (a truncated upload, a file cut before its EOI), where the hook
+    /// would find the data short only after decoding all of it, and libjpeg would decode it all
+    /// again. Declined, libjpeg decodes it once, as under Pillow.
     fn placement(&self, desc: &ScanDesc) -> Option<(usize, usize)> {
         let start = (desc.data as usize).checked_sub(self.data as usize)?;
         if start > self.len || desc.len != self.len - start {
+            return None;
+        }
+        // SAFETY: `data`/`len` are the `&[u8]` that `decode` borrows through the shim call;
+        // the hook runs only inside it, and nothing writes those bytes meanwhile.
+        let data = unsafe { std::slice::from_raw_parts(self.data, self.len) };
+        if !ends_at_a_marker(data, start) {
             return None;
         }
         let count = usize::try_from(desc.blocks_in_mcu).ok()?;
@@ -787,6 +812,63 @@ mod tests {
     fn the_shims_scan_description_has_this_layout() {
         // Else every hook would be left out (and the decoder would be libjpeg's alone).
         assert!(shim_layout_matches());
+    }
+
+    /// `ends_at_a_marker` against the forward walk libjpeg makes (`find_marker`, restart
+    /// markers passed over) on hand-made endings and 20 000 random byte strings rich in `FF`,
+    /// `00` and restart codes, from every start.
+    #[test]
+    fn the_backward_search_finds_what_the_forward_walk_finds() {
+        use super::super::jpeg_huffman::find_marker;
+        use super::super::jpeg_huffman::tests::Rng;
+        let forward = |data: &[u8], mut pos: usize| {
+            while let Some(at) = find_marker(data, pos) {
+                if !(0xD0..=0xD7).contains(&data[at]) {
+                    return true;
+                }
+                pos = at + 1;
+            }
+            false
+        };
+        let cases: [(&[u8], bool); 9] = [
+            (b"\x12\x34\xff\xd9", true),
+            (b"\x12\xff\xd9garbage", true),
+            (b"\x12\xff\xff\xff\xd9", true),
+            (b"\x12\xff\x00\x34", false),
+            (b"\x12\xff\xff\x00", false),
+            (b"\x12\xff\xd0\x34\xff\xd7", false),
+            (b"\x12\xff\xd3\x34\xff\xc4\x00", true),
+            (b"\x12\x34", false),
+            (b"", false),
+        ];
+        for (data, want) in cases {
+            assert_eq!(ends_at_a_marker(data, 0), want, "{data:x?}");
+            assert_eq!(forward(data, 0), want, "{data:x?}");
+        }
+        assert!(!ends_at_a_marker(b"\xff\xd9", 3));
+        let mut rng = Rng(0x5EED_0005);
+        let mut found = [0; 2];
+        for _ in 0..20_000 {
+            let len = rng.below(24) as usize;
+            let data: Vec<u8> = (0..len)
+                .map(|_| match rng.below(8) {
+                    0..=2 => 0xFF,
+                    3 => 0x00,
+                    4 => 0xD0 + rng.below(8) as u8,
+                    _ => rng.below(256) as u8,
+                })
+                .collect();
+            for start in 0..=len {
+                let want = forward(&data, start);
+                assert_eq!(
+                    ends_at_a_marker(&data, start),
+                    want,
+                    "{data:x?} from {start}"
+                );
+                found[usize::from(want)] += 1;
+            }
+        }
+        assert!(found[0] > 10_000 && found[1] > 10_000, "{found:?}");
     }
 
     #[test]
