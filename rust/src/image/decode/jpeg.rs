@@ -134,20 +134,22 @@ struct HookState {
     helper: bool,
     /// Where the scan's data starts in `data`.
     start: usize,
+    /// The code byte of the file's last marker other than a restart marker ([`last_marker`]),
+    /// found once per file: a scan starting at or after it runs into the end of the file.
+    last_marker: Option<usize>,
 }
 
-/// Whether the entropy-coded data from `start` on reaches a marker other than a restart
-/// marker, as libjpeg's `next_marker` finds them: some `FF` followed by a byte that is neither
-/// `00` (a stuffed data byte), `FF` (fill) nor `D0`–`D7`. Markers are exactly those pairs, so
-/// the search runs backwards from the end of the file, which a whole file reaches at once (its
-/// EOI, or the end of what follows it); only a file cut inside a scan is searched to the scan's
-/// start.
-fn ends_at_a_marker(data: &[u8], start: usize) -> bool {
-    data.get(start..).is_some_and(|scan| {
-        scan.windows(2)
-            .rev()
-            .any(|w| w[0] == 0xFF && !matches!(w[1], 0x00 | 0xFF | 0xD0..=0xD7))
-    })
+/// The index of the code byte of the last marker in `data` other than a restart marker, as
+/// libjpeg's `next_marker` finds markers: the last `FF` followed by a byte that is neither `00`
+/// (a stuffed data byte), `FF` (fill) nor `D0`–`D7`. Markers are exactly those pairs, so the
+/// search runs backwards from the end of the file, which a whole file answers at once (its EOI,
+/// or the end of what follows it); only a file cut inside a scan is searched further back.
+/// Once per file, not per scan: a file of hundreds of scans and megabytes of trailing bytes
+/// would otherwise search them again for every scan.
+fn last_marker(data: &[u8]) -> Option<usize> {
+    data.windows(2)
+        .rposition(|w| w[0] == 0xFF && !matches!(w[1], 0x00 | 0xFF | 0xD0..=0xD7))
+        .map(|at| at + 1)
 }
 
 /// Scans of fewer blocks decode without the tables' whole-symbol lookups
@@ -159,7 +161,7 @@ impl HookState {
     /// Where the described scan's data starts in the file (it must run to the file's end), and
     /// its blocks per MCU (1 to [`MAX_BLOCKS_IN_MCU`]).
     ///
-    /// A scan whose data never reaches a marker ([`ends_at_a_marker`]) is declined: it runs
+    /// A scan whose data never reaches a marker ([`last_marker`]) is declined: it runs
     /// into the end of the file (a truncated upload, a file cut before its EOI), where the hook
     /// would find the data short only after decoding all of it, and libjpeg would decode it all
     /// again. Declined, libjpeg decodes it once, as under Pillow.
@@ -168,10 +170,9 @@ impl HookState {
         if start > self.len || desc.len != self.len - start {
             return None;
         }
-        // SAFETY: `data`/`len` are the `&[u8]` that `decode` borrows through the shim call;
-        // the hook runs only inside it, and nothing writes those bytes meanwhile.
-        let data = unsafe { std::slice::from_raw_parts(self.data, self.len) };
-        if !ends_at_a_marker(data, start) {
+        // The scan's data reaches a marker when one has its `FF` at `start` or later (its
+        // code byte after `start`).
+        if self.last_marker.is_none_or(|at| at <= start) {
             return None;
         }
         let count = usize::try_from(desc.blocks_in_mcu).ok()?;
@@ -711,6 +712,7 @@ pub(crate) fn decode(data: &[u8], limit: u64, threads: usize) -> Result<Decoded,
         progressive: None,
         helper: helper_allowed(threads),
         start: 0,
+        last_marker: last_marker(data),
     };
     let hook = EntropyHook {
         ctx: std::ptr::addr_of_mut!(state).cast(),
@@ -814,13 +816,16 @@ mod tests {
         assert!(shim_layout_matches());
     }
 
-    /// `ends_at_a_marker` against the forward walk libjpeg makes (`find_marker`, restart
-    /// markers passed over) on hand-made endings and 20 000 random byte strings rich in `FF`,
-    /// `00` and restart codes, from every start.
+    /// Whether a scan starting at `start` reaches a marker, by [`last_marker`] as
+    /// [`HookState::placement`] asks it, against the forward walk libjpeg makes (`find_marker`,
+    /// restart markers passed over) on hand-made endings and 20 000 random byte strings rich in
+    /// `FF`, `00` and restart codes, from every start.
     #[test]
     fn the_backward_search_finds_what_the_forward_walk_finds() {
         use super::super::jpeg_huffman::find_marker;
         use super::super::jpeg_huffman::tests::Rng;
+        let ends_at_a_marker =
+            |data: &[u8], start: usize| last_marker(data).is_some_and(|at| at > start);
         let forward = |data: &[u8], mut pos: usize| {
             while let Some(at) = find_marker(data, pos) {
                 if !(0xD0..=0xD7).contains(&data[at]) {
