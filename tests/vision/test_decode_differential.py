@@ -401,7 +401,7 @@ def test_jpegs_cut_inside_their_scan_go_to_libjpeg_at_once() -> None:
     and with the last bytes of the EOI missing: Pillow's outcome (it raises), and the scan that
     runs into the end of the file is declined by our Huffman decoder before it starts, so
     libjpeg decodes it once. Before, our decoder decoded it to the end, found the data short
-    and handed the image back to libjpeg, which decoded it all again: 1.5-1.7x Pillow's time
+    and handed the image back to libjpeg, which decoded it all again: 1.5-1.9x Pillow's time
     to the same error. A file with bytes after its EOI is still ours."""
     from support.images import pillow_test_images, real_photos
 
