@@ -19,7 +19,7 @@ NIXL = nixl_available()
 
 
 def _demo(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "smg_grpc_proto.cli", "demo", "--repeat", "2", *args]
+    command = [sys.executable, "-m", "smg_grpc_proto.cli", "demo", "--repeat", "3", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
 
 
@@ -54,8 +54,11 @@ def test_demo_passes_every_check() -> None:
     assert "plain request over the same gRPC: engine answered the same tokens as ours" in out
     table = out.split("stage (one thread")[1].split("  + ours")[0].splitlines()[1:]
     speedups = {line[:47].strip(): float(line.split()[-1].rstrip("x")) for line in table}
-    # the inline round trip of the 7 MiB Qwen2-VL request beats the plain path doing the same work
-    assert speedups["image bytes -> engine answer, gRPC inline *"] > 1.0, out
+    # the inline round trip of the 7 MiB Qwen2-VL request beats the plain path doing the same
+    # work: judged on the two times, not on the ratio as printed (one decimal: 1.03 shows 1.0x)
+    inline = next(line for line in table if "gRPC inline" in line).split()
+    ours_ms, plain_ms = float(inline[-5]), float(inline[-3])
+    assert ours_ms < plain_ms, out
     assert "image bytes -> engine answer, gRPC shm *~" in speedups
     assert ("image bytes -> engine answer, NIXL remote *~" in speedups) == NIXL
     # a row where we are slower must carry a footnote mark (+ * ~) whose reason is printed;
