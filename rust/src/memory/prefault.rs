@@ -16,8 +16,9 @@
 //! A buffer whose first and last pages are mapped already (a reused heap block, a buffer written
 //! before) is left alone. Populating never changes what the buffer holds (a page already mapped
 //! stays as it is; a new one is zeroed, as a first write would find it), and it is only asked for
-//! on memory we are about to overwrite entirely. A failure (an older kernel: `EINVAL`; no memory left) is ignored:
-//! the writes then fault the pages in as before. [`PREFAULT_ENV`]`=0` turns it off.
+//! on memory we are about to overwrite entirely. A failure (an older kernel: `EINVAL`; no memory
+//! left) is ignored: the writes then fault the pages in as before. [`PREFAULT_ENV`]`=0` turns it
+//! off.
 
 /// Below this size the system call is not worth it.
 pub const PREFAULT_MIN_BYTES: usize = 4 << 20;
