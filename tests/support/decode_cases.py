@@ -55,6 +55,14 @@ def scan_per_coefficient(bands: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_scans(progressive: bytes, n: int) -> bytes:
+    """The last scan of a progressive JPEG repeated until there are `n` scans (libjpeg only warns
+    about the bogus progression and decodes each copy again)."""
+    last = progressive.rindex(b"\xff\xda")
+    scan = progressive[last:-2]
+    return progressive[:-2] + scan * (n - progressive.count(b"\xff\xda")) + b"\xff\xd9"
+
+
 def photo(w: int = 97, h: int = 61, mode: str = "RGB", seed: int = 0) -> Image.Image:
     """A smooth gradient with noise: exercises chroma upsampling and IDCT rounding."""
     rng = np.random.default_rng(seed)

@@ -33,6 +33,7 @@ from support.decode_cases import (  # noqa: E402
     png16,
     reference,
     seeds,
+    with_scans,
 )
 
 from smg_grpc_proto import _native, vision  # noqa: E402
@@ -431,19 +432,11 @@ def _truncations(data: bytes) -> list[bytes]:
     return [data[:c] for c in sorted(cuts) if 0 < c < len(data) - 2]
 
 
-def _many_scans(progressive: bytes, n: int) -> bytes:
-    """The last scan of a progressive JPEG repeated until there are `n` scans (libjpeg only warns
-    about the bogus progression, so without the scan limit this would decode)."""
-    last = progressive.rindex(b"\xff\xda")
-    scan = progressive[last:-2]
-    return progressive[:-2] + scan * (n - progressive.count(b"\xff\xda")) + b"\xff\xd9"
-
-
 def test_scan_limit() -> None:
     prog = encode(photo(64, 48), "JPEG", progressive=True)
-    assert_same(_many_scans(prog, 500))  # at the limit: decodes, as in Pillow
+    assert_same(with_scans(prog, 500))  # at the limit: decodes, as in Pillow
     with pytest.raises(CorruptImageError, match="more than 500 scans"):
-        vision.decode(_many_scans(prog, 501))
+        vision.decode(with_scans(prog, 501))
 
 
 def _bad_inputs() -> list[tuple[str, bytes, type[ImageDecodeError]]]:
@@ -479,7 +472,7 @@ def _bad_inputs() -> list[tuple[str, bytes, type[ImageDecodeError]]]:
         ("bmp-bad-compression", bmp[:30] + b"\x09" + bmp[31:], UnsupportedImageError),
         ("webp-garbage", webp[:20] + bytes(len(webp) - 20), CorruptImageError),
         ("over-limit", encode(photo(300, 300), "GIF"), ImageTooLargeError),
-        ("jpeg-600-scans", _many_scans(prog, 600), CorruptImageError),
+        ("jpeg-600-scans", with_scans(prog, 600), CorruptImageError),
     ]
     for name, data in (("jpeg", jpeg), ("jpeg-prog", prog), ("gif", gif)):
         cases += [(f"{name}-cut-{len(t)}", t, ImageDecodeError) for t in _truncations(data)]
