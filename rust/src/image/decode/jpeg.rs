@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::convert::{ModeImage, Pixels};
-use super::jpeg_huffman::{BlockSpec, HuffTable, Scan, Step, TableClass, MAX_BLOCKS_IN_MCU};
+use super::jpeg_huffman::{
+    BlockSpec, HuffTable, Resume, Scan, Step, TableClass, MAX_BLOCKS_IN_MCU,
+};
 use super::jpeg_pipeline::{self, Pipeline};
 use super::jpeg_progressive::{Band, ProgressiveScan};
 use super::{check_size, exif, overwritten_image, DecodeError, Decoded, Format, MAX_JPEG_SCANS};
@@ -75,31 +77,68 @@ struct ScanDesc {
 struct EntropyHook {
     ctx: *mut c_void,
     start: extern "C" fn(*mut c_void, *const ScanDesc) -> c_int,
-    decode_mcu: extern "C" fn(*mut c_void, *const *mut [i16; 64], c_int, *mut usize) -> c_int,
+    decode_mcu: extern "C" fn(
+        *mut c_void,
+        *const *mut [i16; 64],
+        c_int,
+        *mut usize,
+        *mut ResumePoint,
+    ) -> c_int,
+}
+
+/// `jpeg_shim.c`'s `smg_resume_point`: a [`Resume`] as the shim reads it.
+#[repr(C)]
+#[derive(Default)]
+struct ResumePoint {
+    pos: usize,
+    get_buffer: u64,
+    bits_left: c_int,
+    last_dc_val: [c_int; 4],
+    restarts_to_go: c_uint,
+    next_restart_num: c_int,
+    mcus_left: u64,
+}
+
+impl From<Resume> for ResumePoint {
+    fn from(r: Resume) -> Self {
+        Self {
+            pos: r.pos,
+            get_buffer: r.get_buffer,
+            // At most 63 and 7: no truncation.
+            bits_left: r.bits_left as c_int,
+            last_dc_val: r.predictions,
+            restarts_to_go: r.restarts_to_go,
+            next_restart_num: c_int::from(r.next_restart),
+            mcus_left: r.mcus_left,
+        }
+    }
 }
 
 /// Set to `1` to leave all Huffman decoding to libjpeg-turbo (for comparisons; read once).
 pub const STOCK_HUFFMAN_ENV: &str = "SMG_GRPC_PROTO_JPEG_STOCK_HUFFMAN";
 
 /// Scans whose Huffman decoding the hook took: on libjpeg's thread, on a helper thread (of
-/// which how many with libjpeg's thread decoding some restart intervals too), and how many of
-/// all these it gave back to libjpeg (an anomaly). Counted for tests and diagnostics.
+/// which how many with libjpeg's thread decoding some restart intervals too), how many of all
+/// these it gave back to libjpeg (an anomaly: the image decoded again), and how many libjpeg
+/// took over where the hook stopped instead. Counted for tests and diagnostics.
 static SCANS_INLINE: AtomicU64 = AtomicU64::new(0);
 static SCANS_HELPER: AtomicU64 = AtomicU64::new(0);
 static SCANS_SHARED: AtomicU64 = AtomicU64::new(0);
 static SCANS_RETRIED: AtomicU64 = AtomicU64::new(0);
+static SCANS_RESUMED: AtomicU64 = AtomicU64::new(0);
 /// Scans of progressive files the hook took ([`super::jpeg_progressive`]).
 static SCANS_PROGRESSIVE: AtomicU64 = AtomicU64::new(0);
 /// Calls that decoded the rest of a block row of a progressive scan of one component.
 static PROGRESSIVE_ROWS: AtomicU64 = AtomicU64::new(0);
 
 /// The counts of [`SCANS_INLINE`] and the others, by name.
-pub fn huffman_stats() -> [(&'static str, u64); 6] {
+pub fn huffman_stats() -> [(&'static str, u64); 7] {
     [
         ("inline", SCANS_INLINE.load(Ordering::Relaxed)),
         ("helper", SCANS_HELPER.load(Ordering::Relaxed)),
         ("shared", SCANS_SHARED.load(Ordering::Relaxed)),
         ("retried", SCANS_RETRIED.load(Ordering::Relaxed)),
+        ("resumed", SCANS_RESUMED.load(Ordering::Relaxed)),
         ("progressive", SCANS_PROGRESSIVE.load(Ordering::Relaxed)),
         ("progressive_rows", PROGRESSIVE_ROWS.load(Ordering::Relaxed)),
     ]
@@ -110,15 +149,17 @@ fn stock_huffman() -> bool {
     *STOCK.get_or_init(|| super::env_switch(STOCK_HUFFMAN_ENV) || !shim_layout_matches())
 }
 
-/// Whether the shim's `smg_scan_desc` has [`ScanDesc`]'s size and last field offset (a build
-/// pairing a stale shim object with this code would not: the hook then stays out of it).
+/// Whether the shim's `smg_scan_desc` has [`ScanDesc`]'s size and last field offset, and its
+/// `smg_resume_point` [`ResumePoint`]'s size (a build pairing a stale shim object with this code
+/// would not: the hook then stays out of it).
 fn shim_layout_matches() -> bool {
-    let (mut size, mut last_field) = (0usize, 0usize);
-    // SAFETY: `smg_scan_desc_layout` writes two `size_t`s through the pointers, which point to
-    // the two locals above.
-    unsafe { smg_scan_desc_layout(&mut size, &mut last_field) };
+    let (mut size, mut last_field, mut resume_size) = (0usize, 0usize, 0usize);
+    // SAFETY: `smg_scan_desc_layout` writes three `size_t`s through the pointers, which point
+    // to the three locals above.
+    unsafe { smg_scan_desc_layout(&mut size, &mut last_field, &mut resume_size) };
     size == std::mem::size_of::<ScanDesc>()
         && last_field == std::mem::offset_of!(ScanDesc, mcus_per_row)
+        && resume_size == std::mem::size_of::<ResumePoint>()
 }
 
 /// The Rust side of the entropy hook: the file's bytes and the scan, once started.
@@ -343,10 +384,13 @@ extern "C" fn hook_decode_mcu(
     blocks: *const *mut [i16; 64],
     count: c_int,
     consumed: *mut usize,
+    resume: *mut ResumePoint,
 ) -> c_int {
     catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: as in `hook_start`; `consumed` is the trampoline's out variable.
-        let (state, consumed) = unsafe { (&mut *ctx.cast::<HookState>(), &mut *consumed) };
+        // SAFETY: as in `hook_start`; `consumed` and `resume` are the trampoline's out
+        // variables.
+        let (state, consumed, resume) =
+            unsafe { (&mut *ctx.cast::<HookState>(), &mut *consumed, &mut *resume) };
         // SAFETY: `data`/`len` are the `&[u8]` that `decode` borrows through the shim
         // call; the hook runs only inside it, and nothing writes those bytes meanwhile.
         let data = unsafe { std::slice::from_raw_parts(state.data, state.len) };
@@ -415,15 +459,30 @@ extern "C" fn hook_decode_mcu(
                 }
                 None => -1,
             },
-            // Why does not matter here: libjpeg decodes the image again either way.
-            Err(_) => -1,
+            // Why does not matter here: libjpeg decodes the rest of the scan from where the
+            // hook stopped, or the image again.
+            Err(_) => {
+                let point = match (&state.progressive, &state.scan, &state.pipeline) {
+                    (None, Some(scan), _) => scan.resume_point(),
+                    (None, None, Some(pipeline)) => pipeline.resume_point(),
+                    _ => None,
+                };
+                match point {
+                    Some(point) => {
+                        *resume = point.into();
+                        -2
+                    }
+                    None => -1,
+                }
+            }
         }
     }))
     .unwrap_or(-1)
 }
 
 extern "C" {
-    fn smg_scan_desc_layout(size: *mut usize, last_field: *mut usize);
+    fn smg_scan_desc_layout(size: *mut usize, last_field: *mut usize, resume_size: *mut usize);
+    fn smg_jpeg_resumed(j: *const ShimJpeg) -> c_int;
     fn smg_jpeg_new() -> *mut ShimJpeg;
     fn smg_jpeg_free(j: *mut ShimJpeg);
     fn smg_jpeg_message(j: *const ShimJpeg) -> *const c_char;
@@ -748,6 +807,10 @@ pub(crate) fn decode(data: &[u8], limit: u64, threads: usize) -> Result<Decoded,
     );
     // A helper thread is stopped and joined here, before anything else happens to the image.
     state.pipeline = None;
+    // SAFETY: `shim.0` is a live decoder.
+    if status != SHIM_RETRY && unsafe { smg_jpeg_resumed(shim.0) } != 0 {
+        SCANS_RESUMED.fetch_add(1, Ordering::Relaxed);
+    }
     if status == SHIM_RETRY {
         SCANS_RETRIED.fetch_add(1, Ordering::Relaxed);
         // The hook gave the image back: a fresh decoder reads it from the start, alone.

@@ -454,6 +454,21 @@ impl Bits {
         self.pos as u64 * 8 + u64::from(self.pad) - u64::from(self.n)
     }
 
+    /// The bits still to be decoded as libjpeg's bit buffer holds them: `(get_buffer,
+    /// bits_left)`, the next `bits_left` bits of the segment in the low bits of `get_buffer`,
+    /// its reading going on at [`Self::position`] (where a marker, once reached, has its `FF`).
+    /// `None` when the reader is where libjpeg would stand differently: past the segment's end,
+    /// at the end of the data, or after fill bytes read as data.
+    pub(crate) fn for_libjpeg(&self) -> Option<(u64, u32)> {
+        if self.hit_end || self.fill_in_data || !self.within_segment() {
+            return None;
+        }
+        // The zeros appended after a marker follow the segment's bits: the top `n - pad` bits
+        // are the segment's.
+        let valid = self.n - self.pad;
+        Some((self.buf.checked_shr(64 - valid).unwrap_or(0), valid))
+    }
+
     /// Whether the bits read so far all came from the segment (none of the zeros after it).
     fn within_segment(&self) -> bool {
         self.n >= self.pad && !self.hit_end
@@ -508,6 +523,59 @@ pub(crate) struct Scan {
     serving: bool,
     /// The blocks of a finished [`Ahead`], kept for the next one.
     spare: Vec<[i16; 64]>,
+    /// After an anomaly: where libjpeg can take the scan over ([`Self::resume_point`]).
+    failed: Option<Resume>,
+}
+
+/// Where libjpeg-turbo's own decoder would stand at the start of an MCU, had it decoded every
+/// MCU before it: what `jpeg_shim.c` needs to hand it the rest of a scan ([`Scan::resume_point`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Resume {
+    /// The next byte of the data to read.
+    pub(crate) pos: usize,
+    /// The next `bits_left` bits (at most 63) in the low bits.
+    pub(crate) get_buffer: u64,
+    pub(crate) bits_left: u32,
+    /// The DC predictions, by component of the scan.
+    pub(crate) predictions: [i32; 4],
+    /// MCUs left in the restart interval, this one included (0: a restart marker comes first;
+    /// always 0 without restart markers), and the number of the next restart marker.
+    pub(crate) restarts_to_go: u32,
+    pub(crate) next_restart: u8,
+    /// MCUs left in the scan, this one included.
+    pub(crate) mcus_left: u64,
+}
+
+/// The decoder's state at the start of an MCU, kept until the MCU is decoded.
+#[derive(Clone, Copy)]
+struct McuStart {
+    bits: Bits,
+    predictions: [i32; 4],
+    left_in_interval: u32,
+    next_restart: u8,
+    mcus_left: u64,
+    serving: bool,
+}
+
+impl McuStart {
+    /// The state as libjpeg would hold it, when the decoder's own state says where the MCU's
+    /// data starts: not in the middle of an interval decoded ahead ([`Ahead`], whose reader
+    /// stands at the interval's end), nor past the segment's end.
+    fn resume(&self) -> Option<Resume> {
+        if self.serving && self.left_in_interval != 0 {
+            return None;
+        }
+        let (get_buffer, bits_left) = self.bits.for_libjpeg()?;
+        Some(Resume {
+            pos: self.bits.pos,
+            get_buffer,
+            bits_left,
+            predictions: self.predictions,
+            restarts_to_go: self.left_in_interval,
+            next_restart: self.next_restart,
+            mcus_left: self.mcus_left,
+        })
+    }
 }
 
 /// The most blocks an interval may have to be decoded ahead (512 KiB of coefficients).
@@ -565,6 +633,7 @@ impl Scan {
             ahead: None,
             serving: false,
             spare: Vec::new(),
+            failed: None,
         })
     }
 
@@ -603,6 +672,7 @@ impl Scan {
         self.left_in_interval = self.restart_interval;
         self.next_restart = (interval & 7) as u8;
         self.mcus_left = mcus;
+        self.failed = None;
     }
 
     /// After the last MCU ([`Step::Done`]): the index of the code byte of the marker that ends
@@ -612,8 +682,36 @@ impl Scan {
     }
 
     /// Decodes the next MCU into `out` (one zeroed block per [`Self::blocks_in_mcu`], in order;
-    /// `None` blocks are decoded and dropped).
+    /// `None` blocks are decoded and dropped). After an anomaly, [`Self::resume_point`] says
+    /// where libjpeg can take the scan over.
     pub(crate) fn decode_mcu(
+        &mut self,
+        data: &[u8],
+        out: &mut [Option<&mut [i16; 64]>],
+    ) -> Result<Step, Anomaly> {
+        let start = McuStart {
+            bits: self.bits,
+            predictions: self.predictions,
+            left_in_interval: self.left_in_interval,
+            next_restart: self.next_restart,
+            mcus_left: self.mcus_left,
+            serving: self.serving,
+        };
+        let step = self.decode_mcu_dispatched(data, out);
+        if step.is_err() {
+            self.failed = start.resume();
+        }
+        step
+    }
+
+    /// After [`Self::decode_mcu`] failed: libjpeg's decoder state at the start of that MCU, had
+    /// it decoded the scan so far (the MCUs before it decoded without an anomaly, so exactly
+    /// as libjpeg decodes them); `None` when the decoder cannot say.
+    pub(crate) fn resume_point(&self) -> Option<Resume> {
+        self.failed
+    }
+
+    fn decode_mcu_dispatched(
         &mut self,
         data: &[u8],
         out: &mut [Option<&mut [i16; 64]>],
@@ -1110,6 +1208,9 @@ pub(crate) mod tests {
         tables: Vec<(Code, Code)>,
         restart_interval: u32,
         mcus: u64,
+        /// Where each MCU's first bit is (its byte in `data`, bits of that byte before it),
+        /// and the DC predictions before it.
+        mcu_starts: Vec<(usize, u32, [i32; 4])>,
     }
 
     /// A scan of `mcus` MCUs of the layout `comps` (blocks per component), two table pairs,
@@ -1129,12 +1230,14 @@ pub(crate) mod tests {
         let mut blocks = Vec::new();
         let mut preds = [0i32; 4];
         let mut rst = 0u8;
+        let mut mcu_starts = Vec::new();
         for m in 0..mcus {
             if restart_interval > 0 && m > 0 && m % u64::from(restart_interval) == 0 {
                 w.marker(0xD0 + rst);
                 rst = (rst + 1) & 7;
                 preds = [0; 4];
             }
+            mcu_starts.push((w.out.len(), w.n, preds));
             for s in &specs {
                 let b = random_block(rng);
                 let (dc, ac) = &tables[s.dc / 2];
@@ -1150,6 +1253,7 @@ pub(crate) mod tests {
             tables,
             restart_interval,
             mcus,
+            mcu_starts,
         }
     }
 
@@ -1429,6 +1533,110 @@ pub(crate) mod tests {
             sc.decode_mcu(&s.data, &mut refs).unwrap_err(),
             Anomaly("more MCUs than the frame has")
         );
+    }
+
+    /// The bits libjpeg reads from `pos` on, after the `skip` first: the data bytes with their
+    /// stuffed zeros taken out, up to the first marker.
+    fn bits_from(data: &[u8], mut pos: usize, skip: u32) -> Vec<bool> {
+        let mut out = Vec::new();
+        while pos < data.len() {
+            let byte = data[pos];
+            if byte == 0xFF {
+                if data.get(pos + 1) != Some(&0) {
+                    break;
+                }
+                pos += 1;
+            }
+            pos += 1;
+            out.extend((0..8).rev().map(|i| byte >> i & 1 == 1));
+        }
+        out.split_off((skip as usize).min(out.len()))
+    }
+
+    #[test]
+    fn resume_points_are_where_libjpeg_stands() {
+        // Scans whose data a marker cuts short (inserted, or replacing the rest of the data),
+        // in every layout, with restart markers or without, in intervals decoded one by one
+        // or two in step: the decoder stops at the first MCU that reads past the cut, and
+        // says where libjpeg would stand at its start. That state is checked against the
+        // encoder's: the next bits libjpeg would read from it (those of its bit buffer, then
+        // the data after `pos`) are the MCU's bits as written, up to the cut; the predictions,
+        // the restart count and the restart marker expected are the encoder's.
+        let mut rng = Rng(0x2E5B_3E00_0000_0026);
+        let (mut resumed, mut checked_bits) = (0, 0usize);
+        for case in 0..600 {
+            let comps: &[usize] = [&[1][..], &[1, 1, 1], &[4, 1, 1], &[2, 1, 1]][case % 4];
+            let interval = [0, 1, 2, 3, 5][case / 4 % 5];
+            let mcus = 4 + rng.below(40);
+            let s = stream(&mut rng, comps, mcus, interval);
+            let end = s.data.len() - 2;
+            // A cut at a byte boundary, never inside an FF 00 pair or at a marker.
+            let at = 1 + rng.below(end as u64 - 1) as usize;
+            if s.data[at - 1] == 0xFF || s.data[at..].starts_with(&[0xFF]) && s.data[at + 1] != 0 {
+                continue;
+            }
+            let mut damaged = s.data[..at].to_vec();
+            if rng.below(2) == 0 {
+                damaged.extend([0xFF, 0xFE]);
+                damaged.extend(&s.data[at..]);
+            } else {
+                damaged.extend([0xFF, 0xD9]);
+            }
+            let mut scan = scan(&s, 0);
+            let outcome = loop {
+                let mut blocks = vec![[0i16; 64]; s.specs.len()];
+                let mut refs: Vec<Option<&mut [i16; 64]>> = blocks.iter_mut().map(Some).collect();
+                match scan.decode_mcu(&damaged, &mut refs) {
+                    Ok(Step::More) => {}
+                    other => break other,
+                }
+            };
+            if outcome.is_ok() {
+                continue; // the cut fell in an interval's fill bits
+            }
+            let Some(r) = scan.resume_point() else {
+                panic!("case {case}: no resume point after {outcome:?}");
+            };
+            resumed += 1;
+            let g = (s.mcus - r.mcus_left) as usize;
+            let (byte, bit, preds) = s.mcu_starts[g];
+            let ri = u64::from(interval);
+            let pending = ri > 0 && g > 0 && (g as u64).is_multiple_of(ri);
+            let expected_left = match ri {
+                0 => 0,
+                _ if pending => 0,
+                _ => ri - g as u64 % ri,
+            };
+            assert_eq!(u64::from(r.restarts_to_go), expected_left, "case {case}");
+            if let Some(interval_index) = (g as u64).checked_div(ri) {
+                let next = (interval_index + u64::from(!pending)).wrapping_sub(1) & 7;
+                assert_eq!(u64::from(r.next_restart), next, "case {case}");
+            }
+            if !pending {
+                assert_eq!(r.predictions, preds, "case {case}");
+            }
+            if pending {
+                // libjpeg drops what its buffer holds and reads the marker: only the last
+                // byte's fill bits may be left, and no data before the marker.
+                assert!(r.bits_left < 8, "case {case}: {} bits left", r.bits_left);
+                assert!(bits_from(&damaged, r.pos, 0).is_empty(), "case {case}");
+                continue;
+            }
+            // The bits from the resume point: the bit buffer's, then the data's.
+            let mut ours: Vec<bool> = (0..r.bits_left)
+                .rev()
+                .map(|i| r.get_buffer >> i & 1 == 1)
+                .collect();
+            ours.extend(bits_from(&damaged, r.pos, 0));
+            // The MCU's bits as written, up to the cut (the damaged data's stop at its marker).
+            let theirs = bits_from(&s.data, byte, bit);
+            let n = ours.len().min(theirs.len());
+            assert_eq!(ours[..n], theirs[..n], "case {case}: MCU {g}, {n} bits");
+            assert!(r.pos <= at, "case {case}: read past the cut");
+            checked_bits += n;
+        }
+        assert!(resumed > 300, "{resumed} resume points");
+        assert!(checked_bits > 100_000, "{checked_bits} bits compared");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
-use super::jpeg_huffman::{find_marker, Anomaly, Scan, Step, MAX_BLOCKS_IN_MCU};
+use super::jpeg_huffman::{find_marker, Anomaly, Resume, Scan, Step, MAX_BLOCKS_IN_MCU};
 
 /// Scans of fewer blocks are decoded on libjpeg's thread: starting and joining a thread costs
 /// tens of microseconds, about what 4 096 blocks take to decode.
@@ -82,6 +82,10 @@ struct Shared {
     state: AtomicU8,
     /// Where the scan's data ended (valid once `state` is [`DONE`]).
     end: AtomicUsize,
+    /// Set before `state` becomes [`FAILED`] when the helper's scan stopped on an anomaly in
+    /// MCU `k` and can say where libjpeg would stand there: `(k, where)` (see
+    /// [`Pipeline::resume_point`]).
+    failed_at: OnceLock<(u64, Resume)>,
     /// Set when libjpeg's thread is done with the scan, however it ended.
     cancel: AtomicBool,
     main_waiting: AtomicBool,
@@ -329,6 +333,7 @@ impl Pipeline {
             consumed: Line(AtomicU64::new(0)),
             state: AtomicU8::new(RUNNING),
             end: AtomicUsize::new(0),
+            failed_at: OnceLock::new(),
             cancel: AtomicBool::new(false),
             main_waiting: AtomicBool::new(false),
             helper_waiting: AtomicBool::new(false),
@@ -439,6 +444,30 @@ impl Pipeline {
         Ok(Step::More)
     }
 
+    /// After [`Self::next_mcu`] failed: where libjpeg would stand at the start of the MCU it
+    /// failed in, when the scan that decoded that MCU (the helper's, or this thread's own for
+    /// its intervals) stopped on an anomaly there; `None` otherwise.
+    pub(crate) fn resume_point(&self) -> Option<Resume> {
+        let k = self.next;
+        let helper = self
+            .shared
+            .failed_at
+            .get()
+            .filter(|(at, _)| *at == k)
+            .map(|(_, point)| *point);
+        let r = self.plan.interval;
+        let own = || {
+            (r > 0 && self.plan.ours(k / r))
+                .then(|| self.scan.as_ref()?.resume_point())
+                .flatten()
+        };
+        // Both scans count MCUs from where they were last positioned: the scan's own count.
+        helper.or_else(own).map(|point| Resume {
+            mcus_left: self.mcus - k,
+            ..point
+        })
+    }
+
     /// MCU `k`, of one of this thread's intervals, decoded here into `out`.
     fn decode_ours(
         &mut self,
@@ -529,6 +558,18 @@ fn decode_ahead(shared: &Shared, mut scan: Scan, data: &[u8], start: usize, mcus
                         shared.end.store(end, Ordering::SeqCst);
                         shared.state.store(DONE, Ordering::SeqCst);
                     }
+                }
+                Err(_) => {
+                    // The MCUs before `k` are whole: handed over, libjpeg's thread takes them
+                    // and stops at `k` itself, where libjpeg can take the scan over.
+                    if let Some(point) = scan.resume_point() {
+                        let _ = shared.failed_at.set((k, point));
+                        if !publish_produced(shared, k) {
+                            return;
+                        }
+                    }
+                    shared.fail();
+                    return;
                 }
                 _ => {
                     shared.fail();

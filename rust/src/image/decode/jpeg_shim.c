@@ -26,9 +26,13 @@
  * In a progressive scan of one component, the hook may decode the rest of a block row in one
  * call (see smg_hooked_decode_mcu).
  * The Rust side never calls libjpeg and returns a status; when it reports an anomaly (something
- * libjpeg would recover from in its own way), the trampoline longjmps out, still below the
- * setjmp and with no Rust frame in between, and smg_jpeg_decode returns SMG_RETRY: the caller
- * decodes the image again without the hook.
+ * libjpeg would recover from in its own way) in a sequential scan, it also says where libjpeg's
+ * own decoder would stand at the start of that MCU (smg_resume_point): the trampoline sets
+ * libjpeg's Huffman decoder to that state and lets libjpeg decode the rest of the scan
+ * (smg_resume), so a file damaged late in its scan is not decoded twice. Where that cannot be
+ * done exactly, and on an anomaly in a progressive scan, the trampoline longjmps out, still
+ * below the setjmp and with no Rust frame in between, and smg_jpeg_decode returns SMG_RETRY:
+ * the caller decodes the image again without the hook.
  */
 #include <setjmp.h>
 #include <stddef.h>
@@ -76,17 +80,71 @@ typedef struct {
  * scan of one component: libjpeg's coefficient controller, jdcoefct.c's consume_data, hands
  * out the blocks of a row left to right as consecutive JBLOCKs of the row of its coefficient
  * array, MCUs_per_row of them); -1 = anomaly, decode again. */
+/* Where libjpeg's own decode_mcu can take a sequential scan over from the hook (decode_mcu
+ * status -2): the state of libjpeg's Huffman decoder at the start of the MCU the hook stopped
+ * in, had libjpeg decoded every MCU before it. `pos` indexes the whole file; the next
+ * `bits_left` bits of the scan are the low bits of `get_buffer`; the DC predictions by
+ * component of the scan; MCUs left in the restart interval (0: a restart marker comes first)
+ * and the number of the next restart marker; MCUs left in the scan, this one included. */
+typedef struct {
+    size_t pos;
+    unsigned long long get_buffer;
+    int bits_left;
+    int last_dc_val[4];
+    unsigned int restarts_to_go;
+    int next_restart_num;
+    unsigned long long mcus_left;
+} smg_resume_point;
+
 typedef struct {
     void *ctx;
     int (*start)(void *ctx, const smg_scan_desc *desc);
-    int (*decode_mcu)(void *ctx, JBLOCKROW *blocks, int count, size_t *consumed);
+    int (*decode_mcu)(
+        void *ctx, JBLOCKROW *blocks, int count, size_t *consumed, smg_resume_point *resume
+    );
 } smg_entropy_hook;
 
-/* The first members of libjpeg-turbo 3.1's struct jpeg_entropy_decoder (jpegint.h, not an
- * installed header): the only one written is decode_mcu. */
-struct smg_entropy_prefix {
+/* libjpeg-turbo 3.1's struct jpeg_entropy_decoder (jpegint.h, not an installed header). */
+struct smg_entropy_public {
     void (*start_pass)(j_decompress_ptr cinfo);
     boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+    void *decode_mcus;
+    boolean (*process_restart)(j_decompress_ptr cinfo);
+    boolean insufficient_data;
+};
+
+/* The state of its sequential Huffman decoder, huff_entropy_decoder (private to jdhuff.c, as
+ * libjpeg-turbo 3.1.0 defines it, the version turbojpeg-sys 1.2.0 builds): written only to hand
+ * a scan over (smg_resume), and only after smg_resume_layout_ok has found in it the values
+ * libjpeg's start_pass leaves (table pointers, counters) where this layout puts them. */
+struct smg_huff_entropy {
+    struct smg_entropy_public pub;
+    struct {
+        size_t get_buffer; /* bit_buf_type: size_t on 64-bit targets */
+        int bits_left;
+    } bitstate;
+    struct {
+        int last_dc_val[4]; /* MAX_COMPS_IN_SCAN */
+    } saved;
+    unsigned int restarts_to_go;
+    void *dc_derived_tbls[4]; /* NUM_HUFF_TBLS */
+    void *ac_derived_tbls[4];
+    void *dc_cur_tbls[SMG_MAX_BLOCKS];
+    void *ac_cur_tbls[SMG_MAX_BLOCKS];
+    boolean dc_needed[SMG_MAX_BLOCKS];
+    boolean ac_needed[SMG_MAX_BLOCKS];
+};
+
+/* libjpeg's struct jpeg_marker_reader (jpegint.h): next_restart_num is the restart marker
+ * its process_restart expects next. */
+struct smg_marker_reader {
+    void (*reset_marker_reader)(j_decompress_ptr cinfo);
+    int (*read_markers)(j_decompress_ptr cinfo);
+    jpeg_marker_parser_method read_restart_marker;
+    boolean saw_SOI;
+    boolean saw_SOF;
+    int next_restart_num;
+    unsigned int discarded_bytes;
 };
 
 typedef struct {
@@ -123,6 +181,14 @@ typedef struct {
     void (*libjpeg_start_pass)(j_decompress_ptr cinfo);
     const JOCTET *hook_base;
     size_t hook_len;
+    /* libjpeg's decode_mcu for the scan the hook took; whether its state may be set to resume
+     * the scan (smg_resume_layout_ok); once resumed, libjpeg decodes the rest of the scan
+     * (`delegated_left` MCUs) through the trampoline, and `resumed` stays set. */
+    boolean (*libjpeg_decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+    int resumable;
+    int delegating;
+    unsigned long long delegated_left;
+    int resumed;
     char message[JMSG_LENGTH_MAX + 64];
 } smg_jpeg;
 
@@ -144,6 +210,7 @@ static void smg_error_exit(j_common_ptr cinfo) {
 static void smg_output_message(j_common_ptr cinfo) { (void)cinfo; }
 
 static void smg_offer_progressive_scan(smg_jpeg *self);
+static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
 static void smg_wrapped_start_pass(j_decompress_ptr cinfo);
 
 static void smg_progress(j_common_ptr cinfo) {
@@ -152,7 +219,7 @@ static void smg_progress(j_common_ptr cinfo) {
         cinfo->is_decompressor && self->cinfo.progressive_mode && self->cinfo.entropy != NULL) {
         /* The first call of jpeg_start_decompress's loop over the scans: libjpeg has started
          * the first scan and read none of its data yet. */
-        struct smg_entropy_prefix *entropy = (struct smg_entropy_prefix *)self->cinfo.entropy;
+        struct smg_entropy_public *entropy = (struct smg_entropy_public *)self->cinfo.entropy;
         self->libjpeg_start_pass = entropy->start_pass;
         entropy->start_pass = smg_wrapped_start_pass;
         smg_offer_progressive_scan(self);
@@ -225,31 +292,182 @@ static void smg_see_up_to(smg_jpeg *self, size_t end) {
     }
 }
 
+/* Whether, with the data of a scan read up to byte `pos` (at most 16 bytes past its last bit),
+ * a boundary of Pillow's pieces lies between those bytes and the marker code byte after them:
+ * libjpeg reads somewhere in that window before it reads the marker, so how far Pillow's reads
+ * stand at the scan's end would depend on how far ahead libjpeg's own bit buffer read. */
+static int smg_piece_edge_near(const smg_jpeg *self, size_t pos) {
+    size_t marker = pos, lo = pos > 16 ? pos - 16 : 0;
+    while (marker < self->len) {
+        if (self->data[marker] != 0xFF) {
+            marker++;
+            continue;
+        }
+        while (marker + 1 < self->len && self->data[marker + 1] == 0xFF) {
+            marker++;
+        }
+        marker++; /* the byte after the 0xFFs: 0 (a stuffed byte) or the marker's code */
+        if (marker >= self->len || self->data[marker] != 0) {
+            break;
+        }
+    }
+    return marker >= self->len || lo / SMG_PIECE != marker / SMG_PIECE;
+}
+
+static void smg_give_back(smg_jpeg *self, const char *why) {
+    self->hook_declined = 1;
+    snprintf(self->message, sizeof(self->message), "entropy hook declined (%s)", why);
+    longjmp(self->err.jump, 1);
+}
+
+/* Whether libjpeg's decoder state lies where struct smg_huff_entropy says, as its start_pass
+ * leaves it for a sequential scan (checked before the hook decodes anything): each block's
+ * table pointers equal to its component's derived tables, the restart counter, an empty bit
+ * buffer, zero predictions, and the marker reader expecting RST0 after SOI and SOF. */
+static int smg_resume_layout_ok(smg_jpeg *self) {
+    j_decompress_ptr cinfo = &self->cinfo;
+    const struct smg_huff_entropy *huff = (const struct smg_huff_entropy *)cinfo->entropy;
+    const struct smg_marker_reader *marker = (const struct smg_marker_reader *)cinfo->marker;
+    int b, ci;
+    if (marker == NULL || marker->saw_SOI != TRUE || marker->saw_SOF != TRUE ||
+        marker->next_restart_num != 0 || huff->pub.decode_mcu != self->libjpeg_decode_mcu ||
+        huff->pub.insufficient_data != FALSE || huff->bitstate.bits_left != 0 ||
+        huff->restarts_to_go != cinfo->restart_interval || cinfo->comps_in_scan > 4 ||
+        cinfo->unread_marker != 0) {
+        return 0;
+    }
+    for (ci = 0; ci < cinfo->comps_in_scan; ci++) {
+        if (huff->saved.last_dc_val[ci] != 0) {
+            return 0;
+        }
+    }
+    for (b = 0; b < cinfo->blocks_in_MCU; b++) {
+        const jpeg_component_info *comp = cinfo->cur_comp_info[cinfo->MCU_membership[b]];
+        if (comp->dc_tbl_no < 0 || comp->dc_tbl_no > 3 || comp->ac_tbl_no < 0 ||
+            comp->ac_tbl_no > 3 || huff->dc_cur_tbls[b] == NULL ||
+            huff->ac_cur_tbls[b] == NULL ||
+            huff->dc_cur_tbls[b] != huff->dc_derived_tbls[comp->dc_tbl_no] ||
+            huff->ac_cur_tbls[b] != huff->ac_derived_tbls[comp->ac_tbl_no]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Whether the scan data from `pos` holds 0xFF fill bytes before a stuffed zero (FF FF 00) before
+ * the marker that ends it. libjpeg's fast and slow paths read that pattern differently (the
+ * fast path takes FF FF for a marker, then redoes the MCU on the slow path over the blocks it
+ * wrote), and which path an MCU takes depends on how many bytes libjpeg holds in its buffer, so
+ * a resumed decode reproduces the stock one there only by chance: the image is decoded again
+ * instead. Only without restart markers: with them, libjpeg always takes the slow path. */
+static int smg_fill_before_stuffing(const smg_jpeg *self, size_t pos) {
+    while (pos < self->len) {
+        size_t run = 0;
+        if (self->data[pos] != 0xFF) {
+            pos++;
+            continue;
+        }
+        while (pos < self->len && self->data[pos] == 0xFF) {
+            pos++;
+            run++;
+        }
+        if (pos >= self->len || self->data[pos] != 0) {
+            return 0; /* a marker: the scan's data ends for libjpeg */
+        }
+        if (run > 1) {
+            return 1;
+        }
+        pos++;
+    }
+    return 0;
+}
+
+/* Hands the scan to libjpeg's decode_mcu at the MCU the hook stopped in, with the decoder state
+ * libjpeg would have there (`r`, from the hook), so that only the rest of the scan is decoded by
+ * libjpeg instead of the whole image again; 0 when it cannot (the image is decoded again). */
+static int smg_resume(smg_jpeg *self, const smg_resume_point *r, JBLOCKROW *MCU_data) {
+    j_decompress_ptr cinfo = &self->cinfo;
+    struct smg_huff_entropy *huff = (struct smg_huff_entropy *)cinfo->entropy;
+    struct smg_marker_reader *marker = (struct smg_marker_reader *)cinfo->marker;
+    int b, ci;
+    if (!self->resumable || r->pos < (size_t)(self->hook_base - self->data) || r->pos > self->len ||
+        r->bits_left < 0 || r->bits_left > 63 || r->mcus_left == 0 || r->next_restart_num < 0 ||
+        r->next_restart_num > 7 || r->restarts_to_go > cinfo->restart_interval ||
+        (cinfo->restart_interval == 0 && smg_fill_before_stuffing(self, r->pos))) {
+        return 0;
+    }
+    huff->bitstate.get_buffer = (size_t)r->get_buffer;
+    huff->bitstate.bits_left = r->bits_left;
+    for (ci = 0; ci < cinfo->comps_in_scan; ci++) {
+        huff->saved.last_dc_val[ci] = r->last_dc_val[ci];
+    }
+    huff->restarts_to_go = r->restarts_to_go;
+    huff->pub.insufficient_data = FALSE;
+    marker->next_restart_num = r->next_restart_num;
+    cinfo->unread_marker = 0;
+    /* libjpeg has read the scan up to `pos` (its reads under Pillow stand in that piece; where
+     * they stand at the scan's end is checked then). */
+    smg_see_up_to(self, r->pos);
+    cinfo->src->next_input_byte = self->data + r->pos;
+    cinfo->src->bytes_in_buffer = self->visible - r->pos;
+    /* The hook wrote some of this MCU's coefficients; libjpeg decodes into zeroed blocks. */
+    if (MCU_data != NULL) {
+        for (b = 0; b < cinfo->blocks_in_MCU; b++) {
+            memset(MCU_data[b], 0, sizeof(JBLOCK));
+        }
+    }
+    self->delegating = 1;
+    self->delegated_left = r->mcus_left;
+    self->resumed = 1;
+    return 1;
+}
+
+/* An MCU of a resumed scan, decoded by libjpeg. After the last one, where libjpeg's reads
+ * stand must not depend on how far ahead its bit buffer read (smg_piece_edge_near); they do
+ * not once libjpeg has read a marker (it never reads past one, and stock libjpeg, having
+ * reached it too, stands just after it as well). */
+static boolean smg_delegated_decode_mcu(smg_jpeg *self, JBLOCKROW *MCU_data) {
+    if (!self->libjpeg_decode_mcu(&self->cinfo, MCU_data)) {
+        return FALSE; /* suspended: libjpeg asks for this MCU again */
+    }
+    if (--self->delegated_left == 0 && self->cinfo.unread_marker == 0 &&
+        smg_piece_edge_near(self, (size_t)(self->cinfo.src->next_input_byte - self->data))) {
+        smg_give_back(self, "piece edge after resuming");
+    }
+    return TRUE;
+}
+
 static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     smg_jpeg *self = (smg_jpeg *)cinfo;
     size_t consumed = 0;
+    smg_resume_point resume;
     int status;
+    if (self->delegating) {
+        return smg_delegated_decode_mcu(self, MCU_data);
+    }
     if (self->hook_row_left > 0) {
         if (MCU_data[0] != self->hook_row_next) {
             /* Not the block the hook wrote: libjpeg's layout is not the one assumed. */
-            self->hook_declined = 1;
-            snprintf(self->message, sizeof(self->message), "entropy hook declined (row layout)");
-            longjmp(self->err.jump, 1);
+            smg_give_back(self, "row layout");
         }
         self->hook_row_next++;
         self->hook_row_left--;
         return TRUE;
     }
-    status = self->hook->decode_mcu(self->hook->ctx, MCU_data, cinfo->blocks_in_MCU, &consumed);
+    memset(&resume, 0, sizeof(resume));
+    status = self->hook->decode_mcu(
+        self->hook->ctx, MCU_data, cinfo->blocks_in_MCU, &consumed, &resume
+    );
     if (status == 3) {
         self->hook_row_left = consumed;
         self->hook_row_next = MCU_data[0] + 1;
         return TRUE;
     }
+    if (status == -2 && smg_resume(self, &resume, MCU_data)) {
+        return smg_delegated_decode_mcu(self, MCU_data);
+    }
     if (status < 0 || consumed > self->hook_len) {
-        self->hook_declined = 1;
-        snprintf(self->message, sizeof(self->message), "entropy hook declined");
-        longjmp(self->err.jump, 1);
+        smg_give_back(self, "anomaly");
     }
     if (status == 1) {
         /* The hook read the scan from the whole file. Under Pillow, libjpeg would have been
@@ -260,24 +478,8 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
          * the image back and libjpeg decodes it alone, in Pillow's pieces. Otherwise they stand
          * at the end of the piece holding `pos - 1`. */
         size_t pos = (size_t)(self->hook_base + consumed - self->data);
-        size_t marker = pos, lo = pos > 16 ? pos - 16 : 0;
-        while (marker < self->len) {
-            if (self->data[marker] != 0xFF) {
-                marker++;
-                continue;
-            }
-            while (marker + 1 < self->len && self->data[marker + 1] == 0xFF) {
-                marker++;
-            }
-            marker++; /* the byte after the 0xFFs: 0 (a stuffed byte) or the marker's code */
-            if (marker >= self->len || self->data[marker] != 0) {
-                break;
-            }
-        }
-        if (marker >= self->len || lo / SMG_PIECE != marker / SMG_PIECE) {
-            self->hook_declined = 1;
-            snprintf(self->message, sizeof(self->message), "entropy hook declined (piece edge)");
-            longjmp(self->err.jump, 1);
+        if (smg_piece_edge_near(self, pos)) {
+            smg_give_back(self, "piece edge");
         }
         smg_see_up_to(self, pos);
         cinfo->src->next_input_byte = self->data + pos;
@@ -295,7 +497,10 @@ static void smg_take_scan(
     self->hook_len = desc->len;
     self->hook_row_left = 0;
     self->hook_row_next = NULL;
-    ((struct smg_entropy_prefix *)self->cinfo.entropy)->decode_mcu = smg_hooked_decode_mcu;
+    self->libjpeg_decode_mcu = ((struct smg_entropy_public *)self->cinfo.entropy)->decode_mcu;
+    self->resumable = !desc->progressive && smg_resume_layout_ok(self);
+    self->delegating = 0;
+    ((struct smg_entropy_public *)self->cinfo.entropy)->decode_mcu = smg_hooked_decode_mcu;
 }
 
 /* Fills what the hook needs of the current scan's blocks and tables. */
@@ -377,14 +582,19 @@ static void smg_install_hook(smg_jpeg *self, const smg_entropy_hook *hook) {
     smg_take_scan(self, hook, &desc);
 }
 
-/* The layout of smg_scan_desc as compiled here: its size and where its last field lies. The Rust
- * side compares them with its own #[repr(C)] copy before handing libjpeg a hook, so that a build
- * pairing a stale object of this file with newer Rust (or the reverse) leaves Huffman decoding
- * to libjpeg instead of reading a description of another shape. */
-void smg_scan_desc_layout(size_t *size, size_t *last_field) {
+/* The layout of smg_scan_desc as compiled here (its size and where its last field lies) and the
+ * size of smg_resume_point. The Rust side compares them with its own #[repr(C)] copies before
+ * handing libjpeg a hook, so that a build pairing a stale object of this file with newer Rust
+ * (or the reverse) leaves Huffman decoding to libjpeg instead of reading a description of
+ * another shape. */
+void smg_scan_desc_layout(size_t *size, size_t *last_field, size_t *resume_size) {
     *size = sizeof(smg_scan_desc);
     *last_field = offsetof(smg_scan_desc, mcus_per_row);
+    *resume_size = sizeof(smg_resume_point);
 }
+
+/* 1 when libjpeg took over a scan from the hook where the hook stopped (smg_resume). */
+int smg_jpeg_resumed(const smg_jpeg *self) { return self->resumed; }
 
 smg_jpeg *smg_jpeg_new(void) { return (smg_jpeg *)calloc(1, sizeof(smg_jpeg)); }
 
