@@ -523,6 +523,11 @@ pub(crate) struct Scan {
     serving: bool,
     /// The blocks of a finished [`Ahead`], kept for the next one.
     spare: Vec<[i16; 64]>,
+    /// The latest [`Checkpoint`].
+    checkpoint: Checkpoint,
+    /// Whether intervals may be decoded in pairs ([`Ahead`]; off for the decode from a
+    /// checkpoint).
+    pairing: bool,
     /// After an anomaly: where libjpeg can take the scan over ([`Self::resume_point`]).
     failed: Option<Resume>,
 }
@@ -546,37 +551,21 @@ pub(crate) struct Resume {
     pub(crate) mcus_left: u64,
 }
 
-/// The decoder's state at the start of an MCU, kept until the MCU is decoded.
+/// The decoder's state at the start of an MCU of its own interval (not one decoded ahead):
+/// from there a plain decode reaches any later MCU ([`Scan::resume_point`]).
 #[derive(Clone, Copy)]
-struct McuStart {
+struct Checkpoint {
     bits: Bits,
     predictions: [i32; 4],
     left_in_interval: u32,
     next_restart: u8,
     mcus_left: u64,
-    serving: bool,
 }
 
-impl McuStart {
-    /// The state as libjpeg would hold it, when the decoder's own state says where the MCU's
-    /// data starts: not in the middle of an interval decoded ahead ([`Ahead`], whose reader
-    /// stands at the interval's end), nor past the segment's end.
-    fn resume(&self) -> Option<Resume> {
-        if self.serving && self.left_in_interval != 0 {
-            return None;
-        }
-        let (get_buffer, bits_left) = self.bits.for_libjpeg()?;
-        Some(Resume {
-            pos: self.bits.pos,
-            get_buffer,
-            bits_left,
-            predictions: self.predictions,
-            restarts_to_go: self.left_in_interval,
-            next_restart: self.next_restart,
-            mcus_left: self.mcus_left,
-        })
-    }
-}
+/// A checkpoint is taken every this many MCUs (a power of two): after an anomaly, at most this
+/// many MCUs (and the intervals decoded ahead in between) are decoded again to find where
+/// libjpeg would stand, and an MCU pays one test for it.
+const CHECKPOINT_MCUS: u64 = 256;
 
 /// The most blocks an interval may have to be decoded ahead (512 KiB of coefficients).
 const MAX_AHEAD_BLOCKS: usize = 4096;
@@ -621,7 +610,7 @@ impl Scan {
         if blocks.is_empty() || blocks.len() > MAX_BLOCKS_IN_MCU || !blocks.iter().all(fits) {
             return None;
         }
-        Some(Self {
+        let mut scan = Self {
             tables,
             blocks,
             restart_interval,
@@ -633,8 +622,28 @@ impl Scan {
             ahead: None,
             serving: false,
             spare: Vec::new(),
+            checkpoint: Checkpoint {
+                bits: Bits::at(start),
+                predictions: [0; 4],
+                left_in_interval: 0,
+                next_restart: 0,
+                mcus_left: 0,
+            },
+            pairing: true,
             failed: None,
-        })
+        };
+        scan.take_checkpoint();
+        Some(scan)
+    }
+
+    fn take_checkpoint(&mut self) {
+        self.checkpoint = Checkpoint {
+            bits: self.bits,
+            predictions: self.predictions,
+            left_in_interval: self.left_in_interval,
+            next_restart: self.next_restart,
+            mcus_left: self.mcus_left,
+        };
     }
 
     /// The number of blocks in an MCU.
@@ -673,6 +682,7 @@ impl Scan {
         self.next_restart = (interval & 7) as u8;
         self.mcus_left = mcus;
         self.failed = None;
+        self.take_checkpoint();
     }
 
     /// After the last MCU ([`Step::Done`]): the index of the code byte of the marker that ends
@@ -689,17 +699,13 @@ impl Scan {
         data: &[u8],
         out: &mut [Option<&mut [i16; 64]>],
     ) -> Result<Step, Anomaly> {
-        let start = McuStart {
-            bits: self.bits,
-            predictions: self.predictions,
-            left_in_interval: self.left_in_interval,
-            next_restart: self.next_restart,
-            mcus_left: self.mcus_left,
-            serving: self.serving,
-        };
+        let mcus_left = self.mcus_left;
+        if mcus_left & (CHECKPOINT_MCUS - 1) == 0 && !self.serving {
+            self.take_checkpoint();
+        }
         let step = self.decode_mcu_dispatched(data, out);
         if step.is_err() {
-            self.failed = start.resume();
+            self.failed = self.resume_at(data, mcus_left);
         }
         step
     }
@@ -709,6 +715,46 @@ impl Scan {
     /// as libjpeg decodes them); `None` when the decoder cannot say.
     pub(crate) fn resume_point(&self) -> Option<Resume> {
         self.failed
+    }
+
+    /// Where libjpeg would stand at the start of the MCU with `mcus_left` MCUs left (this one
+    /// included), which failed: the MCUs since the last checkpoint decoded again, plainly (one
+    /// interval at a time, into no blocks), by a copy of the scan started there. They decoded
+    /// without an anomaly the first time, so they do again. Out of line: the per-MCU path
+    /// only takes checkpoints.
+    #[cold]
+    #[inline(never)]
+    fn resume_at(&self, data: &[u8], mcus_left: u64) -> Option<Resume> {
+        let c = self.checkpoint;
+        let again = c.mcus_left.checked_sub(mcus_left)?;
+        if mcus_left == 0 {
+            return None;
+        }
+        let mut scan = self.fork()?;
+        scan.pairing = false;
+        scan.bits = c.bits;
+        scan.predictions = c.predictions;
+        scan.left_in_interval = c.left_in_interval;
+        scan.next_restart = c.next_restart;
+        scan.mcus_left = c.mcus_left;
+        let mut none: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
+        let n = self.blocks.len();
+        for _ in 0..again {
+            match scan.decode_mcu_dispatched(data, &mut none[..n]) {
+                Ok(Step::More) => {}
+                _ => return None,
+            }
+        }
+        let (get_buffer, bits_left) = scan.bits.for_libjpeg()?;
+        Some(Resume {
+            pos: scan.bits.pos,
+            get_buffer,
+            bits_left,
+            predictions: scan.predictions,
+            restarts_to_go: scan.left_in_interval,
+            next_restart: scan.next_restart,
+            mcus_left,
+        })
     }
 
     fn decode_mcu_dispatched(
@@ -753,7 +799,7 @@ impl Scan {
             if self.left_in_interval == 0 {
                 self.restart(data)?;
             }
-            if self.left_in_interval == self.restart_interval && !self.serving {
+            if self.left_in_interval == self.restart_interval && !self.serving && self.pairing {
                 self.pair_up(data);
             }
             self.left_in_interval -= 1;
@@ -1557,8 +1603,8 @@ pub(crate) mod tests {
     fn resume_points_are_where_libjpeg_stands() {
         // Scans whose data a marker cuts short (inserted, or replacing the rest of the data),
         // in every layout, with restart markers or without, in intervals decoded one by one
-        // or two in step: the decoder stops at the first MCU that reads past the cut, and
-        // says where libjpeg would stand at its start. That state is checked against the
+        // or two in step, short and past several checkpoints: the decoder stops at the first
+        // MCU that reads past the cut, and says where libjpeg would stand at its start. That state is checked against the
         // encoder's: the next bits libjpeg would read from it (those of its bit buffer, then
         // the data after `pos`) are the MCU's bits as written, up to the cut; the predictions,
         // the restart count and the restart marker expected are the encoder's.
@@ -1567,7 +1613,12 @@ pub(crate) mod tests {
         for case in 0..600 {
             let comps: &[usize] = [&[1][..], &[1, 1, 1], &[4, 1, 1], &[2, 1, 1]][case % 4];
             let interval = [0, 1, 2, 3, 5][case / 4 % 5];
-            let mcus = 4 + rng.below(40);
+            // Scans past a few checkpoints too (every `CHECKPOINT_MCUS` MCUs).
+            let mcus = if case % 3 == 0 {
+                CHECKPOINT_MCUS + rng.below(3 * CHECKPOINT_MCUS)
+            } else {
+                4 + rng.below(40)
+            };
             let s = stream(&mut rng, comps, mcus, interval);
             let end = s.data.len() - 2;
             // A cut at a byte boundary, never inside an FF 00 pair or at a marker.
@@ -1601,7 +1652,11 @@ pub(crate) mod tests {
             let g = (s.mcus - r.mcus_left) as usize;
             let (byte, bit, preds) = s.mcu_starts[g];
             let ri = u64::from(interval);
-            let pending = ri > 0 && g > 0 && (g as u64).is_multiple_of(ri);
+            // At an interval's first MCU, libjpeg stands before its restart marker (a restart
+            // pending) or, when the decoder read the marker before failing, just after it
+            // (a whole interval to go): where stock libjpeg stands before and after its
+            // `process_restart`.
+            let pending = ri > 0 && g > 0 && (g as u64).is_multiple_of(ri) && r.restarts_to_go == 0;
             let expected_left = match ri {
                 0 => 0,
                 _ if pending => 0,

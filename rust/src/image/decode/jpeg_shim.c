@@ -183,10 +183,9 @@ typedef struct {
     size_t hook_len;
     /* libjpeg's decode_mcu for the scan the hook took; whether its state may be set to resume
      * the scan (smg_resume_layout_ok); once resumed, libjpeg decodes the rest of the scan
-     * (`delegated_left` MCUs) through the trampoline, and `resumed` stays set. */
+     * (`delegated_left` MCUs) through smg_delegated_decode_mcu, and `resumed` stays set. */
     boolean (*libjpeg_decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
     int resumable;
-    int delegating;
     unsigned long long delegated_left;
     int resumed;
     char message[JMSG_LENGTH_MAX + 64];
@@ -210,7 +209,7 @@ static void smg_error_exit(j_common_ptr cinfo) {
 static void smg_output_message(j_common_ptr cinfo) { (void)cinfo; }
 
 static void smg_offer_progressive_scan(smg_jpeg *self);
-static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+static boolean smg_delegated_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
 static void smg_wrapped_start_pass(j_decompress_ptr cinfo);
 
 static void smg_progress(j_common_ptr cinfo) {
@@ -416,18 +415,19 @@ static int smg_resume(smg_jpeg *self, const smg_resume_point *r, JBLOCKROW *MCU_
             memset(MCU_data[b], 0, sizeof(JBLOCK));
         }
     }
-    self->delegating = 1;
+    huff->pub.decode_mcu = smg_delegated_decode_mcu;
     self->delegated_left = r->mcus_left;
     self->resumed = 1;
     return 1;
 }
 
-/* An MCU of a resumed scan, decoded by libjpeg. After the last one, where libjpeg's reads
- * stand must not depend on how far ahead its bit buffer read (smg_piece_edge_near); they do
- * not once libjpeg has read a marker (it never reads past one, and stock libjpeg, having
- * reached it too, stands just after it as well). */
-static boolean smg_delegated_decode_mcu(smg_jpeg *self, JBLOCKROW *MCU_data) {
-    if (!self->libjpeg_decode_mcu(&self->cinfo, MCU_data)) {
+/* libjpeg's decode_mcu for the rest of a resumed scan (smg_resume installs it). After the last
+ * MCU, where libjpeg's reads stand must not depend on how far ahead its bit buffer read
+ * (smg_piece_edge_near); they do not once libjpeg has read a marker (it never reads past one,
+ * and stock libjpeg, having reached it too, stands just after it as well). */
+static boolean smg_delegated_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
+    smg_jpeg *self = (smg_jpeg *)cinfo;
+    if (!self->libjpeg_decode_mcu(cinfo, MCU_data)) {
         return FALSE; /* suspended: libjpeg asks for this MCU again */
     }
     if (--self->delegated_left == 0 && self->cinfo.unread_marker == 0 &&
@@ -442,9 +442,6 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
     size_t consumed = 0;
     smg_resume_point resume;
     int status;
-    if (self->delegating) {
-        return smg_delegated_decode_mcu(self, MCU_data);
-    }
     if (self->hook_row_left > 0) {
         if (MCU_data[0] != self->hook_row_next) {
             /* Not the block the hook wrote: libjpeg's layout is not the one assumed. */
@@ -454,7 +451,7 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
         self->hook_row_left--;
         return TRUE;
     }
-    memset(&resume, 0, sizeof(resume));
+    /* Filled by the hook only when it returns -2, and read only then. */
     status = self->hook->decode_mcu(
         self->hook->ctx, MCU_data, cinfo->blocks_in_MCU, &consumed, &resume
     );
@@ -464,7 +461,7 @@ static boolean smg_hooked_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data
         return TRUE;
     }
     if (status == -2 && smg_resume(self, &resume, MCU_data)) {
-        return smg_delegated_decode_mcu(self, MCU_data);
+        return smg_delegated_decode_mcu(cinfo, MCU_data);
     }
     if (status < 0 || consumed > self->hook_len) {
         smg_give_back(self, "anomaly");
@@ -499,7 +496,6 @@ static void smg_take_scan(
     self->hook_row_next = NULL;
     self->libjpeg_decode_mcu = ((struct smg_entropy_public *)self->cinfo.entropy)->decode_mcu;
     self->resumable = !desc->progressive && smg_resume_layout_ok(self);
-    self->delegating = 0;
     ((struct smg_entropy_public *)self->cinfo.entropy)->decode_mcu = smg_hooked_decode_mcu;
 }
 
