@@ -458,7 +458,10 @@ impl Bits {
     /// bits_left)`, the next `bits_left` bits of the segment in the low bits of `get_buffer`,
     /// its reading going on at [`Self::position`] (where a marker, once reached, has its `FF`).
     /// `None` when the reader is where libjpeg would stand differently: past the segment's end,
-    /// at the end of the data, or after fill bytes read as data.
+    /// at the end of the data (whether libjpeg then suspends, as on a truncated file, or
+    /// decodes the last MCUs from what its bit buffer holds depends on how full the buffer is
+    /// when it reaches the end, which a resumed decode does not reproduce; such scans go to
+    /// libjpeg whole, `HookState::placement`), or after fill bytes read as data.
     pub(crate) fn for_libjpeg(&self) -> Option<(u64, u32)> {
         if self.hit_end || self.fill_in_data || !self.within_segment() {
             return None;
