@@ -24,7 +24,10 @@ and, when ``jpegtran`` is installed (``make system-deps``), each real JPEG made 
 scans), named ``NAME (progressive)``, and one hostile extra (not a photo): a flat 4000 x 4000
 gray JPEG of 36 KB rewritten with ``decode_cases.scan_per_coefficient``'s 99 scans, which make a
 progressive decoder walk all 250 000 blocks once per scan (``hostile:flat-99-scans.jpg``);
-``--no-progressive`` leaves them out.
+``--no-progressive`` leaves them out. Damaged extras: each real JPEG (and each progressive
+rewrite) with a stray restart marker, then with a code no Huffman table holds, at nine tenths of
+its last scan (``damaged:NAME + RST at 9/10``): libjpeg's recoveries, which our Huffman decoder
+leaves to libjpeg where it stops.
 Columns: milliseconds, ``x`` = Pillow / ours, peak MiB (ours / Pillow).
 """
 
@@ -75,7 +78,32 @@ def files(progressive: bool = True) -> list[tuple[str, Path]]:
     ]
     pillow = pillow_test_images()
     out = photos + [(f"pillow:{name}", pillow / name) for name in PILLOW_PNGS]
-    return out + (progressive_rewrites(photos) + hostile_progressive() if progressive else [])
+    if not progressive:
+        return out + damaged(photos, [])
+    rewrites = progressive_rewrites(photos)
+    return out + rewrites + hostile_progressive() + damaged(photos, rewrites)
+
+
+def damaged(
+    photos: list[tuple[str, Path]], rewrites: list[tuple[str, Path]]
+) -> list[tuple[str, Path]]:
+    """The damaged extras: each real JPEG (and its progressive rewrite, to show what remains)
+    with a stray restart marker, then with a code no Huffman table holds, at nine tenths of its
+    (last) scan: our Huffman decoder stops there and libjpeg decodes the rest."""
+    import tempfile
+
+    from support.decode_cases import NO_SUCH_CODE, STRAY_RST, damaged_in_scan
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-damaged-"))
+    out = []
+    for name, path in photos + rewrites:
+        if not name.endswith((".jpg", ".jpg (progressive)")):
+            continue
+        for what, insert in (("RST", STRAY_RST), ("bad code", NO_SUCH_CODE)):
+            target = directory / f"{len(out)}.jpg"
+            target.write_bytes(damaged_in_scan(path.read_bytes(), 0.9, insert))
+            out.append((f"damaged:{name} + {what} at 9/10", target))
+    return out
 
 
 def progressive_rewrites(photos: list[tuple[str, Path]]) -> list[tuple[str, Path]]:

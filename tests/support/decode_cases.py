@@ -63,6 +63,23 @@ def with_scans(progressive: bytes, n: int) -> bytes:
     return progressive[:-2] + scan * (n - progressive.count(b"\xff\xda")) + b"\xff\xd9"
 
 
+#: What `damaged_in_scan` inserts: a stray restart marker, a stray comment marker, and six bytes
+#: reading as 48 one bits (no Huffman table holds a code of sixteen ones).
+STRAY_RST = b"\xff\xd3"
+STRAY_COM = b"\xff\xfe"
+NO_SUCH_CODE = b"\xff\x00\xff\x00\xff\x00"
+
+
+def damaged_in_scan(data: bytes, fraction: float, insert: bytes) -> bytes:
+    """`insert` placed inside the (last) scan's data, `fraction` of the way from its SOS to the
+    EOI, at a byte that neither is nor follows an 0xFF (no stuffed pair or marker is split)."""
+    sos, eoi = data.rindex(b"\xff\xda"), data.rindex(b"\xff\xd9")
+    at = sos + int((eoi - sos) * fraction)
+    while data[at] == 0xFF or data[at - 1] == 0xFF:
+        at += 1
+    return data[:at] + insert + data[at:]
+
+
 def photo(w: int = 97, h: int = 61, mode: str = "RGB", seed: int = 0) -> Image.Image:
     """A smooth gradient with noise: exercises chroma upsampling and IDCT rounding."""
     rng = np.random.default_rng(seed)

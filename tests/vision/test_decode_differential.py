@@ -35,7 +35,11 @@ PIL = pytest.importorskip("PIL", reason="the reference decoder is Pillow")
 from PIL import Image, ImageCms, ImageFile  # noqa: E402
 from PIL.PngImagePlugin import PngInfo  # noqa: E402
 from support.decode_cases import (  # noqa: E402
+    NO_SUCH_CODE,
+    STRAY_COM,
+    STRAY_RST,
     damage_jpeg_scan,
+    damaged_in_scan,
     encode,
     mutate,
     photo,
@@ -429,16 +433,6 @@ def test_jpegs_cut_inside_their_scan_go_to_libjpeg_at_once() -> None:
         assert _native.jpeg_huffman_stats()["inline"] == before["inline"] + 1
 
 
-def _damaged_in_scan(data: bytes, fraction: float, insert: bytes) -> bytes:
-    """`insert` placed inside the scan data, `fraction` of the way from the SOS to the EOI (at a
-    byte that neither is nor follows an 0xFF, so no stuffed pair or marker is split)."""
-    sos, eoi = data.index(b"\xff\xda"), data.rindex(b"\xff\xd9")
-    at = sos + int((eoi - sos) * fraction)
-    while data[at] == 0xFF or data[at - 1] == 0xFF:
-        at += 1
-    return data[:at] + insert + data[at:]
-
-
 def test_a_jpeg_damaged_in_its_scan_is_handed_to_libjpeg_where_our_decoder_stops() -> None:
     """A stray marker or a code no table holds inside a sequential scan: libjpeg recovers in its
     own way (zeros to the end of the segment, or a zero coefficient), so our Huffman decoder
@@ -456,14 +450,14 @@ def test_a_jpeg_damaged_in_its_scan_is_handed_to_libjpeg_where_our_decoder_stops
         "rocket, gray": encode(Image.open(io.BytesIO(rocket)).convert("L"), "JPEG", quality=92),
     }
     damages = {
-        "stray RST": b"\xff\xd3",
-        "stray COM": b"\xff\xfe",
-        "code no table holds": b"\xff\x00\xff\x00\xff\x00",
+        "stray RST": STRAY_RST,
+        "stray COM": STRAY_COM,
+        "code no table holds": NO_SUCH_CODE,
     }
     for name, data in photos.items():
         for what, insert in damages.items():
             for fraction in (0.5, 0.9):
-                blob = _damaged_in_scan(data, fraction, insert)
+                blob = damaged_in_scan(data, fraction, insert)
                 for threads in (1, 2):
                     before = _native.jpeg_huffman_stats()
                     assert _agree(blob, threads=threads) == "same pixels"
@@ -480,7 +474,7 @@ def test_a_jpeg_damaged_in_its_scan_is_handed_to_libjpeg_where_our_decoder_stops
             times.append(time.process_time() - start)
         return min(times)
 
-    late = _damaged_in_scan(rocket, 0.9, b"\xff\xd3")
+    late = damaged_in_scan(rocket, 0.9, STRAY_RST)
     ours = best(lambda: vision.decode(late, threads=1))
     pillow = best(lambda: reference(late))
     assert ours < pillow, f"ours {ours * 1e3:.2f} ms, Pillow {pillow * 1e3:.2f} ms"

@@ -97,6 +97,7 @@ struct ResumePoint {
     restarts_to_go: c_uint,
     next_restart_num: c_int,
     mcus_left: u64,
+    eobrun: c_uint,
 }
 
 impl From<Resume> for ResumePoint {
@@ -110,6 +111,7 @@ impl From<Resume> for ResumePoint {
             restarts_to_go: r.restarts_to_go,
             next_restart_num: c_int::from(r.next_restart),
             mcus_left: r.mcus_left,
+            eobrun: r.eobrun,
         }
     }
 }
@@ -172,6 +174,9 @@ struct HookState {
     pipeline: Option<Pipeline>,
     /// ... or, in a progressive file, the current scan.
     progressive: Option<ProgressiveScan>,
+    /// The progressive scan stopped inside a row it was decoding: the blocks before the one
+    /// it stopped in were handed out, and libjpeg takes the scan over at the next call.
+    resume_next: bool,
     helper: bool,
     /// Where the scan's data starts in `data`.
     start: usize,
@@ -339,6 +344,7 @@ extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {
         // A scan replaces the one before it (a progressive file has several).
         state.scan = None;
         state.progressive = None;
+        state.resume_next = false;
         if desc.progressive != 0 {
             let Some((scan, start)) = state.start_progressive(desc) else {
                 return 0;
@@ -405,6 +411,16 @@ extern "C" fn hook_decode_mcu(
             return -1;
         }
         if let Some(scan) = state.progressive.as_mut() {
+            if std::mem::take(&mut state.resume_next) {
+                // The block libjpeg asks for now is the one the row stopped in.
+                return match scan.resume_point() {
+                    Some(point) => {
+                        *resume = point.into();
+                        -2
+                    }
+                    None => -1,
+                };
+            }
             let n = scan.row_blocks();
             if n > 1 && count == 1 && !blocks.is_null() {
                 // SAFETY: a progressive scan of one component (`row_blocks` is 1 otherwise):
@@ -430,7 +446,21 @@ extern "C" fn hook_decode_mcu(
                         3
                     }
                     // `row_blocks` leaves the scan's last MCU to a call of its own.
-                    Ok(Step::Done(_)) | Err(_) => -1,
+                    Ok(Step::Done(_)) => -1,
+                    Err(_) => match (scan.resume_point(), scan.blocks_before_failure()) {
+                        (Some(point), 0) => {
+                            *resume = point.into();
+                            -2
+                        }
+                        // The blocks before the one it stopped in are final: the shim answers
+                        // libjpeg's calls for them, and the next call resumes.
+                        (Some(_), done) => {
+                            state.resume_next = true;
+                            *consumed = done - 1;
+                            3
+                        }
+                        (None, _) => -1,
+                    },
                 };
             }
         }
@@ -463,6 +493,7 @@ extern "C" fn hook_decode_mcu(
             // hook stopped, or the image again.
             Err(_) => {
                 let point = match (&state.progressive, &state.scan, &state.pipeline) {
+                    (Some(scan), _, _) => scan.resume_point(),
                     (None, Some(scan), _) => scan.resume_point(),
                     (None, None, Some(pipeline)) => pipeline.resume_point(),
                     _ => None,
@@ -769,6 +800,7 @@ pub(crate) fn decode(data: &[u8], limit: u64, threads: usize) -> Result<Decoded,
         scan: None,
         pipeline: None,
         progressive: None,
+        resume_next: false,
         helper: helper_allowed(threads),
         start: 0,
         last_marker: last_marker(data),

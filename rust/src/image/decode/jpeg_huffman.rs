@@ -552,6 +552,8 @@ pub(crate) struct Resume {
     pub(crate) next_restart: u8,
     /// MCUs left in the scan, this one included.
     pub(crate) mcus_left: u64,
+    /// A progressive scan's end-of-band run: blocks still to pass over (0 in a sequential one).
+    pub(crate) eobrun: u32,
 }
 
 /// The decoder's state at the start of an MCU of its own interval (not one decoded ahead):
@@ -708,9 +710,20 @@ impl Scan {
         }
         let step = self.decode_mcu_dispatched(data, out);
         if step.is_err() {
-            self.failed = self.resume_at(data, mcus_left);
+            // None for an MCU past the scan's end.
+            self.failed = (mcus_left > 0)
+                .then(|| self.resume_at(data, mcus_left))
+                .flatten();
         }
         step
+    }
+
+    /// Where libjpeg would stand at the start of the next MCU (the scan between MCUs, none
+    /// failed; after its last MCU, at the end of its data): for a caller that finds something
+    /// wrong between two of them, or after the MCUs it was positioned for
+    /// ([`Self::reposition`]).
+    pub(crate) fn resume_point_here(&self, data: &[u8]) -> Option<Resume> {
+        self.resume_at(data, self.mcus_left)
     }
 
     /// After [`Self::decode_mcu`] failed: libjpeg's decoder state at the start of that MCU, had
@@ -721,18 +734,15 @@ impl Scan {
     }
 
     /// Where libjpeg would stand at the start of the MCU with `mcus_left` MCUs left (this one
-    /// included), which failed: the MCUs since the last checkpoint decoded again, plainly (one
-    /// interval at a time, into no blocks), by a copy of the scan started there. They decoded
-    /// without an anomaly the first time, so they do again. Out of line: the per-MCU path
-    /// only takes checkpoints.
+    /// included; 0: after the last): the MCUs since the last checkpoint decoded again, plainly
+    /// (one interval at a time, into no blocks), by a copy of the scan started there. They
+    /// decoded without an anomaly the first time, so they do again. Out of line: the per-MCU
+    /// path only takes checkpoints.
     #[cold]
     #[inline(never)]
     fn resume_at(&self, data: &[u8], mcus_left: u64) -> Option<Resume> {
         let c = self.checkpoint;
         let again = c.mcus_left.checked_sub(mcus_left)?;
-        if mcus_left == 0 {
-            return None;
-        }
         let mut scan = self.fork()?;
         scan.pairing = false;
         scan.bits = c.bits;
@@ -742,9 +752,10 @@ impl Scan {
         scan.mcus_left = c.mcus_left;
         let mut none: [Option<&mut [i16; 64]>; MAX_BLOCKS_IN_MCU] = Default::default();
         let n = self.blocks.len();
-        for _ in 0..again {
+        for i in 0..again {
             match scan.decode_mcu_dispatched(data, &mut none[..n]) {
                 Ok(Step::More) => {}
+                Ok(Step::Done(_)) if i + 1 == again && mcus_left == 0 => {}
                 _ => return None,
             }
         }
@@ -757,6 +768,7 @@ impl Scan {
             restarts_to_go: scan.left_in_interval,
             next_restart: scan.next_restart,
             mcus_left,
+            eobrun: 0,
         })
     }
 

@@ -390,7 +390,13 @@ impl Pipeline {
             if produced > k {
                 Some(Ok(produced))
             } else if shared.state.load(Ordering::SeqCst) == FAILED {
-                Some(Err(Anomaly("the helper thread stopped")))
+                // A failing helper publishes the MCUs before the one it failed in first: loaded
+                // again after the failure is seen, `produced` holds them all, so this thread
+                // stops exactly at that MCU (where libjpeg can take the scan over).
+                match shared.produced.load(Ordering::SeqCst) {
+                    produced if produced > k => Some(Ok(produced)),
+                    _ => Some(Err(Anomaly("the helper thread stopped"))),
+                }
             } else {
                 None
             }
@@ -592,6 +598,14 @@ fn decode_ahead(shared: &Shared, mut scan: Scan, data: &[u8], start: usize, mcus
             (data[at] == rst(m - 1) && data[end] == rst(m)).then_some((at + 1, end))
         });
         let Some((first, end)) = bounds else {
+            // The run ended where libjpeg's thread's interval should start, without the
+            // markers around it: libjpeg takes the scan over there.
+            if let Some(point) = scan.resume_point_here(data) {
+                let _ = shared.failed_at.set((k, point));
+                if !publish_produced(shared, k) {
+                    return;
+                }
+            }
             shared.fail();
             return;
         };

@@ -31,7 +31,7 @@
 //! `JERR_BAD_DCT_COEF`), more MCUs than the scan has.
 
 use super::jpeg_huffman::{
-    extend, Anomaly, Bits, HuffTable, Step, FAST_BITS, MAX_BLOCKS_IN_MCU, NATURAL_ORDER,
+    extend, Anomaly, Bits, HuffTable, Resume, Step, FAST_BITS, MAX_BLOCKS_IN_MCU, NATURAL_ORDER,
 };
 
 const NO_BLOCK: Anomaly = Anomaly("an MCU without its blocks");
@@ -172,6 +172,12 @@ pub(crate) struct ProgressiveScan {
     /// Blocks still to pass over in the current end-of-band run (`jdphuff.c`'s `EOBRUN`).
     eobrun: u32,
     bits: Bits,
+    /// A failed refinement block overwrote a coefficient it cannot restore: no resume point.
+    lost: bool,
+    /// After an anomaly: where libjpeg can take the scan over, and how many blocks of the row
+    /// [`Self::decode_row`] was decoding came before the one it stopped in.
+    failed: Option<Resume>,
+    failed_after: usize,
 }
 
 impl ProgressiveScan {
@@ -214,6 +220,9 @@ impl ProgressiveScan {
             predictions: [0; 4],
             eobrun: 0,
             bits: Bits::at(start),
+            lost: false,
+            failed: None,
+            failed_after: 0,
         })
     }
 
@@ -263,6 +272,42 @@ impl ProgressiveScan {
         self.mcus::<false>(data, Mcus::One(out))
     }
 
+    /// After [`Self::decode_mcu`] or [`Self::decode_row`] failed: where libjpeg's decoder
+    /// would stand at the start of the MCU (block) it failed in, with that block as the scans
+    /// before left it but for the correction bits already applied (which libjpeg's refinement
+    /// does not apply twice: it tests the bit first); `None` when the decoder cannot say.
+    pub(crate) fn resume_point(&self) -> Option<Resume> {
+        self.failed
+    }
+
+    /// After [`Self::decode_row`] failed: how many blocks of the row came before the one it
+    /// stopped in (decoded, and final).
+    pub(crate) fn blocks_before_failure(&self) -> usize {
+        self.failed_after
+    }
+
+    /// The state of the MCU a failure left (an MCU that fails commits nothing), as libjpeg's
+    /// `phuff_entropy_decoder` holds it; `None` past the scan's last MCU (its end did not
+    /// check out) and where the reader cannot say ([`Bits::for_libjpeg`]).
+    #[cold]
+    #[inline(never)]
+    fn note_failure(&mut self, after: usize) {
+        self.failed_after = after;
+        self.failed = (self.mcus_left > 0 && !self.lost)
+            .then(|| self.bits.for_libjpeg())
+            .flatten()
+            .map(|(get_buffer, bits_left)| Resume {
+                pos: self.bits.position(),
+                get_buffer,
+                bits_left,
+                predictions: self.predictions,
+                restarts_to_go: self.left_in_interval,
+                next_restart: self.next_restart,
+                mcus_left: self.mcus_left,
+                eobrun: self.eobrun,
+            });
+    }
+
     /// Decodes the next `row.len()` MCUs of a scan of one component, one block each, into
     /// `row` (the rest of a block row: at most [`Self::row_blocks`]).
     pub(crate) fn decode_row(
@@ -296,13 +341,21 @@ impl ProgressiveScan {
     #[inline(always)]
     fn mcus<const BMI2: bool>(&mut self, data: &[u8], mcus: Mcus<'_, '_>) -> Result<Step, Anomaly> {
         match mcus {
-            Mcus::One(out) => self.mcu::<BMI2>(data, out)?,
+            Mcus::One(out) => {
+                if let Err(anomaly) = self.mcu::<BMI2>(data, out) {
+                    self.note_failure(0);
+                    return Err(anomaly);
+                }
+            }
             Mcus::Row(row) => {
                 let mut i = 0;
                 while i < row.len() {
                     i += self.pass_run(&row[i..]);
                     if let Some(block) = row.get_mut(i) {
-                        self.mcu::<BMI2>(data, &mut [Some(block)])?;
+                        if let Err(anomaly) = self.mcu::<BMI2>(data, &mut [Some(block)]) {
+                            self.note_failure(i);
+                            return Err(anomaly);
+                        }
                         i += 1;
                     }
                 }
@@ -311,11 +364,17 @@ impl ProgressiveScan {
         if self.mcus_left > 0 {
             return Ok(Step::More);
         }
-        self.bits.segment_end(data)?;
+        if let Err(anomaly) = self.bits.segment_end(data) {
+            self.failed = None;
+            return Err(anomaly);
+        }
         Ok(Step::Done(self.bits.position()))
     }
 
-    /// One MCU (`out`: its blocks).
+    /// One MCU (`out`: its blocks). An MCU that fails commits nothing (the reader, the
+    /// predictions, the end-of-band run and the counts stay those of its start, or of the
+    /// start of the interval a restart marker just began), and a refinement block that fails
+    /// loses the coefficients it made nonzero: libjpeg can decode it again from there.
     #[inline(always)]
     fn mcu<const BMI2: bool>(
         &mut self,
@@ -325,19 +384,18 @@ impl ProgressiveScan {
         if self.mcus_left == 0 {
             return Err(Anomaly("more MCUs than the frame has"));
         }
-        if self.restart_interval != 0 {
-            if self.left_in_interval == 0 {
-                self.restart(data)?;
-            }
-            self.left_in_interval -= 1;
+        if self.restart_interval != 0 && self.left_in_interval == 0 {
+            self.restart(data)?;
         }
         let mut bits = self.bits;
+        let mut eobrun = self.eobrun;
+        let mut predictions = self.predictions;
         match self.pass {
             Pass::DcFirst => {
                 let al = u32::from(self.band.al);
                 for (&(component, table), block) in self.blocks.iter().zip(out.iter_mut()) {
                     let block = block.as_deref_mut().ok_or(NO_BLOCK)?;
-                    let prediction = &mut self.predictions[component];
+                    let prediction = &mut predictions[component];
                     let diff = bits.dc_difference(data, &self.tables[table])?;
                     // libjpeg refuses a sum that leaves `int` (JERR_BAD_DCT_COEF).
                     *prediction = prediction
@@ -358,29 +416,67 @@ impl ProgressiveScan {
                 }
             }
             Pass::AcFirst => {
-                if self.eobrun > 0 {
-                    self.eobrun -= 1;
+                if eobrun > 0 {
+                    eobrun -= 1;
                 } else {
                     let table = &self.tables[self.blocks[0].1];
                     let block = out[0].as_deref_mut().ok_or(NO_BLOCK)?;
                     let whole = self.whole.as_ref();
-                    self.eobrun = ac_first(&mut bits, data, table, whole, self.band, block)?;
+                    eobrun = ac_first(&mut bits, data, table, whole, self.band, block)?;
                 }
             }
             Pass::AcRefine => {
                 let (table, whole) = (&self.tables[self.blocks[0].1], self.whole.as_ref());
                 let block = out[0].as_deref_mut().ok_or(NO_BLOCK)?;
-                let run = self.eobrun;
-                self.eobrun =
-                    ac_refine::<BMI2>(&mut bits, data, table, whole, self.band, run, block)?;
+                let mut new = 0;
+                let run = ac_refine::<BMI2>(
+                    &mut bits,
+                    data,
+                    (table, whole),
+                    self.band,
+                    eobrun,
+                    block,
+                    &mut new,
+                );
+                match run.and_then(|run| bits.anomaly().map_or(Ok(run), Err)) {
+                    Ok(run) => eobrun = run,
+                    Err(anomaly) => {
+                        self.undo(block, new);
+                        return Err(anomaly);
+                    }
+                }
             }
         }
-        self.bits = bits;
-        if let Some(anomaly) = self.bits.anomaly() {
+        if let Some(anomaly) = bits.anomaly() {
             return Err(anomaly);
+        }
+        self.bits = bits;
+        self.eobrun = eobrun;
+        self.predictions = predictions;
+        if self.restart_interval != 0 {
+            self.left_in_interval -= 1;
         }
         self.mcus_left -= 1;
         Ok(())
+    }
+
+    /// Takes back the coefficients a failed refinement block made nonzero (`new`: their
+    /// positions), which held zero before it, so that libjpeg's walk over the block sees what
+    /// the scans before left. A write past the band (a corrupt run; `new` all ones) may have
+    /// overwritten a nonzero coefficient: then libjpeg cannot take the scan over (`lost`; the
+    /// image is decoded again).
+    #[cold]
+    #[inline(never)]
+    fn undo(&mut self, block: &mut [i16; 64], new: u64) {
+        if new == u64::MAX {
+            self.lost = true;
+            return;
+        }
+        let mut left = new;
+        while left != 0 {
+            block[left.trailing_zeros() as usize] = 0;
+            left &= left - 1;
+        }
     }
 
     /// Passes over the first blocks of `row` that the current end-of-band run covers and that
@@ -708,7 +804,9 @@ fn raise(block: &mut [i16; 64], mut raised: u64, p1: i16) {
 }
 
 /// `decode_mcu_AC_refine` for one block, `eobrun` blocks into an end-of-band run (0: none).
-/// Returns the run left after this block.
+/// Returns the run left after this block; `new_positions` gathers the positions (natural
+/// order) of the coefficients it makes nonzero, also when it fails (all ones once it writes past
+/// the band, over a coefficient that may not have been zero).
 ///
 /// libjpeg walks the band coefficient by coefficient; here a mask of the band's nonzero
 /// coefficients (which get a correction bit each) tells where each run of zeros ends, so only
@@ -718,11 +816,11 @@ fn raise(block: &mut [i16; 64], mut raised: u64, p1: i16) {
 fn ac_refine<const BMI2: bool>(
     bits: &mut Bits,
     data: &[u8],
-    table: &HuffTable,
-    whole: Option<&Whole>,
+    (table, whole): (&HuffTable, Option<&Whole>),
     band: Band,
     mut eobrun: u32,
     block: &mut [i16; 64],
+    new_positions: &mut u64,
 ) -> Result<u32, Anomaly> {
     let (ss, se) = (u32::from(band.ss), u32::from(band.se));
     // `1 << Al` in 16 bits: Al is at most 13.
@@ -768,7 +866,15 @@ fn ac_refine<const BMI2: bool>(
             k = stop;
             if new != 0 {
                 // `k` is at most `Se + 1`: past 63 it lands on 63, as libjpeg's table has it.
-                block[usize::from(NATURAL_ORDER[k as usize & 127])] = new;
+                let at = NATURAL_ORDER[k as usize & 127];
+                block[usize::from(at)] = new;
+                // On a zero coefficient (`target`), or past the band (a corrupt run), over
+                // whatever was there: then nothing can be taken back.
+                *new_positions = if target != 0 {
+                    *new_positions | 1 << at
+                } else {
+                    u64::MAX
+                };
             }
             k += 1;
         }
@@ -933,7 +1039,7 @@ mod tests {
     fn refinement_matches_libjpegs_walk() {
         let table = refine_table();
         let mut rng = Rng(0x5EED_0002);
-        let (mut blocks, mut anomalies) = (0, 0);
+        let (mut blocks, mut anomalies, mut undoable) = (0, 0, 0);
         for _ in 0..1500 {
             let ss = 1 + rng.below(63) as u8;
             let se = ss + rng.below(u64::from(64 - ss)) as u8;
@@ -962,25 +1068,35 @@ mod tests {
                 let (mut want, mut fast, mut with_bmi2) = (earlier, earlier, earlier);
                 let expected =
                     walk_refine(&mut want_bits, &data, &table, band, want_run, &mut want);
+                let mut new = 0u64;
                 let got = ac_refine::<false>(
                     &mut fast_bits,
                     &data,
-                    &table,
-                    fast_whole,
+                    (&table, fast_whole),
                     band,
                     fast_run,
                     &mut fast,
+                    &mut new,
                 );
                 assert_eq!(got, expected);
+                if expected.is_ok() && new != u64::MAX {
+                    // The positions made nonzero, as the undo after a failure needs them
+                    // (all ones: a run past the band wrote over whatever was there).
+                    let made: u64 = (0..64)
+                        .filter(|&p| earlier[p] == 0 && want[p] != 0)
+                        .fold(0, |m, p| m | 1 << p);
+                    assert_eq!(new, made);
+                    undoable += 1;
+                }
                 if bmi2() {
                     let got = ac_refine::<true>(
                         &mut bmi2_bits,
                         &data,
-                        &table,
-                        bmi2_whole,
+                        (&table, bmi2_whole),
                         band,
                         bmi2_run,
                         &mut with_bmi2,
+                        &mut 0,
                     );
                     assert_eq!(got, expected);
                     // After an anomaly the image goes back to libjpeg: the block does not matter.
@@ -999,10 +1115,10 @@ mod tests {
                 blocks += 1;
             }
         }
-        // Both outcomes were exercised, most blocks decoded.
+        // Both outcomes were exercised, most blocks decoded, most of them within their band.
         assert!(
-            blocks > 20_000 && anomalies > 30,
-            "{blocks} blocks, {anomalies} anomalies"
+            blocks > 20_000 && anomalies > 30 && undoable > blocks / 2,
+            "{blocks} blocks, {anomalies} anomalies, {undoable} undoable"
         );
     }
 

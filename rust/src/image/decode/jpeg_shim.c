@@ -26,13 +26,12 @@
  * In a progressive scan of one component, the hook may decode the rest of a block row in one
  * call (see smg_hooked_decode_mcu).
  * The Rust side never calls libjpeg and returns a status; when it reports an anomaly (something
- * libjpeg would recover from in its own way) in a sequential scan, it also says where libjpeg's
- * own decoder would stand at the start of that MCU (smg_resume_point): the trampoline sets
- * libjpeg's Huffman decoder to that state and lets libjpeg decode the rest of the scan
- * (smg_resume), so a file damaged late in its scan is not decoded twice. Where that cannot be
- * done exactly, and on an anomaly in a progressive scan, the trampoline longjmps out, still
- * below the setjmp and with no Rust frame in between, and smg_jpeg_decode returns SMG_RETRY:
- * the caller decodes the image again without the hook.
+ * libjpeg would recover from in its own way), it also says where libjpeg's own decoder would
+ * stand at the start of that MCU (smg_resume_point): the trampoline sets libjpeg's Huffman
+ * decoder to that state and lets libjpeg decode the rest of the scan (smg_resume), so a file
+ * damaged late in a scan is not decoded twice. Where that cannot be done exactly, the
+ * trampoline longjmps out, still below the setjmp and with no Rust frame in between, and
+ * smg_jpeg_decode returns SMG_RETRY: the caller decodes the image again without the hook.
  */
 #include <setjmp.h>
 #include <stddef.h>
@@ -80,9 +79,9 @@ typedef struct {
  * scan of one component: libjpeg's coefficient controller, jdcoefct.c's consume_data, hands
  * out the blocks of a row left to right as consecutive JBLOCKs of the row of its coefficient
  * array, MCUs_per_row of them); -1 = anomaly, decode again. */
-/* Where libjpeg's own decode_mcu can take a sequential scan over from the hook (decode_mcu
- * status -2): the state of libjpeg's Huffman decoder at the start of the MCU the hook stopped
- * in, had libjpeg decoded every MCU before it. `pos` indexes the whole file; the next
+/* Where libjpeg's own decode_mcu can take a scan over from the hook (decode_mcu status -2): the
+ * state of libjpeg's Huffman decoder at the start of the MCU the hook stopped in, had libjpeg
+ * decoded every MCU before it. `pos` indexes the whole file; the next
  * `bits_left` bits of the scan are the low bits of `get_buffer`; the DC predictions by
  * component of the scan; MCUs left in the restart interval (0: a restart marker comes first)
  * and the number of the next restart marker; MCUs left in the scan, this one included. */
@@ -94,6 +93,7 @@ typedef struct {
     unsigned int restarts_to_go;
     int next_restart_num;
     unsigned long long mcus_left;
+    unsigned int eobrun; /* a progressive scan's end-of-band run (0 in a sequential one) */
 } smg_resume_point;
 
 typedef struct {
@@ -133,6 +133,23 @@ struct smg_huff_entropy {
     void *ac_cur_tbls[SMG_MAX_BLOCKS];
     boolean dc_needed[SMG_MAX_BLOCKS];
     boolean ac_needed[SMG_MAX_BLOCKS];
+};
+
+/* The state of its progressive Huffman decoder, phuff_entropy_decoder (private to jdphuff.c,
+ * libjpeg-turbo 3.1.0), written and checked likewise (smg_resume_layout_ok). */
+struct smg_phuff_entropy {
+    struct smg_entropy_public pub;
+    struct {
+        size_t get_buffer;
+        int bits_left;
+    } bitstate;
+    struct {
+        unsigned int EOBRUN;
+        int last_dc_val[4];
+    } saved;
+    unsigned int restarts_to_go;
+    void *derived_tbls[4];
+    void *ac_derived_tbl;
 };
 
 /* libjpeg's struct jpeg_marker_reader (jpegint.h): next_restart_num is the restart marker
@@ -319,38 +336,65 @@ static void smg_give_back(smg_jpeg *self, const char *why) {
     longjmp(self->err.jump, 1);
 }
 
-/* Whether libjpeg's decoder state lies where struct smg_huff_entropy says, as its start_pass
- * leaves it for a sequential scan (checked before the hook decodes anything): each block's
- * table pointers equal to its component's derived tables, the restart counter, an empty bit
- * buffer, zero predictions, and the marker reader expecting RST0 after SOI and SOF. */
+/* Whether libjpeg's decoder state lies where struct smg_huff_entropy (sequential) or
+ * smg_phuff_entropy (progressive) says, as its start_pass leaves it for the scan (checked before
+ * the hook decodes anything): the table pointers the scan uses where the derived tables are,
+ * the restart counter, an empty bit buffer, no end-of-band run, zero predictions, and the
+ * marker reader expecting RST0 after SOI and SOF. */
 static int smg_resume_layout_ok(smg_jpeg *self) {
     j_decompress_ptr cinfo = &self->cinfo;
-    const struct smg_huff_entropy *huff = (const struct smg_huff_entropy *)cinfo->entropy;
+    const struct smg_entropy_public *pub = (const struct smg_entropy_public *)cinfo->entropy;
     const struct smg_marker_reader *marker = (const struct smg_marker_reader *)cinfo->marker;
     int b, ci;
     if (marker == NULL || marker->saw_SOI != TRUE || marker->saw_SOF != TRUE ||
-        marker->next_restart_num != 0 || huff->pub.decode_mcu != self->libjpeg_decode_mcu ||
-        huff->pub.insufficient_data != FALSE || huff->bitstate.bits_left != 0 ||
-        huff->restarts_to_go != cinfo->restart_interval || cinfo->comps_in_scan > 4 ||
+        marker->next_restart_num != 0 || pub->decode_mcu != self->libjpeg_decode_mcu ||
+        pub->insufficient_data != FALSE || cinfo->comps_in_scan > 4 ||
         cinfo->unread_marker != 0) {
         return 0;
     }
     for (ci = 0; ci < cinfo->comps_in_scan; ci++) {
-        if (huff->saved.last_dc_val[ci] != 0) {
-            return 0;
-        }
-    }
-    for (b = 0; b < cinfo->blocks_in_MCU; b++) {
-        const jpeg_component_info *comp = cinfo->cur_comp_info[cinfo->MCU_membership[b]];
+        const jpeg_component_info *comp = cinfo->cur_comp_info[ci];
         if (comp->dc_tbl_no < 0 || comp->dc_tbl_no > 3 || comp->ac_tbl_no < 0 ||
-            comp->ac_tbl_no > 3 || huff->dc_cur_tbls[b] == NULL ||
-            huff->ac_cur_tbls[b] == NULL ||
-            huff->dc_cur_tbls[b] != huff->dc_derived_tbls[comp->dc_tbl_no] ||
-            huff->ac_cur_tbls[b] != huff->ac_derived_tbls[comp->ac_tbl_no]) {
+            comp->ac_tbl_no > 3) {
             return 0;
         }
     }
-    return 1;
+    if (cinfo->progressive_mode) {
+        const struct smg_phuff_entropy *ph = (const struct smg_phuff_entropy *)cinfo->entropy;
+        if (ph->bitstate.bits_left != 0 || ph->saved.EOBRUN != 0 ||
+            ph->restarts_to_go != cinfo->restart_interval) {
+            return 0;
+        }
+        for (ci = 0; ci < cinfo->comps_in_scan; ci++) {
+            const jpeg_component_info *comp = cinfo->cur_comp_info[ci];
+            if (ph->saved.last_dc_val[ci] != 0 ||
+                (cinfo->Ss == 0 && cinfo->Ah == 0 && ph->derived_tbls[comp->dc_tbl_no] == NULL)) {
+                return 0;
+            }
+        }
+        return cinfo->Ss == 0 ||
+               (cinfo->comps_in_scan == 1 && ph->ac_derived_tbl != NULL &&
+                ph->ac_derived_tbl == ph->derived_tbls[cinfo->cur_comp_info[0]->ac_tbl_no]);
+    } else {
+        const struct smg_huff_entropy *huff = (const struct smg_huff_entropy *)cinfo->entropy;
+        if (huff->bitstate.bits_left != 0 || huff->restarts_to_go != cinfo->restart_interval) {
+            return 0;
+        }
+        for (ci = 0; ci < cinfo->comps_in_scan; ci++) {
+            if (huff->saved.last_dc_val[ci] != 0) {
+                return 0;
+            }
+        }
+        for (b = 0; b < cinfo->blocks_in_MCU; b++) {
+            const jpeg_component_info *comp = cinfo->cur_comp_info[cinfo->MCU_membership[b]];
+            if (huff->dc_cur_tbls[b] == NULL || huff->ac_cur_tbls[b] == NULL ||
+                huff->dc_cur_tbls[b] != huff->dc_derived_tbls[comp->dc_tbl_no] ||
+                huff->ac_cur_tbls[b] != huff->ac_derived_tbls[comp->ac_tbl_no]) {
+                return 0;
+            }
+        }
+        return 1;
+    }
 }
 
 /* Whether the scan data from `pos` holds 0xFF fill bytes before a stuffed zero (FF FF 00) before
@@ -383,25 +427,45 @@ static int smg_fill_before_stuffing(const smg_jpeg *self, size_t pos) {
 
 /* Hands the scan to libjpeg's decode_mcu at the MCU the hook stopped in, with the decoder state
  * libjpeg would have there (`r`, from the hook), so that only the rest of the scan is decoded by
- * libjpeg instead of the whole image again; 0 when it cannot (the image is decoded again). */
+ * libjpeg instead of the whole image again; 0 when it cannot (the image is decoded again). In a
+ * progressive scan the hook has already put the MCU's block back as libjpeg expects it. */
 static int smg_resume(smg_jpeg *self, const smg_resume_point *r, JBLOCKROW *MCU_data) {
     j_decompress_ptr cinfo = &self->cinfo;
-    struct smg_huff_entropy *huff = (struct smg_huff_entropy *)cinfo->entropy;
     struct smg_marker_reader *marker = (struct smg_marker_reader *)cinfo->marker;
     int b, ci;
     if (!self->resumable || r->pos < (size_t)(self->hook_base - self->data) || r->pos > self->len ||
         r->bits_left < 0 || r->bits_left > 63 || r->mcus_left == 0 || r->next_restart_num < 0 ||
         r->next_restart_num > 7 || r->restarts_to_go > cinfo->restart_interval ||
-        (cinfo->restart_interval == 0 && smg_fill_before_stuffing(self, r->pos))) {
+        (!cinfo->progressive_mode && r->eobrun != 0) ||
+        (!cinfo->progressive_mode && cinfo->restart_interval == 0 &&
+         smg_fill_before_stuffing(self, r->pos))) {
         return 0;
     }
-    huff->bitstate.get_buffer = (size_t)r->get_buffer;
-    huff->bitstate.bits_left = r->bits_left;
-    for (ci = 0; ci < cinfo->comps_in_scan; ci++) {
-        huff->saved.last_dc_val[ci] = r->last_dc_val[ci];
+    if (cinfo->progressive_mode) {
+        struct smg_phuff_entropy *ph = (struct smg_phuff_entropy *)cinfo->entropy;
+        ph->bitstate.get_buffer = (size_t)r->get_buffer;
+        ph->bitstate.bits_left = r->bits_left;
+        ph->saved.EOBRUN = r->eobrun;
+        for (ci = 0; ci < cinfo->comps_in_scan; ci++) {
+            ph->saved.last_dc_val[ci] = r->last_dc_val[ci];
+        }
+        ph->restarts_to_go = r->restarts_to_go;
+    } else {
+        struct smg_huff_entropy *huff = (struct smg_huff_entropy *)cinfo->entropy;
+        huff->bitstate.get_buffer = (size_t)r->get_buffer;
+        huff->bitstate.bits_left = r->bits_left;
+        for (ci = 0; ci < cinfo->comps_in_scan; ci++) {
+            huff->saved.last_dc_val[ci] = r->last_dc_val[ci];
+        }
+        huff->restarts_to_go = r->restarts_to_go;
+        /* The hook wrote some of this MCU's coefficients; libjpeg decodes into zeroed blocks. */
+        if (MCU_data != NULL) {
+            for (b = 0; b < cinfo->blocks_in_MCU; b++) {
+                memset(MCU_data[b], 0, sizeof(JBLOCK));
+            }
+        }
     }
-    huff->restarts_to_go = r->restarts_to_go;
-    huff->pub.insufficient_data = FALSE;
+    ((struct smg_entropy_public *)cinfo->entropy)->insufficient_data = FALSE;
     marker->next_restart_num = r->next_restart_num;
     cinfo->unread_marker = 0;
     /* libjpeg has read the scan up to `pos` (its reads under Pillow stand in that piece; where
@@ -409,13 +473,7 @@ static int smg_resume(smg_jpeg *self, const smg_resume_point *r, JBLOCKROW *MCU_
     smg_see_up_to(self, r->pos);
     cinfo->src->next_input_byte = self->data + r->pos;
     cinfo->src->bytes_in_buffer = self->visible - r->pos;
-    /* The hook wrote some of this MCU's coefficients; libjpeg decodes into zeroed blocks. */
-    if (MCU_data != NULL) {
-        for (b = 0; b < cinfo->blocks_in_MCU; b++) {
-            memset(MCU_data[b], 0, sizeof(JBLOCK));
-        }
-    }
-    huff->pub.decode_mcu = smg_delegated_decode_mcu;
+    ((struct smg_entropy_public *)cinfo->entropy)->decode_mcu = smg_delegated_decode_mcu;
     self->delegated_left = r->mcus_left;
     self->resumed = 1;
     return 1;
@@ -495,7 +553,7 @@ static void smg_take_scan(
     self->hook_row_left = 0;
     self->hook_row_next = NULL;
     self->libjpeg_decode_mcu = ((struct smg_entropy_public *)self->cinfo.entropy)->decode_mcu;
-    self->resumable = !desc->progressive && smg_resume_layout_ok(self);
+    self->resumable = smg_resume_layout_ok(self);
     ((struct smg_entropy_public *)self->cinfo.entropy)->decode_mcu = smg_hooked_decode_mcu;
 }
 
