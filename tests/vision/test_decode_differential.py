@@ -404,6 +404,78 @@ def test_a_jpeg_frame_far_larger_than_its_scan_decodes_like_pillow() -> None:
     assert after["retried"] == before["retried"]
 
 
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_exif_entry_cut_short_ends_the_directory(fmt: str) -> None:
+    """Pillow reads each 12-byte IFD entry whole: when the block ends inside the Orientation
+    entry, past the two bytes its SHORT value needs, the directory ends there (a warning) and
+    the image is not rotated."""
+    im = photo(12, 5)
+    block = _exif_block(b"MM\x00*\x00\x00\x00\x08")  # orientation 6, then a 4-byte next offset
+    # Without the next-IFD offset the entry is whole: rotated (the premise's control).
+    whole = encode(im, fmt, exif=block[:-4])
+    assert reference(whole).shape == (12, 5, 3)
+    assert _agree(whole) == "same pixels"
+    for cut in (5, 6):  # the entry's last 1 or 2 bytes missing
+        data = encode(im, fmt, exif=block[:-cut])
+        assert reference(data).shape == (5, 12, 3)
+        assert _agree(data) == "same pixels"
+    if fmt == "JPEG":
+        # No Orientation tag read: Pillow falls back to the XMP's.
+        xmp = b'<x:xmpmeta><rdf:Description tiff:Orientation="8"/></x:xmpmeta>'
+        data = encode(im, fmt, exif=block[:-6], xmp=xmp)
+        assert reference(data).shape == (12, 5, 3)
+        assert _agree(data) == "same pixels"
+        assert vision.decode(data).shape == (12, 5, 3)
+
+
+def test_bmp_rle_on_a_black_and_white_palette_decodes_as_mode_1() -> None:
+    """RLE codes under a black/white (or one-entry black) palette: Pillow 13 opens mode "1" and
+    sets the decoded indices with raw mode "L", unpacked one byte per pixel, non-zero white."""
+    bilevel = encode(photo(23, 17).convert("1"), "BMP")  # 62 bytes of headers and palette
+    # Per row: 5 of index 0, 6 of index 1, 12 of index `row` (0 on the first row, >1 after), EOL.
+    codes = b"".join(bytes([5, 0, 6, 1, 12, row, 0, 0]) for row in range(17)) + b"\x00\x01"
+    rle8 = _set(bilevel[:62], 30, struct.pack("<I", 1)) + codes
+    im = Image.open(io.BytesIO(rle8))
+    assert (im.mode, im.info["compression"]) == ("1", 1)
+    assert _agree(rle8) == "same pixels"
+    # RLE4 codes, and a one-entry black palette (also mode "1").
+    assert _agree(_set(rle8, 30, struct.pack("<I", 2))) == "same pixels"
+    assert _agree(_set(rle8, 46, struct.pack("<I", 1))) == "same pixels"
+
+
+def test_png_rows_zlib_holds_after_the_last_byte_are_never_written() -> None:
+    """Pillow calls inflate only while its piece has input left. Four identical rows compress to
+    the first row and one match copying the other three: with the data cut right after that
+    match, zlib could write every row, but Pillow's call that reads the last byte fills one row
+    and then there is no input for another call: "image file is truncated". With more data after
+    the cut (one more byte, or the rest of the stream in another IDAT), the next call writes the
+    held rows; there the last row's call also reads on through the adler32."""
+    raw = _filtered(bytes(range(10, 18)) * 4)
+    stream = zlib.compress(raw, 9)
+    # The shortest prefix that inflates to every row: its last byte completes the match.
+    inflated = [len(zlib.decompressobj().decompress(stream[:n])) for n in range(len(stream))]
+    cut = inflated.index(len(raw))
+    held = _png(_gray_ihdr(), [stream[:cut]])
+    assert "truncated" in str(_pillow_raises(held))
+    with pytest.raises(TruncatedImageError):
+        vision.decode(held)
+    # The same, the IDAT chunk cut short by the end of the file (the fuzzer's mutant).
+    start = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", _gray_ihdr())
+    cut_short = start + struct.pack(">I", len(stream)) + b"IDAT" + stream[:cut]
+    assert "truncated" in str(_pillow_raises(cut_short))
+    with pytest.raises(TruncatedImageError):
+        vision.decode(cut_short)
+    # One more byte of input: the next call writes the held rows.
+    assert _agree(_png(_gray_ihdr(), [stream[: cut + 1]])) == "same pixels"
+    # The rest of the stream in a second IDAT: decoded, and a bad adler32 there is checked.
+    assert _agree(_png(_gray_ihdr(), [stream[:cut], stream[cut:]])) == "same pixels"
+    bad = stream[:-4] + bytes(b ^ 0x5A for b in stream[-4:])
+    split_bad = _png(_gray_ihdr(), [bad[:cut], bad[cut:]])
+    assert "broken data stream" in str(_pillow_raises(split_bad))
+    with pytest.raises(CorruptImageError, match="broken data stream"):
+        vision.decode(split_bad)
+
+
 def test_jpegs_cut_inside_their_scan_go_to_libjpeg_at_once() -> None:
     """Real photos cut inside their scan (a truncated upload), with and without restart markers,
     and with the last bytes of the EOI missing: Pillow's outcome (it raises), and the scan that

@@ -11,7 +11,7 @@
 //! error, as in Pillow). The palette holds what the file has of the declared entries (more than
 //! 256 read is an error, as in Pillow's `putpalette`); a zero pixel data offset means "after
 //! the palette". Not supported (Pillow fails too): other depths and bitfield layouts,
-//! JPEG/PNG-compressed BMPs, RLE with a 1- or 2-entry gray palette.
+//! JPEG/PNG-compressed BMPs.
 
 use super::convert::{ModeImage, Palette, Pixels};
 use super::{check_size, zeroed_image, DecodeError, Decoded, Format};
@@ -219,13 +219,9 @@ fn decode_bitmap(
         // Pillow: mode "1" for a gray palette of at most 2 entries, else "L", unpacked with that
         // mode as the raw mode: other depths are misread (1 bit or 1 byte per pixel from rows
         // of the file's stride), which is reproduced below for uncompressed data.
-        // RLE data is set with raw mode "L", which mode "1" has no unpacker for.
-        if gray && rle && colors <= 2 {
-            return Err(DecodeError::unsupported(
-                FORMAT,
-                format!("gray palette of {colors} entries on {bits}-bit pixels"),
-            ));
-        }
+        // RLE data is set with raw mode "L" whatever the mode: into mode "1" Pillow 13 unpacks
+        // it one byte per pixel, any non-zero index being white, which is what `Bilevel` holds
+        // (the decoded indices, read as 0 or non-zero).
         // `putpalette` takes at most 256 entries of what was read (the file may hold fewer
         // than the header declares).
         if !gray && table.len() / palette_padding > 256 {

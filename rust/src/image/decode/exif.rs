@@ -3,13 +3,15 @@
 //!
 //! Pillow strips one or two leading `Exif\0\0`, reads the 8-byte TIFF header (`II*\0`, `MM\0*`,
 //! and the odd `MM*\0` / `II\0*` it also accepts), seeks to the first IFD and keeps the first entry
-//! of each tag. Tag 274 (Orientation) counts when it holds a single number equal to 2…8: any
-//! integer type but BYTE and UNDEFINED (Pillow returns those as `bytes`), and also FLOAT, DOUBLE,
-//! RATIONAL and SRATIONAL holding an integral value, because Pillow looks the value up in a dict
-//! keyed by int. Entries whose out-of-line data would run past the EXIF block, or whose summed
-//! out-of-line sizes exceed the block's length, are handled as Pillow does (a short read ends the
-//! directory, an over-budget entry is skipped). When there is
-//! no Orientation tag, the XMP packet is searched for `tiff:Orientation="N"` / `>N`.
+//! of each tag. Each 12-byte entry is read whole: one cut short by the end of the block ends the
+//! directory, even when the bytes its value needs are there. Tag 274 (Orientation) counts when
+//! it holds a single number equal to 2…8: any integer type but BYTE and UNDEFINED (Pillow
+//! returns those as `bytes`), and also FLOAT, DOUBLE, RATIONAL and SRATIONAL holding an integral
+//! value, because Pillow looks the value up in a dict keyed by int. Entries whose out-of-line
+//! data would run past the EXIF block, or whose summed out-of-line sizes exceed the block's
+//! length, are handled as Pillow does (a short read ends the directory, an over-budget entry is
+//! skipped). When there is no Orientation tag, the XMP packet is searched for
+//! `tiff:Orientation="N"` / `>N`.
 //!
 //! An EXIF block Pillow's TIFF reader refuses (a header not among its prefixes, fewer than 8
 //! bytes, or the little-endian BigTIFF mark `II+\0`, whose 8-byte offset Pillow reads past its
@@ -121,9 +123,14 @@ fn exif_orientation(mut data: &[u8]) -> Tag {
     let mut total_out_of_line = 0u64;
     for i in 0..usize::from(count) {
         let entry = ifd + 2 + i * 12;
+        // Pillow reads the whole 12-byte entry first (`_ensure_read`): a short read ends the
+        // directory, keeping the tags seen so far, even when the entry's tag, type, count and
+        // the bytes its inline value needs are all there.
+        if data.len() < entry + 12 {
+            return Tag::Absent;
+        }
         let (Some(tag), Some(typ), Some(n)) = (u16_at(entry), u16_at(entry + 2), u32_at(entry + 4))
         else {
-            // Pillow stops at a short read and keeps the tags seen so far.
             return Tag::Absent;
         };
         let unit: u64 = match typ {
@@ -334,6 +341,17 @@ mod tests {
         let mut with_header = b"Exif\x00\x00".to_vec();
         with_header.extend(&be);
         assert_eq!(orientation(Some(&with_header), None), 8);
+    }
+
+    #[test]
+    fn an_entry_cut_short_ends_the_directory() {
+        // The block ends 2 bytes into the value field: the SHORT value is there, but Pillow's
+        // 12-byte read of the entry fails first. The XMP is searched instead.
+        let whole = tiff(false, &[(274, 3, 1, [0, 6, 0, 0])]);
+        let cut = &whole[..whole.len() - 6];
+        assert_eq!(orientation(Some(&whole[..whole.len() - 4]), None), 6);
+        assert_eq!(orientation(Some(cut), None), 1);
+        assert_eq!(orientation(Some(cut), Some(b"<tiff:Orientation>3<")), 3);
     }
 
     #[test]

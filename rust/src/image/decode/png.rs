@@ -24,7 +24,10 @@
 //!   zlib checks it. The image is complete when its last row is, or when the stream ends
 //!   exactly at a row boundary (the remaining rows stay zero, as in Pillow); a stream that ends
 //!   mid-row, or image data that stops (another chunk, the end of the file) first, is
-//!   truncated. A row filter type above 4 is an error. Image-data CRCs are not checked.
+//!   truncated. Pillow calls inflate only while its piece has input left: rows zlib could still
+//!   write from what it holds (the rest of a long match, codes already in its bit buffer) after
+//!   the last byte of image data was read for an earlier row are never written, and the image
+//!   is truncated too. A row filter type above 4 is an error. Image-data CRCs are not checked.
 //! - **After the image** (`load_end`): the rest of the file is walked without CRC checks;
 //!   a chunk type that is not `\w{4}` or an incomplete chunk header ends the walk quietly, `IEND`
 //!   ends it, and so does an `fcTL` in an animated PNG; every other chunk's body must be
@@ -554,7 +557,9 @@ enum Joined {
     /// The output was filled, but then came an error Pillow may never reach (in data it would
     /// not have fed to inflate), or a cut-short chunk: [`inflate_whole`] decides.
     Unsure,
-    /// The output was not filled: [`inflate_whole`] would fail as well.
+    /// The output was not filled, or filled only by reading every byte of the data without
+    /// reaching the stream's end (Pillow's row-by-row calls may stop short of the last row):
+    /// [`inflate_whole`] would not succeed either.
     Fails,
 }
 
@@ -574,6 +579,13 @@ enum Joined {
 /// chunk in between is a whole `IDAT`/`DDAT` chunk, which `load_end` passes over without effect,
 /// so starting after this call's last chunk is the same, unless that chunk is cut short by the
 /// end of the file (`load_end` would fail on it): then `Unsure`.
+///
+/// One more condition: Pillow's calls for the last row must start with input left. They do
+/// when this call left input unread, or ended the stream (its adler32 is read after the last
+/// output byte is written). When it read every byte without reaching the stream's end, the
+/// last byte may have been read for an earlier row, the rest coming from what zlib holds (the
+/// remainder of a long match): Pillow would then stop there, short of the last row, and
+/// report a truncated image. `Fails` leaves that to [`inflate_rows`].
 fn inflate_joined(data: &[u8], first_body: usize, first_len: usize, out: &mut [u8]) -> Joined {
     if out.is_empty() {
         return Joined::Unsure;
@@ -622,8 +634,11 @@ fn inflate_joined(data: &[u8], first_body: usize, first_len: usize, out: &mut [u
             None => return Joined::Fails,
         }
     };
-    if !matches!(status, Ok(zlib_rs::Status::Ok | zlib_rs::Status::StreamEnd)) {
-        return Joined::Unsure;
+    match status {
+        Ok(zlib_rs::Status::StreamEnd) => {}
+        Ok(zlib_rs::Status::Ok) if used < input.len() => {}
+        Ok(zlib_rs::Status::Ok) => return Joined::Fails,
+        _ => return Joined::Unsure,
     }
     // The chunk holding the last byte read (`used` >= 2: the output is not empty).
     let mut before = 0usize;
@@ -716,6 +731,13 @@ fn inflate_all(
 /// and goes on through the end of the stream and its adler32 exactly when Pillow's call for the
 /// last row does (an adler32 mismatch there is an error here too). A stream that ends at a row
 /// boundary before the last row (Pillow's early finish) leaves the output short: `None`.
+///
+/// Pillow makes a row's call only while its piece has input left. A piece that fills the output
+/// with input to spare, or that ends the stream (the adler32 is read after the last output
+/// byte), had input left for every row. One that fills it by reading its very last byte, the
+/// stream not ended, may have read that byte for an earlier row, the later rows coming from what
+/// zlib holds: Pillow writes them only from the next piece's call (and there checks what follows
+/// them in the stream), or never when no image data follows. `None`: [`inflate_rows`] decides.
 fn inflate_whole(
     data: &[u8],
     first_body: usize,
@@ -752,6 +774,7 @@ fn inflate_whole(
         );
         filled += written;
         match status {
+            Ok(zlib_rs::Status::Ok) if filled == out.len() && used == piece.len() => return None,
             Ok(zlib_rs::Status::Ok | zlib_rs::Status::StreamEnd) if filled == out.len() => {
                 return Some(DataEnd {
                     pos,
