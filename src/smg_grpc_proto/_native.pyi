@@ -215,8 +215,10 @@ def jpeg_huffman_stats() -> dict[str, int]:
     threads=0 or >= 2)``), ``shared`` (of those, with the calling thread decoding some restart
     intervals too), ``progressive`` (scans of progressive files, on the calling thread),
     ``progressive_rows`` (calls that decoded the rest of a block row of a progressive scan of
-    one component) and ``retried`` (images given back to libjpeg-turbo on an anomaly: decoded
-    again by libjpeg alone)."""
+    one component), ``resumed`` (images where libjpeg-turbo took a scan over at the MCU where
+    the Rust decoder stopped on an anomaly, decoding only the rest of that scan) and ``retried``
+    (images given back to libjpeg-turbo on an anomaly where it could not: decoded again by
+    libjpeg alone)."""
 
 def png_inflate_stats() -> dict[str, int]:
     """PNG images since the process started whose image data our inflate took (``ours``: a

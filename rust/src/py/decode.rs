@@ -194,8 +194,10 @@ fn image_format(data: &Bound<'_, PyBytes>) -> Option<String> {
 /// `inline` (on the calling thread), `helper` (on a helper thread), `shared` (of those, with
 /// the calling thread decoding some restart intervals too), `progressive` (scans of progressive
 /// files, on the calling thread), `progressive_rows` (calls that decoded the rest of a block
-/// row of a progressive scan of one component), and `retried` (images given back to
-/// libjpeg-turbo on an anomaly: decoded again by libjpeg alone).
+/// row of a progressive scan of one component), `resumed` (images where libjpeg-turbo took a
+/// scan over at the MCU where the Rust decoder stopped on an anomaly, decoding only the rest of
+/// that scan) and `retried` (images given back to libjpeg-turbo on an anomaly where it could
+/// not: decoded again by libjpeg alone).
 #[pyfunction]
 fn jpeg_huffman_stats() -> std::collections::HashMap<&'static str, u64> {
     crate::image::decode::jpeg::huffman_stats()

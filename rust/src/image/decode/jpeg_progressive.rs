@@ -389,10 +389,12 @@ impl ProgressiveScan {
         }
         let mut bits = self.bits;
         let mut eobrun = self.eobrun;
-        let mut predictions = self.predictions;
+        // A refinement block's nonzero coefficients as it came (see `undo`).
+        let mut before = 0;
         match self.pass {
             Pass::DcFirst => {
                 let al = u32::from(self.band.al);
+                let mut predictions = self.predictions;
                 for (&(component, table), block) in self.blocks.iter().zip(out.iter_mut()) {
                     let block = block.as_deref_mut().ok_or(NO_BLOCK)?;
                     let prediction = &mut predictions[component];
@@ -403,6 +405,10 @@ impl ProgressiveScan {
                         .ok_or(Anomaly("a DC coefficient out of range"))?;
                     block[0] = (*prediction as u32).wrapping_shl(al) as i16;
                 }
+                if let Some(anomaly) = bits.anomaly() {
+                    return Err(anomaly);
+                }
+                self.predictions = predictions;
             }
             Pass::DcRefine => {
                 let p1 = 1i16 << self.band.al;
@@ -428,7 +434,6 @@ impl ProgressiveScan {
             Pass::AcRefine => {
                 let (table, whole) = (&self.tables[self.blocks[0].1], self.whole.as_ref());
                 let block = out[0].as_deref_mut().ok_or(NO_BLOCK)?;
-                let mut new = 0;
                 let run = ac_refine::<BMI2>(
                     &mut bits,
                     data,
@@ -436,23 +441,27 @@ impl ProgressiveScan {
                     self.band,
                     eobrun,
                     block,
-                    &mut new,
+                    &mut before,
                 );
-                match run.and_then(|run| bits.anomaly().map_or(Ok(run), Err)) {
+                match run {
                     Ok(run) => eobrun = run,
                     Err(anomaly) => {
-                        self.undo(block, new);
+                        self.undo(block, before);
                         return Err(anomaly);
                     }
                 }
             }
         }
         if let Some(anomaly) = bits.anomaly() {
+            if self.pass == Pass::AcRefine {
+                if let Some(block) = out[0].as_deref_mut() {
+                    self.undo(block, before);
+                }
+            }
             return Err(anomaly);
         }
         self.bits = bits;
         self.eobrun = eobrun;
-        self.predictions = predictions;
         if self.restart_interval != 0 {
             self.left_in_interval -= 1;
         }
@@ -460,22 +469,25 @@ impl ProgressiveScan {
         Ok(())
     }
 
-    /// Takes back the coefficients a failed refinement block made nonzero (`new`: their
-    /// positions), which held zero before it, so that libjpeg's walk over the block sees what
-    /// the scans before left. A write past the band (a corrupt run; `new` all ones) may have
-    /// overwritten a nonzero coefficient: then libjpeg cannot take the scan over (`lost`; the
-    /// image is decoded again).
+    /// Takes back the coefficients a failed refinement block made nonzero: those of the band
+    /// nonzero now but not in `before` (its nonzero ones as it came, zigzag mask), which held
+    /// zero, so that libjpeg's walk over the block sees what the scans before left (the
+    /// correction bits applied stay: libjpeg tests a coefficient's bit before adding it). A
+    /// walk that ran past the band (corrupt data; `before` all ones) may have written over a
+    /// coefficient that was not zero: then libjpeg cannot take the scan over (`lost`; the image
+    /// is decoded again).
     #[cold]
     #[inline(never)]
-    fn undo(&mut self, block: &mut [i16; 64], new: u64) {
-        if new == u64::MAX {
+    fn undo(&mut self, block: &mut [i16; 64], before: u64) {
+        if before == u64::MAX {
             self.lost = true;
             return;
         }
-        let mut left = new;
-        while left != 0 {
-            block[left.trailing_zeros() as usize] = 0;
-            left &= left - 1;
+        let in_band = span(u32::from(self.band.ss), u32::from(self.band.se) + 1);
+        let mut made = nonzero_zigzag(block) & in_band & !before;
+        while made != 0 {
+            block[usize::from(NATURAL_ORDER[made.trailing_zeros() as usize])] = 0;
+            made &= made - 1;
         }
     }
 
@@ -804,9 +816,10 @@ fn raise(block: &mut [i16; 64], mut raised: u64, p1: i16) {
 }
 
 /// `decode_mcu_AC_refine` for one block, `eobrun` blocks into an end-of-band run (0: none).
-/// Returns the run left after this block; `new_positions` gathers the positions (natural
-/// order) of the coefficients it makes nonzero, also when it fails (all ones once it writes past
-/// the band, over a coefficient that may not have been zero).
+/// Returns the run left after this block. `before` receives the band's nonzero coefficients
+/// (zigzag mask) as the block came, so that a failure can take back the ones it made nonzero;
+/// all ones when the walk ran past the band (corrupt data: its last symbol may have written over
+/// a coefficient that was not zero).
 ///
 /// libjpeg walks the band coefficient by coefficient; here a mask of the band's nonzero
 /// coefficients (which get a correction bit each) tells where each run of zeros ends, so only
@@ -820,13 +833,14 @@ fn ac_refine<const BMI2: bool>(
     band: Band,
     mut eobrun: u32,
     block: &mut [i16; 64],
-    new_positions: &mut u64,
+    before: &mut u64,
 ) -> Result<u32, Anomaly> {
     let (ss, se) = (u32::from(band.ss), u32::from(band.se));
     // `1 << Al` in 16 bits: Al is at most 13.
     let p1 = 1i16 << band.al;
     let in_band = span(ss, se + 1);
     let nonzero = nonzero_zigzag(block) & in_band;
+    *before = nonzero;
     // The same, reversed (zigzag index `k` in bit `63 - k`), for `correction_bits`.
     let nonzero_reversed = nonzero.reverse_bits();
     // The coefficients whose correction bit is set (reversed), applied at the end: each
@@ -866,17 +880,12 @@ fn ac_refine<const BMI2: bool>(
             k = stop;
             if new != 0 {
                 // `k` is at most `Se + 1`: past 63 it lands on 63, as libjpeg's table has it.
-                let at = NATURAL_ORDER[k as usize & 127];
-                block[usize::from(at)] = new;
-                // On a zero coefficient (`target`), or past the band (a corrupt run), over
-                // whatever was there: then nothing can be taken back.
-                *new_positions = if target != 0 {
-                    *new_positions | 1 << at
-                } else {
-                    u64::MAX
-                };
+                block[usize::from(NATURAL_ORDER[k as usize & 127])] = new;
             }
             k += 1;
+        }
+        if k > se + 1 {
+            *before = u64::MAX;
         }
     }
     if eobrun > 0 {
@@ -1039,7 +1048,7 @@ mod tests {
     fn refinement_matches_libjpegs_walk() {
         let table = refine_table();
         let mut rng = Rng(0x5EED_0002);
-        let (mut blocks, mut anomalies, mut undoable) = (0, 0, 0);
+        let (mut blocks, mut anomalies, mut undoable, mut overwrites) = (0, 0, 0, 0);
         for _ in 0..1500 {
             let ss = 1 + rng.below(63) as u8;
             let se = ss + rng.below(u64::from(64 - ss)) as u8;
@@ -1068,7 +1077,7 @@ mod tests {
                 let (mut want, mut fast, mut with_bmi2) = (earlier, earlier, earlier);
                 let expected =
                     walk_refine(&mut want_bits, &data, &table, band, want_run, &mut want);
-                let mut new = 0u64;
+                let mut before = 0u64;
                 let got = ac_refine::<false>(
                     &mut fast_bits,
                     &data,
@@ -1076,17 +1085,40 @@ mod tests {
                     band,
                     fast_run,
                     &mut fast,
-                    &mut new,
+                    &mut before,
                 );
                 assert_eq!(got, expected);
-                if expected.is_ok() && new != u64::MAX {
-                    // The positions made nonzero, as the undo after a failure needs them
-                    // (all ones: a run past the band wrote over whatever was there).
-                    let made: u64 = (0..64)
-                        .filter(|&p| earlier[p] == 0 && want[p] != 0)
-                        .fold(0, |m, p| m | 1 << p);
-                    assert_eq!(new, made);
+                // The band's nonzero coefficients as the block came (zigzag), as the undo
+                // after a failure needs them (all ones once the walk ran past the band).
+                let came: u64 = (usize::from(ss)..=usize::from(se))
+                    .filter(|&k| earlier[usize::from(NATURAL_ORDER[k])] != 0)
+                    .fold(0, |m, k| m | 1 << k);
+                let past = usize::from(NATURAL_ORDER[usize::from(se) + 1]);
+                // A correction bit grows a nonzero coefficient away from +-2^Al: only a write
+                // past the band can leave one there that was not zero.
+                let p1 = 1i16 << al;
+                let overwritten = earlier[past] != 0
+                    && earlier[past] != want[past]
+                    && (want[past] == p1 || want[past] == -p1);
+                if expected.is_ok() && before != u64::MAX {
+                    assert_eq!(before, came);
+                    assert!(!overwritten, "position {past} overwritten");
+                    // The undo gives back the block as it came but for the correction bits.
+                    let mut scan =
+                        ProgressiveScan::new(band, vec![table.clone()], vec![(0, 0)], 0, 1, 0)
+                            .expect("an AC refinement scan");
+                    let mut undone = fast;
+                    scan.undo(&mut undone, before);
+                    assert!(!scan.lost);
+                    for p in 0..64 {
+                        let zero_before = earlier[p] == 0;
+                        assert_eq!(undone[p] == 0, zero_before, "position {p}");
+                    }
                     undoable += 1;
+                } else if expected.is_ok() {
+                    overwrites += usize::from(overwritten);
+                } else {
+                    assert_eq!(before, came);
                 }
                 if bmi2() {
                     let got = ac_refine::<true>(
@@ -1117,8 +1149,8 @@ mod tests {
         }
         // Both outcomes were exercised, most blocks decoded, most of them within their band.
         assert!(
-            blocks > 20_000 && anomalies > 30 && undoable > blocks / 2,
-            "{blocks} blocks, {anomalies} anomalies, {undoable} undoable"
+            blocks > 20_000 && anomalies > 30 && undoable > blocks / 2 && overwrites > 0,
+            "{blocks} blocks, {anomalies} anomalies, {undoable} undoable, {overwrites} overwrites"
         );
     }
 
