@@ -38,6 +38,7 @@ from support.decode_cases import (  # noqa: E402
     NO_SUCH_CODE,
     STRAY_COM,
     STRAY_RST,
+    best_cpu_seconds,
     damage_jpeg_scan,
     damaged_in_scan,
     encode,
@@ -539,12 +540,7 @@ def test_a_jpeg_damaged_in_its_scan_is_handed_to_libjpeg_where_our_decoder_stops
                     assert after["retried"] == before["retried"], case
 
     def best(call: typing.Callable[[], object]) -> float:
-        times = []
-        for _ in range(5):
-            start = time.process_time()
-            call()
-            times.append(time.process_time() - start)
-        return min(times)
+        return best_cpu_seconds(call, 5)
 
     late = damaged_in_scan(rocket, 0.9, STRAY_RST)
     ours = best(lambda: vision.decode(late, threads=1))
@@ -566,12 +562,7 @@ def test_thousands_of_tiny_compressed_chunks_cost_what_they_hold() -> None:
     assert _agree(data) == "same pixels"
 
     def best(call: typing.Callable[[], object]) -> float:
-        times = []
-        for _ in range(3):
-            start = time.process_time()
-            call()
-            times.append(time.process_time() - start)
-        return min(times)
+        return best_cpu_seconds(call, 3)
 
     ours = best(lambda: vision.decode(data))
     pillow = best(lambda: reference(data))

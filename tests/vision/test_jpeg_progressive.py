@@ -28,6 +28,7 @@ from support.decode_cases import (
     NO_SUCH_CODE,
     STRAY_COM,
     STRAY_RST,
+    best_cpu_seconds,
     damage_jpeg_scan,
     damaged_in_scan,
     encode,
@@ -333,12 +334,7 @@ def test_a_progressive_jpeg_damaged_in_a_scan_is_handed_to_libjpeg_where_our_dec
     assert resumed == 27
 
     def best(call: typing.Callable[[], object]) -> float:
-        times = []
-        for _ in range(5):
-            start = time.process_time()
-            call()
-            times.append(time.process_time() - start)
-        return min(times)
+        return best_cpu_seconds(call, 5)
 
     late = damaged_in_scan(files["rocket"], 0.9, STRAY_RST)
     ours = best(lambda: vision.decode(late, threads=1))
