@@ -9,11 +9,15 @@
 //! the same canonical code assignment, DC prediction in wrapping 32-bit arithmetic stored as a
 //! truncated 16-bit value, AC positions past 63 landing on 63 (libjpeg's extended zigzag table),
 //! restart intervals resetting the predictions. Whatever libjpeg-turbo handles with a recovery of
-//! its own is an [`Anomaly`] here and the whole image is decoded again by the stock decoder:
-//! a code no table holds, a segment that runs out of bits (libjpeg pads zeros and blanks the rest
-//! of the interval), a restart marker missing or out of sequence, data that ends without a marker
-//! (libjpeg suspends), more MCUs asked for than the frame has. So the fast path never has to
-//! imitate a recovery, and a corrupt file costs one extra decode.
+//! its own is an [`Anomaly`] here, and libjpeg's own decoder takes the scan over at the MCU where
+//! it happened ([`Scan::resume_point`]: where libjpeg's decoder would stand there, found by
+//! decoding again from the last checkpoint, kept every [`CHECKPOINT_MCUS`] MCUs): a code no
+//! table holds, a segment that runs out of bits (libjpeg pads zeros and blanks the rest of the
+//! interval), a restart marker missing or out of sequence, more MCUs asked for than the frame
+//! has. So the fast path never has to imitate a recovery, and a corrupt file costs no extra
+//! decode. Where libjpeg's own reading could differ from a resumed one (data that ends without a
+//! marker, where libjpeg suspends; see `jpeg_shim.c`'s `smg_resume` for the others), the whole
+//! image is decoded again by the stock decoder.
 //!
 //! The bit reader refills 8 bytes at a time when none of them is 0xFF (almost always), byte by
 //! byte otherwise, with libjpeg's reading of `FF 00` (a data byte), `FF FF …` (fill) and

@@ -6,8 +6,8 @@
 //! and colour conversion. The two halves of a decode overlap (on `xmp_test`, Huffman decoding is
 //! about two thirds of the time, the rest about one third). The blocks are the ones [`Scan`]
 //! writes on libjpeg's thread, so the pixels are the same; an anomaly in the helper reaches
-//! libjpeg at the MCU where it happened, and the image is decoded again by libjpeg alone, as
-//! without the helper.
+//! libjpeg at the MCU where it happened (the helper hands over every MCU before it), and libjpeg
+//! takes the scan over there ([`Pipeline::resume_point`]), as without the helper.
 //!
 //! With restart markers, libjpeg's thread also decodes every few intervals itself when the
 //! Huffman decoding is the larger half ([`Plan`]): the helper skips them (finding where they

@@ -25,10 +25,13 @@
 //! every nonzero coefficient passed, including in end-of-band runs), with libjpeg's indices past
 //! the band landing where its extended `jpeg_natural_order` puts them, and restart markers
 //! resetting the predictions and the end-of-band run. What libjpeg recovers from in its own way
-//! is an [`Anomaly`], and the image is decoded again without the hook, as for baseline scans
-//! (`jpeg_huffman.rs`): a code no table holds, a segment that runs out of bits, a restart
-//! marker missing or out of order, a DC prediction that overflows (libjpeg's
-//! `JERR_BAD_DCT_COEF`), more MCUs than the scan has.
+//! is an [`Anomaly`] (a code no table holds, a segment that runs out of bits, a restart marker
+//! missing or out of order, a DC prediction that overflows, libjpeg's `JERR_BAD_DCT_COEF`, more
+//! MCUs than the scan has), and libjpeg takes the scan over at the block where it happened, as
+//! for baseline scans (`jpeg_huffman.rs`): an MCU that fails commits nothing, and a refinement
+//! block first takes back the coefficients it made nonzero
+//! ([`ProgressiveScan::resume_point`]); after a refinement run past its band, which may have
+//! overwritten a coefficient, the image is decoded again without the hook.
 
 use super::jpeg_huffman::{
     extend, Anomaly, Bits, HuffTable, Resume, Step, FAST_BITS, MAX_BLOCKS_IN_MCU, NATURAL_ORDER,
