@@ -88,7 +88,6 @@ struct EntropyHook {
 
 /// `jpeg_shim.c`'s `smg_resume_point`: a [`Resume`] as the shim reads it.
 #[repr(C)]
-#[derive(Default)]
 struct ResumePoint {
     pos: usize,
     get_buffer: u64,
@@ -385,6 +384,18 @@ extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {
     .unwrap_or(0)
 }
 
+/// The hook's status for a scan it stopped in: -2 with `point` written for the shim (libjpeg
+/// takes the scan over there), or -1 without one (the image is decoded again).
+fn hand_over(point: Option<Resume>, out: &mut ResumePoint) -> c_int {
+    match point {
+        Some(point) => {
+            *out = point.into();
+            -2
+        }
+        None => -1,
+    }
+}
+
 extern "C" fn hook_decode_mcu(
     ctx: *mut c_void,
     blocks: *const *mut [i16; 64],
@@ -413,13 +424,7 @@ extern "C" fn hook_decode_mcu(
         if let Some(scan) = state.progressive.as_mut() {
             if std::mem::take(&mut state.resume_next) {
                 // The block libjpeg asks for now is the one the row stopped in.
-                return match scan.resume_point() {
-                    Some(point) => {
-                        *resume = point.into();
-                        -2
-                    }
-                    None => -1,
-                };
+                return hand_over(scan.resume_point(), resume);
             }
             let n = scan.row_blocks();
             if n > 1 && count == 1 && !blocks.is_null() {
@@ -448,18 +453,14 @@ extern "C" fn hook_decode_mcu(
                     // `row_blocks` leaves the scan's last MCU to a call of its own.
                     Ok(Step::Done(_)) => -1,
                     Err(_) => match (scan.resume_point(), scan.blocks_before_failure()) {
-                        (Some(point), 0) => {
-                            *resume = point.into();
-                            -2
-                        }
                         // The blocks before the one it stopped in are final: the shim answers
                         // libjpeg's calls for them, and the next call resumes.
-                        (Some(_), done) => {
+                        (Some(_), done) if done > 0 => {
                             state.resume_next = true;
                             *consumed = done - 1;
                             3
                         }
-                        (None, _) => -1,
+                        (point, _) => hand_over(point, resume),
                     },
                 };
             }
@@ -498,13 +499,7 @@ extern "C" fn hook_decode_mcu(
                     (None, None, Some(pipeline)) => pipeline.resume_point(),
                     _ => None,
                 };
-                match point {
-                    Some(point) => {
-                        *resume = point.into();
-                        -2
-                    }
-                    None => -1,
-                }
+                hand_over(point, resume)
             }
         }
     }))

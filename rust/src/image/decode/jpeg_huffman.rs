@@ -467,7 +467,7 @@ impl Bits {
     /// when it reaches the end, which a resumed decode does not reproduce; such scans go to
     /// libjpeg whole, `HookState::placement`), or after fill bytes read as data.
     pub(crate) fn for_libjpeg(&self) -> Option<(u64, u32)> {
-        if self.hit_end || self.fill_in_data || !self.within_segment() {
+        if self.fill_in_data || !self.within_segment() {
             return None;
         }
         // The zeros appended after a marker follow the segment's bits: the top `n - pad` bits
@@ -558,6 +558,31 @@ pub(crate) struct Resume {
     pub(crate) mcus_left: u64,
     /// A progressive scan's end-of-band run: blocks still to pass over (0 in a sequential one).
     pub(crate) eobrun: u32,
+}
+
+impl Resume {
+    /// The state with the reader `bits` ([`Bits::for_libjpeg`]: `None` where libjpeg would
+    /// stand differently) and the rest as given.
+    pub(crate) fn at(
+        bits: &Bits,
+        predictions: [i32; 4],
+        restarts_to_go: u32,
+        next_restart: u8,
+        mcus_left: u64,
+        eobrun: u32,
+    ) -> Option<Self> {
+        let (get_buffer, bits_left) = bits.for_libjpeg()?;
+        Some(Self {
+            pos: bits.position(),
+            get_buffer,
+            bits_left,
+            predictions,
+            restarts_to_go,
+            next_restart,
+            mcus_left,
+            eobrun,
+        })
+    }
 }
 
 /// The decoder's state at the start of an MCU of its own interval (not one decoded ahead):
@@ -763,17 +788,14 @@ impl Scan {
                 _ => return None,
             }
         }
-        let (get_buffer, bits_left) = scan.bits.for_libjpeg()?;
-        Some(Resume {
-            pos: scan.bits.pos,
-            get_buffer,
-            bits_left,
-            predictions: scan.predictions,
-            restarts_to_go: scan.left_in_interval,
-            next_restart: scan.next_restart,
+        Resume::at(
+            &scan.bits,
+            scan.predictions,
+            scan.left_in_interval,
+            scan.next_restart,
             mcus_left,
-            eobrun: 0,
-        })
+            0,
+        )
     }
 
     fn decode_mcu_dispatched(

@@ -566,15 +566,7 @@ fn decode_ahead(shared: &Shared, mut scan: Scan, data: &[u8], start: usize, mcus
                     }
                 }
                 Err(_) => {
-                    // The MCUs before `k` are whole: handed over, libjpeg's thread takes them
-                    // and stops at `k` itself, where libjpeg can take the scan over.
-                    if let Some(point) = scan.resume_point() {
-                        let _ = shared.failed_at.set((k, point));
-                        if !publish_produced(shared, k) {
-                            return;
-                        }
-                    }
-                    shared.fail();
+                    fail_at(shared, k, scan.resume_point());
                     return;
                 }
                 _ => {
@@ -600,13 +592,7 @@ fn decode_ahead(shared: &Shared, mut scan: Scan, data: &[u8], start: usize, mcus
         let Some((first, end)) = bounds else {
             // The run ended where libjpeg's thread's interval should start, without the
             // markers around it: libjpeg takes the scan over there.
-            if let Some(point) = scan.resume_point_here(data) {
-                let _ = shared.failed_at.set((k, point));
-                if !publish_produced(shared, k) {
-                    return;
-                }
-            }
-            shared.fail();
+            fail_at(shared, k, scan.resume_point_here(data));
             return;
         };
         if wait_writable(shared, k, &mut writable).is_none() {
@@ -621,6 +607,19 @@ fn decode_ahead(shared: &Shared, mut scan: Scan, data: &[u8], start: usize, mcus
             return;
         }
     }
+}
+
+/// The helper stops at MCU `k`. With `point` (where libjpeg would stand there), the MCUs before
+/// `k`, all whole, are handed over first, so that libjpeg's thread takes them and stops at `k`
+/// itself, where libjpeg can take the scan over.
+fn fail_at(shared: &Shared, k: u64, point: Option<Resume>) {
+    if let Some(point) = point {
+        let _ = shared.failed_at.set((k, point));
+        if !publish_produced(shared, k) {
+            return;
+        }
+    }
+    shared.fail();
 }
 
 /// Publishes `produced = k` (waking libjpeg's thread if it waits); `false`, publishing nothing,

@@ -297,18 +297,17 @@ impl ProgressiveScan {
     fn note_failure(&mut self, after: usize) {
         self.failed_after = after;
         self.failed = (self.mcus_left > 0 && !self.lost)
-            .then(|| self.bits.for_libjpeg())
-            .flatten()
-            .map(|(get_buffer, bits_left)| Resume {
-                pos: self.bits.position(),
-                get_buffer,
-                bits_left,
-                predictions: self.predictions,
-                restarts_to_go: self.left_in_interval,
-                next_restart: self.next_restart,
-                mcus_left: self.mcus_left,
-                eobrun: self.eobrun,
-            });
+            .then(|| {
+                Resume::at(
+                    &self.bits,
+                    self.predictions,
+                    self.left_in_interval,
+                    self.next_restart,
+                    self.mcus_left,
+                    self.eobrun,
+                )
+            })
+            .flatten();
     }
 
     /// Decodes the next `row.len()` MCUs of a scan of one component, one block each, into
@@ -392,8 +391,9 @@ impl ProgressiveScan {
         }
         let mut bits = self.bits;
         let mut eobrun = self.eobrun;
-        // A refinement block's nonzero coefficients as it came (see `undo`).
+        // A refinement block's nonzero coefficients as it came (see `undo`), and how it failed.
         let mut before = 0;
+        let mut refinement_failed = None;
         match self.pass {
             Pass::DcFirst => {
                 let al = u32::from(self.band.al);
@@ -448,14 +448,11 @@ impl ProgressiveScan {
                 );
                 match run {
                     Ok(run) => eobrun = run,
-                    Err(anomaly) => {
-                        self.undo(block, before);
-                        return Err(anomaly);
-                    }
+                    Err(anomaly) => refinement_failed = Some(anomaly),
                 }
             }
         }
-        if let Some(anomaly) = bits.anomaly() {
+        if let Some(anomaly) = refinement_failed.or_else(|| bits.anomaly()) {
             if self.pass == Pass::AcRefine {
                 if let Some(block) = out[0].as_deref_mut() {
                     self.undo(block, before);
