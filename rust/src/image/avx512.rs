@@ -4,13 +4,14 @@
 //! `vpdpwssd`, VNNI's fused `vpmaddwd` + `vpaddd` — non-saturating, so the very wrapping `i32`
 //! sums of the AVX2 and scalar kernels.
 //!
-//! Horizontal pass: 16 output samples at a time (a group). One unaligned 64-byte load per tap
-//! pair and row, and one zero-masking `vpermb` (VBMI) put each sample's two taps `(2p, 2p + 1)`
-//! zero-extended to `i16` in its own dword. That needs every sample's first tap byte within 64
-//! bytes of the group's first: true for reductions up to about 3.5× with three channels; the
-//! AVX2 plan serves the axes beyond that. When every group fits 32 bytes (reductions up to
-//! about 1.7×), the loads are 32 bytes wide, which split fewer cache lines. Results are clamped
-//! and narrowed with `vpmaxsd` and `vpmovusdb`.
+//! Horizontal pass: up to 16 output samples at a time (a group). One unaligned 64-byte load per
+//! tap pair and row, and one zero-masking `vpermb` (VBMI) put each sample's two taps `(2p, 2p +
+//! 1)` zero-extended to `i16` in its own dword. That needs the group's first tap bytes within 64
+//! bytes of each other: 16 samples for reductions up to about 3.5× with three channels, fewer
+//! beyond (a group takes as many as fit, [`group_layouts`]); where too few fit to beat the AVX2
+//! plan (with three channels, reductions past about 8.7×), that plan serves the axis. When
+//! every group fits 32 bytes (reductions up to about 1.7×), the loads are 32 bytes wide, which
+//! split fewer cache lines. Results are clamped and narrowed with `vpmaxsd` and `vpmovusdb`.
 //!
 //! Vertical pass: the AVX2 kernel on 64 samples at a time. Each 128-bit lane works like a lane
 //! of the AVX2 kernel, so the in-lane unpacks and packs keep the samples in order.
@@ -44,7 +45,7 @@ const EVEN_BYTES: u64 = 0x5555_5555_5555_5555;
 struct Group {
     /// Index of the first output sample in the row.
     out: u32,
-    /// Samples in the group (16 but maybe for the last).
+    /// Samples in the group (up to 16: see [`group_layouts`]).
     n: u32,
     /// Tap pairs to accumulate.
     pairs: u32,
@@ -100,7 +101,7 @@ pub(crate) fn even_bytes(control: __m512i, v: __m512i) -> __m512i {
 pub(crate) struct GroupLayout {
     /// The group's first output sample.
     pub first: usize,
-    /// Samples in the group (16 but maybe for the last).
+    /// Samples in the group (up to 16: see [`group_layouts`]).
     pub n: usize,
     /// Tap pairs of the group's widest sample.
     pub pairs: usize,
@@ -110,25 +111,51 @@ pub(crate) struct GroupLayout {
 }
 
 /// The groups of a horizontal pass whose output pixel `x` has `counts[x]` taps from input pixel
-/// `starts[x]`, on `channels` interleaved channels, and whether every group fits 32 bytes;
-/// `None` when some group's first tap bytes do not fit one 64-byte window (large reductions).
-/// Shared by this resampler's plan and torch's `uint8` kernels ([`super::torch`]).
+/// `starts[x]`, on `channels` interleaved channels, and whether every group fits 32 bytes.
+/// Each group takes as many consecutive samples, up to [`GROUP`], as have their tap bytes within
+/// one 64-byte window: all 16 for reductions up to about 3.5× with three channels, fewer beyond
+/// (with three channels 15 at 4.5×, 12 at 6×, 9 at 8×, 6 at 13×; a group cut by the window
+/// ends at a pixel boundary, so that the next starts with a whole pixel). `None` when the median
+/// group would hold fewer than `min_fill` samples (where the AVX2 kernels do more per
+/// instruction), or for 64 channels or more. Shared by this resampler's plan ([`MIN_FILL`]) and
+/// torch's `uint8` kernels ([`super::torch`]).
 pub(crate) fn group_layouts(
     starts: &[usize],
     counts: &[usize],
     channels: usize,
+    min_fill: usize,
 ) -> Option<(Vec<GroupLayout>, bool)> {
     let c = channels;
+    if c == 0 || c >= WINDOW {
+        return None;
+    }
     let n_samples = starts.len() * c;
     let first_byte = |j: usize| starts[j / c] * c + j % c;
     let mut narrow = true;
     let mut layouts = Vec::with_capacity(n_samples.div_ceil(GROUP));
-    for first in (0..n_samples).step_by(GROUP) {
-        let n = GROUP.min(n_samples - first);
-        let bytes = (first..first + n).map(first_byte);
-        let (base, last) = bytes.fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
-        if last - base + c >= WINDOW {
-            return None;
+    let mut first = 0;
+    while first < n_samples {
+        // Samples are taken while the group's first tap bytes, and the second tap `c` bytes
+        // after each, stay within one window (one sample always does: `c < WINDOW`).
+        let (mut base, mut last) = (first_byte(first), first_byte(first));
+        let mut n = 1;
+        while n < GROUP && first + n < n_samples {
+            let b = first_byte(first + n);
+            let (lo, hi) = (base.min(b), last.max(b));
+            if hi - lo + c >= WINDOW {
+                break;
+            }
+            (base, last, n) = (lo, hi, n + 1);
+        }
+        if n < GROUP && first + n < n_samples {
+            // Cut by the window: at the last pixel boundary, so that the next group starts with
+            // a whole pixel (a group cut mid-pixel leaves the next one a sample short).
+            let end = (first + n) / c * c;
+            if end > first {
+                n = end - first;
+                let bytes = (first..end).map(first_byte);
+                (base, last) = bytes.fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
+            }
         }
         narrow &= last - base + c < WINDOW / 2;
         let taps = (first..first + n).map(|j| counts[j / c]).max().unwrap_or(0);
@@ -145,15 +172,33 @@ pub(crate) fn group_layouts(
             base,
             control,
         });
+        first += n;
+    }
+    if median_width(&layouts) < min_fill {
+        return None;
     }
     Some((layouts, narrow))
 }
 
+/// The samples of the middle group, by width: the width of nearly every group of an axis (the
+/// groups at the ends of a row, where the taps are clipped, and the last one may differ).
+fn median_width(layouts: &[GroupLayout]) -> usize {
+    let mut widths: Vec<usize> = layouts.iter().map(|g| g.n).collect();
+    widths.sort_unstable();
+    widths.get(widths.len() / 2).copied().unwrap_or(GROUP)
+}
+
+/// The fewest samples in the median group for which this resampler's AVX-512 plan is used
+/// (below, its AVX2 plan). Measured on the Intel Xeon VM (bicubic, horizontal pass alone, one
+/// thread, two photos): with three channels 1.2–1.4× faster than AVX2 at 9 samples a group (8×
+/// reductions), even at 6 (10×–13×); with one channel and with four 0.8–0.95× at 7–8 samples.
+pub(crate) const MIN_FILL: usize = 9;
+
 impl HorizontalPlan {
-    /// The plan, or `None` when some group's taps do not fit one window (large reductions).
+    /// The plan, or `None` when its groups would be too sparse ([`group_layouts`]).
     pub(crate) fn new(coeffs: &AxisCoeffs, channels: usize) -> Option<HorizontalPlan> {
         let c = channels;
-        let (layouts, narrow) = group_layouts(&coeffs.starts, &coeffs.counts, c)?;
+        let (layouts, narrow) = group_layouts(&coeffs.starts, &coeffs.counts, c, MIN_FILL)?;
         let step = 2 * c;
         let mut plan = HorizontalPlan {
             groups: Vec::with_capacity(layouts.len()),
@@ -367,8 +412,9 @@ mod tests {
     }
 
     /// The AVX-512 horizontal pass against the scalar one: every filter, 1, 3 and 4 channels,
-    /// up- and downscales (the plan refuses the large reductions), whole padded rows and rows
-    /// that end exactly at the input (groups near the end fall back to scalar code).
+    /// up- and downscales (groups narrower than 16 samples from about 3.5× on; the plan refuses
+    /// the largest reductions), whole padded rows and rows that end exactly at the input (groups
+    /// near the end fall back to scalar code).
     #[test]
     fn horizontal_matches_scalar() {
         if !available() {
@@ -391,6 +437,10 @@ mod tests {
             (7, 3),
             (2000, 512),
             (33, 33),
+            (1000, 224),
+            (900, 150),
+            (2000, 250),
+            (4000, 500),
         ] {
             for filter in filters {
                 for c in [1, 3, 4] {
@@ -419,11 +469,80 @@ mod tests {
             (10..planned - 10).contains(&narrow),
             "{narrow} of {planned} with 32-byte loads"
         );
-        let big = axis_coeffs(4000, 0.0, 4000.0, 500, Filter::Bicubic);
+        // An 8x bicubic reduction of three channels: groups of 9 (12 where the taps are clipped,
+        // fewer at the end), planned; 16x: 6, refused.
+        let eight = axis_coeffs(4000, 0.0, 4000.0, 500, Filter::Bicubic);
+        let plan = HorizontalPlan::new(&eight, 3).expect("8x reduction planned");
+        let (_, middle) = plan.groups.split_last().unwrap();
+        assert!(middle.iter().all(|g| (9..16).contains(&g.n)));
+        let sixteen = axis_coeffs(4000, 0.0, 4000.0, 250, Filter::Bicubic);
         assert!(
-            HorizontalPlan::new(&big, 3).is_none(),
-            "8x reduction needs the AVX2 plan"
+            HorizontalPlan::new(&sixteen, 3).is_none(),
+            "16x reduction needs the AVX2 plan"
         );
+    }
+
+    /// [`group_layouts`] covers every output sample once, in order, each group as wide as fits
+    /// (up to 16 samples whose two tap bytes lie in one 64-byte window; cut at a pixel boundary,
+    /// and the rest of the next pixel would not fit), with the controls pointing at each
+    /// sample's taps; axes whose median group is narrower than asked are refused. Pure
+    /// arithmetic: runs without AVX-512.
+    #[test]
+    fn groups_take_as_many_samples_as_fit_one_window() {
+        let filters = [Filter::Bilinear, Filter::Bicubic, Filter::Lanczos];
+        let mut sizes = 0;
+        for (w, ow) in [
+            (640, 224),
+            (1000, 224),
+            (900, 150),
+            (4000, 500),
+            (2000, 97),
+            (50, 70),
+        ] {
+            for filter in filters {
+                for c in [1, 3, 4] {
+                    let k = axis_coeffs(w, 0.0, w as f32, ow, filter);
+                    let first_byte = |j: usize| k.starts[j / c] * c + j % c;
+                    let (layouts, _) = group_layouts(&k.starts, &k.counts, c, 1).unwrap();
+                    let mut next = 0;
+                    for g in &layouts {
+                        assert_eq!(g.first, next, "{w}->{ow} c={c}");
+                        assert!((1..=GROUP).contains(&g.n));
+                        let bytes: Vec<usize> = (g.first..g.first + g.n).map(first_byte).collect();
+                        assert!(bytes
+                            .iter()
+                            .all(|&b| b >= g.base && b - g.base + c < WINDOW));
+                        let end = g.first + g.n;
+                        if g.n < GROUP && end < ow * c {
+                            // Cut by the window: at a pixel boundary when the group holds one,
+                            // and taking the rest of the next pixel would not fit.
+                            assert!(end % c == 0 || end / c * c <= g.first, "{w}->{ow} c={c}");
+                            let ext = ((end / c + 1) * c).min(ow * c);
+                            let more: Vec<usize> = (g.first..ext).map(first_byte).collect();
+                            let span = more.iter().max().unwrap() - more.iter().min().unwrap();
+                            assert!(ext - g.first > GROUP || span + c >= WINDOW, "not widest");
+                        }
+                        for (s, &b) in bytes.iter().enumerate() {
+                            assert_eq!(usize::from(g.control[4 * s]), b - g.base);
+                            assert_eq!(usize::from(g.control[4 * s + 2]), b - g.base + c);
+                        }
+                        let taps = (g.first..end).map(|j| k.counts[j / c]).max().unwrap();
+                        assert_eq!(g.pairs, taps.div_ceil(2).max(1));
+                        next = end;
+                    }
+                    assert_eq!(next, ow * c);
+                    let mut widths: Vec<usize> = layouts.iter().map(|g| g.n).collect();
+                    widths.sort_unstable();
+                    let median = widths[widths.len() / 2];
+                    for min_fill in [1, 6, 9, 16] {
+                        let planned = group_layouts(&k.starts, &k.counts, c, min_fill).is_some();
+                        assert_eq!(planned, median >= min_fill, "median {median}");
+                    }
+                    sizes += 1;
+                }
+            }
+        }
+        assert_eq!(sizes, 54);
     }
 
     /// The AVX-512 kernel against the AVX2 one and the scalar reference, on random rows and
