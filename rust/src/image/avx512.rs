@@ -411,6 +411,22 @@ mod tests {
             .collect()
     }
 
+    /// Calls `f(w, ow, filter, channels, coeffs)` for each size pair, filter and channel count
+    /// (1, 3, 4): the axes the horizontal-pass tests walk.
+    fn for_each_axis(
+        sizes: &[(usize, usize)],
+        filters: &[Filter],
+        mut f: impl FnMut(usize, usize, Filter, usize, &AxisCoeffs),
+    ) {
+        for &(w, ow) in sizes {
+            for &filter in filters {
+                for c in [1, 3, 4] {
+                    f(w, ow, filter, c, &axis_coeffs(w, 0.0, w as f32, ow, filter));
+                }
+            }
+        }
+    }
+
     /// The AVX-512 horizontal pass against the scalar one: every filter, 1, 3 and 4 channels,
     /// up- and downscales (groups narrower than 16 samples from about 3.5× on; the plan refuses
     /// the largest reductions), whole padded rows and rows that end exactly at the input (groups
@@ -429,7 +445,7 @@ mod tests {
             Filter::Lanczos,
         ];
         let (mut planned, mut narrow) = (0, 0);
-        for (w, ow) in [
+        let sizes = [
             (1280, 1148),
             (97, 131),
             (640, 224),
@@ -441,29 +457,25 @@ mod tests {
             (900, 150),
             (2000, 250),
             (4000, 500),
-        ] {
-            for filter in filters {
-                for c in [1, 3, 4] {
-                    let coeffs = axis_coeffs(w, 0.0, w as f32, ow, filter);
-                    let Some(plan) = HorizontalPlan::new(&coeffs, c) else {
-                        continue;
-                    };
-                    planned += 1;
-                    narrow += usize::from(plan.narrow);
-                    let row = noise((w * 31 + ow * 7 + c) as u64, w * c + plan.read_len());
-                    let mut want = vec![0u8; ow * c];
-                    horizontal_row_scalar(&coeffs, c, &row[..w * c], &mut want);
-                    for len in [row.len(), w * c] {
-                        let mut got = [vec![0u8; ow * c], vec![0u8; ow * c]];
-                        let [a, b] = &mut got;
-                        // SAFETY: `available` found the features the kernel needs.
-                        unsafe { plan.rows(&coeffs, c, [&row[..len], &row[..len]], [a, b]) };
-                        assert_eq!(got[0], want, "{w}->{ow} {filter:?} c={c} len={len}");
-                        assert_eq!(got[1], want, "{w}->{ow} {filter:?} c={c} len={len}");
-                    }
-                }
+        ];
+        for_each_axis(&sizes, &filters, |w, ow, filter, c, coeffs| {
+            let Some(plan) = HorizontalPlan::new(coeffs, c) else {
+                return;
+            };
+            planned += 1;
+            narrow += usize::from(plan.narrow);
+            let row = noise((w * 31 + ow * 7 + c) as u64, w * c + plan.read_len());
+            let mut want = vec![0u8; ow * c];
+            horizontal_row_scalar(coeffs, c, &row[..w * c], &mut want);
+            for len in [row.len(), w * c] {
+                let mut got = [vec![0u8; ow * c], vec![0u8; ow * c]];
+                let [a, b] = &mut got;
+                // SAFETY: `available` found the features the kernel needs.
+                unsafe { plan.rows(coeffs, c, [&row[..len], &row[..len]], [a, b]) };
+                assert_eq!(got[0], want, "{w}->{ow} {filter:?} c={c} len={len}");
+                assert_eq!(got[1], want, "{w}->{ow} {filter:?} c={c} len={len}");
             }
-        }
+        });
         assert!(planned > 60, "only {planned} axes planned");
         assert!(
             (10..planned - 10).contains(&narrow),
@@ -490,59 +502,55 @@ mod tests {
     #[test]
     fn groups_take_as_many_samples_as_fit_one_window() {
         let filters = [Filter::Bilinear, Filter::Bicubic, Filter::Lanczos];
-        let mut sizes = 0;
-        for (w, ow) in [
+        let sizes = [
             (640, 224),
             (1000, 224),
             (900, 150),
             (4000, 500),
             (2000, 97),
             (50, 70),
-        ] {
-            for filter in filters {
-                for c in [1, 3, 4] {
-                    let k = axis_coeffs(w, 0.0, w as f32, ow, filter);
-                    let first_byte = |j: usize| k.starts[j / c] * c + j % c;
-                    let (layouts, _) = group_layouts(&k.starts, &k.counts, c, 1).unwrap();
-                    let mut next = 0;
-                    for g in &layouts {
-                        assert_eq!(g.first, next, "{w}->{ow} c={c}");
-                        assert!((1..=GROUP).contains(&g.n));
-                        let bytes: Vec<usize> = (g.first..g.first + g.n).map(first_byte).collect();
-                        assert!(bytes
-                            .iter()
-                            .all(|&b| b >= g.base && b - g.base + c < WINDOW));
-                        let end = g.first + g.n;
-                        if g.n < GROUP && end < ow * c {
-                            // Cut by the window: at a pixel boundary when the group holds one,
-                            // and taking the rest of the next pixel would not fit.
-                            assert!(end % c == 0 || end / c * c <= g.first, "{w}->{ow} c={c}");
-                            let ext = ((end / c + 1) * c).min(ow * c);
-                            let more: Vec<usize> = (g.first..ext).map(first_byte).collect();
-                            let span = more.iter().max().unwrap() - more.iter().min().unwrap();
-                            assert!(ext - g.first > GROUP || span + c >= WINDOW, "not widest");
-                        }
-                        for (s, &b) in bytes.iter().enumerate() {
-                            assert_eq!(usize::from(g.control[4 * s]), b - g.base);
-                            assert_eq!(usize::from(g.control[4 * s + 2]), b - g.base + c);
-                        }
-                        let taps = (g.first..end).map(|j| k.counts[j / c]).max().unwrap();
-                        assert_eq!(g.pairs, taps.div_ceil(2).max(1));
-                        next = end;
-                    }
-                    assert_eq!(next, ow * c);
-                    let mut widths: Vec<usize> = layouts.iter().map(|g| g.n).collect();
-                    widths.sort_unstable();
-                    let median = widths[widths.len() / 2];
-                    for min_fill in [1, 6, 9, 16] {
-                        let planned = group_layouts(&k.starts, &k.counts, c, min_fill).is_some();
-                        assert_eq!(planned, median >= min_fill, "median {median}");
-                    }
-                    sizes += 1;
+        ];
+        let mut axes = 0;
+        for_each_axis(&sizes, &filters, |w, ow, _, c, k| {
+            let first_byte = |j: usize| k.starts[j / c] * c + j % c;
+            let (layouts, _) = group_layouts(&k.starts, &k.counts, c, 1).unwrap();
+            let mut next = 0;
+            for g in &layouts {
+                assert_eq!(g.first, next, "{w}->{ow} c={c}");
+                assert!((1..=GROUP).contains(&g.n));
+                let bytes: Vec<usize> = (g.first..g.first + g.n).map(first_byte).collect();
+                assert!(bytes
+                    .iter()
+                    .all(|&b| b >= g.base && b - g.base + c < WINDOW));
+                let end = g.first + g.n;
+                if g.n < GROUP && end < ow * c {
+                    // Cut by the window: at a pixel boundary when the group holds one,
+                    // and taking the rest of the next pixel would not fit.
+                    assert!(end % c == 0 || end / c * c <= g.first, "{w}->{ow} c={c}");
+                    let ext = ((end / c + 1) * c).min(ow * c);
+                    let more: Vec<usize> = (g.first..ext).map(first_byte).collect();
+                    let span = more.iter().max().unwrap() - more.iter().min().unwrap();
+                    assert!(ext - g.first > GROUP || span + c >= WINDOW, "not widest");
                 }
+                for (s, &b) in bytes.iter().enumerate() {
+                    assert_eq!(usize::from(g.control[4 * s]), b - g.base);
+                    assert_eq!(usize::from(g.control[4 * s + 2]), b - g.base + c);
+                }
+                let taps = (g.first..end).map(|j| k.counts[j / c]).max().unwrap();
+                assert_eq!(g.pairs, taps.div_ceil(2).max(1));
+                next = end;
             }
-        }
-        assert_eq!(sizes, 54);
+            assert_eq!(next, ow * c);
+            let mut widths: Vec<usize> = layouts.iter().map(|g| g.n).collect();
+            widths.sort_unstable();
+            let median = widths[widths.len() / 2];
+            for min_fill in [1, 6, 9, 16] {
+                let planned = group_layouts(&k.starts, &k.counts, c, min_fill).is_some();
+                assert_eq!(planned, median >= min_fill, "median {median}");
+            }
+            axes += 1;
+        });
+        assert_eq!(axes, 54);
     }
 
     /// The AVX-512 kernel against the AVX2 one and the scalar reference, on random rows and
