@@ -95,38 +95,46 @@ pub(crate) fn even_bytes(control: __m512i, v: __m512i) -> __m512i {
     out
 }
 
-/// Where a group of up to [`GROUP`] output samples reads: the group's place, its tap pairs, the
-/// offset of its pair-0 load and the `vpermb` control putting sample `s`'s tap bytes at bytes
-/// `4s` and `4s + 2` (the odd bytes are zeroed by the mask).
+/// Where a group of up to [`GROUP`] output samples reads: the group's place, its loads, the
+/// offset of its first load and the `vpermb` control putting sample `s`'s taps in its dword:
+/// with two taps a load, at bytes `4s` and `4s + 2` (the odd bytes are zeroed by the mask);
+/// with four, at bytes `4s` to `4s + 3`.
 pub(crate) struct GroupLayout {
     /// The group's first output sample.
     pub first: usize,
     /// Samples in the group (up to 16: see [`group_layouts`]).
     pub n: usize,
-    /// Tap pairs of the group's widest sample.
+    /// Loads per row: the taps of the group's widest sample, two or four a load (rounded up).
     pub pairs: usize,
-    /// Byte offset of the load for pair 0 from the start of the input row.
+    /// Byte offset of the first load from the start of the input row.
     pub base: usize,
     pub control: [u8; 64],
 }
 
 /// The groups of a horizontal pass whose output pixel `x` has `counts[x]` taps from input pixel
-/// `starts[x]`, on `channels` interleaved channels, and whether every group fits 32 bytes.
-/// Each group takes as many consecutive samples, up to [`GROUP`], as have their tap bytes within
-/// one 64-byte window: all 16 for reductions up to about 3.5× with three channels, fewer beyond
-/// (with three channels 15 at 4.5×, 12 at 6×, 9 at 8×, 6 at 13×; a group cut by the window
-/// ends at a pixel boundary, so that the next starts with a whole pixel). `None` when the median
-/// group would hold fewer than `min_fill` samples (where the AVX2 kernels do more per
-/// instruction), or for 64 channels or more. Shared by this resampler's plan ([`MIN_FILL`]) and
-/// torch's `uint8` kernels ([`super::torch`]).
+/// `starts[x]`, on `channels` interleaved channels, each load taking `taps` (2 or 4) consecutive
+/// taps of every sample, and whether every group fits 32 bytes.
+///
+/// Each group takes as many consecutive samples, up to [`GROUP`], as have all their bytes of one
+/// load within one 64-byte window. With two taps a load and three channels, that is all 16 for
+/// reductions up to about 3.5×, fewer beyond (15 at 4.5×, 12 at 6×, 9 at 8×, 6 at 13×); four
+/// taps a load need `2 × channels` bytes more of the window. A group cut by the window ends at a
+/// pixel boundary, so that the next starts with a whole pixel. `None` when the median group
+/// would hold fewer than `min_fill` samples (where the AVX2 kernels do more per instruction), or
+/// when one sample's bytes do not fit a window. Shared by this resampler's plan ([`MIN_FILL`])
+/// and torch's `uint8` kernels ([`super::torch`]).
 pub(crate) fn group_layouts(
     starts: &[usize],
     counts: &[usize],
     channels: usize,
+    taps: usize,
     min_fill: usize,
 ) -> Option<(Vec<GroupLayout>, bool)> {
     let c = channels;
-    if c == 0 || c >= WINDOW {
+    debug_assert!(taps == 2 || taps == 4);
+    // Bytes from a sample's first tap to its last in one load.
+    let span = (taps - 1) * c;
+    if c == 0 || span >= WINDOW {
         return None;
     }
     let n_samples = starts.len() * c;
@@ -135,14 +143,14 @@ pub(crate) fn group_layouts(
     let mut layouts = Vec::with_capacity(n_samples.div_ceil(GROUP));
     let mut first = 0;
     while first < n_samples {
-        // Samples are taken while the group's first tap bytes, and the second tap `c` bytes
-        // after each, stay within one window (one sample always does: `c < WINDOW`).
+        // Samples are taken while the group's first tap bytes, and the last tap `span` bytes
+        // after each, stay within one window (one sample always does: `span < WINDOW`).
         let (mut base, mut last) = (first_byte(first), first_byte(first));
         let mut n = 1;
         while n < GROUP && first + n < n_samples {
             let b = first_byte(first + n);
             let (lo, hi) = (base.min(b), last.max(b));
-            if hi - lo + c >= WINDOW {
+            if hi - lo + span >= WINDOW {
                 break;
             }
             (base, last, n) = (lo, hi, n + 1);
@@ -157,18 +165,20 @@ pub(crate) fn group_layouts(
                 (base, last) = bytes.fold((usize::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
             }
         }
-        narrow &= last - base + c < WINDOW / 2;
-        let taps = (first..first + n).map(|j| counts[j / c]).max().unwrap_or(0);
+        narrow &= last - base + span < WINDOW / 2;
+        let widest = (first..first + n).map(|j| counts[j / c]).max().unwrap_or(0);
         let mut control = [0u8; 64];
         for s in 0..n {
             let d = first_byte(first + s) - base;
-            control[4 * s] = d as u8;
-            control[4 * s + 2] = (d + c) as u8;
+            for t in 0..taps {
+                // Two taps go to the even bytes (4s, 4s + 2), four fill the dword.
+                control[4 * s + t * (4 / taps)] = (d + t * c) as u8;
+            }
         }
         layouts.push(GroupLayout {
             first,
             n,
-            pairs: taps.div_ceil(2).max(1),
+            pairs: widest.div_ceil(taps).max(1),
             base,
             control,
         });
@@ -198,7 +208,7 @@ impl HorizontalPlan {
     /// The plan, or `None` when its groups would be too sparse ([`group_layouts`]).
     pub(crate) fn new(coeffs: &AxisCoeffs, channels: usize) -> Option<HorizontalPlan> {
         let c = channels;
-        let (layouts, narrow) = group_layouts(&coeffs.starts, &coeffs.counts, c, MIN_FILL)?;
+        let (layouts, narrow) = group_layouts(&coeffs.starts, &coeffs.counts, c, 2, MIN_FILL)?;
         let step = 2 * c;
         let mut plan = HorizontalPlan {
             groups: Vec::with_capacity(layouts.len()),
@@ -495,9 +505,9 @@ mod tests {
     }
 
     /// [`group_layouts`] covers every output sample once, in order, each group as wide as fits
-    /// (up to 16 samples whose two tap bytes lie in one 64-byte window; cut at a pixel boundary,
-    /// and the rest of the next pixel would not fit), with the controls pointing at each
-    /// sample's taps; axes whose median group is narrower than asked are refused. Pure
+    /// (up to 16 samples whose two or four tap bytes lie in one 64-byte window; cut at a pixel
+    /// boundary, and the rest of the next pixel would not fit), with the controls pointing at
+    /// each sample's taps; axes whose median group is narrower than asked are refused. Pure
     /// arithmetic: runs without AVX-512.
     #[test]
     fn groups_take_as_many_samples_as_fit_one_window() {
@@ -512,45 +522,51 @@ mod tests {
         ];
         let mut axes = 0;
         for_each_axis(&sizes, &filters, |w, ow, _, c, k| {
-            let first_byte = |j: usize| k.starts[j / c] * c + j % c;
-            let (layouts, _) = group_layouts(&k.starts, &k.counts, c, 1).unwrap();
-            let mut next = 0;
-            for g in &layouts {
-                assert_eq!(g.first, next, "{w}->{ow} c={c}");
-                assert!((1..=GROUP).contains(&g.n));
-                let bytes: Vec<usize> = (g.first..g.first + g.n).map(first_byte).collect();
-                assert!(bytes
-                    .iter()
-                    .all(|&b| b >= g.base && b - g.base + c < WINDOW));
-                let end = g.first + g.n;
-                if g.n < GROUP && end < ow * c {
-                    // Cut by the window: at a pixel boundary when the group holds one,
-                    // and taking the rest of the next pixel would not fit.
-                    assert!(end % c == 0 || end / c * c <= g.first, "{w}->{ow} c={c}");
-                    let ext = ((end / c + 1) * c).min(ow * c);
-                    let more: Vec<usize> = (g.first..ext).map(first_byte).collect();
-                    let span = more.iter().max().unwrap() - more.iter().min().unwrap();
-                    assert!(ext - g.first > GROUP || span + c >= WINDOW, "not widest");
+            for taps in [2, 4] {
+                let first_byte = |j: usize| k.starts[j / c] * c + j % c;
+                let span = (taps - 1) * c;
+                let (layouts, _) = group_layouts(&k.starts, &k.counts, c, taps, 1).unwrap();
+                let mut next = 0;
+                for g in &layouts {
+                    assert_eq!(g.first, next, "{w}->{ow} c={c}");
+                    assert!((1..=GROUP).contains(&g.n));
+                    let bytes: Vec<usize> = (g.first..g.first + g.n).map(first_byte).collect();
+                    assert!(bytes
+                        .iter()
+                        .all(|&b| b >= g.base && b - g.base + span < WINDOW));
+                    let end = g.first + g.n;
+                    if g.n < GROUP && end < ow * c {
+                        // Cut by the window: at a pixel boundary when the group holds one,
+                        // and taking the rest of the next pixel would not fit.
+                        assert!(end % c == 0 || end / c * c <= g.first, "{w}->{ow} c={c}");
+                        let ext = ((end / c + 1) * c).min(ow * c);
+                        let more: Vec<usize> = (g.first..ext).map(first_byte).collect();
+                        let span = more.iter().max().unwrap() - more.iter().min().unwrap();
+                        let wide = more.iter().max().unwrap() - more.iter().min().unwrap();
+                        assert!(ext - g.first > GROUP || wide + span >= WINDOW, "not widest");
+                    }
+                    for (s, &b) in bytes.iter().enumerate() {
+                        for t in 0..taps {
+                            let at = 4 * s + t * (4 / taps);
+                            assert_eq!(usize::from(g.control[at]), b - g.base + t * c);
+                        }
+                    }
+                    let widest = (g.first..end).map(|j| k.counts[j / c]).max().unwrap();
+                    assert_eq!(g.pairs, widest.div_ceil(taps).max(1));
+                    next = end;
                 }
-                for (s, &b) in bytes.iter().enumerate() {
-                    assert_eq!(usize::from(g.control[4 * s]), b - g.base);
-                    assert_eq!(usize::from(g.control[4 * s + 2]), b - g.base + c);
+                assert_eq!(next, ow * c);
+                let mut widths: Vec<usize> = layouts.iter().map(|g| g.n).collect();
+                widths.sort_unstable();
+                let median = widths[widths.len() / 2];
+                for min_fill in [1, 6, 9, 16] {
+                    let planned = group_layouts(&k.starts, &k.counts, c, taps, min_fill).is_some();
+                    assert_eq!(planned, median >= min_fill, "median {median}");
                 }
-                let taps = (g.first..end).map(|j| k.counts[j / c]).max().unwrap();
-                assert_eq!(g.pairs, taps.div_ceil(2).max(1));
-                next = end;
+                axes += 1;
             }
-            assert_eq!(next, ow * c);
-            let mut widths: Vec<usize> = layouts.iter().map(|g| g.n).collect();
-            widths.sort_unstable();
-            let median = widths[widths.len() / 2];
-            for min_fill in [1, 6, 9, 16] {
-                let planned = group_layouts(&k.starts, &k.counts, c, min_fill).is_some();
-                assert_eq!(planned, median >= min_fill, "median {median}");
-            }
-            axes += 1;
         });
-        assert_eq!(axes, 54);
+        assert_eq!(axes, 108);
     }
 
     /// The AVX-512 kernel against the AVX2 one and the scalar reference, on random rows and

@@ -687,6 +687,9 @@ mod tests {
         }
         // Runs of each kernel set, and plans the AVX-512 kernels took.
         let (mut ran, mut wide) = ([0usize; 2], 0usize);
+        // AVX-512 plans that chose quads; forced runs of pairs and of quads.
+        #[cfg(target_arch = "x86_64")]
+        let (mut chose_quads, mut tapped) = (0usize, [0usize; 2]);
         for (w, h, c, ow, oh) in cases {
             let data: Vec<u8> = (0..w * h * c).map(|_| next(256) as u8).collect();
             let src = ImageRef {
@@ -721,6 +724,33 @@ mod tests {
                         }
                     }
                     wide += usize::from(plan.wide.is_some());
+                    chose_quads += usize::from(
+                        plan.wide.as_ref().map(|h| h.taps()) == Some(avx512::Taps::Quads),
+                    );
+                    // The AVX-512 pass with each tap width on its own (`new` takes the one
+                    // with fewer loads).
+                    for (i, taps) in [avx512::Taps::Pairs, avx512::Taps::Quads]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let forced = Plan {
+                            horizontal: plan.horizontal.clone(),
+                            vertical: plan.vertical.clone(),
+                            fast: None,
+                            wide: plan
+                                .horizontal
+                                .as_ref()
+                                .filter(|_| avx512::available())
+                                .and_then(|k| avx512::Horizontal::with_taps(k, c, taps)),
+                        };
+                        if forced.wide.is_none() {
+                            continue;
+                        }
+                        let mut ours = vec![0u8; ow * oh * c];
+                        resize_simd(&src, &mut ours, &forced, 1, Simd::Avx512);
+                        assert!(ours == want, "{taps:?} {filter:?} {w}x{h}x{c} -> {ow}x{oh}");
+                        tapped[i] += 1;
+                    }
                 }
             }
         }
@@ -735,8 +765,10 @@ mod tests {
             if avx2::available() {
                 assert!(ran[0] > 150, "AVX2 ran {} times", ran[0]);
             }
+            eprintln!("AVX-512 quads chosen {chose_quads}, forced pairs / quads {tapped:?}");
             if avx512::available() {
                 assert!(ran[1] > 150 && wide > 100, "AVX-512 ran {} times", ran[1]);
+                assert!(tapped[0] > 100 && tapped[1] > 100 && chose_quads > 50);
             }
         }
     }
