@@ -13,6 +13,11 @@
 //! every group fits 32 bytes (reductions up to about 1.7×), the loads are 32 bytes wide, which
 //! split fewer cache lines. Results are clamped and narrowed with `vpmaxsd` and `vpmovusdb`.
 //!
+//! Where it costs fewer loads ([`row_cost`]), each load serves four taps instead ([`Taps`]):
+//! one `vpermb` puts a sample's four tap bytes in its dword, and three `vpdpbusd` sum them times
+//! the three signed bytes of each 22-bit weight (`w = l₀ + 2⁸·l₁ + 2¹⁶·l₂`), joined as
+//! `a₀ + 2⁸·a₁ + 2¹⁶·a₂`, the same integer as the pairs' sums.
+//!
 //! Vertical pass: the AVX2 kernel on 64 samples at a time. Each 128-bit lane works like a lane
 //! of the AVX2 kernel, so the in-lane unpacks and packs keep the samples in order.
 
@@ -55,14 +60,67 @@ struct Group {
     read_end: u32,
 }
 
+/// How many taps of each sample one load of a horizontal pass serves, here and in torch's
+/// kernels ([`super::torch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Taps {
+    /// Two taps zero-extended to `i16` in each dword (one zero-masking `vpermb`), summed with
+    /// `vpdpwssd` on `i16` weights.
+    Pairs,
+    /// Four tap bytes in each dword (one `vpermb`), summed with `vpdpbusd` (unsigned tap bytes
+    /// times signed weight bytes) on the weights split into signed bytes: half the loads and
+    /// `vpermb`s, which bound these passes, for one more `vpdpbusd` per weight byte.
+    Quads,
+}
+
+impl Taps {
+    /// Taps per load.
+    pub(crate) fn count(self) -> usize {
+        match self {
+            Taps::Pairs => 2,
+            Taps::Quads => 4,
+        }
+    }
+}
+
+/// `w = l₀ + 2⁸·l₁ + … + 2^(8(N−1))·l_(N−1)` with every `lᵢ` a signed byte (each but the last
+/// in −128…127 by construction): the bytes, or `None` when the last does not fit.
+pub(crate) fn signed_bytes<const N: usize>(w: i32) -> Option<[i8; N]> {
+    let mut rest = i64::from(w);
+    let mut bytes = [0i8; N];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        let l = if i + 1 == N {
+            rest
+        } else {
+            ((rest + 128) & 255) - 128
+        };
+        *b = i8::try_from(l).ok()?;
+        rest = (rest - l) >> 8;
+    }
+    Some(bytes)
+}
+
+/// The cost of a horizontal plan's row: its loads (each with its `vpermb`), a 64-byte load
+/// counting twice a 32-byte one. Measured on AMD Zen 4 (`taps_timing`, bicubic, three
+/// channels): quads 1.4–1.7× faster than pairs at 2000 → 896, 2000 → 418, 872 → 224 and 4000 →
+/// 500, 1.15× at 512 → 504; at 1000 → 700 and 640 → 448, where pairs fit 32-byte loads and
+/// quads do not, the two within 8 % of each other.
+pub(crate) fn row_cost(loads: usize, narrow: bool) -> usize {
+    loads * if narrow { 1 } else { 2 }
+}
+
 /// The precomputed horizontal pass of one axis for one channel count.
 pub(crate) struct HorizontalPlan {
+    taps: Taps,
     groups: Vec<Group>,
-    /// Per group, the `vpermb` control: sample `s`'s tap bytes at bytes `4s` and `4s + 2`.
+    /// Per group, the `vpermb` control: sample `s`'s tap bytes at bytes `4s` and `4s + 2`
+    /// (pairs) or `4s` to `4s + 3` (quads).
     controls: Vec<[u8; 64]>,
-    /// Per group and tap pair, the `lo` then the `hi` weight vector, in group order.
-    weights: Vec<[i16; 32]>,
-    /// Bytes (`2 × channels`) the loads advance per tap pair.
+    /// Per group and load, the weight vectors in group order: pairs, the `lo` then the `hi`
+    /// `i16` halves of the 16 samples' two weights; quads, the three signed bytes of their four
+    /// weights, low byte first.
+    weights: Vec<[u8; 64]>,
+    /// Bytes (`2 × channels` or `4 × channels`) the loads advance.
     step: usize,
     /// The largest `read_end` of all groups.
     read_len: usize,
@@ -205,12 +263,46 @@ fn median_width(layouts: &[GroupLayout]) -> usize {
 pub(crate) const MIN_FILL: usize = 9;
 
 impl HorizontalPlan {
-    /// The plan, or `None` when its groups would be too sparse ([`group_layouts`]).
+    /// The cheaper plan of pairs and quads ([`row_cost`]; quads only where every weight splits
+    /// into three signed bytes, as all of this resampler's 22-bit weights do), or `None` when
+    /// the groups would be too sparse for both ([`group_layouts`]).
     pub(crate) fn new(coeffs: &AxisCoeffs, channels: usize) -> Option<HorizontalPlan> {
+        let pairs = HorizontalPlan::with_taps(coeffs, channels, Taps::Pairs);
+        let quads = HorizontalPlan::with_taps(coeffs, channels, Taps::Quads);
+        match (pairs, quads) {
+            (Some(p), Some(q)) => Some(if q.cost() < p.cost() { q } else { p }),
+            (p, q) => p.or(q),
+        }
+    }
+
+    fn cost(&self) -> usize {
+        row_cost(
+            self.groups.iter().map(|g| g.pairs as usize).sum(),
+            self.narrow,
+        )
+    }
+
+    /// The plan taking `taps` taps a load, or `None` when its groups would be too sparse
+    /// ([`group_layouts`]) or (quads) a weight does not split into three signed bytes.
+    pub(crate) fn with_taps(
+        coeffs: &AxisCoeffs,
+        channels: usize,
+        taps: Taps,
+    ) -> Option<HorizontalPlan> {
         let c = channels;
-        let (layouts, narrow) = group_layouts(&coeffs.starts, &coeffs.counts, c, 2, MIN_FILL)?;
-        let step = 2 * c;
+        if taps == Taps::Quads
+            && !coeffs
+                .weights
+                .iter()
+                .all(|&w| signed_bytes::<3>(w).is_some())
+        {
+            return None;
+        }
+        let (layouts, narrow) =
+            group_layouts(&coeffs.starts, &coeffs.counts, c, taps.count(), MIN_FILL)?;
+        let step = taps.count() * c;
         let mut plan = HorizontalPlan {
+            taps,
             groups: Vec::with_capacity(layouts.len()),
             controls: Vec::with_capacity(layouts.len()),
             weights: Vec::new(),
@@ -218,16 +310,36 @@ impl HorizontalPlan {
             read_len: 0,
             narrow,
         };
+        let vectors = match taps {
+            Taps::Pairs => 2,
+            Taps::Quads => 3,
+        };
         for g in layouts {
             let at = plan.weights.len();
-            plan.weights.resize(at + 2 * g.pairs, [0i16; 32]);
+            plan.weights.resize(at + vectors * g.pairs, [0u8; 64]);
             for s in 0..g.n {
                 let (_, w) = coeffs.taps((g.first + s) / c);
+                let tap = |i: usize| w.get(i).copied().unwrap_or(0);
                 for p in 0..g.pairs {
-                    for t in 0..2 {
-                        let (wl, wh) = split(w.get(2 * p + t).copied().unwrap_or(0));
-                        plan.weights[at + 2 * p][2 * s + t] = wl;
-                        plan.weights[at + 2 * p + 1][2 * s + t] = wh;
+                    let v = at + vectors * p;
+                    match taps {
+                        Taps::Pairs => {
+                            for t in 0..2 {
+                                let (wl, wh) = split(tap(2 * p + t));
+                                let i = 4 * s + 2 * t;
+                                plan.weights[v][i..i + 2].copy_from_slice(&wl.to_le_bytes());
+                                plan.weights[v + 1][i..i + 2].copy_from_slice(&wh.to_le_bytes());
+                            }
+                        }
+                        Taps::Quads => {
+                            for t in 0..4 {
+                                // Checked above: every weight splits.
+                                let b = signed_bytes::<3>(tap(4 * p + t)).unwrap_or([0; 3]);
+                                for (k, &b) in b.iter().enumerate() {
+                                    plan.weights[v + k][4 * s + t] = b as u8;
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -274,12 +386,49 @@ impl HorizontalPlan {
         let narrow = self.narrow;
         for (g, control) in self.groups.iter().zip(&self.controls) {
             let (first, n, pairs) = (g.out as usize, g.n as usize, g.pairs as usize);
+            let vectors = match self.taps {
+                Taps::Pairs => 2,
+                Taps::Quads => 3,
+            };
             if !fast && src.iter().any(|s| s.len() < g.read_end as usize) {
                 for (s, o) in src.iter().zip(out.iter_mut()) {
                     horizontal_samples_scalar(coeffs, channels, s, first, &mut o[first..first + n]);
                 }
-                // SAFETY: skips this group's 2 × pairs weight vectors, which exist.
-                weights = unsafe { weights.add(2 * pairs) };
+                // SAFETY: skips this group's `vectors × pairs` weight vectors, which exist.
+                weights = unsafe { weights.add(vectors * pairs) };
+                continue;
+            }
+            if self.taps == Taps::Quads {
+                // SAFETY: as below, with three weight vectors per load.
+                unsafe {
+                    let control = _mm512_loadu_si512(control.as_ptr().cast());
+                    let mut acc = [[_mm512_set1_epi32(ROUNDING), zero, zero]; R];
+                    let mut at = g.base as usize;
+                    for _ in 0..pairs {
+                        let w = [0, 1, 2].map(|k| _mm512_loadu_si512(weights.add(k).cast()));
+                        for r in 0..R {
+                            let v = if narrow {
+                                _mm512_castsi256_si512(_mm256_loadu_si256(ptrs[r].add(at).cast()))
+                            } else {
+                                _mm512_loadu_si512(ptrs[r].add(at).cast())
+                            };
+                            let v = _mm512_permutexvar_epi8(control, v);
+                            for k in 0..3 {
+                                acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], v, w[k]);
+                            }
+                        }
+                        at += self.step;
+                        weights = weights.add(3);
+                    }
+                    for r in 0..R {
+                        let [a0, a1, a2] = acc[r];
+                        let acc = _mm512_add_epi32(
+                            _mm512_add_epi32(a0, _mm512_slli_epi32::<8>(a1)),
+                            _mm512_slli_epi32::<16>(a2),
+                        );
+                        store_group(out[r].as_mut_ptr().add(first), n, acc, zero);
+                    }
+                }
                 continue;
             }
             // SAFETY: `control` is 64 bytes; the loads read 64 bytes at `base + p·step` for
@@ -308,17 +457,29 @@ impl HorizontalPlan {
                 }
                 for r in 0..R {
                     let acc = _mm512_add_epi32(acc_lo[r], _mm512_slli_epi32::<16>(acc_hi[r]));
-                    let v = _mm512_srai_epi32::<{ PRECISION_BITS }>(acc);
-                    let bytes = _mm512_cvtusepi32_epi8(_mm512_max_epi32(v, zero));
-                    // `first + n ≤ n_samples = out[r].len()`: the store stays in the row.
-                    let dst = out[r].as_mut_ptr().add(first);
-                    if n == GROUP {
-                        _mm_storeu_si128(dst.cast(), bytes);
-                    } else {
-                        _mm_mask_storeu_epi8(dst.cast(), (1u16 << n) - 1, bytes);
-                    }
+                    store_group(out[r].as_mut_ptr().add(first), n, acc, zero);
                 }
             }
+        }
+    }
+}
+
+/// A group's sums shifted down by [`PRECISION_BITS`], clamped to 0…255 and stored as its `n`
+/// bytes at `dst` (`first + n ≤ n_samples = out[r].len()` at the callers: the store stays in
+/// the row).
+///
+/// # Safety
+/// AVX-512F, BW and VL; `n ≤ 16` bytes at `dst` writable.
+#[inline(always)]
+unsafe fn store_group(dst: *mut u8, n: usize, acc: __m512i, zero: __m512i) {
+    // SAFETY: the caller's.
+    unsafe {
+        let v = _mm512_srai_epi32::<{ PRECISION_BITS }>(acc);
+        let bytes = _mm512_cvtusepi32_epi8(_mm512_max_epi32(v, zero));
+        if n == GROUP {
+            _mm_storeu_si128(dst.cast(), bytes);
+        } else {
+            _mm_mask_storeu_epi8(dst.cast(), (1u16 << n) - 1, bytes);
         }
     }
 }
@@ -468,24 +629,39 @@ mod tests {
             (2000, 250),
             (4000, 500),
         ];
+        // Plans of each tap width, and how often `new` chose quads.
+        let (mut quads, mut chose_quads) = (0, 0);
         for_each_axis(&sizes, &filters, |w, ow, filter, c, coeffs| {
-            let Some(plan) = HorizontalPlan::new(coeffs, c) else {
-                return;
-            };
-            planned += 1;
-            narrow += usize::from(plan.narrow);
-            let row = noise((w * 31 + ow * 7 + c) as u64, w * c + plan.read_len());
-            let mut want = vec![0u8; ow * c];
-            horizontal_row_scalar(coeffs, c, &row[..w * c], &mut want);
-            for len in [row.len(), w * c] {
-                let mut got = [vec![0u8; ow * c], vec![0u8; ow * c]];
-                let [a, b] = &mut got;
-                // SAFETY: `available` found the features the kernel needs.
-                unsafe { plan.rows(coeffs, c, [&row[..len], &row[..len]], [a, b]) };
-                assert_eq!(got[0], want, "{w}->{ow} {filter:?} c={c} len={len}");
-                assert_eq!(got[1], want, "{w}->{ow} {filter:?} c={c} len={len}");
+            chose_quads +=
+                usize::from(HorizontalPlan::new(coeffs, c).is_some_and(|p| p.taps == Taps::Quads));
+            for taps in [Taps::Pairs, Taps::Quads] {
+                let Some(plan) = HorizontalPlan::with_taps(coeffs, c, taps) else {
+                    continue;
+                };
+                if taps == Taps::Pairs {
+                    planned += 1;
+                    narrow += usize::from(plan.narrow);
+                } else {
+                    quads += 1;
+                }
+                let row = noise((w * 31 + ow * 7 + c) as u64, w * c + plan.read_len());
+                let mut want = vec![0u8; ow * c];
+                horizontal_row_scalar(coeffs, c, &row[..w * c], &mut want);
+                for len in [row.len(), w * c] {
+                    let mut got = [vec![0u8; ow * c], vec![0u8; ow * c]];
+                    let [a, b] = &mut got;
+                    // SAFETY: `available` found the features the kernel needs.
+                    unsafe { plan.rows(coeffs, c, [&row[..len], &row[..len]], [a, b]) };
+                    let at = format!("{taps:?} {w}->{ow} {filter:?} c={c} len={len}");
+                    assert_eq!(got[0], want, "{at}");
+                    assert_eq!(got[1], want, "{at}");
+                }
             }
         });
+        assert!(
+            quads > 50 && chose_quads > 20,
+            "quads {quads}, chosen {chose_quads}"
+        );
         assert!(planned > 60, "only {planned} axes planned");
         assert!(
             (10..planned - 10).contains(&narrow),
@@ -494,14 +670,87 @@ mod tests {
         // An 8x bicubic reduction of three channels: groups of 9 (12 where the taps are clipped,
         // fewer at the end), planned; 16x: 6, refused.
         let eight = axis_coeffs(4000, 0.0, 4000.0, 500, Filter::Bicubic);
-        let plan = HorizontalPlan::new(&eight, 3).expect("8x reduction planned");
+        let plan = HorizontalPlan::with_taps(&eight, 3, Taps::Pairs).expect("8x reduction planned");
         let (_, middle) = plan.groups.split_last().unwrap();
         assert!(middle.iter().all(|g| (9..16).contains(&g.n)));
         let sixteen = axis_coeffs(4000, 0.0, 4000.0, 250, Filter::Bicubic);
         assert!(
-            HorizontalPlan::new(&sixteen, 3).is_none(),
+            HorizontalPlan::with_taps(&sixteen, 3, Taps::Pairs).is_none(),
             "16x reduction needs the AVX2 plan"
         );
+    }
+
+    /// Timing of the horizontal pass with pairs and with quads (four rows at a time, bicubic,
+    /// three channels), with each plan's cost as [`HorizontalPlan::new`] weighs it:
+    /// `cargo test --release -- --ignored --nocapture taps_timing`.
+    #[test]
+    #[ignore]
+    fn taps_timing() {
+        if !available() {
+            return;
+        }
+        let axes = [
+            (512, 504),
+            (1000, 700),
+            (2000, 896),
+            (2000, 418),
+            (872, 224),
+            (640, 448),
+            (4000, 500),
+        ];
+        for (w, ow) in axes {
+            let c = 3;
+            let coeffs = axis_coeffs(w, 0.0, w as f32, ow, Filter::Bicubic);
+            let mut line = String::new();
+            for taps in [Taps::Pairs, Taps::Quads] {
+                let Some(plan) = HorizontalPlan::with_taps(&coeffs, c, taps) else {
+                    line += &format!(" {taps:?}: not planned;");
+                    continue;
+                };
+                let row = noise(7, w * c + plan.read_len());
+                let mut out: [Vec<u8>; 4] = std::array::from_fn(|_| vec![0u8; ow * c]);
+                let mut best = f64::MAX;
+                for _ in 0..7 {
+                    let start = std::time::Instant::now();
+                    for _ in 0..200 {
+                        let [a, b, d, e] = &mut out;
+                        // SAFETY: `available` found the features the kernel needs.
+                        unsafe { plan.rows(&coeffs, c, [&row[..]; 4], [a, b, d, e]) };
+                    }
+                    best = best.min(start.elapsed().as_secs_f64() / 200.0);
+                }
+                let cost = plan.cost();
+                line += &format!(" {taps:?} {:.2} µs (cost {cost});", best * 1e6);
+            }
+            println!("{w} -> {ow}:{line}");
+        }
+    }
+
+    /// Weights split into signed bytes exactly where the last byte fits: every `int16` into two
+    /// but the 128 from 32 640, and every 22-bit weight (and far beyond) into three.
+    #[test]
+    fn weights_split_into_signed_bytes() {
+        for w in i32::from(i16::MIN)..=i32::from(i16::MAX) {
+            match signed_bytes::<2>(w) {
+                Some([l, h]) => assert_eq!(256 * i32::from(h) + i32::from(l), w),
+                None => assert!(w >= 32_640, "{w}"),
+            }
+        }
+        // The largest: 127 in every byte.
+        const MAX3: i32 = 127 * 65536 + 127 * 256 + 127;
+        let joined = |b: [i8; 3]| i32::from(b[0]) + 256 * i32::from(b[1]) + 65536 * i32::from(b[2]);
+        let mut w = -(1 << 23);
+        while w < 1 << 23 {
+            match signed_bytes::<3>(w) {
+                Some(b) => assert_eq!(joined(b), w),
+                None => assert!(w > MAX3, "{w}"),
+            }
+            w += 97;
+        }
+        for w in [-(1 << 23), -1, 0, 1, 1 << 22, MAX3] {
+            assert_eq!(signed_bytes::<3>(w).map(joined), Some(w));
+        }
+        assert_eq!(signed_bytes::<3>(MAX3 + 1), None);
     }
 
     /// [`group_layouts`] covers every output sample once, in order, each group as wide as fits

@@ -11,6 +11,9 @@
 //!   [`group_layouts`]); where too few fit to beat the AVX2 kernels ([`min_fill`]; with three
 //!   channels, reductions past about 19×), those serve the axis, then the resampler's path.
 //!   When every group fits 32 bytes, the loads are 32 bytes wide (fewer cache-line splits).
+//!   Where it costs fewer loads, each load serves four taps instead ([`Taps::Quads`]): one
+//!   `vpermb` puts a sample's four tap bytes in its dword, and two `vpdpbusd` sum them times the
+//!   low and the high bytes of the weights.
 //!   Four input rows at a time share the controls and weights. The sums are clamped and narrowed
 //!   with `vpmaxsd` and `vpmovusdb`.
 //! - vertical pass: the AVX2 kernel on 64 samples per step; each 128-bit lane works like a lane
@@ -22,7 +25,8 @@ use super::stream::Kernels;
 use super::vertical::{self, Lanes};
 use super::Int16Coeffs;
 
-use crate::image::avx512::{even_bytes, group_layouts, GROUP, WINDOW};
+pub(super) use crate::image::avx512::Taps;
+use crate::image::avx512::{even_bytes, group_layouts, row_cost, signed_bytes, GROUP, WINDOW};
 
 /// Whether the CPU has what these kernels need (and AVX-512 is not turned off, see
 /// [`crate::simd`]): the resampler's AVX-512 check, the same features.
@@ -55,33 +59,10 @@ struct Group {
     base: u32,
 }
 
-/// How many taps of each sample one load serves, and how they are summed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Taps {
-    /// Two taps zero-extended to `i16` in each dword, `vpdpwssd` with the `i16` weights.
-    Pairs,
-    /// Four tap bytes in each dword, two `vpdpbusd` with the weights' bytes `w = 256·h + l`
-    /// (`l` in −128…127, `h` in −128…127): `Σ x·w = 256·Σ x·h + Σ x·l`, the same integer.
-    /// Half the loads and `vpermb`s, which bound this pass (on AMD Zen 4 as on Intel). Needs every
-    /// weight below 32 640, where `h` fits a signed byte.
-    Quads,
-}
-
-impl Taps {
-    fn count(self) -> usize {
-        match self {
-            Taps::Pairs => 2,
-            Taps::Quads => 4,
-        }
-    }
-}
-
 /// `w = 256·h + l` with `l` in −128…127: `(l, h)`, `None` when `h` is 128 (`w ≥ 32 640`).
+/// With these bytes [`Taps::Quads`] sums `256·Σ x·h + Σ x·l`, the same integer as `Σ x·w`.
 fn byte_split(w: i16) -> Option<(i8, i8)> {
-    let w = i32::from(w);
-    let l = ((w + 128) & 255) - 128;
-    let h = (w - l) >> 8;
-    Some((i8::try_from(l).ok()?, i8::try_from(h).ok()?))
+    signed_bytes::<2>(i32::from(w)).map(|[l, h]| (l, h))
 }
 
 /// The horizontal pass of one axis for one channel count.
@@ -105,19 +86,18 @@ pub(super) struct Horizontal {
 }
 
 impl Horizontal {
-    /// The cheaper plan of pairs and quads (quads only where every weight splits into bytes).
-    /// The cost of a row is its loads (each with its `vpermb`), a 64-byte load counting twice a
-    /// 32-byte one. Measured on AMD Zen 4 (torch's bicubic, three channels, one thread): at
-    /// 2000 → 896 quads take 3 loads where pairs take 5 (9-tap samples), and the resize is 1.19×
-    /// faster (0.841 → 0.705 ms); at 1000 → 700 pairs fit 32-byte loads and quads do not, and
-    /// pairs are 1.12× faster (0.357 against 0.400 ms). `None` when neither fits
-    /// ([`min_fill`]), or the precision is 0.
+    /// The cheaper plan of pairs and quads (quads only where every weight splits into bytes;
+    /// cost: [`row_cost`]). Measured on AMD Zen 4 (torch's bicubic, three channels, one
+    /// thread): at 2000 → 896 quads take 3 loads where pairs take 5 (9-tap samples), and the
+    /// resize is 1.19× faster (0.841 → 0.705 ms); at 1000 → 700 pairs fit 32-byte loads and
+    /// quads do not, and pairs are 1.12× faster (0.357 against 0.400 ms). `None` when neither
+    /// fits ([`min_fill`]), or the precision is 0.
     pub(super) fn new(k: &Int16Coeffs, channels: usize) -> Option<Horizontal> {
         let pairs = Horizontal::with_taps(k, channels, Taps::Pairs);
         let quads = Horizontal::with_taps(k, channels, Taps::Quads);
         let cost = |h: &Horizontal| {
             let loads: usize = h.groups.iter().map(|g| g.loads as usize).sum();
-            loads * if h.narrow { 1 } else { 2 }
+            row_cost(loads, h.narrow)
         };
         match (pairs, quads) {
             (Some(p), Some(q)) => Some(if cost(&q) < cost(&p) { q } else { p }),
@@ -411,23 +391,5 @@ impl Lanes for __m512i {
                 _mm512_packs_epi32(s[2], s[3]),
             )
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::byte_split;
-
-    /// Every `int16` weight below 32 640 splits into `256·h + l` with both bytes signed; the
-    /// 128 above do not (their plans take pairs).
-    #[test]
-    fn weights_split_into_signed_bytes() {
-        for w in i16::MIN..=i16::MAX {
-            match byte_split(w) {
-                Some((l, h)) => assert_eq!(256 * i32::from(h) + i32::from(l), i32::from(w)),
-                None => assert!(w >= 32_640, "{w}"),
-            }
-        }
-        assert!(byte_split(32_639).is_some() && byte_split(32_640).is_none());
     }
 }
