@@ -66,15 +66,17 @@ pub(crate) struct Horizontal {
     plan: Option<avx2::HorizontalPlan>,
     /// The AVX-512 plan, used instead of `plan` when the CPU and the axis allow it.
     #[cfg(target_arch = "x86_64")]
-    plan512: Option<avx512::HorizontalPlan>,
+    plan512: std::sync::Arc<Option<avx512::HorizontalPlan>>,
 }
 
 impl Horizontal {
     pub(crate) fn new(coeffs: AxisCoeffs, channels: usize, isa: Isa) -> Horizontal {
         #[cfg(target_arch = "x86_64")]
-        let plan512 = matches!(isa, Isa::Avx512(_))
-            .then(|| avx512::HorizontalPlan::new(&coeffs, channels))
-            .flatten();
+        let plan512 = if matches!(isa, Isa::Avx512(_)) {
+            avx512::kept_plan(&coeffs, channels)
+        } else {
+            std::sync::Arc::new(None)
+        };
         #[cfg(target_arch = "x86_64")]
         let plan = (matches!(isa, Isa::Avx2(_) | Isa::Avx512(_)) && plan512.is_none())
             .then(|| avx2::HorizontalPlan::new(&coeffs, channels));
@@ -99,7 +101,7 @@ impl Horizontal {
     /// kernel: `in_row_len` plus what the SIMD loads may read past the row's end.
     pub(crate) fn padded_len(&self, in_row_len: usize) -> usize {
         #[cfg(target_arch = "x86_64")]
-        if let Some(plan) = &self.plan512 {
+        if let Some(plan) = self.plan512.as_ref() {
             return in_row_len.max(plan.read_len());
         }
         #[cfg(target_arch = "x86_64")]
@@ -136,7 +138,7 @@ impl Horizontal {
     /// its coefficient loads between them.
     fn rows<const R: usize>(&self, src: [&[u8]; R], out: [&mut [u8]; R]) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(plan) = &self.plan512 {
+        if let Some(plan) = self.plan512.as_ref() {
             // SAFETY: an AVX-512 plan is only built from an `Isa::Avx512`, whose token only
             // `Isa::detect` makes, after `avx512::available` found the features it needs.
             unsafe { plan.rows(&self.coeffs, self.channels, src, out) };
