@@ -128,6 +128,23 @@ pub(crate) struct HorizontalPlan {
     narrow: bool,
 }
 
+/// A group's window at `p`: 64 bytes, or 32 (the upper half zero) when every group of the plan
+/// fits them (`narrow`: fewer cache-line splits).
+///
+/// # Safety
+/// AVX-512F; 64 bytes at `p` readable (32 when `narrow`).
+#[inline(always)]
+pub(crate) unsafe fn window(p: *const u8, narrow: bool) -> __m512i {
+    // SAFETY: the caller's.
+    unsafe {
+        if narrow {
+            _mm512_castsi256_si512(_mm256_loadu_si256(p.cast()))
+        } else {
+            _mm512_loadu_si512(p.cast())
+        }
+    }
+}
+
 /// `_mm512_maskz_permutexvar_epi8(EVEN_BYTES, control, v)` as the one instruction it names:
 /// each `i16` of the result is the byte of `v` that `control`'s even byte picks, zero-extended.
 /// With a constant mask LLVM compiles the intrinsic to an unmasked `vpermb` and a `vpandq` with
@@ -482,11 +499,7 @@ impl HorizontalPlan {
                     for _ in 0..pairs {
                         let w = [0, 1, 2].map(|k| _mm512_loadu_si512(weights.add(k).cast()));
                         for r in 0..R {
-                            let v = if narrow {
-                                _mm512_castsi256_si512(_mm256_loadu_si256(ptrs[r].add(at).cast()))
-                            } else {
-                                _mm512_loadu_si512(ptrs[r].add(at).cast())
-                            };
+                            let v = window(ptrs[r].add(at), narrow);
                             let v = _mm512_permutexvar_epi8(control, v);
                             for k in 0..3 {
                                 acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], v, w[k]);
@@ -518,11 +531,7 @@ impl HorizontalPlan {
                     let wl = _mm512_loadu_si512(weights.cast());
                     let wh = _mm512_loadu_si512(weights.add(1).cast());
                     for r in 0..R {
-                        let v = if narrow {
-                            _mm512_castsi256_si512(_mm256_loadu_si256(ptrs[r].add(at).cast()))
-                        } else {
-                            _mm512_loadu_si512(ptrs[r].add(at).cast())
-                        };
+                        let v = window(ptrs[r].add(at), narrow);
                         let v = even_bytes(control, v);
                         acc_lo[r] = _mm512_dpwssd_epi32(acc_lo[r], v, wl);
                         acc_hi[r] = _mm512_dpwssd_epi32(acc_hi[r], v, wh);

@@ -26,7 +26,9 @@ use super::vertical::{self, Lanes};
 use super::Int16Coeffs;
 
 pub(super) use crate::image::avx512::Taps;
-use crate::image::avx512::{even_bytes, group_layouts, row_cost, signed_bytes, GROUP, WINDOW};
+use crate::image::avx512::{
+    even_bytes, group_layouts, row_cost, signed_bytes, window, GROUP, WINDOW,
+};
 
 /// Whether the CPU has what these kernels need (and AVX-512 is not turned off, see
 /// [`crate::simd`]): the resampler's AVX-512 check, the same features.
@@ -202,7 +204,7 @@ impl Horizontal {
                 for _ in 0..g.loads {
                     let w = _mm512_loadu_si512(weights.cast());
                     for r in 0..R {
-                        let v = self.load(ptrs[r].add(at));
+                        let v = window(ptrs[r].add(at), self.narrow);
                         let v = even_bytes(control, v);
                         acc[r] = _mm512_dpwssd_epi32(acc[r], v, w);
                     }
@@ -242,7 +244,8 @@ impl Horizontal {
                     let wl = _mm512_loadu_si512(weights.cast());
                     let wh = _mm512_loadu_si512(weights.add(1).cast());
                     for r in 0..R {
-                        let v = _mm512_permutexvar_epi8(control, self.load(ptrs[r].add(at)));
+                        let v =
+                            _mm512_permutexvar_epi8(control, window(ptrs[r].add(at), self.narrow));
                         low[r] = _mm512_dpbusd_epi32(low[r], v, wl);
                         high[r] = _mm512_dpbusd_epi32(high[r], v, wh);
                     }
@@ -253,22 +256,6 @@ impl Horizontal {
                     let acc = _mm512_add_epi32(low[r], _mm512_slli_epi32::<8>(high[r]));
                     store_group(out[r].as_mut_ptr().add(g.out as usize), g.n, acc, shift);
                 }
-            }
-        }
-    }
-
-    /// A load of the group's window: 64 bytes, or 32 when every group fits them.
-    ///
-    /// # Safety
-    /// AVX-512F; 64 bytes at `p` readable.
-    #[inline(always)]
-    unsafe fn load(&self, p: *const u8) -> __m512i {
-        // SAFETY: the caller's.
-        unsafe {
-            if self.narrow {
-                _mm512_castsi256_si512(_mm256_loadu_si256(p.cast()))
-            } else {
-                _mm512_loadu_si512(p.cast())
             }
         }
     }
