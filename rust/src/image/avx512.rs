@@ -291,7 +291,9 @@ static PLANS: std::sync::Mutex<Vec<KeptPlan>> = std::sync::Mutex::new(Vec::new()
 
 /// [`HorizontalPlan::new`] for `coeffs` and `channels`, a kept one when there is one. Axes with
 /// more than [`RECENT_MAX_WEIGHTS`](super::coeffs::RECENT_MAX_WEIGHTS) weights are built and not
-/// kept (their plans hold up to 3 × 16 bytes per weight).
+/// kept. A plan holds 4 bytes per tap and output sample (pairs; quads 3), up to 16/9 of that
+/// in groups narrower than 16 samples ([`MIN_FILL`]): with its coefficients, at most about
+/// 2.2 MiB for a kept axis of four channels, and about 110 KiB for 2000 → 896 with three.
 pub(crate) fn kept_plan(
     coeffs: &AxisCoeffs,
     channels: usize,
