@@ -265,6 +265,32 @@ pub(crate) fn group_layouts(
     Some((layouts, narrow))
 }
 
+/// Layouts of the cheaper of pairs and quads by [`row_cost`] ([`group_layouts`] of each),
+/// quads only when `quads_fit` (every weight splits into the kernel's signed bytes); pairs on a
+/// tie. `None` when neither is planned. Shared by this resampler's plan and torch's kernels, so
+/// that only the chosen plan's weights are built.
+pub(crate) fn cheaper_layouts(
+    starts: &[usize],
+    counts: &[usize],
+    channels: usize,
+    min_fill: usize,
+    quads_fit: bool,
+) -> Option<(Taps, Vec<GroupLayout>, bool)> {
+    let layouts = |taps: Taps| group_layouts(starts, counts, channels, taps.count(), min_fill);
+    let cost = |(groups, narrow): &(Vec<GroupLayout>, bool)| {
+        row_cost(groups.iter().map(|g| g.pairs).sum(), *narrow)
+    };
+    let pairs = layouts(Taps::Pairs);
+    let quads = quads_fit.then(|| layouts(Taps::Quads)).flatten();
+    let (taps, (groups, narrow)) = match (pairs, quads) {
+        (Some(p), Some(q)) if cost(&q) < cost(&p) => (Taps::Quads, q),
+        (Some(p), _) => (Taps::Pairs, p),
+        (None, Some(q)) => (Taps::Quads, q),
+        (None, None) => return None,
+    };
+    Some((taps, groups, narrow))
+}
+
 /// The samples of the middle group, by width: the width of nearly every group of an axis (the
 /// groups at the ends of a row, where the taps are clipped, and the last one may differ).
 fn median_width(layouts: &[GroupLayout]) -> usize {
@@ -327,17 +353,13 @@ impl HorizontalPlan {
     /// the groups would be too sparse for both ([`group_layouts`]).
     /// Only the chosen plan's weights are built; [`kept_plan`] keeps recent plans.
     pub(crate) fn new(coeffs: &AxisCoeffs, channels: usize) -> Option<HorizontalPlan> {
-        let pairs = Self::layouts(coeffs, channels, Taps::Pairs);
-        let quads = Self::layouts(coeffs, channels, Taps::Quads);
-        let cost = |(groups, narrow): &(Vec<GroupLayout>, bool)| {
-            row_cost(groups.iter().map(|g| g.pairs).sum(), *narrow)
-        };
-        let (taps, (layouts, narrow)) = match (pairs, quads) {
-            (Some(p), Some(q)) if cost(&q) < cost(&p) => (Taps::Quads, q),
-            (Some(p), _) => (Taps::Pairs, p),
-            (None, Some(q)) => (Taps::Quads, q),
-            (None, None) => return None,
-        };
+        let (taps, layouts, narrow) = cheaper_layouts(
+            &coeffs.starts,
+            &coeffs.counts,
+            channels,
+            MIN_FILL,
+            Self::quads_fit(coeffs),
+        )?;
         Some(Self::build(coeffs, channels, taps, layouts, narrow))
     }
 
@@ -357,32 +379,21 @@ impl HorizontalPlan {
         channels: usize,
         taps: Taps,
     ) -> Option<HorizontalPlan> {
-        let (layouts, narrow) = Self::layouts(coeffs, channels, taps)?;
+        if taps == Taps::Quads && !Self::quads_fit(coeffs) {
+            return None;
+        }
+        let c = channels;
+        let (layouts, narrow) =
+            group_layouts(&coeffs.starts, &coeffs.counts, c, taps.count(), MIN_FILL)?;
         Some(Self::build(coeffs, channels, taps, layouts, narrow))
     }
 
-    /// [`group_layouts`] for `taps`, `None` also when (quads) a weight does not split into
-    /// three signed bytes.
-    fn layouts(
-        coeffs: &AxisCoeffs,
-        channels: usize,
-        taps: Taps,
-    ) -> Option<(Vec<GroupLayout>, bool)> {
-        if taps == Taps::Quads
-            && !coeffs
-                .weights
-                .iter()
-                .all(|&w| signed_bytes::<3>(w).is_some())
-        {
-            return None;
-        }
-        group_layouts(
-            &coeffs.starts,
-            &coeffs.counts,
-            channels,
-            taps.count(),
-            MIN_FILL,
-        )
+    /// Whether every weight splits into three signed bytes (all 22-bit ones do).
+    fn quads_fit(coeffs: &AxisCoeffs) -> bool {
+        coeffs
+            .weights
+            .iter()
+            .all(|&w| signed_bytes::<3>(w).is_some())
     }
 
     /// The plan of these layouts: weights, controls and read lengths.
@@ -478,12 +489,13 @@ impl HorizontalPlan {
         let zero = _mm512_setzero_si512();
         let mut weights = self.weights.as_ptr();
         let narrow = self.narrow;
+        // Weight vectors per load.
+        let vectors = match self.taps {
+            Taps::Pairs => 2,
+            Taps::Quads => 3,
+        };
         for (g, control) in self.groups.iter().zip(&self.controls) {
             let (first, n, pairs) = (g.out as usize, g.n as usize, g.pairs as usize);
-            let vectors = match self.taps {
-                Taps::Pairs => 2,
-                Taps::Quads => 3,
-            };
             if !fast && src.iter().any(|s| s.len() < g.read_end as usize) {
                 for (s, o) in src.iter().zip(out.iter_mut()) {
                     horizontal_samples_scalar(coeffs, channels, s, first, &mut o[first..first + n]);

@@ -8,7 +8,7 @@
 //!   zero-extended to `i16`, in its own dword, and one `vpdpwssd` adds them times their
 //!   weights. That needs the group's first tap bytes within 64 bytes of each other: 16 samples
 //!   for reductions up to about 3.5× with three channels, fewer beyond (as many as fit,
-//!   [`group_layouts`]); where too few fit to beat the AVX2 kernels ([`min_fill`]; with three
+//!   [`group_layouts`](crate::image::avx512::group_layouts)); where too few fit to beat the AVX2 kernels ([`min_fill`]; with three
 //!   channels, reductions past about 19×), those serve the axis, then the resampler's path.
 //!   When every group fits 32 bytes, the loads are 32 bytes wide (fewer cache-line splits).
 //!   Where it costs fewer loads, each load serves four taps instead ([`Taps::Quads`]): one
@@ -25,9 +25,11 @@ use super::stream::Kernels;
 use super::vertical::{self, Lanes};
 use super::Int16Coeffs;
 
+#[cfg(test)]
+use crate::image::avx512::group_layouts;
 pub(super) use crate::image::avx512::Taps;
 use crate::image::avx512::{
-    even_bytes, group_layouts, row_cost, signed_bytes, window, GROUP, WINDOW,
+    cheaper_layouts, even_bytes, signed_bytes, window, GroupLayout, GROUP, WINDOW,
 };
 
 /// Whether the CPU has what these kernels need (and AVX-512 is not turned off, see
@@ -53,7 +55,7 @@ fn min_fill(channels: usize) -> usize {
 struct Group {
     /// The group's first output sample in the row.
     out: u32,
-    /// Samples in the group (up to 16: see [`group_layouts`]).
+    /// Samples in the group (up to 16: see [`group_layouts`](crate::image::avx512::group_layouts)).
     n: u32,
     /// Loads per row (tap pairs, or tap quads).
     loads: u32,
@@ -89,26 +91,25 @@ pub(super) struct Horizontal {
 
 impl Horizontal {
     /// The cheaper plan of pairs and quads (quads only where every weight splits into bytes;
-    /// cost: [`row_cost`]). Measured on AMD Zen 4 (torch's bicubic, three channels, one
+    /// [`cheaper_layouts`]). Measured on AMD Zen 4 (torch's bicubic, three channels, one
     /// thread): at 2000 → 896 quads take 3 loads where pairs take 5 (9-tap samples), and the
     /// resize is 1.19× faster (0.841 → 0.705 ms); at 1000 → 700 pairs fit 32-byte loads and
     /// quads do not, and pairs are 1.12× faster (0.357 against 0.400 ms). `None` when neither
     /// fits ([`min_fill`]), or the precision is 0.
     pub(super) fn new(k: &Int16Coeffs, channels: usize) -> Option<Horizontal> {
-        let pairs = Horizontal::with_taps(k, channels, Taps::Pairs);
-        let quads = Horizontal::with_taps(k, channels, Taps::Quads);
-        let cost = |h: &Horizontal| {
-            let loads: usize = h.groups.iter().map(|g| g.loads as usize).sum();
-            row_cost(loads, h.narrow)
-        };
-        match (pairs, quads) {
-            (Some(p), Some(q)) => Some(if cost(&q) < cost(&p) { q } else { p }),
-            (p, q) => p.or(q),
+        let c = channels;
+        if k.precision == 0 || c == 0 {
+            return None;
         }
+        let quads_fit = k.weights.iter().all(|&w| byte_split(w).is_some());
+        let (taps, layouts, narrow) =
+            cheaper_layouts(&k.starts, &k.counts, c, min_fill(c), quads_fit)?;
+        Some(Horizontal::build(k, c, taps, layouts, narrow))
     }
 
     /// The plan taking `taps` taps a load; `None` when too few samples fit a window
     /// ([`min_fill`]), the precision is 0, or (quads) some weight does not split into bytes.
+    #[cfg(test)]
     pub(super) fn with_taps(k: &Int16Coeffs, channels: usize, taps: Taps) -> Option<Horizontal> {
         let c = channels;
         if k.precision == 0 || c == 0 {
@@ -118,6 +119,17 @@ impl Horizontal {
             return None;
         }
         let (layouts, narrow) = group_layouts(&k.starts, &k.counts, c, taps.count(), min_fill(c))?;
+        Some(Horizontal::build(k, c, taps, layouts, narrow))
+    }
+
+    /// The plan of these layouts: weights, controls and read length.
+    fn build(
+        k: &Int16Coeffs,
+        c: usize,
+        taps: Taps,
+        layouts: Vec<GroupLayout>,
+        narrow: bool,
+    ) -> Horizontal {
         let mut plan = Horizontal {
             taps,
             groups: Vec::with_capacity(layouts.len()),
@@ -169,7 +181,7 @@ impl Horizontal {
             });
             plan.controls.push(g.control);
         }
-        Some(plan)
+        plan
     }
 
     /// How many taps a load takes (tests compare both).
