@@ -249,7 +249,7 @@ class Tensor:
 
 @final
 class PendingTensor:
-    """A Qwen ``pixel_values`` (or ``pixel_values_videos``) not written yet: the batch decoded,
+    """A ``pixel_values`` (or ``pixel_values_videos``) not written yet: the batch decoded,
     resized and laid out. :func:`encode_frames` and :func:`convert_into` write it straight into
     its destination (as ``float32`` or ``bfloat16``); :meth:`materialize` into a new
     :class:`Tensor`."""
@@ -372,7 +372,8 @@ class Preprocessor:
         alpha: str,
         max_pixels: int | None,
     ) -> list[tuple[str, Tensor | PendingTensor]]:
-        """:meth:`images`, the Qwen families' ``pixel_values`` left as a :class:`PendingTensor`."""
+        """:meth:`images`, ``pixel_values`` left as a :class:`PendingTensor` where the family
+        plans it (Qwen, GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL)."""
 
     def videos_deferred(
         self,

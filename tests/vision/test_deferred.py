@@ -253,3 +253,69 @@ def test_native_refusals_name_the_numbers() -> None:
     message = tensors.TensorMessage(vllm_pb.GenerateRequest(request_id="r"))
     with pytest.raises(TensorError, match="dtype"):
         message.attach(PATH, tensor, dtype="int64")
+
+
+# Families whose writes go through `Slot`s plan their pixel values too (`processors/pending.rs`):
+# the same writer fills the eager array and the request, so the bytes must agree everywhere.
+PLANNED = ["llava_next", "gemma3", "internvl"]
+
+
+@pytest.mark.parametrize("family", PLANNED)
+def test_planned_families_defer_and_materialise_the_eager_output(family: str) -> None:
+    # A strip, a large image (tiles, pan-and-scan crops) and a tiny one: batch padding in
+    # LLaVA-NeXT, several crops in Gemma 3 (pan-and-scan on), several tiles in InternVL.
+    images = _images(21, [(30, 400), (700, 300), (9, 13)])
+    config = (
+        {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 30} if family == "gemma3" else None
+    )
+    processor = ImageProcessor(family, config)  # type: ignore[arg-type]
+    eager = processor(images)
+    deferred = processor.deferred(images)
+    assert set(deferred.pending) == {"pixel_values"}
+    assert deferred.ready.pixel_values is None
+    pending = deferred.pending["pixel_values"]
+    assert eager.pixel_values is not None
+    assert list(pending.shape) == list(eager.pixel_values.shape)
+    assert pending.nbytes == eager.pixel_values.nbytes
+    assert deferred.ready.num_image_tokens == eager.num_image_tokens
+    assert eager.pixel_values.shape[0] > len(images) or family == "llava_next"
+    for name in ("image_sizes", "num_crops", "num_patches"):
+        if getattr(eager, name) is not None:
+            np.testing.assert_array_equal(getattr(deferred.ready, name), getattr(eager, name))
+    assert deferred.materialize().pixel_values.tobytes() == eager.pixel_values.tobytes()  # type: ignore[union-attr]
+    half = np.zeros(pending.nbytes // 2, np.uint8)
+    _native.convert_into(pending, half, "bfloat16")
+    assert half.tobytes() == _native.convert(eager.pixel_values, "bfloat16")
+    with pytest.raises(ValueError, match="float32 or bfloat16, not float16"):
+        _native.convert_into(pending, np.zeros(pending.nbytes // 2, np.uint8), "float16")
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("family", PLANNED)
+def test_planned_families_write_the_eager_request(family: str, dtype: str | None) -> None:
+    """The request built from planned pixel values is byte for byte the one built from the
+    eager array, at every payload alignment within 8 bytes, and decodes to the eager values;
+    over shared memory too."""
+    model = VisionModel.for_family(family)  # type: ignore[arg-type]
+    files = [_jpeg(image) for image in _images(22, [(300, 500), (64, 48)])]
+    media = model.prepare(files, threads=2)
+    assert isinstance(media.processed, DeferredOutput)
+    assert isinstance(media.wire_tensors()["pixel_values"], _native.PendingTensor)
+    reference = VisionModel.for_family(family).prepare(files).output.pixel_values  # type: ignore[arg-type]
+    assert reference is not None
+    prompt = [1, *([media.anchor] * media.count), 2]
+    want = _native.convert(reference, dtype) if dtype else reference.tobytes()
+    for n in range(1, 9):
+        request = vllm_adapter.generate_request("r" * n, prompt, media, dtype=dtype)
+        eager = vllm_adapter.generate_request("r" * n, prompt, media, dtype=dtype)
+        eager.attach(PATH, reference, dtype=dtype)
+        wire = tensors.serialize(request)
+        assert wire == tensors.serialize(eager), f"request id of {n} characters"
+        decoded = vllm_adapter.decode_mm_inputs(tensors.parse(wire, vllm_pb.GenerateRequest))
+        assert np.asarray(decoded[0].tensors["pixel_values"]).tobytes() == want
+    shm = vllm_adapter.generate_request("r", prompt, media, transport="shm", dtype=dtype)
+    assert len(shm.shm_segments) == 1
+    decoded = vllm_adapter.decode_mm_inputs(
+        tensors.parse(tensors.serialize(shm), vllm_pb.GenerateRequest)
+    )
+    assert np.asarray(decoded[0].tensors["pixel_values"]).tobytes() == want

@@ -15,18 +15,19 @@
 
 use std::borrow::Cow;
 
-use super::clip::Prepared;
+use super::clip::{ItemsWriter, Prepared};
 use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
+use super::pending::Pending;
 use super::sizes::SizeSpec;
 use super::value::{
     as_bool, as_count, as_float, as_size, hf_keys, size_value, Common, Value, HALF,
 };
 use super::{
-    check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
-    Outputs, ProcessorError, Rgb, Tensor, TensorData,
+    check_side, checked_len, prepare_all, resize_rgb, Deferred, Input, Options, Outputs,
+    ProcessorError, Rgb, Tensor,
 };
 use crate::image::Filter;
 use crate::memory::fallible;
@@ -170,6 +171,15 @@ impl FamilyConfig for Gemma3Config {
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
         images(self, normalize, inputs, options)
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        images_deferred(self, normalize, inputs, options)
     }
 
     /// `Gemma3Processor`: `(1 + num_crops) · image_seq_length` image tokens per image.
@@ -446,6 +456,34 @@ pub fn images(
     inputs: &[Input<'_>],
     options: &Options,
 ) -> Result<Outputs, ProcessorError> {
+    let (pending, mut outputs) = plan(config, normalize, inputs, options)?;
+    outputs
+        .tensors
+        .insert(0, ("pixel_values", pending.tensor()?));
+    Ok(outputs)
+}
+
+/// [`images`] with `pixel_values` planned, not written ([`Deferred::Values`]).
+pub fn images_deferred<'a>(
+    config: &Gemma3Config,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<Deferred<'a>, ProcessorError> {
+    let (pending, rest) = plan(config, normalize, inputs, options)?;
+    Ok(Deferred::Values {
+        pending: Box::new(pending),
+        rest,
+    })
+}
+
+/// Every image and crop decoded and resized: `pixel_values` planned, and `num_crops`.
+fn plan<'a>(
+    config: &Gemma3Config,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     let per_input = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
@@ -466,34 +504,27 @@ pub fn images(
         });
     }
     let (h, w) = first;
-    let per_image = checked_len("pixel_values", &[3, h, w], 4)?;
-    let len = checked_len("pixel_values", &[prepared.len(), 3, h, w], 4)?;
-    let mut pixel_values = OutBuffer::new("pixel_values", len)?;
-    let slices = pixel_values.slices(&vec![per_image; prepared.len()]);
-    let jobs: Vec<(&Prepared<'_>, &mut [Out])> = prepared.iter().zip(slices).collect();
-    let workers = parallel::workers(options.threads, jobs.len());
-    parallel::map(jobs, workers, |_, (p, out)| p.write(normalize, out));
-    // SAFETY: one slice of 3·h·w values per image covers the buffer, and every image is h × w
-    // (checked above), so `Prepared::write` writes all of its slice.
-    let pixel_values = unsafe { pixel_values.finish() };
+    // Every item is h × w (checked above), so `Prepared::write` writes all of its slot.
+    let item_len = checked_len("pixel_values", &[3, h, w], 4)?;
+    let shape = vec![prepared.len(), 3, h, w];
+    let writer = ItemsWriter {
+        items: prepared,
+        normalize: normalize.clone(),
+        item_len,
+        threads: options.threads,
+    };
+    let pending = Pending::new("pixel_values", shape, writer.workers(), Box::new(writer))?;
     let batch = num_crops.len();
-    Ok(Outputs {
-        tensors: vec![
-            (
-                "pixel_values",
-                Tensor {
-                    shape: vec![prepared.len(), 3, h, w],
-                    data: TensorData::F32(pixel_values),
-                },
-            ),
-            ("num_crops", Tensor::i64(vec![batch], num_crops)),
-        ],
-    })
+    let outputs = Outputs {
+        tensors: vec![("num_crops", Tensor::i64(vec![batch], num_crops))],
+    };
+    Ok((pending, outputs))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processors::TensorData;
     use crate::processors::{Family, Preprocessor};
 
     #[test]

@@ -22,11 +22,13 @@ use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
+use super::pending::{Pending, WriteValues};
 use super::sizes::SizeSpec;
+use super::store::Unaligned;
 use super::value::{as_bool, as_count, as_size, hf_keys, size_value, Common, Value};
 use super::{
-    check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
-    Outputs, ProcessorError, Rgb, Tensor, TensorData,
+    check_side, checked_len, parallel, prepare_all, resize_rgb, Deferred, Input, Options, Outputs,
+    ProcessorError, Rgb, Tensor,
 };
 use crate::image::Filter;
 
@@ -159,6 +161,15 @@ impl FamilyConfig for InternVlConfig {
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
         images(self, normalize, inputs, options)
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        images_deferred(self, normalize, inputs, options)
     }
 
     /// `InternVLProcessor`: `num_patches · image_seq_length` `<IMG_CONTEXT>` tokens per image.
@@ -397,22 +408,47 @@ pub fn images(
     inputs: &[Input<'_>],
     options: &Options,
 ) -> Result<Outputs, ProcessorError> {
+    let (pending, mut outputs) = plan(config, normalize, inputs, options)?;
+    outputs
+        .tensors
+        .insert(0, ("pixel_values", pending.tensor()?));
+    Ok(outputs)
+}
+
+/// [`images`] with `pixel_values` planned, not written ([`Deferred::Values`]).
+pub fn images_deferred<'a>(
+    config: &InternVlConfig,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<Deferred<'a>, ProcessorError> {
+    let (pending, rest) = plan(config, normalize, inputs, options)?;
+    Ok(Deferred::Values {
+        pending: Box::new(pending),
+        rest,
+    })
+}
+
+/// Every image decoded, resized and tiled: `pixel_values` planned, and `num_patches`.
+fn plan<'a>(
+    config: &InternVlConfig,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
     let num_patches: Vec<i64> = prepared.iter().map(|p| p.tiles.len() as i64).collect();
-    let jobs: Vec<(&Rgb<'_>, &Tile)> = prepared
-        .iter()
-        .flat_map(|p| p.tiles.iter().map(move |t| (&p.images[t.image], t)))
-        .collect();
-    let Some(first) = jobs.first().map(|(_, t)| t.out) else {
+    let mut tiles = prepared.iter().flat_map(|p| p.tiles.iter());
+    let Some(first) = tiles.next().map(|t| t.out) else {
         return Err(ProcessorError::shape(
             "images",
             "at least one image",
             "an empty batch",
         ));
     };
-    if let Some((_, t)) = jobs.iter().find(|(_, t)| t.out != first) {
+    if let Some(t) = tiles.find(|t| t.out != first) {
         return Err(ProcessorError::BatchShape {
             what: "processed images",
             expected: vec![3, first.0, first.1],
@@ -420,46 +456,105 @@ pub fn images(
         });
     }
     let (h, w) = first;
-    let per_tile = checked_len("pixel_values", &[3, h, w], 4)?;
-    let len = checked_len("pixel_values", &[jobs.len(), 3, h, w], 4)?;
-    let mut pixel_values = OutBuffer::new("pixel_values", len)?;
-    let slices = pixel_values.slices(&vec![per_tile; jobs.len()]);
-    let count = jobs.len();
-    let work: Vec<((&Rgb<'_>, &Tile), &mut [Out])> = jobs.into_iter().zip(slices).collect();
-    let workers = parallel::workers(options.threads, work.len());
-    parallel::map(work, workers, |_, ((image, tile), out)| {
-        normalize.write_chw(
-            image.view(),
-            tile.origin.0 as isize,
-            tile.origin.1 as isize,
-            tile.out.0,
-            tile.out.1,
-            out,
-        )
-    });
-    // SAFETY: one slice of 3·h·w values per tile covers the buffer, every tile is h × w
-    // (checked above) and lies inside its image (the grid image is rows·h × cols·w), so
-    // `write_chw` writes all of its slice.
-    let pixel_values = unsafe { pixel_values.finish() };
-    super::recycle_images(prepared.into_iter().flat_map(|p| p.images));
+    let count = num_patches.iter().sum::<i64>() as usize;
+    // Every tile is h × w (checked above) and lies inside its image (the grid image is
+    // rows·h × cols·w), so `write_chw` writes all of its slot.
+    let tile_len = checked_len("pixel_values", &[3, h, w], 4)?;
+    let writer = Writer {
+        prepared,
+        normalize: normalize.clone(),
+        tile_len,
+        count,
+        threads: options.threads,
+    };
+    let workers = parallel::workers(options.threads, count);
+    let pending = Pending::new(
+        "pixel_values",
+        vec![count, 3, h, w],
+        workers,
+        Box::new(writer),
+    )?;
     let batch = num_patches.len();
-    Ok(Outputs {
-        tensors: vec![
-            (
-                "pixel_values",
-                Tensor {
-                    shape: vec![count, 3, h, w],
-                    data: TensorData::F32(pixel_values),
-                },
-            ),
-            ("num_patches", Tensor::i64(vec![batch], num_patches)),
-        ],
-    })
+    let outputs = Outputs {
+        tensors: vec![("num_patches", Tensor::i64(vec![batch], num_patches))],
+    };
+    Ok((pending, outputs))
+}
+
+/// Writes InternVL's `pixel_values`: every tile of every image channels-first, one tile per job.
+struct Writer<'a> {
+    prepared: Vec<Prepared<'a>>,
+    normalize: Normalize,
+    tile_len: usize,
+    count: usize,
+    threads: usize,
+}
+
+impl WriteValues for Writer<'_> {
+    fn write(&self, out: &mut [Unaligned]) {
+        let work: Vec<((&Rgb<'_>, &Tile), &mut [Unaligned])> = self
+            .prepared
+            .iter()
+            .flat_map(|p| p.tiles.iter().map(move |t| (&p.images[t.image], t)))
+            .zip(out.chunks_mut(self.tile_len))
+            .collect();
+        let workers = parallel::workers(self.threads, self.count);
+        parallel::map(work, workers, |_, ((image, tile), out)| {
+            self.normalize.write_chw(
+                image.view(),
+                tile.origin.0 as isize,
+                tile.origin.1 as isize,
+                tile.out.0,
+                tile.out.1,
+                out,
+            )
+        });
+    }
+
+    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
+        let prepared = std::mem::take(&mut self.prepared)
+            .into_iter()
+            .map(|mut p| {
+                let images = std::mem::take(&mut p.images)
+                    .into_iter()
+                    .map(|rgb| {
+                        Ok(Rgb {
+                            width: rgb.width,
+                            height: rgb.height,
+                            data: Cow::Owned(super::owned_bytes(rgb.data, "copy of an image")?),
+                        })
+                    })
+                    .collect::<Result<_, ProcessorError>>()?;
+                Ok(Prepared {
+                    images,
+                    tiles: std::mem::take(&mut p.tiles),
+                })
+            })
+            .collect::<Result<_, ProcessorError>>()?;
+        Ok(Box::new(Writer {
+            prepared,
+            normalize: self.normalize.clone(),
+            tile_len: self.tile_len,
+            count: self.count,
+            threads: self.threads,
+        }))
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        super::recycle_images(
+            std::mem::take(&mut self.prepared)
+                .into_iter()
+                .flat_map(|p| p.images),
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processors::TensorData;
     use crate::processors::{Family, Preprocessor};
 
     #[test]

@@ -15,14 +15,16 @@
 use super::clip::{resize_and_crop, Prepared};
 use super::family::{i64_values, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
+use super::pending::{Pending, WriteValues};
 use super::sizes::SizeSpec;
+use super::store::Unaligned;
 use super::value::{
     as_bool, as_hw, as_size, check_crop, hf_clip_like, resize_crop_entries, Common, Value,
     CLIP_MEAN, CLIP_STD,
 };
 use super::{
-    check_image, check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out,
-    OutBuffer, Outputs, ProcessorError, Rgb, Tensor, TensorData,
+    check_image, check_side, checked_len, parallel, prepare_all, resize_rgb, Deferred, Input,
+    Options, Outputs, ProcessorError, Rgb, Tensor,
 };
 use crate::memory::fallible;
 use std::borrow::Cow;
@@ -173,6 +175,15 @@ impl FamilyConfig for LlavaNextConfig {
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
         images(self, normalize, inputs, options)
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        images_deferred(self, normalize, inputs, options)
     }
 
     /// `LlavaNextProcessor._get_number_of_features` per image: needs [`VisionTokens`].
@@ -381,6 +392,34 @@ pub fn images(
     inputs: &[Input<'_>],
     options: &Options,
 ) -> Result<Outputs, ProcessorError> {
+    let (pending, mut outputs) = plan(config, normalize, inputs, options)?;
+    outputs
+        .tensors
+        .insert(0, ("pixel_values", pending.tensor()?));
+    Ok(outputs)
+}
+
+/// [`images`] with `pixel_values` planned, not written ([`Deferred::Values`]).
+pub fn images_deferred<'a>(
+    config: &LlavaNextConfig,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<Deferred<'a>, ProcessorError> {
+    let (pending, rest) = plan(config, normalize, inputs, options)?;
+    Ok(Deferred::Values {
+        pending: Box::new(pending),
+        rest,
+    })
+}
+
+/// Every image decoded, resized and tiled: `pixel_values` planned, and `image_sizes`.
+fn plan<'a>(
+    config: &LlavaNextConfig,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
@@ -404,47 +443,180 @@ pub fn images(
         }
     }
     let item_len = checked_len("pixel_values", &[3, h, w], 4)?;
-    let len = checked_len("pixel_values", &[prepared.len(), max_items, 3, h, w], 4)?;
-    let mut pixel_values = OutBuffer::new("pixel_values", len)?;
-    let slices = pixel_values.slices(&vec![item_len * max_items; prepared.len()]);
-    let jobs: Vec<(&Image<'_>, &mut [Out])> = prepared.iter().zip(slices).collect();
-    let workers = parallel::workers(options.threads, jobs.len());
-    parallel::map(jobs, workers, |_, (image, out)| {
-        let mut slots = out.chunks_exact_mut(item_len);
-        for (item, slot) in image.items.iter().zip(&mut slots) {
-            item.write(normalize, slot);
-        }
-        // Batch padding: 0.0 after normalisation.
-        slots.for_each(|slot| slot.fill(Out::new(0.0)));
-    });
-    // SAFETY: one slice per image covers the buffer; each is filled by its items' write_chw
-    // (every value of an item slot) and the zero fill of the remaining slots.
-    let pixel_values = unsafe { pixel_values.finish() };
     let sizes: Vec<i64> = prepared
         .iter()
         .flat_map(|p| [p.size.0 as i64, p.size.1 as i64])
         .collect();
-    Ok(Outputs {
-        tensors: vec![
-            (
-                "pixel_values",
-                Tensor {
-                    shape: vec![prepared.len(), max_items, 3, h, w],
-                    data: TensorData::F32(pixel_values),
-                },
-            ),
-            ("image_sizes", Tensor::i64(vec![prepared.len(), 2], sizes)),
-        ],
-    })
+    let shape = vec![prepared.len(), max_items, 3, h, w];
+    let writer = Writer {
+        images: prepared,
+        normalize: normalize.clone(),
+        item_len,
+        max_items,
+        threads: options.threads,
+    };
+    let pending = Pending::new("pixel_values", shape, writer.workers(), Box::new(writer))?;
+    let outputs = Outputs {
+        tensors: vec![("image_sizes", Tensor::i64(vec![sizes.len() / 2, 2], sizes))],
+    };
+    Ok((pending, outputs))
+}
+
+/// Writes LLaVA-NeXT's `pixel_values`: each image's items (the base image, then its tiles)
+/// channels-first, then zeros for the batch padding, one image per job.
+struct Writer<'a> {
+    images: Vec<Image<'a>>,
+    normalize: Normalize,
+    item_len: usize,
+    max_items: usize,
+    threads: usize,
+}
+
+impl Writer<'_> {
+    fn workers(&self) -> usize {
+        parallel::workers(self.threads, self.images.len())
+    }
+}
+
+impl WriteValues for Writer<'_> {
+    fn write(&self, out: &mut [Unaligned]) {
+        let per_image = self.item_len * self.max_items;
+        let jobs: Vec<(&Image<'_>, &mut [Unaligned])> =
+            self.images.iter().zip(out.chunks_mut(per_image)).collect();
+        parallel::map(jobs, self.workers(), |_, (image, out)| {
+            let mut slots = out.chunks_exact_mut(self.item_len);
+            for (item, slot) in image.items.iter().zip(&mut slots) {
+                item.write(&self.normalize, slot);
+            }
+            // Batch padding: 0.0 after normalisation.
+            slots.for_each(|slot| slot.iter_mut().for_each(|v| v.set(0.0)));
+        });
+    }
+
+    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
+        let images = std::mem::take(&mut self.images)
+            .into_iter()
+            .map(|image| {
+                let items = image
+                    .items
+                    .into_iter()
+                    .map(Prepared::into_owned)
+                    .collect::<Result<_, _>>()?;
+                Ok(Image {
+                    items,
+                    size: image.size,
+                })
+            })
+            .collect::<Result<_, ProcessorError>>()?;
+        Ok(Box::new(Writer {
+            images,
+            normalize: self.normalize.clone(),
+            item_len: self.item_len,
+            max_items: self.max_items,
+            threads: self.threads,
+        }))
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        super::recycle_images(
+            std::mem::take(&mut self.images)
+                .into_iter()
+                .flat_map(|image| image.items.into_iter().map(|item| item.image)),
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::processors::{Family, Preprocessor};
+    use crate::processors::{Family, Preprocessor, TensorData};
 
     const PINPOINTS: [(usize, usize); 5] =
         [(336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)];
+
+    /// The planned `pixel_values` written into a message (float32 at an odd byte offset,
+    /// bfloat16) are the eager tensor's bytes, and the other outputs are the eager ones.
+    #[test]
+    fn deferred_values_are_the_eager_ones() {
+        use crate::tensor::convert::f32_to_bf16;
+        use crate::tensor::dtype::WireDtype;
+        use crate::tensor::wire::Produce;
+        use std::mem::MaybeUninit;
+
+        let p = Preprocessor::new(Family::LlavaNext, &[]).unwrap();
+        let mut seed = 7u32;
+        let mut noise = |n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 24) as u8
+                })
+                .collect()
+        };
+        // A tall image and a small one (fewer tiles: batch padding), and one used unresized.
+        let (a, b, c) = (
+            noise(700 * 300 * 3),
+            noise(40 * 90 * 3),
+            noise(336 * 336 * 3),
+        );
+        fn pixels(data: &[u8], width: usize, height: usize) -> Input<'_> {
+            Input::Pixels {
+                data,
+                width,
+                height,
+                channels: 3,
+            }
+        }
+        let inputs = [
+            pixels(&a, 300, 700),
+            pixels(&b, 90, 40),
+            pixels(&c, 336, 336),
+        ];
+        for threads in [1, 2] {
+            let options = Options {
+                threads,
+                ..Options::default()
+            };
+            let eager = p.images(&inputs, &options).unwrap();
+            let Deferred::Values { pending, rest } = p.images_deferred(&inputs, &options).unwrap()
+            else {
+                panic!("LLaVA-NeXT plans its pixel_values");
+            };
+            let pending = pending.into_owned().unwrap();
+            let want = eager.get("pixel_values").unwrap();
+            assert_eq!(pending.shape(), &want.shape[..]);
+            let TensorData::F32(want) = &want.data else {
+                panic!("float32 pixel_values");
+            };
+            assert!(want.contains(&0.0) && want.iter().any(|&v| v != 0.0));
+            for (name, tensor) in &rest.tensors {
+                assert_eq!(eager.get(name), Some(tensor), "{name}");
+            }
+            assert_eq!(rest.tensors.len() + 1, eager.tensors.len());
+            let mut buffer = vec![MaybeUninit::new(0xAAu8); 4 * want.len() + 3];
+            let out = &mut buffer[3..];
+            pending.produce(out, WireDtype::Float32).unwrap();
+            // SAFETY: `produce` returned Ok, so every byte of `out` is initialised.
+            let got: Vec<u8> = out.iter().map(|b| unsafe { b.assume_init() }).collect();
+            let bytes: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert!(got == bytes, "float32 bytes differ (threads {threads})");
+            let mut half = vec![MaybeUninit::new(0u8); 2 * want.len()];
+            pending.produce(&mut half, WireDtype::Bfloat16).unwrap();
+            // SAFETY: as above.
+            let got: Vec<u8> = half.iter().map(|b| unsafe { b.assume_init() }).collect();
+            let bytes: Vec<u8> = want
+                .iter()
+                .flat_map(|v| f32_to_bf16(v.to_bits()).to_le_bytes())
+                .collect();
+            assert!(got == bytes, "bfloat16 bytes differ (threads {threads})");
+            assert!(pending
+                .produce(&mut half[1..], WireDtype::Bfloat16)
+                .is_err());
+            assert_eq!(pending.wire_len(WireDtype::Float16), None);
+        }
+    }
 
     #[test]
     fn best_resolution() {

@@ -55,6 +55,7 @@ pub mod mllama;
 pub mod nemotron;
 pub mod normalize;
 pub mod parallel;
+pub mod pending;
 pub mod phi3v;
 pub mod phi4;
 pub mod pixtral;
@@ -306,6 +307,24 @@ impl Preprocessor {
     fn deferred_with_tokens<'a>(&self, deferred: Deferred<'a>) -> Deferred<'a> {
         match deferred {
             Deferred::Done(outputs) => Deferred::Done(self.with_tokens(outputs)),
+            Deferred::Values { pending, rest } => {
+                // The token rules read the pending tensor's shape only (never its values): they
+                // see it as an empty stand-in of that shape, dropped again afterwards.
+                let mut outputs = rest;
+                outputs.tensors.push((
+                    pending.name(),
+                    Tensor {
+                        shape: pending.shape().to_vec(),
+                        data: TensorData::F32(Vec::new()),
+                    },
+                ));
+                let mut outputs = self.with_tokens(outputs);
+                outputs.tensors.retain(|(name, _)| *name != pending.name());
+                Deferred::Values {
+                    pending,
+                    rest: outputs,
+                }
+            }
             patches => patches,
         }
     }
@@ -327,6 +346,12 @@ fn check_batch(inputs: &[Input<'_>]) -> Result<(), ProcessorError> {
 pub enum Deferred<'a> {
     /// Qwen: the patches to write (`pixel_values` or `pixel_values_videos`); the grid is known.
     Patches(Box<qwen::Patches<'a>>),
+    /// A family with a [`pending::WriteValues`] writer: its largest tensor planned, the other
+    /// outputs (token counts included) computed.
+    Values {
+        pending: Box<pending::Pending<'a>>,
+        rest: Outputs,
+    },
     /// Every other family: the outputs, computed.
     Done(Outputs),
 }

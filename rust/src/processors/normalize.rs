@@ -204,14 +204,14 @@ impl Normalize {
     /// the source pixel of output `(y, x)` being `src(y + top, x + left)`, or a `0` byte where
     /// that lies outside `src` (transformers' zero padding of a center crop, which happens on
     /// `u8` before rescaling). `top`/`left` may be negative.
-    pub fn write_chw(
+    pub fn write_chw<T: Slot>(
         &self,
         src: RgbRef<'_>,
         top: isize,
         left: isize,
         out_h: usize,
         out_w: usize,
-        out: &mut [Out],
+        out: &mut [T],
     ) {
         debug_assert_eq!(out.len(), 3 * out_h * out_w);
         let plane = out_h * out_w;
@@ -222,11 +222,14 @@ impl Normalize {
         // The output rows that read inside the source: y in [y0, y1).
         let y0 = (-top).clamp(0, out_h as isize) as usize;
         let y1 = (h - top).clamp(y0 as isize, out_h as isize) as usize;
-        let pad = |out: &mut [Out], rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
+        let pad = |out: &mut [T], rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
             for c in 0..3 {
+                let zero = self.lut[c][0];
                 for y in rows.clone() {
                     let at = c * plane + y * out_w;
-                    out[at + cols.start..at + cols.end].fill(Out::new(self.lut[c][0]));
+                    out[at + cols.start..at + cols.end]
+                        .iter_mut()
+                        .for_each(|slot| slot.set(zero));
                 }
             }
         };

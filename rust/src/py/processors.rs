@@ -15,6 +15,7 @@ use super::array::{is_ndarray, ImageArray};
 use super::errors::{self, processor_error, Class};
 use crate::memory::recycle;
 use crate::processors::family::TokenIds;
+use crate::processors::pending::Pending;
 use crate::processors::qwen::Patches;
 use crate::processors::value::{BadSize, Raw};
 use crate::processors::{
@@ -333,19 +334,28 @@ fn outputs_to_py(outputs: Outputs) -> Vec<(&'static str, PyTensor)> {
         .collect()
 }
 
-/// A Qwen `pixel_values` (or `pixel_values_videos`) whose values are not written yet: the batch
+/// A `pixel_values` (or `pixel_values_videos`) whose values are not written yet: the batch
 /// decoded, resized and laid out, owned by this object. `encode_frames` and `convert_into` write
 /// it straight into a serialized request or a shared-memory segment (once, no copy);
 /// `materialize()` writes it into a new `Tensor`.
 #[pyclass(module = "smg_grpc_proto._native", name = "PendingTensor", frozen)]
 pub(crate) struct PyPendingTensor {
-    patches: Patches<'static>,
+    inner: PendingKind,
+}
+
+/// The Qwen families' patches, or another family's planned values.
+enum PendingKind {
+    Patches(Box<Patches<'static>>),
+    Values(Pending<'static>),
 }
 
 impl PyPendingTensor {
     /// What writes the tensor's bytes.
     pub(crate) fn producer(&self) -> &dyn Produce {
-        &self.patches
+        match &self.inner {
+            PendingKind::Patches(patches) => &**patches,
+            PendingKind::Values(values) => values,
+        }
     }
 }
 
@@ -354,12 +364,18 @@ impl PyPendingTensor {
     /// transformers' name of the tensor.
     #[getter]
     pub(crate) fn name(&self) -> &'static str {
-        self.patches.name()
+        match &self.inner {
+            PendingKind::Patches(patches) => patches.name(),
+            PendingKind::Values(values) => values.name(),
+        }
     }
 
     #[getter]
     fn shape(&self) -> Vec<usize> {
-        self.patches.shape().to_vec()
+        match &self.inner {
+            PendingKind::Patches(patches) => patches.shape().to_vec(),
+            PendingKind::Values(values) => values.shape().to_vec(),
+        }
     }
 
     /// Always `"float32"` (the values computed; `bfloat16` on the wire rounds them).
@@ -371,7 +387,10 @@ impl PyPendingTensor {
     /// The size of the tensor in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.patches.byte_len()
+        match &self.inner {
+            PendingKind::Patches(patches) => patches.byte_len(),
+            PendingKind::Values(values) => values.byte_len(),
+        }
     }
 
     /// materialize() -> Tensor
@@ -379,14 +398,14 @@ impl PyPendingTensor {
     ///
     /// The values written into a new tensor (GIL released); each call writes them again.
     fn materialize(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        let patches = &self.patches;
+        let inner = &self.inner;
         let values = py
-            .detach(|| patches.values())
+            .detach(|| match inner {
+                PendingKind::Patches(patches) => patches.values(),
+                PendingKind::Values(values) => values.values(),
+            })
             .map_err(|e| processor_error(py, &e))?;
-        Ok(PyTensor::new(
-            patches.shape().to_vec(),
-            TensorData::F32(values),
-        ))
+        Ok(PyTensor::new(self.shape(), TensorData::F32(values)))
     }
 }
 
@@ -395,18 +414,33 @@ fn deferred_to_py(
     py: Python<'_>,
     deferred: Deferred<'static>,
 ) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
-    match deferred {
-        Deferred::Done(outputs) => outputs_to_py(outputs)
+    let tensors = |outputs| {
+        outputs_to_py(outputs)
             .into_iter()
             .map(|(name, t)| Ok((name, Py::new(py, t)?.into_any())))
-            .collect(),
+            .collect::<PyResult<Vec<_>>>()
+    };
+    match deferred {
+        Deferred::Done(outputs) => tensors(outputs),
+        Deferred::Values { pending, rest } => {
+            let name = pending.name();
+            let pending = PyPendingTensor {
+                inner: PendingKind::Values(*pending),
+            };
+            let mut out = vec![(name, Py::new(py, pending)?.into_any())];
+            out.extend(tensors(rest)?);
+            Ok(out)
+        }
         Deferred::Patches(patches) => {
             let (grid_name, grid) = patches.grid();
             let (tokens_name, tokens) = patches.tokens();
             let seconds = patches.seconds();
-            let pending = PyPendingTensor { patches: *patches };
+            let name = patches.name();
+            let pending = PyPendingTensor {
+                inner: PendingKind::Patches(patches),
+            };
             let mut out = vec![
-                (pending.patches.name(), Py::new(py, pending)?.into_any()),
+                (name, Py::new(py, pending)?.into_any()),
                 (
                     grid_name,
                     Py::new(py, PyTensor::new(grid.shape, grid.data))?.into_any(),
@@ -718,6 +752,10 @@ impl PyPreprocessor {
 fn owned(deferred: Deferred<'_>) -> Result<Deferred<'static>, ProcessorError> {
     Ok(match deferred {
         Deferred::Patches(patches) => Deferred::Patches(Box::new(patches.into_owned()?)),
+        Deferred::Values { pending, rest } => Deferred::Values {
+            pending: Box::new(pending.into_owned()?),
+            rest,
+        },
         Deferred::Done(outputs) => Deferred::Done(outputs),
     })
 }

@@ -373,12 +373,13 @@ class ImageProcessor:
         videos: Any = None,
         threads: int | None = None,
     ) -> DeferredOutput:
-        """Like calling the processor, but the Qwen families' ``pixel_values`` (and
-        ``pixel_values_videos``) are left unwritten: everything is decoded, resized, checked and
-        laid out, and the values are written only where they are needed — straight into a
-        serialized request by :func:`smg_grpc_proto.tensors.serialize`, or into a shared-memory
-        segment — so the largest tensor of a request is written once and never copied. Other
-        families compute everything now."""
+        """Like calling the processor, but ``pixel_values`` (and ``pixel_values_videos``) are
+        left unwritten: everything is decoded, resized, checked and laid out, and the values are
+        written only where they are needed — straight into a serialized request by
+        :func:`smg_grpc_proto.tensors.serialize`, or into a shared-memory segment — so the
+        largest tensor of a request is written once and never copied. So do the Qwen families,
+        GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3 and InternVL; the other families compute
+        everything now."""
         values = self._values(images, videos, threads, deferred=True)
         pending = {k: v for k, v in values.items() if isinstance(v, _native.PendingTensor)}
         ready = self._output({k: v for k, v in values.items() if k not in pending})
