@@ -278,8 +278,18 @@ impl ItemsWriter<'_> {
     }
 }
 
-impl WriteValues for ItemsWriter<'_> {
+// SAFETY: `write` hands each item the next `item_len` values; the writer's user sizes `out` as
+// `items.len() · item_len` (the tensor's shape), every item is `3 × h × w = item_len` values
+// (checked by the family before planning), and `write_chw` writes every value of its output
+// (the image's pixels or, outside them, the normalised zero).
+unsafe impl WriteValues for ItemsWriter<'_> {
     fn write(&self, out: &mut [Unaligned]) {
+        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
+        assert_eq!(
+            out.len(),
+            self.items.len() * self.item_len,
+            "pixel_values size"
+        );
         let jobs: Vec<(&Prepared<'_>, &mut [Unaligned])> = self
             .items
             .iter()

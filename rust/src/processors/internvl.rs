@@ -490,8 +490,14 @@ struct Writer<'a> {
     threads: usize,
 }
 
-impl WriteValues for Writer<'_> {
+// SAFETY: `out` holds `count · tile_len` values (the tensor's shape, `count` the number of
+// tiles); each tile gets the next `tile_len = 3 × h × w` of them, every tile is h × w (checked in
+// `plan`), and `write_chw` writes every value of its output (the image's pixels or, outside
+// them, the normalised zero).
+unsafe impl WriteValues for Writer<'_> {
     fn write(&self, out: &mut [Unaligned]) {
+        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
+        assert_eq!(out.len(), self.count * self.tile_len, "pixel_values size");
         let work: Vec<((&Rgb<'_>, &Tile), &mut [Unaligned])> = self
             .prepared
             .iter()

@@ -478,9 +478,18 @@ impl Writer<'_> {
     }
 }
 
-impl WriteValues for Writer<'_> {
+// SAFETY: `out` holds `images.len() · max_items · item_len` values (the tensor's shape); each
+// image's `max_items · item_len` are its items, each `3 × h × w = item_len` values (every item
+// is h × w, checked in `plan`) written whole by `write_chw`, then zeros for the missing items.
+unsafe impl WriteValues for Writer<'_> {
     fn write(&self, out: &mut [Unaligned]) {
         let per_image = self.item_len * self.max_items;
+        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
+        assert_eq!(
+            out.len(),
+            self.images.len() * per_image,
+            "pixel_values size"
+        );
         let jobs: Vec<(&Image<'_>, &mut [Unaligned])> =
             self.images.iter().zip(out.chunks_mut(per_image)).collect();
         parallel::map(jobs, self.workers(), |_, (image, out)| {

@@ -231,9 +231,10 @@ impl Preprocessor {
         Ok(self.with_tokens(outputs))
     }
 
-    /// [`images`](Self::images), leaving the Qwen families' `pixel_values` unwritten
-    /// ([`Deferred::Patches`], whose [`qwen::Patches::tokens`] counts the tokens) so that they
-    /// can be written straight into their destination; every other family's outputs are
+    /// [`images`](Self::images), leaving `pixel_values` unwritten so that they can be written
+    /// straight into their destination: the Qwen families' (and GLM's, MiniMax-M3-VL's) as
+    /// [`Deferred::Patches`], whose [`qwen::Patches::tokens`] counts the tokens; LLaVA-NeXT's,
+    /// Gemma 3's and InternVL's as [`Deferred::Values`]; every other family's outputs are
     /// computed ([`Deferred::Done`]).
     pub fn images_deferred<'a>(
         &self,

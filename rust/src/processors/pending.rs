@@ -21,7 +21,13 @@ use crate::tensor::wire::Produce;
 use crate::tensor::TensorError;
 
 /// What writes a pending tensor's values.
-pub trait WriteValues: Send + Sync {
+///
+/// # Safety
+///
+/// [`write`](Self::write) must write every value of `out` (all four bytes of each
+/// [`Unaligned`]): [`Pending`] then hands that memory out as initialised `float32` values or
+/// bytes (an array, a serialized request).
+pub unsafe trait WriteValues: Send + Sync {
     /// Writes every value of the tensor into `out`, which holds exactly as many values (at any
     /// byte address).
     fn write(&self, out: &mut [Unaligned]);
