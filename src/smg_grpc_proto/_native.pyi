@@ -258,6 +258,9 @@ class PendingTensor:
     def name(self) -> str: ...
     @property
     def shape(self) -> list[int]: ...
+    def reshaped(self, shape: list[int]) -> PendingTensor:
+        """The same values under another shape of as many elements (a view: nothing is
+        written; both write the same bytes)."""
     @property
     def dtype(self) -> str:
         """Always ``"float32"`` (the values computed; ``bfloat16`` on the wire rounds them)."""
@@ -373,7 +376,7 @@ class Preprocessor:
         max_pixels: int | None,
     ) -> list[tuple[str, Tensor | PendingTensor]]:
         """:meth:`images`, ``pixel_values`` left as a :class:`PendingTensor` where the family
-        plans it (Qwen, GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL)."""
+        plans it (Qwen, GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL, Idefics3)."""
 
     def videos_deferred(
         self,

@@ -257,7 +257,7 @@ def test_native_refusals_name_the_numbers() -> None:
 
 # Families whose writes go through `Slot`s plan their pixel values too (`processors/pending.rs`):
 # the same writer fills the eager array and the request, so the bytes must agree everywhere.
-PLANNED = ["llava_next", "gemma3", "internvl"]
+PLANNED = ["llava_next", "gemma3", "internvl", "idefics3"]
 
 
 @pytest.mark.parametrize("family", PLANNED)
@@ -278,8 +278,11 @@ def test_planned_families_defer_and_materialise_the_eager_output(family: str) ->
     assert list(pending.shape) == list(eager.pixel_values.shape)
     assert pending.nbytes == eager.pixel_values.nbytes
     assert deferred.ready.num_image_tokens == eager.num_image_tokens
-    assert eager.pixel_values.shape[0] > len(images) or family == "llava_next"
-    for name in ("image_sizes", "num_crops", "num_patches"):
+    # More tiles or crops than images (LLaVA-NeXT keeps them in a dimension of their own,
+    # Idefics3 behind a sample dimension of 1).
+    rows = eager.pixel_values.shape[1] if family == "idefics3" else eager.pixel_values.shape[0]
+    assert rows > len(images) or family == "llava_next"
+    for name in ("image_sizes", "num_crops", "num_patches", "rows", "cols", "pixel_attention_mask"):
         if getattr(eager, name) is not None:
             np.testing.assert_array_equal(getattr(deferred.ready, name), getattr(eager, name))
     assert deferred.materialize().pixel_values.tobytes() == eager.pixel_values.tobytes()  # type: ignore[union-attr]
@@ -303,6 +306,9 @@ def test_planned_families_write_the_eager_request(family: str, dtype: str | None
     assert isinstance(media.wire_tensors()["pixel_values"], _native.PendingTensor)
     reference = VisionModel.for_family(family).prepare(files).output.pixel_values  # type: ignore[arg-type]
     assert reference is not None
+    if media.per_sample:  # Idefics3: the request carries the batch's one sample
+        assert reference.shape[0] == 1
+        reference = reference[0]
     prompt = [1, *([media.anchor] * media.count), 2]
     want = _native.convert(reference, dtype) if dtype else reference.tobytes()
     for n in range(1, 9):
@@ -314,8 +320,27 @@ def test_planned_families_write_the_eager_request(family: str, dtype: str | None
         decoded = vllm_adapter.decode_mm_inputs(tensors.parse(wire, vllm_pb.GenerateRequest))
         assert np.asarray(decoded[0].tensors["pixel_values"]).tobytes() == want
     shm = vllm_adapter.generate_request("r", prompt, media, transport="shm", dtype=dtype)
-    assert len(shm.shm_segments) == 1
-    decoded = vllm_adapter.decode_mm_inputs(
-        tensors.parse(tensors.serialize(shm), vllm_pb.GenerateRequest)
-    )
+    received = tensors.parse(tensors.serialize(shm), vllm_pb.GenerateRequest)
+    # The pixel values in a segment of their own (Idefics3's large mask takes another).
+    assert received.message.mm_inputs.pixel_values.shm.nbytes == len(want)
+    decoded = vllm_adapter.decode_mm_inputs(received)
     assert np.asarray(decoded[0].tensors["pixel_values"]).tobytes() == want
+
+
+def test_a_pending_tensor_views_its_values_under_another_shape() -> None:
+    """Idefics3's pixel values travel without their sample dimension of 1: a view of the
+    pending tensor, which writes the same bytes; a shape of another size is refused with both
+    sizes."""
+    processor = ImageProcessor.for_family("idefics3")
+    images = _images(23, [(200, 500)])
+    pending = processor.deferred(images).pending["pixel_values"]
+    shape = list(pending.shape)
+    assert shape[0] == 1
+    view = pending.reshaped(shape[1:])
+    assert list(view.shape) == shape[1:]
+    assert list(pending.shape) == shape
+    assert view.nbytes == pending.nbytes
+    assert np.asarray(view.materialize()).shape == tuple(shape[1:])
+    assert np.asarray(view.materialize()).tobytes() == np.asarray(pending.materialize()).tobytes()
+    with pytest.raises(TensorError, match=r"cannot be viewed as \[2, .*values\)"):
+        pending.reshaped([2, *shape[1:]])

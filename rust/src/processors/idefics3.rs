@@ -26,10 +26,12 @@ use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
+use super::pending::{Pending, WriteValues};
+use super::store::Unaligned;
 use super::value::{as_bool, as_count, hf_keys, BadSize, Common, Raw, RawMap, Value};
 use super::{
-    check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
-    Outputs, ProcessorError, Rgb, Tensor, TensorData,
+    check_side, checked_len, parallel, prepare_all, resize_rgb, Deferred, Input, Options, Outputs,
+    ProcessorError, Rgb, Tensor,
 };
 use crate::image::Filter;
 use crate::memory::fallible;
@@ -199,6 +201,15 @@ impl FamilyConfig for Idefics3Config {
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
         images(self, normalize, inputs, options)
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        images_deferred(self, normalize, inputs, options)
     }
 
     /// `get_image_prompt_string`: `(rows · cols + 1) · image_seq_len` `<image>` tokens per
@@ -713,8 +724,6 @@ fn prepare<'a>(
 }
 
 /// One output tile: its image and the tile's top-left corner in it.
-type Job<'r, 'a> = (&'r Rgb<'a>, (usize, usize));
-
 /// Idefics3 / SmolVLM on a batch (see the module docs).
 pub fn images(
     config: &Idefics3Config,
@@ -722,54 +731,68 @@ pub fn images(
     inputs: &[Input<'_>],
     options: &Options,
 ) -> Result<Outputs, ProcessorError> {
+    let (pending, mut outputs) = plan(config, normalize, inputs, options)?;
+    outputs
+        .tensors
+        .insert(0, ("pixel_values", pending.tensor()?));
+    Ok(outputs)
+}
+
+/// [`images`] with `pixel_values` planned, not written ([`Deferred::Values`]).
+pub fn images_deferred<'a>(
+    config: &Idefics3Config,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<Deferred<'a>, ProcessorError> {
+    let (pending, rest) = plan(config, normalize, inputs, options)?;
+    Ok(Deferred::Values {
+        pending: Box::new(pending),
+        rest,
+    })
+}
+
+/// Every image decoded, resized and tiled: `pixel_values` `(1, tiles, 3, m, m)` planned, and
+/// `pixel_attention_mask`, `rows` and `cols`.
+fn plan<'a>(
+    config: &Idefics3Config,
+    normalize: &Normalize,
+    inputs: &[Input<'a>],
+    options: &Options,
+) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
     let m = config.max_image_size;
-    let jobs: Vec<Job<'_, '_>> = prepared
-        .iter()
-        .flat_map(|p| p.tiles.iter().map(move |&(i, o)| (&p.images[i], o)))
-        .collect();
-    if jobs.is_empty() {
+    let count: usize = prepared.iter().map(|p| p.tiles.len()).sum();
+    if count == 0 {
         return Err(ProcessorError::shape(
             "images",
             "at least one image",
             "an empty batch",
         ));
     }
-    let count = jobs.len();
-    let per_tile = checked_len("pixel_values", &[3, m, m], 4)?;
-    let len = checked_len("pixel_values", &[count, 3, m, m], 4)?;
+    let tile_len = checked_len("pixel_values", &[3, m, m], 4)?;
     let mask_len = checked_len("pixel_attention_mask", &[count, m, m], 8)?;
-    let mut pixel_values = OutBuffer::new("pixel_values", len)?;
-    let slices = pixel_values.slices(&vec![per_tile; count]);
-    let work: Vec<(Job<'_, '_>, &mut [Out])> = jobs.into_iter().zip(slices).collect();
-    let workers = parallel::workers(options.threads, work.len());
-    parallel::map(work, workers, |_, ((image, origin), out)| {
-        normalize.write_chw(
-            image.view(),
-            origin.0 as isize,
-            origin.1 as isize,
-            m,
-            m,
-            out,
-        )
-    });
-    // SAFETY: one slice of 3·m·m values per tile covers the buffer, and every tile lies inside
-    // its image (tiles of an image of rows·m × cols·m, or an m × m image whole), so
-    // `write_chw` writes all of its slice.
-    let pixel_values = unsafe { pixel_values.finish() };
     let batch = prepared.len();
     let rows: Vec<i64> = prepared.iter().map(|p| p.rows as i64).collect();
     let cols: Vec<i64> = prepared.iter().map(|p| p.cols as i64).collect();
-    super::recycle_images(prepared.into_iter().flat_map(|p| p.images));
-    let mut tensors = vec![(
+    let writer = Writer {
+        prepared,
+        normalize: normalize.clone(),
+        m,
+        tile_len,
+        count,
+        threads: options.threads,
+    };
+    let workers = parallel::workers(options.threads, count);
+    let pending = Pending::new(
         "pixel_values",
-        Tensor {
-            shape: vec![1, count, 3, m, m],
-            data: TensorData::F32(pixel_values),
-        },
-    )];
+        vec![1, count, 3, m, m],
+        workers,
+        Box::new(writer),
+    )?;
+    let mut tensors = Vec::new();
     if config.do_pad {
         let mask = fallible::filled(1i64, mask_len)
             .map_err(ProcessorError::oom("pixel_attention_mask"))?;
@@ -780,12 +803,98 @@ pub fn images(
     }
     tensors.push(("rows", Tensor::i64(vec![1, batch], rows)));
     tensors.push(("cols", Tensor::i64(vec![1, batch], cols)));
-    Ok(Outputs { tensors })
+    Ok((pending, Outputs { tensors }))
+}
+
+/// A tile to write: its image and its origin in it.
+type Tile<'r, 'a> = (&'r Rgb<'a>, (usize, usize));
+
+/// Writes Idefics3's `pixel_values`: every m × m tile of every image channels-first, one tile
+/// per job.
+struct Writer<'a> {
+    prepared: Vec<Prepared<'a>>,
+    normalize: Normalize,
+    m: usize,
+    tile_len: usize,
+    count: usize,
+    threads: usize,
+}
+
+// SAFETY: `out` holds `count · tile_len` values (the tensor's shape, `count` the number of
+// tiles, checked below); each tile gets the next `tile_len = 3 × m × m` of them and lies inside
+// its image (tiles of an image of rows·m × cols·m, or an m × m image whole), so `write_chw`
+// writes every value of its output.
+unsafe impl WriteValues for Writer<'_> {
+    fn write(&self, out: &mut [Unaligned]) {
+        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
+        assert_eq!(out.len(), self.count * self.tile_len, "pixel_values size");
+        let m = self.m;
+        let work: Vec<(Tile<'_, '_>, &mut [Unaligned])> = self
+            .prepared
+            .iter()
+            .flat_map(|p| p.tiles.iter().map(move |&(i, o)| (&p.images[i], o)))
+            .zip(out.chunks_mut(self.tile_len))
+            .collect();
+        let workers = parallel::workers(self.threads, self.count);
+        parallel::map(work, workers, |_, ((image, origin), out)| {
+            self.normalize.write_chw(
+                image.view(),
+                origin.0 as isize,
+                origin.1 as isize,
+                m,
+                m,
+                out,
+            )
+        });
+    }
+
+    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
+        let prepared = std::mem::take(&mut self.prepared)
+            .into_iter()
+            .map(|mut p| {
+                let images = std::mem::take(&mut p.images)
+                    .into_iter()
+                    .map(|rgb| {
+                        Ok(Rgb {
+                            width: rgb.width,
+                            height: rgb.height,
+                            data: Cow::Owned(super::owned_bytes(rgb.data, "copy of an image")?),
+                        })
+                    })
+                    .collect::<Result<_, ProcessorError>>()?;
+                Ok(Prepared {
+                    images,
+                    tiles: std::mem::take(&mut p.tiles),
+                    rows: p.rows,
+                    cols: p.cols,
+                })
+            })
+            .collect::<Result<_, ProcessorError>>()?;
+        Ok(Box::new(Writer {
+            prepared,
+            normalize: self.normalize.clone(),
+            m: self.m,
+            tile_len: self.tile_len,
+            count: self.count,
+            threads: self.threads,
+        }))
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        super::recycle_images(
+            std::mem::take(&mut self.prepared)
+                .into_iter()
+                .flat_map(|p| p.images),
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processors::TensorData;
     use crate::processors::{Family, Preprocessor};
 
     fn default_ids(spec: &ReplacementSpec) -> Vec<(String, u32)> {

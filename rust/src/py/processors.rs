@@ -10,6 +10,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
+use std::sync::Arc;
 
 use super::array::{is_ndarray, ImageArray};
 use super::errors::{self, processor_error, Class};
@@ -340,7 +341,10 @@ fn outputs_to_py(outputs: Outputs) -> Vec<(&'static str, PyTensor)> {
 /// `materialize()` writes it into a new `Tensor`.
 #[pyclass(module = "smg_grpc_proto._native", name = "PendingTensor", frozen)]
 pub(crate) struct PyPendingTensor {
-    inner: PendingKind,
+    /// Shared by the views [`reshaped`](Self::reshaped) gives.
+    inner: Arc<PendingKind>,
+    /// The shape this object shows (the writer's, or a reshaped view of it).
+    shape: Vec<usize>,
 }
 
 /// The Qwen families' patches, or another family's planned values.
@@ -352,7 +356,7 @@ enum PendingKind {
 impl PyPendingTensor {
     /// What writes the tensor's bytes.
     pub(crate) fn producer(&self) -> &dyn Produce {
-        match &self.inner {
+        match &*self.inner {
             PendingKind::Patches(patches) => &**patches,
             PendingKind::Values(values) => values,
         }
@@ -364,7 +368,7 @@ impl PyPendingTensor {
     /// transformers' name of the tensor.
     #[getter]
     pub(crate) fn name(&self) -> &'static str {
-        match &self.inner {
+        match &*self.inner {
             PendingKind::Patches(patches) => patches.name(),
             PendingKind::Values(values) => values.name(),
         }
@@ -372,10 +376,7 @@ impl PyPendingTensor {
 
     #[getter]
     fn shape(&self) -> Vec<usize> {
-        match &self.inner {
-            PendingKind::Patches(patches) => patches.shape().to_vec(),
-            PendingKind::Values(values) => values.shape().to_vec(),
-        }
+        self.shape.clone()
     }
 
     /// Always `"float32"` (the values computed; `bfloat16` on the wire rounds them).
@@ -387,7 +388,7 @@ impl PyPendingTensor {
     /// The size of the tensor in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        match &self.inner {
+        match &*self.inner {
             PendingKind::Patches(patches) => patches.byte_len(),
             PendingKind::Values(values) => values.byte_len(),
         }
@@ -398,7 +399,7 @@ impl PyPendingTensor {
     ///
     /// The values written into a new tensor (GIL released); each call writes them again.
     fn materialize(&self, py: Python<'_>) -> PyResult<PyTensor> {
-        let inner = &self.inner;
+        let inner = &*self.inner;
         let values = py
             .detach(|| match inner {
                 PendingKind::Patches(patches) => patches.values(),
@@ -406,6 +407,38 @@ impl PyPendingTensor {
             })
             .map_err(|e| processor_error(py, &e))?;
         Ok(PyTensor::new(self.shape(), TensorData::F32(values)))
+    }
+
+    /// reshaped(shape) -> PendingTensor
+    /// --
+    ///
+    /// The same values under another shape of as many elements (a view: nothing is written;
+    /// both write the same bytes).
+    fn reshaped(&self, py: Python<'_>, shape: Vec<usize>) -> PyResult<PyPendingTensor> {
+        let count = |s: &[usize]| s.iter().try_fold(1u128, |n, &d| n.checked_mul(d as u128));
+        let (have, want) = (count(&self.shape), count(&shape));
+        if have != want {
+            let message = format!(
+                "a PendingTensor ({}) of shape {:?} ({} values) cannot be viewed as {:?} ({} values)",
+                self.name(),
+                self.shape,
+                have.unwrap_or(0),
+                shape,
+                want.map_or_else(|| "too many".to_owned(), |n| n.to_string()),
+            );
+            return Err(errors::raise(
+                py,
+                Class::Tensor,
+                &message,
+                "shape",
+                self.shape.clone(),
+                shape,
+            ));
+        }
+        Ok(PyPendingTensor {
+            inner: Arc::clone(&self.inner),
+            shape,
+        })
     }
 }
 
@@ -424,8 +457,10 @@ fn deferred_to_py(
         Deferred::Done(outputs) => tensors(outputs),
         Deferred::Values { pending, rest } => {
             let name = pending.name();
+            let shape = pending.shape().to_vec();
             let pending = PyPendingTensor {
-                inner: PendingKind::Values(*pending),
+                inner: Arc::new(PendingKind::Values(*pending)),
+                shape,
             };
             let mut out = vec![(name, Py::new(py, pending)?.into_any())];
             out.extend(tensors(rest)?);
@@ -436,8 +471,10 @@ fn deferred_to_py(
             let (tokens_name, tokens) = patches.tokens();
             let seconds = patches.seconds();
             let name = patches.name();
+            let shape = patches.shape().to_vec();
             let pending = PyPendingTensor {
-                inner: PendingKind::Patches(patches),
+                inner: Arc::new(PendingKind::Patches(patches)),
+                shape,
             };
             let mut out = vec![
                 (name, Py::new(py, pending)?.into_any()),

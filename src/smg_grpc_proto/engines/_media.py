@@ -830,8 +830,27 @@ class PreparedMedia:
         if "output" in self.__dict__ or not isinstance(processed, DeferredOutput):
             return dict(self.tensors(sizes_name))
         computed = {k: v for k, v in processed.ready.tensors().items() if k in self._names}
-        pending = {k: v for k, v in processed.pending.items() if k in self._names}
+        pending = {
+            k: self._unsampled_pending(k, v)
+            for k, v in processed.pending.items()
+            if k in self._names
+        }
         return {**pending, **self._unsampled(computed), **self._sizes_tensor(sizes_name)}
+
+    def _unsampled_pending(self, name: str, tensor: PendingTensor) -> PendingTensor:
+        """A pending tensor without its leading sample dimension of 1 when :attr:`per_sample`
+        (a view of the same values, see :meth:`_unsampled`)."""
+        if not self.per_sample:
+            return tensor
+        shape = list(tensor.shape)
+        if len(shape) < 2 or shape[0] != 1:
+            raise MultimodalLayoutError(
+                f"{name}: shape {shape}, expected a leading sample dimension of 1",
+                field=name,
+                expected=1,
+                actual=shape[0] if shape else 0,
+            )
+        return tensor.reshaped(shape[1:])
 
     def _unsampled(self, tensors: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
         """``tensors`` without the leading sample dimension of 1 when :attr:`per_sample`."""

@@ -378,7 +378,8 @@ class ImageProcessor:
         written only where they are needed — straight into a serialized request by
         :func:`smg_grpc_proto.tensors.serialize`, or into a shared-memory segment — so the
         largest tensor of a request is written once and never copied. So do the Qwen families,
-        GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3 and InternVL; the other families compute
+        GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL and Idefics3/SmolVLM; the other
+        families compute
         everything now."""
         values = self._values(images, videos, threads, deferred=True)
         pending = {k: v for k, v in values.items() if isinstance(v, _native.PendingTensor)}
