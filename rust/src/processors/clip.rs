@@ -13,9 +13,7 @@
 
 use super::family::{FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::{Normalize, Slot};
-use super::pending::WriteValues;
 use super::sizes::{center_crop_origin, SizeSpec};
-use super::store::Unaligned;
 use super::value::{
     as_bool, as_hw, as_size, check_crop, hf_clip_like, hf_pad_size, hf_put, hw_value,
     resize_crop_entries, Common, Raw, Value, CLIP_MEAN, CLIP_STD,
@@ -237,19 +235,6 @@ pub(crate) struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
-    /// The same image owning its pixels (an input array used unresized is copied).
-    pub fn into_owned(self) -> Result<Prepared<'static>, ProcessorError> {
-        Ok(Prepared {
-            image: Rgb {
-                width: self.image.width,
-                height: self.image.height,
-                data: Cow::Owned(super::owned_bytes(self.image.data, "copy of an image")?),
-            },
-            origin: self.origin,
-            out: self.out,
-        })
-    }
-
     pub fn write<T: Slot>(&self, normalize: &Normalize, out: &mut [T]) {
         normalize.write_chw(
             self.image.view(),
@@ -259,64 +244,6 @@ impl Prepared<'_> {
             self.out.1,
             out,
         );
-    }
-}
-
-/// Writes a batch of [`Prepared`] images channels-first, each into the next `item_len` values,
-/// one image per job (a family's planned `pixel_values`, see [`super::pending`]).
-pub(crate) struct ItemsWriter<'a> {
-    pub items: Vec<Prepared<'a>>,
-    pub normalize: Normalize,
-    /// `3 × h × w` of every item.
-    pub item_len: usize,
-    pub threads: usize,
-}
-
-impl ItemsWriter<'_> {
-    pub fn workers(&self) -> usize {
-        parallel::workers(self.threads, self.items.len())
-    }
-}
-
-// SAFETY: `write` hands each item the next `item_len` values; the writer's user sizes `out` as
-// `items.len() · item_len` (the tensor's shape), every item is `3 × h × w = item_len` values
-// (checked by the family before planning), and `write_chw` writes every value of its output
-// (the image's pixels or, outside them, the normalised zero).
-unsafe impl WriteValues for ItemsWriter<'_> {
-    fn write(&self, out: &mut [Unaligned]) {
-        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
-        assert_eq!(
-            out.len(),
-            self.items.len() * self.item_len,
-            "pixel_values size"
-        );
-        let jobs: Vec<(&Prepared<'_>, &mut [Unaligned])> = self
-            .items
-            .iter()
-            .zip(out.chunks_mut(self.item_len))
-            .collect();
-        parallel::map(jobs, self.workers(), |_, (item, out)| {
-            item.write(&self.normalize, out)
-        });
-    }
-
-    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
-        let items = std::mem::take(&mut self.items)
-            .into_iter()
-            .map(Prepared::into_owned)
-            .collect::<Result<_, _>>()?;
-        Ok(Box::new(ItemsWriter {
-            items,
-            normalize: self.normalize.clone(),
-            item_len: self.item_len,
-            threads: self.threads,
-        }))
-    }
-}
-
-impl Drop for ItemsWriter<'_> {
-    fn drop(&mut self) {
-        super::recycle_images(std::mem::take(&mut self.items).into_iter().map(|p| p.image));
     }
 }
 

@@ -15,19 +15,19 @@
 
 use std::borrow::Cow;
 
-use super::clip::{ItemsWriter, Prepared};
+use super::clip::Prepared;
 use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
-use super::pending::Pending;
+use super::pending::{self, Pending, Tiles};
 use super::sizes::SizeSpec;
 use super::value::{
     as_bool, as_count, as_float, as_size, hf_keys, size_value, Common, Value, HALF,
 };
 use super::{
-    check_side, checked_len, prepare_all, resize_rgb, Deferred, Input, Options, Outputs,
-    ProcessorError, Rgb, Tensor,
+    check_side, prepare_all, resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb,
+    Tensor,
 };
 use crate::image::Filter;
 use crate::memory::fallible;
@@ -164,13 +164,14 @@ impl FamilyConfig for Gemma3Config {
         Ok(())
     }
 
+    /// Gemma 3 on a batch (see the module docs).
     fn images(
         &self,
         normalize: &Normalize,
         inputs: &[Input<'_>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        images(self, normalize, inputs, options)
+        pending::written(plan(self, normalize, inputs, options))
     }
 
     fn images_deferred<'a>(
@@ -179,7 +180,7 @@ impl FamilyConfig for Gemma3Config {
         inputs: &[Input<'a>],
         options: &Options,
     ) -> Result<Deferred<'a>, ProcessorError> {
-        images_deferred(self, normalize, inputs, options)
+        pending::deferred(plan(self, normalize, inputs, options))
     }
 
     /// `Gemma3Processor`: `(1 + num_crops) · image_seq_length` image tokens per image.
@@ -449,34 +450,6 @@ fn prepare<'a>(
     Ok(out)
 }
 
-/// Gemma 3 on a batch (see the module docs).
-pub fn images(
-    config: &Gemma3Config,
-    normalize: &Normalize,
-    inputs: &[Input<'_>],
-    options: &Options,
-) -> Result<Outputs, ProcessorError> {
-    let (pending, mut outputs) = plan(config, normalize, inputs, options)?;
-    outputs
-        .tensors
-        .insert(0, ("pixel_values", pending.tensor()?));
-    Ok(outputs)
-}
-
-/// [`images`] with `pixel_values` planned, not written ([`Deferred::Values`]).
-pub fn images_deferred<'a>(
-    config: &Gemma3Config,
-    normalize: &Normalize,
-    inputs: &[Input<'a>],
-    options: &Options,
-) -> Result<Deferred<'a>, ProcessorError> {
-    let (pending, rest) = plan(config, normalize, inputs, options)?;
-    Ok(Deferred::Values {
-        pending: Box::new(pending),
-        rest,
-    })
-}
-
 /// Every image and crop decoded and resized: `pixel_values` planned, and `num_crops`.
 fn plan<'a>(
     config: &Gemma3Config,
@@ -504,16 +477,21 @@ fn plan<'a>(
         });
     }
     let (h, w) = first;
-    // Every item is h × w (checked above), so `Prepared::write` writes all of its slot.
-    let item_len = checked_len("pixel_values", &[3, h, w], 4)?;
     let shape = vec![prepared.len(), 3, h, w];
-    let writer = ItemsWriter {
-        items: prepared,
+    // Every image and crop is h × w (checked above), one slot each.
+    let (mut images, mut slots) = (Vec::new(), Vec::new());
+    for p in prepared {
+        slots.push(Some((images.len(), p.origin)));
+        images.push(p.image);
+    }
+    let tiles = Tiles {
+        images,
+        slots,
+        size: (h, w),
         normalize: normalize.clone(),
-        item_len,
         threads: options.threads,
     };
-    let pending = Pending::new("pixel_values", shape, writer.workers(), Box::new(writer))?;
+    let pending = tiles.pending("pixel_values", shape)?;
     let batch = num_crops.len();
     let outputs = Outputs {
         tensors: vec![("num_crops", Tensor::i64(vec![batch], num_crops))],

@@ -26,11 +26,10 @@ use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
-use super::pending::{Pending, WriteValues};
-use super::store::Unaligned;
+use super::pending::{self, Pending, Tiles};
 use super::value::{as_bool, as_count, hf_keys, BadSize, Common, Raw, RawMap, Value};
 use super::{
-    check_side, checked_len, parallel, prepare_all, resize_rgb, Deferred, Input, Options, Outputs,
+    check_side, checked_len, prepare_all, resize_rgb, Deferred, Input, Options, Outputs,
     ProcessorError, Rgb, Tensor,
 };
 use crate::image::Filter;
@@ -194,13 +193,14 @@ impl FamilyConfig for Idefics3Config {
         Ok(())
     }
 
+    /// Idefics3 / SmolVLM on a batch (see the module docs).
     fn images(
         &self,
         normalize: &Normalize,
         inputs: &[Input<'_>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        images(self, normalize, inputs, options)
+        pending::written(plan(self, normalize, inputs, options))
     }
 
     fn images_deferred<'a>(
@@ -209,7 +209,7 @@ impl FamilyConfig for Idefics3Config {
         inputs: &[Input<'a>],
         options: &Options,
     ) -> Result<Deferred<'a>, ProcessorError> {
-        images_deferred(self, normalize, inputs, options)
+        pending::deferred(plan(self, normalize, inputs, options))
     }
 
     /// `get_image_prompt_string`: `(rows · cols + 1) · image_seq_len` `<image>` tokens per
@@ -723,35 +723,6 @@ fn prepare<'a>(
     })
 }
 
-/// One output tile: its image and the tile's top-left corner in it.
-/// Idefics3 / SmolVLM on a batch (see the module docs).
-pub fn images(
-    config: &Idefics3Config,
-    normalize: &Normalize,
-    inputs: &[Input<'_>],
-    options: &Options,
-) -> Result<Outputs, ProcessorError> {
-    let (pending, mut outputs) = plan(config, normalize, inputs, options)?;
-    outputs
-        .tensors
-        .insert(0, ("pixel_values", pending.tensor()?));
-    Ok(outputs)
-}
-
-/// [`images`] with `pixel_values` planned, not written ([`Deferred::Values`]).
-pub fn images_deferred<'a>(
-    config: &Idefics3Config,
-    normalize: &Normalize,
-    inputs: &[Input<'a>],
-    options: &Options,
-) -> Result<Deferred<'a>, ProcessorError> {
-    let (pending, rest) = plan(config, normalize, inputs, options)?;
-    Ok(Deferred::Values {
-        pending: Box::new(pending),
-        rest,
-    })
-}
-
 /// Every image decoded, resized and tiled: `pixel_values` `(1, tiles, 3, m, m)` planned, and
 /// `pixel_attention_mask`, `rows` and `cols`.
 fn plan<'a>(
@@ -772,26 +743,28 @@ fn plan<'a>(
             "an empty batch",
         ));
     }
-    let tile_len = checked_len("pixel_values", &[3, m, m], 4)?;
     let mask_len = checked_len("pixel_attention_mask", &[count, m, m], 8)?;
     let batch = prepared.len();
     let rows: Vec<i64> = prepared.iter().map(|p| p.rows as i64).collect();
     let cols: Vec<i64> = prepared.iter().map(|p| p.cols as i64).collect();
-    let writer = Writer {
-        prepared,
+    // Every tile lies inside its image (tiles of an image of rows·m × cols·m, or an m × m
+    // image whole).
+    let (mut images, mut slots) = (Vec::new(), Vec::with_capacity(count));
+    for p in prepared {
+        let base = images.len();
+        for &(i, (top, left)) in &p.tiles {
+            slots.push(Some((base + i, (top as isize, left as isize))));
+        }
+        images.extend(p.images);
+    }
+    let tiles = Tiles {
+        images,
+        slots,
+        size: (m, m),
         normalize: normalize.clone(),
-        m,
-        tile_len,
-        count,
         threads: options.threads,
     };
-    let workers = parallel::workers(options.threads, count);
-    let pending = Pending::new(
-        "pixel_values",
-        vec![1, count, 3, m, m],
-        workers,
-        Box::new(writer),
-    )?;
+    let pending = tiles.pending("pixel_values", vec![1, count, 3, m, m])?;
     let mut tensors = Vec::new();
     if config.do_pad {
         let mask = fallible::filled(1i64, mask_len)
@@ -804,91 +777,6 @@ fn plan<'a>(
     tensors.push(("rows", Tensor::i64(vec![1, batch], rows)));
     tensors.push(("cols", Tensor::i64(vec![1, batch], cols)));
     Ok((pending, Outputs { tensors }))
-}
-
-/// A tile to write: its image and its origin in it.
-type Tile<'r, 'a> = (&'r Rgb<'a>, (usize, usize));
-
-/// Writes Idefics3's `pixel_values`: every m × m tile of every image channels-first, one tile
-/// per job.
-struct Writer<'a> {
-    prepared: Vec<Prepared<'a>>,
-    normalize: Normalize,
-    m: usize,
-    tile_len: usize,
-    count: usize,
-    threads: usize,
-}
-
-// SAFETY: `out` holds `count · tile_len` values (the tensor's shape, `count` the number of
-// tiles, checked below); each tile gets the next `tile_len = 3 × m × m` of them and lies inside
-// its image (tiles of an image of rows·m × cols·m, or an m × m image whole), so `write_chw`
-// writes every value of its output.
-unsafe impl WriteValues for Writer<'_> {
-    fn write(&self, out: &mut [Unaligned]) {
-        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
-        assert_eq!(out.len(), self.count * self.tile_len, "pixel_values size");
-        let m = self.m;
-        let work: Vec<(Tile<'_, '_>, &mut [Unaligned])> = self
-            .prepared
-            .iter()
-            .flat_map(|p| p.tiles.iter().map(move |&(i, o)| (&p.images[i], o)))
-            .zip(out.chunks_mut(self.tile_len))
-            .collect();
-        let workers = parallel::workers(self.threads, self.count);
-        parallel::map(work, workers, |_, ((image, origin), out)| {
-            self.normalize.write_chw(
-                image.view(),
-                origin.0 as isize,
-                origin.1 as isize,
-                m,
-                m,
-                out,
-            )
-        });
-    }
-
-    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
-        let prepared = std::mem::take(&mut self.prepared)
-            .into_iter()
-            .map(|mut p| {
-                let images = std::mem::take(&mut p.images)
-                    .into_iter()
-                    .map(|rgb| {
-                        Ok(Rgb {
-                            width: rgb.width,
-                            height: rgb.height,
-                            data: Cow::Owned(super::owned_bytes(rgb.data, "copy of an image")?),
-                        })
-                    })
-                    .collect::<Result<_, ProcessorError>>()?;
-                Ok(Prepared {
-                    images,
-                    tiles: std::mem::take(&mut p.tiles),
-                    rows: p.rows,
-                    cols: p.cols,
-                })
-            })
-            .collect::<Result<_, ProcessorError>>()?;
-        Ok(Box::new(Writer {
-            prepared,
-            normalize: self.normalize.clone(),
-            m: self.m,
-            tile_len: self.tile_len,
-            count: self.count,
-            threads: self.threads,
-        }))
-    }
-}
-
-impl Drop for Writer<'_> {
-    fn drop(&mut self) {
-        super::recycle_images(
-            std::mem::take(&mut self.prepared)
-                .into_iter()
-                .flat_map(|p| p.images),
-        );
-    }
 }
 
 #[cfg(test)]

@@ -22,13 +22,12 @@ use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
-use super::pending::{Pending, WriteValues};
+use super::pending::{self, Pending, Tiles};
 use super::sizes::SizeSpec;
-use super::store::Unaligned;
 use super::value::{as_bool, as_count, as_size, hf_keys, size_value, Common, Value};
 use super::{
-    check_side, checked_len, parallel, prepare_all, resize_rgb, Deferred, Input, Options, Outputs,
-    ProcessorError, Rgb, Tensor,
+    check_side, prepare_all, resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb,
+    Tensor,
 };
 use crate::image::Filter;
 
@@ -154,13 +153,14 @@ impl FamilyConfig for InternVlConfig {
         Ok(())
     }
 
+    /// InternVL on a batch (see the module docs).
     fn images(
         &self,
         normalize: &Normalize,
         inputs: &[Input<'_>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        images(self, normalize, inputs, options)
+        pending::written(plan(self, normalize, inputs, options))
     }
 
     fn images_deferred<'a>(
@@ -169,7 +169,7 @@ impl FamilyConfig for InternVlConfig {
         inputs: &[Input<'a>],
         options: &Options,
     ) -> Result<Deferred<'a>, ProcessorError> {
-        images_deferred(self, normalize, inputs, options)
+        pending::deferred(plan(self, normalize, inputs, options))
     }
 
     /// `InternVLProcessor`: `num_patches · image_seq_length` `<IMG_CONTEXT>` tokens per image.
@@ -401,34 +401,6 @@ fn prepare<'a>(
     Ok(Prepared { images, tiles })
 }
 
-/// InternVL on a batch (see the module docs).
-pub fn images(
-    config: &InternVlConfig,
-    normalize: &Normalize,
-    inputs: &[Input<'_>],
-    options: &Options,
-) -> Result<Outputs, ProcessorError> {
-    let (pending, mut outputs) = plan(config, normalize, inputs, options)?;
-    outputs
-        .tensors
-        .insert(0, ("pixel_values", pending.tensor()?));
-    Ok(outputs)
-}
-
-/// [`images`] with `pixel_values` planned, not written ([`Deferred::Values`]).
-pub fn images_deferred<'a>(
-    config: &InternVlConfig,
-    normalize: &Normalize,
-    inputs: &[Input<'a>],
-    options: &Options,
-) -> Result<Deferred<'a>, ProcessorError> {
-    let (pending, rest) = plan(config, normalize, inputs, options)?;
-    Ok(Deferred::Values {
-        pending: Box::new(pending),
-        rest,
-    })
-}
-
 /// Every image decoded, resized and tiled: `pixel_values` planned, and `num_patches`.
 fn plan<'a>(
     config: &InternVlConfig,
@@ -458,103 +430,31 @@ fn plan<'a>(
     let (h, w) = first;
     let count = num_patches.iter().sum::<i64>() as usize;
     // Every tile is h × w (checked above) and lies inside its image (the grid image is
-    // rows·h × cols·w), so `write_chw` writes all of its slot.
-    let tile_len = checked_len("pixel_values", &[3, h, w], 4)?;
-    let writer = Writer {
-        prepared,
+    // rows·h × cols·w).
+    let (mut images, mut slots) = (Vec::new(), Vec::with_capacity(count));
+    for p in prepared {
+        let base = images.len();
+        for t in &p.tiles {
+            slots.push(Some((
+                base + t.image,
+                (t.origin.0 as isize, t.origin.1 as isize),
+            )));
+        }
+        images.extend(p.images);
+    }
+    let tiles = Tiles {
+        images,
+        slots,
+        size: (h, w),
         normalize: normalize.clone(),
-        tile_len,
-        count,
         threads: options.threads,
     };
-    let workers = parallel::workers(options.threads, count);
-    let pending = Pending::new(
-        "pixel_values",
-        vec![count, 3, h, w],
-        workers,
-        Box::new(writer),
-    )?;
+    let pending = tiles.pending("pixel_values", vec![count, 3, h, w])?;
     let batch = num_patches.len();
     let outputs = Outputs {
         tensors: vec![("num_patches", Tensor::i64(vec![batch], num_patches))],
     };
     Ok((pending, outputs))
-}
-
-/// Writes InternVL's `pixel_values`: every tile of every image channels-first, one tile per job.
-struct Writer<'a> {
-    prepared: Vec<Prepared<'a>>,
-    normalize: Normalize,
-    tile_len: usize,
-    count: usize,
-    threads: usize,
-}
-
-// SAFETY: `out` holds `count · tile_len` values (the tensor's shape, `count` the number of
-// tiles); each tile gets the next `tile_len = 3 × h × w` of them, every tile is h × w (checked in
-// `plan`), and `write_chw` writes every value of its output (the image's pixels or, outside
-// them, the normalised zero).
-unsafe impl WriteValues for Writer<'_> {
-    fn write(&self, out: &mut [Unaligned]) {
-        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
-        assert_eq!(out.len(), self.count * self.tile_len, "pixel_values size");
-        let work: Vec<((&Rgb<'_>, &Tile), &mut [Unaligned])> = self
-            .prepared
-            .iter()
-            .flat_map(|p| p.tiles.iter().map(move |t| (&p.images[t.image], t)))
-            .zip(out.chunks_mut(self.tile_len))
-            .collect();
-        let workers = parallel::workers(self.threads, self.count);
-        parallel::map(work, workers, |_, ((image, tile), out)| {
-            self.normalize.write_chw(
-                image.view(),
-                tile.origin.0 as isize,
-                tile.origin.1 as isize,
-                tile.out.0,
-                tile.out.1,
-                out,
-            )
-        });
-    }
-
-    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
-        let prepared = std::mem::take(&mut self.prepared)
-            .into_iter()
-            .map(|mut p| {
-                let images = std::mem::take(&mut p.images)
-                    .into_iter()
-                    .map(|rgb| {
-                        Ok(Rgb {
-                            width: rgb.width,
-                            height: rgb.height,
-                            data: Cow::Owned(super::owned_bytes(rgb.data, "copy of an image")?),
-                        })
-                    })
-                    .collect::<Result<_, ProcessorError>>()?;
-                Ok(Prepared {
-                    images,
-                    tiles: std::mem::take(&mut p.tiles),
-                })
-            })
-            .collect::<Result<_, ProcessorError>>()?;
-        Ok(Box::new(Writer {
-            prepared,
-            normalize: self.normalize.clone(),
-            tile_len: self.tile_len,
-            count: self.count,
-            threads: self.threads,
-        }))
-    }
-}
-
-impl Drop for Writer<'_> {
-    fn drop(&mut self) {
-        super::recycle_images(
-            std::mem::take(&mut self.prepared)
-                .into_iter()
-                .flat_map(|p| p.images),
-        );
-    }
 }
 
 #[cfg(test)]

@@ -15,16 +15,15 @@
 use super::clip::{resize_and_crop, Prepared};
 use super::family::{i64_values, FamilyConfig, Hf, Published, VisionTokens};
 use super::normalize::Normalize;
-use super::pending::{Pending, WriteValues};
+use super::pending::{self, Pending, Tiles};
 use super::sizes::SizeSpec;
-use super::store::Unaligned;
 use super::value::{
     as_bool, as_hw, as_size, check_crop, hf_clip_like, resize_crop_entries, Common, Value,
     CLIP_MEAN, CLIP_STD,
 };
 use super::{
-    check_image, check_side, checked_len, parallel, prepare_all, resize_rgb, Deferred, Input,
-    Options, Outputs, ProcessorError, Rgb, Tensor,
+    check_image, check_side, checked_len, prepare_all, resize_rgb, Deferred, Input, Options,
+    Outputs, ProcessorError, Rgb, Tensor,
 };
 use crate::memory::fallible;
 use std::borrow::Cow;
@@ -168,13 +167,14 @@ impl FamilyConfig for LlavaNextConfig {
         check_crop(self.do_center_crop, self.crop_size)
     }
 
+    /// LLaVA-NeXT on a batch (see the module docs).
     fn images(
         &self,
         normalize: &Normalize,
         inputs: &[Input<'_>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        images(self, normalize, inputs, options)
+        pending::written(plan(self, normalize, inputs, options))
     }
 
     fn images_deferred<'a>(
@@ -183,7 +183,7 @@ impl FamilyConfig for LlavaNextConfig {
         inputs: &[Input<'a>],
         options: &Options,
     ) -> Result<Deferred<'a>, ProcessorError> {
-        images_deferred(self, normalize, inputs, options)
+        pending::deferred(plan(self, normalize, inputs, options))
     }
 
     /// `LlavaNextProcessor._get_number_of_features` per image: needs [`VisionTokens`].
@@ -385,34 +385,6 @@ fn prepare<'a>(
     Ok(Image { items, size })
 }
 
-/// LLaVA-NeXT on a batch (see the module docs).
-pub fn images(
-    config: &LlavaNextConfig,
-    normalize: &Normalize,
-    inputs: &[Input<'_>],
-    options: &Options,
-) -> Result<Outputs, ProcessorError> {
-    let (pending, mut outputs) = plan(config, normalize, inputs, options)?;
-    outputs
-        .tensors
-        .insert(0, ("pixel_values", pending.tensor()?));
-    Ok(outputs)
-}
-
-/// [`images`] with `pixel_values` planned, not written ([`Deferred::Values`]).
-pub fn images_deferred<'a>(
-    config: &LlavaNextConfig,
-    normalize: &Normalize,
-    inputs: &[Input<'a>],
-    options: &Options,
-) -> Result<Deferred<'a>, ProcessorError> {
-    let (pending, rest) = plan(config, normalize, inputs, options)?;
-    Ok(Deferred::Values {
-        pending: Box::new(pending),
-        rest,
-    })
-}
-
 /// Every image decoded, resized and tiled: `pixel_values` planned, and `image_sizes`.
 fn plan<'a>(
     config: &LlavaNextConfig,
@@ -442,99 +414,34 @@ fn plan<'a>(
             });
         }
     }
-    let item_len = checked_len("pixel_values", &[3, h, w], 4)?;
     let sizes: Vec<i64> = prepared
         .iter()
         .flat_map(|p| [p.size.0 as i64, p.size.1 as i64])
         .collect();
     let shape = vec![prepared.len(), max_items, 3, h, w];
-    let writer = Writer {
-        images: prepared,
+    // Each image's items (the base image, then its tiles; all h × w, checked above), then
+    // zeros for the batch padding.
+    let (mut images, mut slots) = (Vec::new(), Vec::new());
+    for image in prepared {
+        let padding = max_items - image.items.len();
+        for item in image.items {
+            slots.push(Some((images.len(), item.origin)));
+            images.push(item.image);
+        }
+        slots.extend(std::iter::repeat_n(None, padding));
+    }
+    let tiles = Tiles {
+        images,
+        slots,
+        size: (h, w),
         normalize: normalize.clone(),
-        item_len,
-        max_items,
         threads: options.threads,
     };
-    let pending = Pending::new("pixel_values", shape, writer.workers(), Box::new(writer))?;
+    let pending = tiles.pending("pixel_values", shape)?;
     let outputs = Outputs {
         tensors: vec![("image_sizes", Tensor::i64(vec![sizes.len() / 2, 2], sizes))],
     };
     Ok((pending, outputs))
-}
-
-/// Writes LLaVA-NeXT's `pixel_values`: each image's items (the base image, then its tiles)
-/// channels-first, then zeros for the batch padding, one image per job.
-struct Writer<'a> {
-    images: Vec<Image<'a>>,
-    normalize: Normalize,
-    item_len: usize,
-    max_items: usize,
-    threads: usize,
-}
-
-impl Writer<'_> {
-    fn workers(&self) -> usize {
-        parallel::workers(self.threads, self.images.len())
-    }
-}
-
-// SAFETY: `out` holds `images.len() · max_items · item_len` values (the tensor's shape); each
-// image's `max_items · item_len` are its items, each `3 × h × w = item_len` values (every item
-// is h × w, checked in `plan`) written whole by `write_chw`, then zeros for the missing items.
-unsafe impl WriteValues for Writer<'_> {
-    fn write(&self, out: &mut [Unaligned]) {
-        let per_image = self.item_len * self.max_items;
-        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
-        assert_eq!(
-            out.len(),
-            self.images.len() * per_image,
-            "pixel_values size"
-        );
-        let jobs: Vec<(&Image<'_>, &mut [Unaligned])> =
-            self.images.iter().zip(out.chunks_mut(per_image)).collect();
-        parallel::map(jobs, self.workers(), |_, (image, out)| {
-            let mut slots = out.chunks_exact_mut(self.item_len);
-            for (item, slot) in image.items.iter().zip(&mut slots) {
-                item.write(&self.normalize, slot);
-            }
-            // Batch padding: 0.0 after normalisation.
-            slots.for_each(|slot| slot.iter_mut().for_each(|v| v.set(0.0)));
-        });
-    }
-
-    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
-        let images = std::mem::take(&mut self.images)
-            .into_iter()
-            .map(|image| {
-                let items = image
-                    .items
-                    .into_iter()
-                    .map(Prepared::into_owned)
-                    .collect::<Result<_, _>>()?;
-                Ok(Image {
-                    items,
-                    size: image.size,
-                })
-            })
-            .collect::<Result<_, ProcessorError>>()?;
-        Ok(Box::new(Writer {
-            images,
-            normalize: self.normalize.clone(),
-            item_len: self.item_len,
-            max_items: self.max_items,
-            threads: self.threads,
-        }))
-    }
-}
-
-impl Drop for Writer<'_> {
-    fn drop(&mut self) {
-        super::recycle_images(
-            std::mem::take(&mut self.images)
-                .into_iter()
-                .flat_map(|image| image.items.into_iter().map(|item| item.image)),
-        );
-    }
 }
 
 #[cfg(test)]

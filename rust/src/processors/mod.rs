@@ -411,6 +411,16 @@ pub(crate) fn owned_bytes(
     }
 }
 
+/// `rgb` owning its pixels: moved when owned already, else copied (fallibly: a borrowed input
+/// array can be large).
+pub(crate) fn owned_rgb(rgb: Rgb<'_>) -> Result<Rgb<'static>, ProcessorError> {
+    Ok(Rgb {
+        width: rgb.width,
+        height: rgb.height,
+        data: Cow::Owned(owned_bytes(rgb.data, "copy of an image")?),
+    })
+}
+
 /// Hands the images a batch owns (resized or decoded, not the caller's arrays) to [`recycle`] for
 /// the next batch.
 pub(crate) fn recycle_images<'a>(images: impl IntoIterator<Item = Rgb<'a>>) {

@@ -12,8 +12,12 @@
 
 use std::mem::MaybeUninit;
 
+use super::normalize::Normalize;
 use super::store::{bytes_of, unaligned_of, Unaligned};
-use super::{checked_len, OutBuffer, ProcessorError, Tensor, TensorData};
+use super::{
+    checked_len, owned_rgb, parallel, recycle_images, Deferred, OutBuffer, Outputs, ProcessorError,
+    Rgb, Tensor, TensorData,
+};
 use crate::memory::recycle;
 use crate::tensor::convert::Conversion;
 use crate::tensor::dtype::WireDtype;
@@ -119,6 +123,113 @@ impl<'a> Pending<'a> {
             writer: self.writer.into_owned()?,
         })
     }
+}
+
+/// The writer of every tiled family here (LLaVA-NeXT, Gemma 3, InternVL, Idefics3): `pixel_values`
+/// as a run of `3 × h × w` slots, each an `h × w` window of one of `images` written
+/// channels-first (`Normalize::write_chw`: outside the image, the normalised zero) or, for a
+/// batch's padding, zeros; one slot per job.
+pub(crate) struct Tiles<'a> {
+    pub images: Vec<Rgb<'a>>,
+    /// Per slot: the image and the window's top-left corner in it, or `None` for zeros.
+    pub slots: Vec<Option<(usize, (isize, isize))>>,
+    /// `(h, w)` of every slot.
+    pub size: (usize, usize),
+    pub normalize: Normalize,
+    pub threads: usize,
+}
+
+impl Tiles<'_> {
+    /// Values per slot.
+    fn slot_len(&self) -> usize {
+        3 * self.size.0 * self.size.1
+    }
+
+    /// Threads [`WriteValues::write`] uses.
+    pub fn workers(&self) -> usize {
+        parallel::workers(self.threads, self.slots.len())
+    }
+
+    /// The planned tensor `name` of `shape` (as many values as the slots hold).
+    pub fn pending<'a>(
+        self,
+        name: &'static str,
+        shape: Vec<usize>,
+    ) -> Result<Pending<'a>, ProcessorError>
+    where
+        Self: 'a,
+    {
+        let workers = self.workers();
+        Pending::new(name, shape, workers, Box::new(self))
+    }
+}
+
+// SAFETY: `write` checks that `out` holds `slots.len() · 3·h·w` values and hands each slot the
+// next `3·h·w` of them: `write_chw` writes every value of its `3 × h × w` output (the image's
+// pixels or, outside them, the normalised zero), and a padding slot is filled with zeros.
+unsafe impl WriteValues for Tiles<'_> {
+    fn write(&self, out: &mut [Unaligned]) {
+        let len = self.slot_len();
+        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
+        assert_eq!(
+            out.len(),
+            self.slots.len() * len,
+            "{} slots",
+            self.slots.len()
+        );
+        let (h, w) = self.size;
+        let jobs: Vec<_> = self.slots.iter().zip(out.chunks_mut(len)).collect();
+        parallel::map(jobs, self.workers(), |_, (slot, out)| match *slot {
+            Some((image, (top, left))) => {
+                self.normalize
+                    .write_chw(self.images[image].view(), top, left, h, w, out)
+            }
+            None => out.iter_mut().for_each(|v| v.set(0.0)),
+        });
+    }
+
+    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
+        let images = std::mem::take(&mut self.images)
+            .into_iter()
+            .map(owned_rgb)
+            .collect::<Result<_, _>>()?;
+        Ok(Box::new(Tiles {
+            images,
+            slots: std::mem::take(&mut self.slots),
+            size: self.size,
+            normalize: self.normalize.clone(),
+            threads: self.threads,
+        }))
+    }
+}
+
+impl Drop for Tiles<'_> {
+    fn drop(&mut self) {
+        recycle_images(std::mem::take(&mut self.images));
+    }
+}
+
+/// A planned batch's outputs: the pending tensor written into a new buffer, first, then the
+/// others (a family's eager `images`).
+pub fn written(
+    planned: Result<(Pending<'_>, Outputs), ProcessorError>,
+) -> Result<Outputs, ProcessorError> {
+    let (pending, mut outputs) = planned?;
+    outputs
+        .tensors
+        .insert(0, (pending.name(), pending.tensor()?));
+    Ok(outputs)
+}
+
+/// A planned batch left unwritten ([`Deferred::Values`], a family's `images_deferred`).
+pub fn deferred(
+    planned: Result<(Pending<'_>, Outputs), ProcessorError>,
+) -> Result<Deferred<'_>, ProcessorError> {
+    let (pending, rest) = planned?;
+    Ok(Deferred::Values {
+        pending: Box::new(pending),
+        rest,
+    })
 }
 
 // SAFETY: `produce` returns `Ok` only after every byte of `out` is written: as `float32` by the
