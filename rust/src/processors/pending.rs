@@ -6,9 +6,10 @@
 //! planned (every image decoded, resized and laid out; its shape known), and its values are
 //! written once, where they travel ([`Produce`]), or into a new buffer when an array is asked
 //! for ([`Pending::values`]). The Qwen families have a writer of their own (`qwen::Patches`,
-//! which also writes `bfloat16` directly); a family whose writes go through
-//! [`super::normalize::Slot`]s implements [`WriteValues`] once, and its eager path calls the
-//! same writer on a new buffer, so both paths give the same bytes by construction.
+//! which also writes `bfloat16` directly); LLaVA-NeXT, Gemma 3, InternVL and Idefics3 plan their
+//! batch as [`Tiles`] (windows of resized images, and padding), and their eager path runs the
+//! same writer on a new buffer, so both paths give the same bytes by construction. A writer is
+//! a [`WriteValues`].
 
 use std::mem::MaybeUninit;
 
