@@ -12,7 +12,7 @@
 //!    `pad_size` (or the largest image of the batch).
 
 use super::family::{FamilyConfig, Hf, Published, VisionTokens};
-use super::normalize::{Normalize, Slot};
+use super::normalize::Normalize;
 use super::sizes::{center_crop_origin, SizeSpec};
 use super::value::{
     as_bool, as_hw, as_size, check_crop, hf_clip_like, hf_pad_size, hf_put, hw_value,
@@ -235,7 +235,7 @@ pub(crate) struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
-    pub fn write<T: Slot>(&self, normalize: &Normalize, out: &mut [T]) {
+    pub fn write(&self, normalize: &Normalize, out: &mut [Out]) {
         normalize.write_chw(
             self.image.view(),
             self.origin.0,

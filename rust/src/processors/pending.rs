@@ -140,7 +140,7 @@ pub(crate) struct Tiles<'a> {
     pub threads: usize,
 }
 
-impl Tiles<'_> {
+impl<'a> Tiles<'a> {
     /// Values per slot.
     fn slot_len(&self) -> usize {
         3 * self.size.0 * self.size.1
@@ -152,14 +152,11 @@ impl Tiles<'_> {
     }
 
     /// The planned tensor `name` of `shape` (as many values as the slots hold).
-    pub fn pending<'a>(
+    pub fn pending(
         self,
         name: &'static str,
         shape: Vec<usize>,
-    ) -> Result<Pending<'a>, ProcessorError>
-    where
-        Self: 'a,
-    {
+    ) -> Result<Pending<'a>, ProcessorError> {
         let workers = self.workers();
         Pending::new(name, shape, workers, Box::new(self))
     }

@@ -98,6 +98,18 @@ def _structured(family: str) -> bool:
     return native is not None and native.replacement_spec() is not None
 
 
+def _unsampled_shape(name: str, shape: list[int]) -> list[int]:
+    """``shape`` without its leading sample dimension, which must be 1 (and not the only one)."""
+    if len(shape) < 2 or shape[0] != 1:
+        raise MultimodalLayoutError(
+            f"{name}: shape {shape}, expected a leading sample dimension of 1",
+            field=name,
+            expected=1,
+            actual=shape[0] if shape else 0,
+        )
+    return shape[1:]
+
+
 @functools.cache  # fixed per family: asked on every request
 def _count_tensor(family: str) -> str | None:
     """The per-image placeholder count tensor the family's engine model takes as an input
@@ -842,15 +854,7 @@ class PreparedMedia:
         (a view of the same values, see :meth:`_unsampled`)."""
         if not self.per_sample:
             return tensor
-        shape = list(tensor.shape)
-        if len(shape) < 2 or shape[0] != 1:
-            raise MultimodalLayoutError(
-                f"{name}: shape {shape}, expected a leading sample dimension of 1",
-                field=name,
-                expected=1,
-                actual=shape[0] if shape else 0,
-            )
-        return tensor.reshaped(shape[1:])
+        return tensor.reshaped(_unsampled_shape(name, list(tensor.shape)))
 
     def _unsampled(self, tensors: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
         """``tensors`` without the leading sample dimension of 1 when :attr:`per_sample`."""
@@ -858,13 +862,7 @@ class PreparedMedia:
             return tensors
         out: dict[str, npt.NDArray[Any]] = {}
         for name, array in tensors.items():
-            if array.ndim < 2 or array.shape[0] != 1:
-                raise MultimodalLayoutError(
-                    f"{name}: shape {list(array.shape)}, expected a leading sample dimension of 1",
-                    field=name,
-                    expected=1,
-                    actual=int(array.shape[0]) if array.ndim else 0,
-                )
+            _unsampled_shape(name, [int(n) for n in array.shape])
             out[name] = array[0]
         return out
 
