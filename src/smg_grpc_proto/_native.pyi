@@ -95,7 +95,8 @@ def convert_into(
     ``dst`` must be a writable, C-contiguous ``uint8`` array of exactly the converted size and
     must not overlap ``src``; ``ValueError`` names both sizes otherwise. A
     :class:`PendingTensor` is written straight into ``dst`` as ``float32`` or ``bfloat16``
-    (the same values rounded to nearest even); any other ``wire_dtype`` raises ``ValueError``.
+    (the same values rounded to nearest even), a constant ``int64`` one as ``int64``; any other
+    ``wire_dtype`` raises ``ValueError``.
     """
 
 def decode_frames(data: bytes, plan: _Plan, nonce: bytes) -> tuple[bytes, list[tuple[int, int]]]:
@@ -121,7 +122,8 @@ def encode_frames(
     """The inverse of :func:`decode_frames`: write the tensors into the header.
 
     A :class:`PendingTensor` source is computed straight into its place as ``float32`` or
-    ``bfloat16`` (the same values rounded to nearest even: half the bytes).
+    ``bfloat16`` (the same values rounded to nearest even: half the bytes), a constant ``int64``
+    one as ``int64``.
 
     Every TensorData payload of ``header`` that is a token ``nonce + u32_le(i)`` is replaced by
     ``sources[i]`` = ``(array, wire_dtype)`` converted as by :func:`convert`, written straight
@@ -250,9 +252,10 @@ class Tensor:
 @final
 class PendingTensor:
     """A ``pixel_values`` (or ``pixel_values_videos``) not written yet: the batch decoded,
-    resized and laid out. :func:`encode_frames` and :func:`convert_into` write it straight into
-    its destination (as ``float32`` or ``bfloat16``); :meth:`materialize` into a new
-    :class:`Tensor`."""
+    resized and laid out; or an ``int64`` tensor of one constant value (Idefics3's
+    ``pixel_attention_mask``). :func:`encode_frames` and :func:`convert_into` write it straight
+    into its destination (as ``float32`` or ``bfloat16``; a constant one as ``int64``);
+    :meth:`materialize` into a new :class:`Tensor`."""
 
     @property
     def name(self) -> str: ...
@@ -263,7 +266,8 @@ class PendingTensor:
         written; both write the same bytes)."""
     @property
     def dtype(self) -> str:
-        """Always ``"float32"`` (the values computed; ``bfloat16`` on the wire rounds them)."""
+        """``"float32"`` (the values computed; ``bfloat16`` on the wire rounds them), or
+        ``"int64"`` for a tensor of one constant value."""
 
     @property
     def nbytes(self) -> int: ...
@@ -376,7 +380,8 @@ class Preprocessor:
         max_pixels: int | None,
     ) -> list[tuple[str, Tensor | PendingTensor]]:
         """:meth:`images`, ``pixel_values`` left as a :class:`PendingTensor` where the family
-        plans it (Qwen, GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL, Idefics3)."""
+        plans it (Qwen, GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL, Idefics3), and
+        Idefics3's ``pixel_attention_mask`` (all ones) too."""
 
     def videos_deferred(
         self,

@@ -27,6 +27,7 @@ from smg_grpc_proto.tensors import _backend
 from smg_grpc_proto.vision import DeferredOutput, ImageProcessor
 
 PATH = "mm_inputs.pixel_values"
+MASK_PATH = "mm_inputs.model_specific_tensors[pixel_attention_mask]"
 
 
 def _images(seed: int, sizes: list[tuple[int, int]]) -> list[np.ndarray[Any, Any]]:
@@ -258,6 +259,7 @@ def test_native_refusals_name_the_numbers() -> None:
 # Families whose writes go through `Slot`s plan their pixel values too (`processors/pending.rs`):
 # the same writer fills the eager array and the request, so the bytes must agree everywhere.
 PLANNED = ["llava_next", "gemma3", "internvl", "idefics3"]
+TO_ENGINES = PLANNED
 
 
 @pytest.mark.parametrize("family", PLANNED)
@@ -271,21 +273,47 @@ def test_planned_families_defer_and_materialise_the_eager_output(family: str) ->
     processor = ImageProcessor(family, config)  # type: ignore[arg-type]
     eager = processor(images)
     deferred = processor.deferred(images)
-    assert set(deferred.pending) == {"pixel_values"}
+    # Idefics3's mask (all ones) is planned too: written where it travels, never computed first.
+    mask = {"pixel_attention_mask"} if family == "idefics3" else set()
+    assert set(deferred.pending) == {"pixel_values", *mask}
     assert deferred.ready.pixel_values is None
+    assert deferred.ready.pixel_attention_mask is None
     pending = deferred.pending["pixel_values"]
     assert eager.pixel_values is not None
     assert list(pending.shape) == list(eager.pixel_values.shape)
     assert pending.nbytes == eager.pixel_values.nbytes
     assert deferred.ready.num_image_tokens == eager.num_image_tokens
     # More tiles or crops than images (LLaVA-NeXT keeps them in a dimension of their own,
-    # Idefics3 behind a sample dimension of 1).
-    rows = eager.pixel_values.shape[1] if family == "idefics3" else eager.pixel_values.shape[0]
+    # Idefics3 behind a sample dimension of 1, Llama 3.2 Vision both).
+    shape = eager.pixel_values.shape
+    rows = {"idefics3": shape[1], "mllama": shape[1] * shape[2]}.get(family, shape[0])
     assert rows > len(images) or family == "llava_next"
-    for name in ("image_sizes", "num_crops", "num_patches", "rows", "cols", "pixel_attention_mask"):
+    for name in ("image_sizes", "num_crops", "num_patches", "rows", "cols"):
         if getattr(eager, name) is not None:
             np.testing.assert_array_equal(getattr(deferred.ready, name), getattr(eager, name))
-    assert deferred.materialize().pixel_values.tobytes() == eager.pixel_values.tobytes()  # type: ignore[union-attr]
+    materialized = deferred.materialize()
+    assert materialized.pixel_values.tobytes() == eager.pixel_values.tobytes()  # type: ignore[union-attr]
+    if mask:
+        want = eager.pixel_attention_mask
+        assert want is not None
+        assert want.dtype == np.int64
+        assert (want == 1).all()
+        got = materialized.pixel_attention_mask
+        assert got is not None
+        assert got.dtype == np.int64
+        assert got.shape == want.shape
+        assert got.tobytes() == want.tobytes()
+        planned = deferred.pending["pixel_attention_mask"]
+        assert (planned.dtype, list(planned.shape), planned.nbytes) == (
+            "int64",
+            list(want.shape),
+            want.nbytes,
+        )
+        out = np.zeros(want.nbytes, np.uint8)
+        _native.convert_into(planned, out, "int64")
+        assert out.tobytes() == want.tobytes()
+        with pytest.raises(ValueError, match="written as int64, not float32"):
+            _native.convert_into(planned, out[: want.nbytes // 2], "float32")
     half = np.zeros(pending.nbytes // 2, np.uint8)
     _native.convert_into(pending, half, "bfloat16")
     assert half.tobytes() == _native.convert(eager.pixel_values, "bfloat16")
@@ -294,7 +322,7 @@ def test_planned_families_defer_and_materialise_the_eager_output(family: str) ->
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
-@pytest.mark.parametrize("family", PLANNED)
+@pytest.mark.parametrize("family", TO_ENGINES)
 def test_planned_families_write_the_eager_request(family: str, dtype: str | None) -> None:
     """The request built from planned pixel values is byte for byte the one built from the
     eager array, at every payload alignment within 8 bytes, and decodes to the eager values;
@@ -304,17 +332,23 @@ def test_planned_families_write_the_eager_request(family: str, dtype: str | None
     media = model.prepare(files, threads=2)
     assert isinstance(media.processed, DeferredOutput)
     assert isinstance(media.wire_tensors()["pixel_values"], _native.PendingTensor)
-    reference = VisionModel.for_family(family).prepare(files).output.pixel_values  # type: ignore[arg-type]
+    output = VisionModel.for_family(family).prepare(files).output  # type: ignore[arg-type]
+    reference = output.pixel_values
     assert reference is not None
+    mask = output.pixel_attention_mask  # Idefics3's, planned too
     if media.per_sample:  # Idefics3: the request carries the batch's one sample
         assert reference.shape[0] == 1
         reference = reference[0]
+        assert mask is not None
+        mask = mask[0]
     prompt = [1, *([media.anchor] * media.count), 2]
     want = _native.convert(reference, dtype) if dtype else reference.tobytes()
     for n in range(1, 9):
         request = vllm_adapter.generate_request("r" * n, prompt, media, dtype=dtype)
         eager = vllm_adapter.generate_request("r" * n, prompt, media, dtype=dtype)
         eager.attach(PATH, reference, dtype=dtype)
+        if mask is not None:
+            eager.attach(MASK_PATH, mask)
         wire = tensors.serialize(request)
         assert wire == tensors.serialize(eager), f"request id of {n} characters"
         decoded = vllm_adapter.decode_mm_inputs(tensors.parse(wire, vllm_pb.GenerateRequest))
@@ -325,6 +359,13 @@ def test_planned_families_write_the_eager_request(family: str, dtype: str | None
     assert received.message.mm_inputs.pixel_values.shm.nbytes == len(want)
     decoded = vllm_adapter.decode_mm_inputs(received)
     assert np.asarray(decoded[0].tensors["pixel_values"]).tobytes() == want
+    if mask is not None:
+        # The mask, planned as well, arrives as the eager int64 ones in a segment of its own.
+        assert isinstance(media.wire_tensors()["pixel_attention_mask"], _native.PendingTensor)
+        assert received.message.mm_inputs.model_specific_tensors["pixel_attention_mask"].shm.name
+        got = np.asarray(decoded[0].tensors["pixel_attention_mask"])
+        assert got.dtype == np.int64
+        assert got.tobytes() == mask.tobytes()
 
 
 def test_a_pending_tensor_views_its_values_under_another_shape() -> None:

@@ -26,14 +26,13 @@ use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
-use super::pending::{self, Pending, Tiles};
+use super::pending::{self, Filled, Plan, Tiles};
 use super::value::{as_bool, as_count, hf_keys, BadSize, Common, Raw, RawMap, Value};
 use super::{
-    check_side, checked_len, prepare_all, resize_rgb, Deferred, Input, Options, Outputs,
-    ProcessorError, Rgb, Tensor,
+    check_side, prepare_all, resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb,
+    Tensor,
 };
 use crate::image::Filter;
-use crate::memory::fallible;
 
 /// `MAX_IMAGE_SIZE` of transformers' Idefics3/SmolVLM modules.
 pub const MAX_IMAGE_SIZE: usize = 4096;
@@ -730,7 +729,7 @@ fn plan<'a>(
     normalize: &Normalize,
     inputs: &[Input<'a>],
     options: &Options,
-) -> Result<(Pending<'a>, Outputs), ProcessorError> {
+) -> Result<Plan<'a>, ProcessorError> {
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
@@ -743,7 +742,6 @@ fn plan<'a>(
             "an empty batch",
         ));
     }
-    let mask_len = checked_len("pixel_attention_mask", &[count, m, m], 8)?;
     let batch = prepared.len();
     let rows: Vec<i64> = prepared.iter().map(|p| p.rows as i64).collect();
     let cols: Vec<i64> = prepared.iter().map(|p| p.cols as i64).collect();
@@ -765,18 +763,26 @@ fn plan<'a>(
         threads: options.threads,
     };
     let pending = tiles.pending("pixel_values", vec![1, count, 3, m, m])?;
-    let mut tensors = Vec::new();
+    // Every tile is a whole `m × m` window of its image: the mask is all ones, written where
+    // it travels.
+    let mut filled = Vec::new();
     if config.do_pad {
-        let mask = fallible::filled(1i64, mask_len)
-            .map_err(ProcessorError::oom("pixel_attention_mask"))?;
-        tensors.push((
+        filled.push(Filled::new(
             "pixel_attention_mask",
-            Tensor::i64(vec![1, count, m, m], mask),
-        ));
+            vec![1, count, m, m],
+            1,
+            options.threads,
+        )?);
     }
-    tensors.push(("rows", Tensor::i64(vec![1, batch], rows)));
-    tensors.push(("cols", Tensor::i64(vec![1, batch], cols)));
-    Ok((pending, Outputs { tensors }))
+    let tensors = vec![
+        ("rows", Tensor::i64(vec![1, batch], rows)),
+        ("cols", Tensor::i64(vec![1, batch], cols)),
+    ];
+    Ok(Plan {
+        pending,
+        filled,
+        rest: Outputs { tensors },
+    })
 }
 
 #[cfg(test)]

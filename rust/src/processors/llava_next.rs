@@ -496,7 +496,8 @@ mod tests {
                 ..Options::default()
             };
             let eager = p.images(&inputs, &options).unwrap();
-            let Deferred::Values { pending, rest } = p.images_deferred(&inputs, &options).unwrap()
+            let Deferred::Values { pending, rest, .. } =
+                p.images_deferred(&inputs, &options).unwrap()
             else {
                 panic!("LLaVA-NeXT plans its pixel_values");
             };

@@ -308,21 +308,34 @@ impl Preprocessor {
     fn deferred_with_tokens<'a>(&self, deferred: Deferred<'a>) -> Deferred<'a> {
         match deferred {
             Deferred::Done(outputs) => Deferred::Done(self.with_tokens(outputs)),
-            Deferred::Values { pending, rest } => {
-                // The token rules read the pending tensor's shape only (never its values): they
-                // see it as an empty stand-in of that shape, dropped again afterwards.
+            Deferred::Values {
+                pending,
+                filled,
+                rest,
+            } => {
+                // The token rules read the planned tensors' shapes only (never their values):
+                // they see them as empty stand-ins of those shapes, dropped again afterwards.
                 let mut outputs = rest;
+                let stand_in = |shape: &[usize], data| Tensor {
+                    shape: shape.to_vec(),
+                    data,
+                };
                 outputs.tensors.push((
                     pending.name(),
-                    Tensor {
-                        shape: pending.shape().to_vec(),
-                        data: TensorData::F32(Vec::new()),
-                    },
+                    stand_in(pending.shape(), TensorData::F32(Vec::new())),
                 ));
+                for f in &filled {
+                    outputs
+                        .tensors
+                        .push((f.name(), stand_in(f.shape(), TensorData::I64(Vec::new()))));
+                }
                 let mut outputs = self.with_tokens(outputs);
-                outputs.tensors.retain(|(name, _)| *name != pending.name());
+                outputs.tensors.retain(|(name, _)| {
+                    *name != pending.name() && filled.iter().all(|f| f.name() != *name)
+                });
                 Deferred::Values {
                     pending,
+                    filled,
                     rest: outputs,
                 }
             }
@@ -351,6 +364,8 @@ pub enum Deferred<'a> {
     /// outputs (token counts included) computed.
     Values {
         pending: Box<pending::Pending<'a>>,
+        /// Tensors of one constant value, planned too (Idefics3's `pixel_attention_mask`).
+        filled: Vec<pending::Filled>,
         rest: Outputs,
     },
     /// Every other family: the outputs, computed.

@@ -9,17 +9,18 @@
 //! which also writes `bfloat16` directly); LLaVA-NeXT, Gemma 3, InternVL and Idefics3 plan their
 //! batch as [`Tiles`] (windows of resized images, and padding), and their eager path runs the
 //! same writer on a new buffer, so both paths give the same bytes by construction. A writer is
-//! a [`WriteValues`].
+//! a [`WriteValues`]. A tensor of one constant value (Idefics3's `pixel_attention_mask`, all
+//! ones) is planned as a [`Filled`].
 
 use std::mem::MaybeUninit;
 
 use super::normalize::Normalize;
-use super::store::{bytes_of, unaligned_of, Unaligned};
+use super::store::{bytes_of, copy_raw, fence, unaligned_of, Unaligned, STREAM_MIN_BYTES};
 use super::{
     checked_len, owned_rgb, parallel, recycle_images, Deferred, OutBuffer, Outputs, ProcessorError,
     Rgb, Tensor, TensorData,
 };
-use crate::memory::recycle;
+use crate::memory::{fallible, recycle};
 use crate::tensor::convert::Conversion;
 use crate::tensor::dtype::WireDtype;
 use crate::tensor::wire::Produce;
@@ -207,25 +208,188 @@ impl Drop for Tiles<'_> {
     }
 }
 
+/// An `int64` tensor whose values are all one constant (Idefics3's `pixel_attention_mask`, all
+/// ones: two fifths of its request), planned like [`Pending`]: its bytes are written once, where
+/// they travel, instead of filling a buffer that is then copied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Filled {
+    name: &'static str,
+    shape: Vec<usize>,
+    len: usize,
+    value: i64,
+    /// Threads writing it (a fresh destination is faulted in by as many).
+    threads: usize,
+}
+
+/// Bytes per thread below which filling a destination stays on one thread.
+const FILL_PIECE: usize = 1 << 20;
+
+impl Filled {
+    /// The tensor `name` of `shape`, every value `value`, written with up to `threads` threads
+    /// (0: one per core); refused when its size overflows.
+    pub fn new(
+        name: &'static str,
+        shape: Vec<usize>,
+        value: i64,
+        threads: usize,
+    ) -> Result<Self, ProcessorError> {
+        let len = checked_len(name, &shape, 8)?;
+        let threads = parallel::workers(threads, (len * 8).div_ceil(FILL_PIECE));
+        Ok(Filled {
+            name,
+            shape,
+            len,
+            value,
+            threads,
+        })
+    }
+
+    /// transformers' name of the tensor.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The size of the values in bytes (`int64`).
+    pub fn byte_len(&self) -> usize {
+        self.len * 8
+    }
+
+    /// The values, in a new buffer.
+    pub fn values(&self) -> Result<Vec<i64>, ProcessorError> {
+        fallible::filled(self.value, self.len).map_err(ProcessorError::oom(self.name))
+    }
+
+    /// The tensor, written into a new buffer.
+    pub fn tensor(&self) -> Result<Tensor, ProcessorError> {
+        Ok(Tensor {
+            shape: self.shape.clone(),
+            data: TensorData::I64(self.values()?),
+        })
+    }
+}
+
+// SAFETY: `produce` returns `Ok` only after `fill` has written every byte of `out` (its length
+// checked first against `wire_len`).
+unsafe impl Produce for Filled {
+    /// `int64` only.
+    fn wire_len(&self, dtype: WireDtype) -> Option<usize> {
+        (dtype == WireDtype::Int64).then_some(self.len * 8)
+    }
+
+    fn produce(&self, out: &mut [MaybeUninit<u8>], dtype: WireDtype) -> Result<(), TensorError> {
+        let expected = self
+            .wire_len(dtype)
+            .ok_or(TensorError::UnsupportedConversion {
+                from: WireDtype::Int64,
+                to: dtype,
+            })?;
+        if out.len() != expected {
+            return Err(TensorError::DestinationSize {
+                expected,
+                actual: out.len(),
+            });
+        }
+        fill(out, self.value.to_le_bytes(), self.threads);
+        Ok(())
+    }
+
+    fn writers(&self) -> usize {
+        self.threads
+    }
+}
+
+/// Writes `pattern` over and over into every byte of `out` (at any address, a whole number of
+/// patterns): from a staging block in the L1 cache, streamed when `out` is large, in pieces of
+/// at least [`FILL_PIECE`] bytes on up to `threads` threads.
+fn fill(out: &mut [MaybeUninit<u8>], pattern: [u8; 8], threads: usize) {
+    const BLOCK: usize = 4096;
+    // One pattern more than a block, so that a copy may start at any phase of the pattern.
+    let mut staged = [0u8; BLOCK + 8];
+    for (i, b) in staged.iter_mut().enumerate() {
+        *b = pattern[i % 8];
+    }
+    let stream = out.len() >= STREAM_MIN_BYTES;
+    // Pieces split on cache lines of the destination (so that no line is shared by two writers);
+    // each remembers its offset in `out`, the phase of the pattern it starts at.
+    let piece = out.len().div_ceil(threads.max(1)).max(FILL_PIECE);
+    let head = out.as_ptr().align_offset(64).min(out.len());
+    let piece = (piece + 63) & !63;
+    let mut pieces = Vec::new();
+    let (first, mut rest) = out.split_at_mut(head);
+    let mut offset = head;
+    pieces.push((0, first));
+    while !rest.is_empty() {
+        let (now, later) = rest.split_at_mut(piece.min(rest.len()));
+        let len = now.len();
+        pieces.push((offset, now));
+        offset += len;
+        rest = later;
+    }
+    let workers = parallel::workers(threads, pieces.len());
+    parallel::map(pieces, workers, |_, (start, piece)| {
+        let mut at = start;
+        for chunk in piece.chunks_mut(BLOCK) {
+            let phase = at % 8;
+            copy_raw(chunk, &staged[phase..phase + chunk.len()], stream);
+            at += chunk.len();
+        }
+        fence(stream);
+    });
+}
+
+/// A planned batch: its largest tensor and any constant ones left unwritten, the other outputs
+/// computed.
+pub struct Plan<'a> {
+    pub pending: Pending<'a>,
+    pub filled: Vec<Filled>,
+    pub rest: Outputs,
+}
+
+impl<'a> From<(Pending<'a>, Outputs)> for Plan<'a> {
+    fn from((pending, rest): (Pending<'a>, Outputs)) -> Self {
+        Plan {
+            pending,
+            filled: Vec::new(),
+            rest,
+        }
+    }
+}
+
 /// A planned batch's outputs: the pending tensor written into a new buffer, first, then the
-/// others (a family's eager `images`).
-pub fn written(
-    planned: Result<(Pending<'_>, Outputs), ProcessorError>,
+/// filled ones, then the others (a family's eager `images`).
+pub fn written<'a>(
+    planned: Result<impl Into<Plan<'a>>, ProcessorError>,
 ) -> Result<Outputs, ProcessorError> {
-    let (pending, mut outputs) = planned?;
-    outputs
-        .tensors
-        .insert(0, (pending.name(), pending.tensor()?));
-    Ok(outputs)
+    let Plan {
+        pending,
+        filled,
+        rest,
+    } = planned?.into();
+    let mut tensors = Vec::with_capacity(1 + filled.len() + rest.tensors.len());
+    tensors.push((pending.name(), pending.tensor()?));
+    for f in &filled {
+        tensors.push((f.name(), f.tensor()?));
+    }
+    tensors.extend(rest.tensors);
+    Ok(Outputs { tensors })
 }
 
 /// A planned batch left unwritten ([`Deferred::Values`], a family's `images_deferred`).
-pub fn deferred(
-    planned: Result<(Pending<'_>, Outputs), ProcessorError>,
-) -> Result<Deferred<'_>, ProcessorError> {
-    let (pending, rest) = planned?;
+pub fn deferred<'a>(
+    planned: Result<impl Into<Plan<'a>>, ProcessorError>,
+) -> Result<Deferred<'a>, ProcessorError> {
+    let Plan {
+        pending,
+        filled,
+        rest,
+    } = planned?.into();
     Ok(Deferred::Values {
         pending: Box::new(pending),
+        filled,
         rest,
     })
 }
@@ -285,5 +449,74 @@ unsafe impl Produce for Pending<'_> {
 
     fn writers(&self) -> usize {
         self.threads
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `fill` writes the pattern from its first byte on, whatever the destination's address,
+    /// length and thread count: small, around a staging block, around a cache-line head, and
+    /// streamed pieces on several threads.
+    #[test]
+    fn fill_writes_the_pattern_everywhere() {
+        let pattern = 0x0102_0304_0506_0708_i64.to_le_bytes();
+        let mut buffer = vec![0u8; STREAM_MIN_BYTES + 4096 + 64];
+        for (offset, len, threads) in [
+            (0, 0, 1),
+            (3, 8, 1),
+            (1, 64 * 8, 1),
+            (5, 4096 + 8 * 7, 2),
+            (0, 4096 * 3, 3),
+            (13, 8 * ((1 << 20) / 8 * 3 + 5), 2),
+            (7, STREAM_MIN_BYTES + 4096, 2),
+            (0, STREAM_MIN_BYTES, 1),
+        ] {
+            buffer.fill(0xAA);
+            let out = &mut buffer[offset..offset + len];
+            // SAFETY: `u8` and `MaybeUninit<u8>` have the same layout; the bytes are initialised.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<u8>>(), len)
+            };
+            fill(out, pattern, threads);
+            assert!(buffer[..offset].iter().all(|&b| b == 0xAA));
+            assert!(buffer[offset + len..].iter().all(|&b| b == 0xAA));
+            for (i, &b) in buffer[offset..offset + len].iter().enumerate() {
+                assert_eq!(b, pattern[i % 8], "byte {i} of {len} at offset {offset}");
+            }
+        }
+    }
+
+    /// A filled tensor writes the bytes of its values, as `int64` only, and refuses a
+    /// destination of another size.
+    #[test]
+    fn filled_produces_its_values_bytes() {
+        let filled = Filled::new("pixel_attention_mask", vec![2, 3, 5], 1, 2).unwrap();
+        assert_eq!(filled.byte_len(), 2 * 3 * 5 * 8);
+        let values = filled.values().unwrap();
+        assert_eq!(values, vec![1i64; 30]);
+        let want: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut out = vec![MaybeUninit::new(0u8); want.len() + 1];
+        filled.produce(&mut out[1..], WireDtype::Int64).unwrap();
+        // SAFETY: every byte was initialised above.
+        let got: Vec<u8> = out[1..]
+            .iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(filled.wire_len(WireDtype::Float32), None);
+        assert!(matches!(
+            filled.produce(&mut out[1..], WireDtype::Float32),
+            Err(TensorError::UnsupportedConversion { .. })
+        ));
+        assert!(matches!(
+            filled.produce(&mut out, WireDtype::Int64),
+            Err(TensorError::DestinationSize {
+                expected: 240,
+                actual: 241
+            })
+        ));
+        assert!(Filled::new("mask", vec![usize::MAX, 2], 1, 1).is_err());
     }
 }

@@ -16,7 +16,7 @@ use super::array::{is_ndarray, ImageArray};
 use super::errors::{self, processor_error, Class};
 use crate::memory::recycle;
 use crate::processors::family::TokenIds;
-use crate::processors::pending::Pending;
+use crate::processors::pending::{Filled, Pending};
 use crate::processors::qwen::Patches;
 use crate::processors::value::{BadSize, Raw};
 use crate::processors::{
@@ -347,10 +347,11 @@ pub(crate) struct PyPendingTensor {
     shape: Vec<usize>,
 }
 
-/// The Qwen families' patches, or another family's planned values.
+/// The Qwen families' patches, another family's planned values, or a constant `int64` tensor.
 enum PendingKind {
     Patches(Box<Patches<'static>>),
     Values(Pending<'static>),
+    Filled(Filled),
 }
 
 impl PyPendingTensor {
@@ -359,6 +360,22 @@ impl PyPendingTensor {
         match &*self.inner {
             PendingKind::Patches(patches) => &**patches,
             PendingKind::Values(values) => values,
+            PendingKind::Filled(filled) => filled,
+        }
+    }
+
+    /// The dtypes it can be written as, for messages.
+    pub(crate) fn wire_dtypes(&self) -> &'static str {
+        match &*self.inner {
+            PendingKind::Filled(_) => "int64",
+            _ => "float32 or bfloat16",
+        }
+    }
+
+    fn new(kind: PendingKind, shape: Vec<usize>) -> Self {
+        PyPendingTensor {
+            inner: Arc::new(kind),
+            shape,
         }
     }
 }
@@ -371,6 +388,7 @@ impl PyPendingTensor {
         match &*self.inner {
             PendingKind::Patches(patches) => patches.name(),
             PendingKind::Values(values) => values.name(),
+            PendingKind::Filled(filled) => filled.name(),
         }
     }
 
@@ -379,10 +397,14 @@ impl PyPendingTensor {
         self.shape.clone()
     }
 
-    /// Always `"float32"` (the values computed; `bfloat16` on the wire rounds them).
+    /// `"float32"` (the values computed; `bfloat16` on the wire rounds them), or `"int64"` for a
+    /// tensor of one constant value (Idefics3's `pixel_attention_mask`).
     #[getter]
     fn dtype(&self) -> &'static str {
-        "float32"
+        match &*self.inner {
+            PendingKind::Filled(_) => "int64",
+            _ => "float32",
+        }
     }
 
     /// The size of the tensor in bytes.
@@ -391,6 +413,7 @@ impl PyPendingTensor {
         match &*self.inner {
             PendingKind::Patches(patches) => patches.byte_len(),
             PendingKind::Values(values) => values.byte_len(),
+            PendingKind::Filled(filled) => filled.byte_len(),
         }
     }
 
@@ -402,11 +425,12 @@ impl PyPendingTensor {
         let inner = &*self.inner;
         let values = py
             .detach(|| match inner {
-                PendingKind::Patches(patches) => patches.values(),
-                PendingKind::Values(values) => values.values(),
+                PendingKind::Patches(patches) => patches.values().map(TensorData::F32),
+                PendingKind::Values(values) => values.values().map(TensorData::F32),
+                PendingKind::Filled(filled) => filled.values().map(TensorData::I64),
             })
             .map_err(|e| processor_error(py, &e))?;
-        Ok(PyTensor::new(self.shape(), TensorData::F32(values)))
+        Ok(PyTensor::new(self.shape(), values))
     }
 
     /// reshaped(shape) -> PendingTensor
@@ -455,14 +479,20 @@ fn deferred_to_py(
     };
     match deferred {
         Deferred::Done(outputs) => tensors(outputs),
-        Deferred::Values { pending, rest } => {
+        Deferred::Values {
+            pending,
+            filled,
+            rest,
+        } => {
             let name = pending.name();
             let shape = pending.shape().to_vec();
-            let pending = PyPendingTensor {
-                inner: Arc::new(PendingKind::Values(*pending)),
-                shape,
-            };
+            let pending = PyPendingTensor::new(PendingKind::Values(*pending), shape);
             let mut out = vec![(name, Py::new(py, pending)?.into_any())];
+            for f in filled {
+                let (name, shape) = (f.name(), f.shape().to_vec());
+                let f = PyPendingTensor::new(PendingKind::Filled(f), shape);
+                out.push((name, Py::new(py, f)?.into_any()));
+            }
             out.extend(tensors(rest)?);
             Ok(out)
         }
@@ -472,10 +502,7 @@ fn deferred_to_py(
             let seconds = patches.seconds();
             let name = patches.name();
             let shape = patches.shape().to_vec();
-            let pending = PyPendingTensor {
-                inner: Arc::new(PendingKind::Patches(patches)),
-                shape,
-            };
+            let pending = PyPendingTensor::new(PendingKind::Patches(patches), shape);
             let mut out = vec![
                 (name, Py::new(py, pending)?.into_any()),
                 (
@@ -789,8 +816,13 @@ impl PyPreprocessor {
 fn owned(deferred: Deferred<'_>) -> Result<Deferred<'static>, ProcessorError> {
     Ok(match deferred {
         Deferred::Patches(patches) => Deferred::Patches(Box::new(patches.into_owned()?)),
-        Deferred::Values { pending, rest } => Deferred::Values {
+        Deferred::Values {
+            pending,
+            filled,
+            rest,
+        } => Deferred::Values {
             pending: Box::new(pending.into_owned()?),
+            filled,
             rest,
         },
         Deferred::Done(outputs) => Deferred::Done(outputs),

@@ -325,13 +325,13 @@ enum Item<'py> {
 }
 
 /// A pending tensor goes on the wire as it is written: `float32`, or `bfloat16` (the same
-/// values rounded). `context` names the source (`"sources[2]"`) in the message and the field.
+/// values rounded); a constant one as `int64`. `context` names the source (`"sources[2]"`) in the message and the field.
 fn check_pending(pending: &PyPendingTensor, to: WireDtype, context: Option<&str>) -> PyResult<()> {
     if pending.producer().wire_len(to).is_none() {
         let message = format!(
-            "a PendingTensor ({}) is written as float32 or bfloat16, not {}; materialize() it \
-             to convert",
+            "a PendingTensor ({}) is written as {}, not {}; materialize() it to convert",
             pending.name(),
+            pending.wire_dtypes(),
             to.name()
         );
         let (message, field) = match context {

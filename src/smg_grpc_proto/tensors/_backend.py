@@ -62,6 +62,15 @@ def is_pending(obj: object) -> bool:
     return _PENDING is not None and isinstance(obj, _PENDING)
 
 
+def pending_wire_dtypes(pending: Any) -> tuple[str | None, ...]:
+    """The ``dtype`` arguments under which a pending tensor is written straight into place
+    (``None``: its own dtype): ``float32`` values as ``float32`` or ``bfloat16``, a constant
+    ``int64`` tensor as ``int64``."""
+    if pending.dtype == "int64":
+        return (None, "int64")
+    return (None, "float32", "bfloat16")
+
+
 def _written(src: Any) -> Any:
     """``src``, a pending tensor written into an array for the numpy fallback."""
     return np.asarray(src.materialize()) if _NATIVE is None and is_pending(src) else src

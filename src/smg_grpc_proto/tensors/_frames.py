@@ -125,13 +125,15 @@ class TensorMessage(Generic[M]):
         straight into the serialized request or the shared-memory segment, never copied —
         as ``float32``, or as ``bfloat16`` with ``dtype="bfloat16"`` (half the bytes: each
         value rounded to nearest even, the bits a ``float32`` array converted to ``bfloat16``
-        would have); another ``dtype`` writes them into an array first.
+        would have); an ``int64`` one (a constant mask) as ``int64``; another ``dtype`` writes
+        them into an array first.
         """
-        pending = _backend.is_pending(array) and dtype in (None, "float32", "bfloat16")
+        pending = _backend.is_pending(array) and dtype in _backend.pending_wire_dtypes(array)
         if pending:
             # Not written yet: `serialize` (or `write_shm`, now) computes the values in place.
-            wire_dtype = dtype or "float32"
-            payload, source_dtype = array, "float32"
+            source_dtype = str(array.dtype)
+            wire_dtype = dtype or source_dtype
+            payload = array
             shape = tuple(map(int, array.shape))
             nbytes = int(array.nbytes) // (2 if wire_dtype == "bfloat16" else 1)
         else:

@@ -197,7 +197,8 @@ class DeferredOutput:
 
     ``ready`` holds every computed tensor and the token counts (the ``pending`` names are
     ``None`` there); ``pending`` maps transformers' name (``pixel_values``,
-    ``pixel_values_videos``) to a :class:`smg_grpc_proto._native.PendingTensor`, which
+    ``pixel_values_videos``; Idefics3/SmolVLM also ``pixel_attention_mask``, all ones) to a
+    :class:`smg_grpc_proto._native.PendingTensor`, which
     :meth:`smg_grpc_proto.tensors.TensorMessage.attach` accepts like an array and writes
     straight into the request. :meth:`materialize` gives the complete output.
     """
@@ -378,8 +379,8 @@ class ImageProcessor:
         written only where they are needed — straight into a serialized request by
         :func:`smg_grpc_proto.tensors.serialize`, or into a shared-memory segment — so the
         largest tensor of a request is written once and never copied. So do the Qwen families,
-        GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL and Idefics3/SmolVLM; the other
-        families compute
+        GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL and Idefics3/SmolVLM (whose
+        ``pixel_attention_mask``, all ones, is left unwritten too); the other families compute
         everything now."""
         values = self._values(images, videos, threads, deferred=True)
         pending = {k: v for k, v in values.items() if isinstance(v, _native.PendingTensor)}
