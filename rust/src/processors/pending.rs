@@ -15,7 +15,7 @@
 use std::mem::MaybeUninit;
 
 use super::normalize::Normalize;
-use super::store::{bytes_of, copy_raw, fence, unaligned_of, Unaligned, STREAM_MIN_BYTES};
+use super::store::{bytes_of, copy_raw, fence, unaligned_of, Unaligned, PRODUCE_STREAM_MIN_BYTES};
 use super::{
     checked_len, owned_rgb, parallel, recycle_images, Deferred, OutBuffer, Outputs, ProcessorError,
     Rgb, Tensor, TensorData,
@@ -293,7 +293,9 @@ unsafe impl Produce for Filled {
                 actual: out.len(),
             });
         }
-        fill(out, self.value.to_le_bytes(), self.threads);
+        // Into a message or segment, not read back here: streamed as the Qwen patches are.
+        let stream = out.len() >= PRODUCE_STREAM_MIN_BYTES;
+        fill(out, self.value.to_le_bytes(), self.threads, stream);
         Ok(())
     }
 
@@ -303,16 +305,15 @@ unsafe impl Produce for Filled {
 }
 
 /// Writes `pattern` over and over into every byte of `out` (at any address, a whole number of
-/// patterns): from a staging block in the L1 cache, streamed when `out` is large, in pieces of
-/// at least [`FILL_PIECE`] bytes on up to `threads` threads.
-fn fill(out: &mut [MaybeUninit<u8>], pattern: [u8; 8], threads: usize) {
+/// patterns): from a staging block in the L1 cache, with streaming stores when `stream` is set,
+/// in pieces of at least [`FILL_PIECE`] bytes on up to `threads` threads.
+fn fill(out: &mut [MaybeUninit<u8>], pattern: [u8; 8], threads: usize, stream: bool) {
     const BLOCK: usize = 4096;
     // One pattern more than a block, so that a copy may start at any phase of the pattern.
     let mut staged = [0u8; BLOCK + 8];
     for (i, b) in staged.iter_mut().enumerate() {
         *b = pattern[i % 8];
     }
-    let stream = out.len() >= STREAM_MIN_BYTES;
     // Pieces split on cache lines of the destination (so that no line is shared by two writers);
     // each remembers its offset in `out`, the phase of the pattern it starts at.
     let piece = out.len().div_ceil(threads.max(1)).max(FILL_PIECE);
@@ -456,9 +457,11 @@ unsafe impl Produce for Pending<'_> {
 mod tests {
     use super::*;
 
+    use crate::processors::store::STREAM_MIN_BYTES;
+
     /// `fill` writes the pattern from its first byte on, whatever the destination's address,
-    /// length and thread count: small, around a staging block, around a cache-line head, and
-    /// streamed pieces on several threads.
+    /// length and thread count, streamed or not: small, around a staging block, around a
+    /// cache-line head, and pieces on several threads.
     #[test]
     fn fill_writes_the_pattern_everywhere() {
         let pattern = 0x0102_0304_0506_0708_i64.to_le_bytes();
@@ -473,17 +476,23 @@ mod tests {
             (7, STREAM_MIN_BYTES + 4096, 2),
             (0, STREAM_MIN_BYTES, 1),
         ] {
-            buffer.fill(0xAA);
-            let out = &mut buffer[offset..offset + len];
-            // SAFETY: `u8` and `MaybeUninit<u8>` have the same layout; the bytes are initialised.
-            let out = unsafe {
-                std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<u8>>(), len)
-            };
-            fill(out, pattern, threads);
-            assert!(buffer[..offset].iter().all(|&b| b == 0xAA));
-            assert!(buffer[offset + len..].iter().all(|&b| b == 0xAA));
-            for (i, &b) in buffer[offset..offset + len].iter().enumerate() {
-                assert_eq!(b, pattern[i % 8], "byte {i} of {len} at offset {offset}");
+            for stream in [false, true] {
+                buffer.fill(0xAA);
+                let out = &mut buffer[offset..offset + len];
+                // SAFETY: `u8` and `MaybeUninit<u8>` have the same layout; the bytes are initialised.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<u8>>(), len)
+                };
+                fill(out, pattern, threads, stream);
+                assert!(buffer[..offset].iter().all(|&b| b == 0xAA));
+                assert!(buffer[offset + len..].iter().all(|&b| b == 0xAA));
+                for (i, &b) in buffer[offset..offset + len].iter().enumerate() {
+                    assert_eq!(
+                        b,
+                        pattern[i % 8],
+                        "byte {i} of {len} at offset {offset}, {stream}"
+                    );
+                }
             }
         }
     }

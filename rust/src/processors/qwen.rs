@@ -24,6 +24,7 @@ use crate::tensor::dtype::WireDtype;
 use crate::tensor::wire::Produce;
 use crate::tensor::TensorError;
 
+use super::store::PRODUCE_STREAM_MIN_BYTES;
 use super::{
     checked_len, parallel, prepare_all, prepare_all_indexed, recycle_images, resize_rgb,
     split_lengths, store, Deferred, Input, Options, OutBuffer, Outputs, ProcessorError, Rgb,
@@ -943,15 +944,6 @@ impl<'a> Patches<'a> {
 /// cache (32 MiB on the Zen 3 VM of the benchmarks) and cached stores straight from the
 /// registers were 10-25 % faster per MiniMax-M3-VL call on 8.8-10.4 MB of `pixel_values`.
 pub const WRITE_STREAM_MIN_BYTES: usize = 16 << 20;
-
-/// Written into a message or segment ([`Produce`]), a tensor of at least this many bytes goes
-/// out with streaming stores, far below [`store::STREAM_MIN_BYTES`] (which is for arrays the
-/// caller reads next): nobody here reads those bytes back, and in the whole path (decode,
-/// resize, serialize, parse) storing them through the caches cost more than it saved — each
-/// line read in before it is written, and the decoder's and resizer's buffers evicted for the
-/// next image. Real photos of 0.14–0.3 MP (3–7 MB of `pixel_values`, Qwen2-VL defaults), one
-/// core, whole path: 4–13% faster than with cached stores (`scripts/bench_engines.py`).
-pub const PRODUCE_STREAM_MIN_BYTES: usize = 1 << 20;
 
 // SAFETY: `write_streaming` succeeds only on a destination of exactly `wire_len` bytes, which it splits
 // into one slice per merge-window row (the slices' lengths sum to `byte_len`); each

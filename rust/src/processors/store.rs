@@ -21,6 +21,16 @@ use crate::tensor::convert::f32_to_bf16;
 /// Outputs of at least this many bytes are written with streaming stores.
 pub const STREAM_MIN_BYTES: usize = 8 << 20;
 
+/// Written into a message or segment ([`Produce`](crate::tensor::wire::Produce)), a tensor of at
+/// least this many bytes goes out with streaming stores, far below [`STREAM_MIN_BYTES`] (which
+/// is for arrays the caller reads next): nobody here reads those bytes back, and in the whole
+/// path (decode, resize, serialize, parse) storing them through the caches cost more than it
+/// saved — each line read in before it is written, and the decoder's and resizer's buffers
+/// evicted for the next image. Qwen2-VL's patches on real photos of 0.14–0.3 MP (3–7 MB of
+/// `pixel_values`), one core, whole path: 4–13% faster than with cached stores
+/// (`scripts/bench_engines.py`).
+pub const PRODUCE_STREAM_MIN_BYTES: usize = 1 << 20;
+
 /// Whether an output of `len` `f32` values should be streamed.
 pub fn should_stream(len: usize) -> bool {
     len.saturating_mul(4) >= STREAM_MIN_BYTES
