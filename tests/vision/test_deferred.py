@@ -258,8 +258,9 @@ def test_native_refusals_name_the_numbers() -> None:
 
 # Families whose writes go through `Slot`s plan their pixel values too (`processors/pending.rs`):
 # the same writer fills the eager array and the request, so the bytes must agree everywhere.
-PLANNED = ["llava_next", "gemma3", "internvl", "idefics3"]
-TO_ENGINES = PLANNED
+PLANNED = ["llava_next", "gemma3", "internvl", "idefics3", "mllama"]
+# Llama 3.2 Vision reaches no engine (a cross-attention model, `engines/_tensors.py`).
+TO_ENGINES = [f for f in PLANNED if f != "mllama"]
 
 
 @pytest.mark.parametrize("family", PLANNED)

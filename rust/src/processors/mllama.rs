@@ -27,10 +27,10 @@ use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
+use super::pending::{self, Pending, Tiles};
 use super::value::{as_bool, as_count, as_hw, hf_keys, hw_value, Common, Value, HALF};
 use super::{
-    checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer, Outputs,
-    ProcessorError, Rgb, Tensor, TensorData,
+    prepare_all, resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb, Tensor,
 };
 use crate::image::Filter;
 
@@ -153,7 +153,16 @@ impl FamilyConfig for MllamaConfig {
         inputs: &[Input<'_>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        images(self, normalize, inputs, options)
+        pending::written(plan(self, normalize, inputs, options))
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        pending::deferred(plan(self, normalize, inputs, options))
     }
 
     /// `MllamaProcessor` writes nothing for an image: its `<|image|>` stays one token.
@@ -321,13 +330,14 @@ fn prepare<'a>(
     Ok(Prepared { image, rows, cols })
 }
 
-/// Llama 3.2 Vision on a batch (see the module docs).
-pub fn images(
+/// Llama 3.2 Vision on a batch (see the module docs): `pixel_values` planned (slot `k` of image
+/// `i` a tile of its canvas, row-major, or past its tiles zeros), the other outputs computed.
+fn plan<'a>(
     config: &MllamaConfig,
     normalize: &Normalize,
-    inputs: &[Input<'_>],
+    inputs: &[Input<'a>],
     options: &Options,
-) -> Result<Outputs, ProcessorError> {
+) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     if inputs.is_empty() {
         return Err(ProcessorError::shape(
             "images",
@@ -341,40 +351,13 @@ pub fn images(
     let s = config.tile();
     let t = config.max_image_tiles;
     let batch = prepared.len();
-    let per_tile = checked_len("pixel_values", &[3, s, s], 4)?;
-    let len = checked_len("pixel_values", &[1, batch, t, 3, s, s], 4)?;
-    let mut pixel_values = OutBuffer::new("pixel_values", len)?;
-    // Slot k of image i: a tile of its canvas (row-major) or, past its tiles, zeros.
-    let slices = pixel_values.slices(&vec![per_tile; batch * t]);
-    let jobs: Vec<(usize, &mut [Out])> = slices.into_iter().enumerate().collect();
-    let workers = parallel::workers(options.threads, jobs.len());
-    parallel::map(jobs, workers, |_, (slot, out)| {
-        let p = &prepared[slot / t];
-        let k = slot % t;
-        if k < p.rows * p.cols {
-            let (r, c) = (k / p.cols, k % p.cols);
-            // Outside the resized image lies the canvas's black padding: write_chw writes the
-            // normalised value of a 0 byte there, as transformers pads the u8 image.
-            normalize.write_chw(
-                p.image.view(),
-                (r * s) as isize,
-                (c * s) as isize,
-                s,
-                s,
-                out,
-            );
-        } else {
-            out.fill(Out::new(0.0));
-        }
-    });
-    // SAFETY: the slices of 3·s·s values, one per (image, tile slot), cover the buffer; each is
-    // written whole, by `write_chw` (every value of its `3 × s × s` output) or by `fill`.
-    let pixel_values = unsafe { pixel_values.finish() };
     let ratios = supported_aspect_ratios(t);
     let mut ids = Vec::with_capacity(batch);
     let mut mask = Vec::with_capacity(batch * t);
     let mut tiles = Vec::with_capacity(batch);
-    for p in &prepared {
+    let mut slots = Vec::with_capacity(batch * t);
+    let mut images = Vec::with_capacity(batch);
+    for (i, p) in prepared.into_iter().enumerate() {
         let n = p.rows * p.cols;
         let id = ratios
             .iter()
@@ -383,28 +366,42 @@ pub fn images(
         ids.push(id);
         mask.extend((0..t).map(|k| i64::from(k < n.max(1))));
         tiles.push(n as i64);
+        // Outside the resized image lies the canvas's black padding: `write_chw` writes the
+        // normalised value of a 0 byte there, as transformers pads the u8 image.
+        slots.extend((0..t).map(|k| {
+            (k < n).then(|| {
+                (
+                    i,
+                    (((k / p.cols) * s) as isize, ((k % p.cols) * s) as isize),
+                )
+            })
+        }));
+        images.push(p.image);
     }
-    super::recycle_images(prepared.into_iter().map(|p| p.image));
-    Ok(Outputs {
-        tensors: vec![
-            (
-                "pixel_values",
-                Tensor {
-                    shape: vec![1, batch, t, 3, s, s],
-                    data: TensorData::F32(pixel_values),
-                },
-            ),
-            ("aspect_ratio_ids", Tensor::i64(vec![1, batch], ids)),
-            ("aspect_ratio_mask", Tensor::i64(vec![1, batch, t], mask)),
-            ("num_tiles", Tensor::i64(vec![1, batch], tiles)),
-        ],
-    })
+    let tiles_planned = Tiles {
+        images,
+        slots,
+        size: (s, s),
+        normalize: normalize.clone(),
+        threads: options.threads,
+    };
+    let pending = tiles_planned.pending("pixel_values", vec![1, batch, t, 3, s, s])?;
+    Ok((
+        pending,
+        Outputs {
+            tensors: vec![
+                ("aspect_ratio_ids", Tensor::i64(vec![1, batch], ids)),
+                ("aspect_ratio_mask", Tensor::i64(vec![1, batch, t], mask)),
+                ("num_tiles", Tensor::i64(vec![1, batch], tiles)),
+            ],
+        },
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::processors::{Family, Preprocessor};
+    use crate::processors::{Family, Preprocessor, TensorData};
 
     #[test]
     fn canvases_as_transformers() {
