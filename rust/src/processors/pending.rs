@@ -6,8 +6,8 @@
 //! planned (every image decoded, resized and laid out; its shape known), and its values are
 //! written once, where they travel ([`Produce`]), or into a new buffer when an array is asked
 //! for ([`Pending::values`]). The Qwen families have a writer of their own (`qwen::Patches`,
-//! which also writes `bfloat16` directly); LLaVA-NeXT, Gemma 3, InternVL and Idefics3 plan their
-//! batch as [`Tiles`] (windows of resized images, and padding), and their eager path runs the
+//! which also writes `bfloat16` directly); LLaVA-NeXT, Gemma 3, InternVL, Idefics3 and Llama 3.2
+//! Vision plan their batch as [`Tiles`] (windows of resized images, and padding), and their eager path runs the
 //! same writer on a new buffer, so both paths give the same bytes by construction. A writer is
 //! a [`WriteValues`]. A tensor of one constant value (Idefics3's `pixel_attention_mask`, all
 //! ones) is planned as a [`Filled`].
@@ -127,7 +127,8 @@ impl<'a> Pending<'a> {
     }
 }
 
-/// The writer of every tiled family here (LLaVA-NeXT, Gemma 3, InternVL, Idefics3): `pixel_values`
+/// The writer of every tiled family here (LLaVA-NeXT, Gemma 3, InternVL, Idefics3, Llama 3.2
+/// Vision): `pixel_values`
 /// as a run of `3 × h × w` slots, each an `h × w` window of one of `images` written
 /// channels-first (`Normalize::write_chw`: outside the image, the normalised zero) or, for a
 /// batch's padding, zeros; one slot per job.
