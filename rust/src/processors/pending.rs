@@ -184,7 +184,7 @@ unsafe impl WriteValues for Tiles<'_> {
                 self.normalize
                     .write_chw(self.images[image].view(), top, left, h, w, out)
             }
-            None => out.iter_mut().for_each(|v| v.set(0.0)),
+            None => Unaligned::zero(out),
         });
     }
 

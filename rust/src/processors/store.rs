@@ -55,6 +55,18 @@ impl Unaligned {
     pub fn set(&mut self, value: f32) {
         self.0 = value.to_le_bytes().map(MaybeUninit::new);
     }
+
+    /// Sets every value of `values` to `0.0`, whose bytes are all zero: one `memset` (a loop of
+    /// [`set`](Self::set) stores four bytes at a time).
+    pub fn zero(values: &mut [Unaligned]) {
+        let len = std::mem::size_of_val(values);
+        // SAFETY: `Unaligned` is 4 `MaybeUninit<u8>` (size 4, alignment 1), so the pointer and
+        // length cover exactly the memory of `values`, reborrowed mutably; any bytes are valid.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<MaybeUninit<u8>>(), len)
+        };
+        bytes.fill(MaybeUninit::new(0));
+    }
 }
 
 /// `bytes` (a whole number of values, at any address) as output values.
@@ -322,6 +334,23 @@ pub fn fence(streamed: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Unaligned::zero` writes the bytes of `0.0` over every value it is given, at any address,
+    /// and nothing around them.
+    #[test]
+    fn zero_writes_exactly_its_values() {
+        for (offset, count) in [(0, 0), (1, 1), (3, 17), (2, 4099)] {
+            let mut bytes = vec![MaybeUninit::new(0xAAu8); offset + 4 * count + 5];
+            let values = unaligned_of(&mut bytes[offset..offset + 4 * count]);
+            values.iter_mut().for_each(|v| v.set(-1.5));
+            Unaligned::zero(values);
+            // SAFETY: every byte was initialised above.
+            let got: Vec<u8> = bytes.iter().map(|b| unsafe { b.assume_init() }).collect();
+            assert!(got[..offset].iter().all(|&b| b == 0xAA));
+            assert!(got[offset..offset + 4 * count].iter().all(|&b| b == 0));
+            assert!(got[offset + 4 * count..].iter().all(|&b| b == 0xAA));
+        }
+    }
 
     #[test]
     fn bf16_rows_round_like_the_wire_conversion() {
