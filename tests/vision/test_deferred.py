@@ -258,7 +258,7 @@ def test_native_refusals_name_the_numbers() -> None:
 
 # Families whose writes go through `Slot`s plan their pixel values too (`processors/pending.rs`):
 # the same writer fills the eager array and the request, so the bytes must agree everywhere.
-PLANNED = ["llava_next", "gemma3", "internvl", "idefics3", "mllama"]
+PLANNED = ["llava_next", "gemma3", "internvl", "idefics3", "mllama", "gemma4", "gemma4_unified"]
 # Llama 3.2 Vision reaches no engine (a cross-attention model, `engines/_tensors.py`).
 TO_ENGINES = [f for f in PLANNED if f != "mllama"]
 
@@ -284,12 +284,22 @@ def test_planned_families_defer_and_materialise_the_eager_output(family: str) ->
     assert list(pending.shape) == list(eager.pixel_values.shape)
     assert pending.nbytes == eager.pixel_values.nbytes
     assert deferred.ready.num_image_tokens == eager.num_image_tokens
-    # More tiles or crops than images (LLaVA-NeXT keeps them in a dimension of their own,
-    # Idefics3 behind a sample dimension of 1, Llama 3.2 Vision both).
+    # More tiles, crops or patches than images (LLaVA-NeXT keeps them in a dimension of their
+    # own, Idefics3 behind a sample dimension of 1, Llama 3.2 Vision both, Gemma 4 per image).
     shape = eager.pixel_values.shape
     rows = {"idefics3": shape[1], "mllama": shape[1] * shape[2]}.get(family, shape[0])
+    if family.startswith("gemma4"):
+        rows = shape[0] * shape[1]
     assert rows > len(images) or family == "llava_next"
-    for name in ("image_sizes", "num_crops", "num_patches", "rows", "cols"):
+    for name in (
+        "image_sizes",
+        "num_crops",
+        "num_patches",
+        "rows",
+        "cols",
+        "image_position_ids",
+        "num_soft_tokens_per_image",
+    ):
         if getattr(eager, name) is not None:
             np.testing.assert_array_equal(getattr(deferred.ready, name), getattr(eager, name))
     materialized = deferred.materialize()

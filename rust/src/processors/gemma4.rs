@@ -13,16 +13,19 @@
 //! Videos (`Gemma4VideoProcessor`, torchvision-only) are not reproduced here.
 //!
 //! Gemma 4 unified (`gemma4_unified`) wraps this configuration and shares the target size, the
-//! patch writer and the prompt replacement.
+//! patch writer and the prompt replacement. Both plan their `pixel_values` ([`plan_patches`]):
+//! written once, where they travel, or into a new buffer for the eager output.
 
 use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
+use super::pending::{self, Pending, WriteValues};
+use super::store::Unaligned;
 use super::value::{as_count, hf_only, Common, Value, HF_COMMON};
 use super::{
-    check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Out, OutBuffer,
-    Outputs, ProcessorError, Rgb, Tensor, TensorData,
+    check_side, checked_len, owned_rgb, parallel, prepare_all, recycle_images, resize_rgb,
+    Deferred, Input, Options, Outputs, ProcessorError, Rgb, Tensor,
 };
 use crate::memory::fallible;
 
@@ -137,7 +140,16 @@ impl FamilyConfig for Gemma4Config {
         inputs: &[Input<'_>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        images(self, normalize, inputs, options)
+        pending::written(plan(self, normalize, inputs, options))
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        pending::deferred(plan(self, normalize, inputs, options))
     }
 
     /// `Gemma4Processor` / `Gemma4UnifiedProcessor`: `num_soft_tokens_per_image` soft tokens
@@ -300,44 +312,47 @@ fn prepare<'a>(
 pub(crate) type Lut = [[f32; 256]; 3];
 
 /// Writes one image's `side × side` patches in row-major order (each flattened channels-last,
-/// `(py, px, c)`, through `lut`) and the zero padding after them.
-fn write_patches(lut: &Lut, rgb: &Rgb<'_>, side: usize, out: &mut [Out]) {
+/// `(py, px, c)`, through `lut`) and the zero padding after them: every value of `out`, a whole
+/// number of patches.
+fn write_patches(lut: &Lut, rgb: &Rgb<'_>, side: usize, out: &mut [Unaligned]) {
     let row_len = side * 3;
     let (rows, cols) = (rgb.height / side, rgb.width / side);
     let stride = rgb.width * 3;
     let mut chunks = out.chunks_exact_mut(side * row_len);
-    for gy in 0..rows {
+    'grid: for gy in 0..rows {
         for gx in 0..cols {
-            let Some(dst) = chunks.next() else { return };
+            let Some(dst) = chunks.next() else {
+                break 'grid;
+            };
             for (py, dst_row) in dst.chunks_exact_mut(row_len).enumerate() {
                 let start = (gy * side + py) * stride + gx * row_len;
                 let src = &rgb.data[start..start + row_len];
                 for (slots, px) in dst_row.chunks_exact_mut(3).zip(src.chunks_exact(3)) {
-                    slots[0].write(lut[0][usize::from(px[0])]);
-                    slots[1].write(lut[1][usize::from(px[1])]);
-                    slots[2].write(lut[2][usize::from(px[2])]);
+                    slots[0].set(lut[0][usize::from(px[0])]);
+                    slots[1].set(lut[1][usize::from(px[1])]);
+                    slots[2].set(lut[2][usize::from(px[2])]);
                 }
             }
         }
     }
     for dst in chunks {
-        dst.fill(Out::new(0.0));
+        Unaligned::zero(dst);
     }
 }
 
-/// Gemma 4 on a batch (see the module docs).
-pub fn images(
+/// Gemma 4 on a batch (see the module docs): `pixel_values` planned.
+fn plan<'a>(
     config: &Gemma4Config,
     normalize: &Normalize,
-    inputs: &[Input<'_>],
+    inputs: &[Input<'a>],
     options: &Options,
-) -> Result<Outputs, ProcessorError> {
+) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
     let lut: Lut = std::array::from_fn(|c| std::array::from_fn(|v| normalize.value(c, v as u8)));
     let pool2 = config.pooling_kernel_size * config.pooling_kernel_size;
-    patch_outputs(
+    plan_patches(
         prepared,
         config.patch_size,
         config.max_patches(),
@@ -347,19 +362,74 @@ pub fn images(
     )
 }
 
+/// The writer of Gemma 4's `pixel_values` (and Gemma 4 unified's): each image's patches, then
+/// zeros up to `slots` patches; one image per job.
+struct PatchWriter<'a> {
+    images: Vec<Rgb<'a>>,
+    side: usize,
+    slots: usize,
+    lut: Box<Lut>,
+    threads: usize,
+}
+
+impl PatchWriter<'_> {
+    fn workers(&self) -> usize {
+        parallel::workers(self.threads, self.images.len())
+    }
+}
+
+// SAFETY: `write` checks that `out` holds `slots · side² · 3` values per image and hands each
+// image exactly its share: `write_patches` writes every value of it (its patches, at most
+// `slots`, then zeros for every remaining patch; a grid of more patches than `slots`, which the
+// callers' `prepare` refuses, would stop at the last slot).
+unsafe impl WriteValues for PatchWriter<'_> {
+    fn write(&self, out: &mut [Unaligned]) {
+        let per_image = self.slots * self.side * self.side * 3;
+        // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
+        assert_eq!(out.len(), self.images.len() * per_image, "patch slots");
+        if per_image == 0 {
+            return;
+        }
+        let jobs: Vec<_> = self.images.iter().zip(out.chunks_mut(per_image)).collect();
+        parallel::map(jobs, self.workers(), |_, (rgb, out)| {
+            write_patches(&self.lut, rgb, self.side, out)
+        });
+    }
+
+    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
+        let images = std::mem::take(&mut self.images)
+            .into_iter()
+            .map(owned_rgb)
+            .collect::<Result<_, _>>()?;
+        Ok(Box::new(PatchWriter {
+            images,
+            side: self.side,
+            slots: self.slots,
+            lut: self.lut.clone(),
+            threads: self.threads,
+        }))
+    }
+}
+
+impl Drop for PatchWriter<'_> {
+    fn drop(&mut self) {
+        recycle_images(std::mem::take(&mut self.images));
+    }
+}
+
 /// The outputs of images whose sides are multiples of `side`: `pixel_values`
-/// `(B, slots, side² · 3)` (each image's `side × side` patches, row-major, channels-last
-/// through `lut`, zero-padded to `slots`), `image_position_ids` `(B, slots, 2)` (`(x, y)` of
-/// each patch, `(-1, -1)` for the padding) and `num_soft_tokens_per_image` (patches /
-/// `per_token`). Every image has at most `slots` patches.
-pub(crate) fn patch_outputs(
-    prepared: Vec<Rgb<'_>>,
+/// `(B, slots, side² · 3)` planned (each image's `side × side` patches, row-major,
+/// channels-last through `lut`, zero-padded to `slots`), `image_position_ids` `(B, slots, 2)`
+/// (`(x, y)` of each patch, `(-1, -1)` for the padding) and `num_soft_tokens_per_image`
+/// (patches / `per_token`). Every image has at most `slots` patches.
+pub(crate) fn plan_patches<'a>(
+    prepared: Vec<Rgb<'a>>,
     side: usize,
     slots: usize,
     per_token: usize,
     lut: &Lut,
     options: &Options,
-) -> Result<Outputs, ProcessorError> {
+) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     if prepared.is_empty() {
         return Err(ProcessorError::shape(
             "images",
@@ -369,20 +439,6 @@ pub(crate) fn patch_outputs(
     }
     let batch = prepared.len();
     let patch_len = side * side * 3;
-    let per_image = checked_len("pixel_values", &[slots, patch_len], 4)?;
-    let len = checked_len("pixel_values", &[batch, slots, patch_len], 4)?;
-    let mut pixel_values = OutBuffer::new("pixel_values", len)?;
-    let out_slices = pixel_values.slices(&vec![per_image; batch]);
-    let jobs: Vec<(&Rgb<'_>, &mut [Out])> = prepared.iter().zip(out_slices).collect();
-    let workers = parallel::workers(options.threads, jobs.len());
-    parallel::map(jobs, workers, |_, (rgb, out)| {
-        write_patches(lut, rgb, side, out)
-    });
-    // SAFETY: one slice of slots · patch_len values per image covers the buffer, and
-    // `write_patches` writes every value of its slice: its patches (at most `slots`, which the
-    // callers' `prepare` checks), then zeros for every remaining patch.
-    let pixel_values = unsafe { pixel_values.finish() };
-
     let positions_len = checked_len("image_position_ids", &[batch, slots, 2], 8)?;
     let mut positions = fallible::with_capacity(positions_len)
         .map_err(ProcessorError::oom("image_position_ids"))?;
@@ -398,29 +454,38 @@ pub(crate) fn patch_outputs(
         positions.extend(std::iter::repeat_n(-1i64, (slots - n) * 2));
         soft.push((n / per_token) as i64);
     }
-    super::recycle_images(prepared);
-    Ok(Outputs {
-        tensors: vec![
-            (
-                "pixel_values",
-                Tensor {
-                    shape: vec![batch, slots, patch_len],
-                    data: TensorData::F32(pixel_values),
-                },
-            ),
-            (
-                "image_position_ids",
-                Tensor::i64(vec![batch, slots, 2], positions),
-            ),
-            ("num_soft_tokens_per_image", Tensor::i64(vec![batch], soft)),
-        ],
-    })
+    let writer = PatchWriter {
+        images: prepared,
+        side,
+        slots,
+        lut: Box::new(*lut),
+        threads: options.threads,
+    };
+    let workers = writer.workers();
+    let pending = Pending::new(
+        "pixel_values",
+        vec![batch, slots, patch_len],
+        workers,
+        Box::new(writer),
+    )?;
+    Ok((
+        pending,
+        Outputs {
+            tensors: vec![
+                (
+                    "image_position_ids",
+                    Tensor::i64(vec![batch, slots, 2], positions),
+                ),
+                ("num_soft_tokens_per_image", Tensor::i64(vec![batch], soft)),
+            ],
+        },
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::processors::{Family, Preprocessor};
+    use crate::processors::{Family, Preprocessor, TensorData};
 
     #[test]
     fn sizes_as_transformers() {

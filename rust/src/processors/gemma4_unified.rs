@@ -11,7 +11,7 @@
 //! `patches_merge` orders the teacher patches kernel by kernel (row-major over the kernels,
 //! row-major within one), then lays each group of `k²` out as `(k, p, k, q, c)`: that is the
 //! `(k·p) × (k·p)` block of the image under the kernel, row by row, channels-last. So a merged
-//! patch is a Gemma 4 patch of side `k · patch_size` ([`super::gemma4::patch_outputs`]); its
+//! patch is a Gemma 4 patch of side `k · patch_size` ([`super::gemma4::plan_patches`]); its
 //! position is the kernel's `(x, y)` (the minimum of its teacher positions divided by `k`),
 //! `(-1, -1)` for the padding up to `max_soft_tokens`.
 //!
@@ -26,11 +26,12 @@
 //! `max_soft_tokens` kernels. Videos (`Gemma4UnifiedVideoProcessor`) are not reproduced.
 
 use super::family::{FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens};
-use super::gemma4::{self, patch_outputs, target_size, Gemma4Config, Lut, GEMMA4};
+use super::gemma4::{self, plan_patches, target_size, Gemma4Config, Lut, GEMMA4};
 use super::normalize::Normalize;
+use super::pending::{self, Pending};
 use super::torch_backend::{self as tb};
 use super::value::{Common, Value};
-use super::{check_side, prepare_all, Input, Options, Outputs, ProcessorError, Rgb};
+use super::{check_side, prepare_all, Deferred, Input, Options, Outputs, ProcessorError, Rgb};
 
 /// Gemma 4 unified: `Gemma4UnifiedImageProcessor`, with Gemma 4's keys (`size` unused;
 /// `patch_size`, `max_soft_tokens`, `pooling_kernel_size`).
@@ -88,7 +89,16 @@ impl FamilyConfig for Gemma4UnifiedConfig {
         inputs: &[Input<'_>],
         options: &Options,
     ) -> Result<Outputs, ProcessorError> {
-        images(&self.0, inputs, options)
+        pending::written(plan(&self.0, inputs, options))
+    }
+
+    fn images_deferred<'a>(
+        &self,
+        _normalize: &Normalize,
+        inputs: &[Input<'a>],
+        options: &Options,
+    ) -> Result<Deferred<'a>, ProcessorError> {
+        pending::deferred(plan(&self.0, inputs, options))
     }
 
     /// `Gemma4UnifiedProcessor`: `num_soft_tokens_per_image` soft tokens per image.
@@ -207,17 +217,17 @@ fn prepare<'a>(
     Ok(rgb)
 }
 
-/// Gemma 4 unified on a batch (see the module docs).
-pub fn images(
+/// Gemma 4 unified on a batch (see the module docs): `pixel_values` planned.
+fn plan<'a>(
     config: &Gemma4Config,
-    inputs: &[Input<'_>],
+    inputs: &[Input<'a>],
     options: &Options,
-) -> Result<Outputs, ProcessorError> {
+) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     let prepared = prepare_all(inputs, options, |rgb, threads| {
         prepare(config, rgb, threads)
     })?;
     let lut = table(config);
-    patch_outputs(
+    plan_patches(
         prepared,
         config.pooling_kernel_size * config.patch_size,
         config.max_soft_tokens,
