@@ -380,8 +380,8 @@ class Preprocessor:
         max_pixels: int | None,
     ) -> list[tuple[str, Tensor | PendingTensor]]:
         """:meth:`images`, ``pixel_values`` left as a :class:`PendingTensor` where the family
-        plans it (Qwen, GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL, Idefics3, Llama 3.2
-        Vision), and
+        plans it (Qwen, GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, Gemma 4, InternVL, Idefics3,
+        Llama 3.2 Vision), and
         Idefics3's ``pixel_attention_mask`` (all ones) too."""
 
     def videos_deferred(

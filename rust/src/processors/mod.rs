@@ -234,8 +234,8 @@ impl Preprocessor {
     /// [`images`](Self::images), leaving `pixel_values` unwritten so that they can be written
     /// straight into their destination: the Qwen families' (and GLM's, MiniMax-M3-VL's) as
     /// [`Deferred::Patches`], whose [`qwen::Patches::tokens`] counts the tokens; LLaVA-NeXT's,
-    /// Gemma 3's, InternVL's, Idefics3's and Llama 3.2 Vision's as [`Deferred::Values`]; every
-    /// other family's outputs are computed ([`Deferred::Done`]).
+    /// Gemma 3's, Gemma 4's, InternVL's, Idefics3's and Llama 3.2 Vision's as
+    /// [`Deferred::Values`]; every other family's outputs are computed ([`Deferred::Done`]).
     pub fn images_deferred<'a>(
         &self,
         inputs: &[Input<'a>],

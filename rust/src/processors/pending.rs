@@ -7,9 +7,9 @@
 //! written once, where they travel ([`Produce`]), or into a new buffer when an array is asked
 //! for ([`Pending::values`]). The Qwen families have a writer of their own (`qwen::Patches`,
 //! which also writes `bfloat16` directly); LLaVA-NeXT, Gemma 3, InternVL, Idefics3 and Llama 3.2
-//! Vision plan their batch as [`Tiles`] (windows of resized images, and padding), and their eager path runs the
-//! same writer on a new buffer, so both paths give the same bytes by construction. A writer is
-//! a [`WriteValues`]. A tensor of one constant value (Idefics3's `pixel_attention_mask`, all
+//! Vision plan their batch as [`Tiles`] (windows of resized images, and padding), Gemma 4 as its
+//! patches (`gemma4::plan_patches`); their eager path runs the same writer on a new buffer, so
+//! both paths give the same bytes by construction. A writer is a [`WriteValues`]. A tensor of one constant value (Idefics3's `pixel_attention_mask`, all
 //! ones) is planned as a [`Filled`].
 
 use std::mem::MaybeUninit;

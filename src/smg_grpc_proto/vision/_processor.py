@@ -379,7 +379,8 @@ class ImageProcessor:
         written only where they are needed — straight into a serialized request by
         :func:`smg_grpc_proto.tensors.serialize`, or into a shared-memory segment — so the
         largest tensor of a request is written once and never copied. So do the Qwen families,
-        GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, InternVL, Llama 3.2 Vision and Idefics3/SmolVLM
+        GLM, MiniMax-M3-VL, LLaVA-NeXT, Gemma 3, Gemma 4, InternVL, Llama 3.2 Vision and
+        Idefics3/SmolVLM
         (whose ``pixel_attention_mask``, all ones, is left unwritten too); the other families
         compute everything now."""
         values = self._values(images, videos, threads, deferred=True)
