@@ -26,8 +26,7 @@ use super::value::{
     as_bool, as_count, as_float, as_size, hf_keys, size_value, Common, Value, HALF,
 };
 use super::{
-    check_side, prepare_all, resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb,
-    Tensor,
+    check_side, prepare_all, resize_rgb, Input, Options, Outputs, ProcessorError, Rgb, Tensor,
 };
 use crate::image::Filter;
 use crate::memory::fallible;
@@ -164,24 +163,8 @@ impl FamilyConfig for Gemma3Config {
         Ok(())
     }
 
-    /// Gemma 3 on a batch (see the module docs).
-    fn images(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'_>],
-        options: &Options,
-    ) -> Result<Outputs, ProcessorError> {
-        pending::written(plan(self, normalize, inputs, options))
-    }
-
-    fn images_deferred<'a>(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'a>],
-        options: &Options,
-    ) -> Result<Deferred<'a>, ProcessorError> {
-        pending::deferred(plan(self, normalize, inputs, options))
-    }
+    // Gemma 3 on a batch (see the module docs).
+    pending::planned_images!(plan);
 
     /// `Gemma3Processor`: `(1 + num_crops) · image_seq_length` image tokens per image.
     fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {

@@ -24,8 +24,8 @@ use super::pending::{self, Pending, WriteValues};
 use super::store::Unaligned;
 use super::value::{as_count, hf_only, Common, Value, HF_COMMON};
 use super::{
-    check_side, checked_len, owned_rgb, parallel, prepare_all, recycle_images, resize_rgb,
-    Deferred, Input, Options, Outputs, ProcessorError, Rgb, Tensor,
+    check_side, checked_len, owned_rgb, parallel, prepare_all, recycle_images, resize_rgb, Input,
+    Options, Outputs, ProcessorError, Rgb, Tensor,
 };
 use crate::memory::fallible;
 
@@ -134,23 +134,7 @@ impl FamilyConfig for Gemma4Config {
         Ok(())
     }
 
-    fn images(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'_>],
-        options: &Options,
-    ) -> Result<Outputs, ProcessorError> {
-        pending::written(plan(self, normalize, inputs, options))
-    }
-
-    fn images_deferred<'a>(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'a>],
-        options: &Options,
-    ) -> Result<Deferred<'a>, ProcessorError> {
-        pending::deferred(plan(self, normalize, inputs, options))
-    }
+    pending::planned_images!(plan);
 
     /// `Gemma4Processor` / `Gemma4UnifiedProcessor`: `num_soft_tokens_per_image` soft tokens
     /// per image.

@@ -31,7 +31,7 @@ use super::normalize::Normalize;
 use super::pending::{self, Pending};
 use super::torch_backend::{self as tb};
 use super::value::{Common, Value};
-use super::{check_side, prepare_all, Deferred, Input, Options, Outputs, ProcessorError, Rgb};
+use super::{check_side, prepare_all, Input, Options, Outputs, ProcessorError, Rgb};
 
 /// Gemma 4 unified: `Gemma4UnifiedImageProcessor`, with Gemma 4's keys (`size` unused;
 /// `patch_size`, `max_soft_tokens`, `pooling_kernel_size`).
@@ -83,23 +83,7 @@ impl FamilyConfig for Gemma4UnifiedConfig {
         validate(&self.0)
     }
 
-    fn images(
-        &self,
-        _normalize: &Normalize,
-        inputs: &[Input<'_>],
-        options: &Options,
-    ) -> Result<Outputs, ProcessorError> {
-        pending::written(plan(&self.0, inputs, options))
-    }
-
-    fn images_deferred<'a>(
-        &self,
-        _normalize: &Normalize,
-        inputs: &[Input<'a>],
-        options: &Options,
-    ) -> Result<Deferred<'a>, ProcessorError> {
-        pending::deferred(plan(&self.0, inputs, options))
-    }
+    pending::planned_images!(plan);
 
     /// `Gemma4UnifiedProcessor`: `num_soft_tokens_per_image` soft tokens per image.
     fn image_tokens(&self, outputs: &Outputs, vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
@@ -217,9 +201,11 @@ fn prepare<'a>(
     Ok(rgb)
 }
 
-/// Gemma 4 unified on a batch (see the module docs): `pixel_values` planned.
+/// Gemma 4 unified on a batch (see the module docs): `pixel_values` planned (its own table of
+/// values stands in for `normalize`).
 fn plan<'a>(
-    config: &Gemma4Config,
+    Gemma4UnifiedConfig(config): &Gemma4UnifiedConfig,
+    _normalize: &Normalize,
     inputs: &[Input<'a>],
     options: &Options,
 ) -> Result<(Pending<'a>, Outputs), ProcessorError> {

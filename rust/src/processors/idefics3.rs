@@ -29,8 +29,7 @@ use super::normalize::Normalize;
 use super::pending::{self, Filled, Plan, Tiles};
 use super::value::{as_bool, as_count, hf_keys, BadSize, Common, Raw, RawMap, Value};
 use super::{
-    check_side, prepare_all, resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb,
-    Tensor,
+    check_side, prepare_all, resize_rgb, Input, Options, Outputs, ProcessorError, Rgb, Tensor,
 };
 use crate::image::Filter;
 
@@ -192,24 +191,8 @@ impl FamilyConfig for Idefics3Config {
         Ok(())
     }
 
-    /// Idefics3 / SmolVLM on a batch (see the module docs).
-    fn images(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'_>],
-        options: &Options,
-    ) -> Result<Outputs, ProcessorError> {
-        pending::written(plan(self, normalize, inputs, options))
-    }
-
-    fn images_deferred<'a>(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'a>],
-        options: &Options,
-    ) -> Result<Deferred<'a>, ProcessorError> {
-        pending::deferred(plan(self, normalize, inputs, options))
-    }
+    // Idefics3 / SmolVLM on a batch (see the module docs).
+    pending::planned_images!(plan);
 
     /// `get_image_prompt_string`: `(rows · cols + 1) · image_seq_len` `<image>` tokens per
     /// image (`rows == cols == 0`: not split, one global image).

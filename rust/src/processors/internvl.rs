@@ -26,8 +26,7 @@ use super::pending::{self, Pending, Tiles};
 use super::sizes::SizeSpec;
 use super::value::{as_bool, as_count, as_size, hf_keys, size_value, Common, Value};
 use super::{
-    check_side, prepare_all, resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb,
-    Tensor,
+    check_side, prepare_all, resize_rgb, Input, Options, Outputs, ProcessorError, Rgb, Tensor,
 };
 use crate::image::Filter;
 
@@ -153,24 +152,8 @@ impl FamilyConfig for InternVlConfig {
         Ok(())
     }
 
-    /// InternVL on a batch (see the module docs).
-    fn images(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'_>],
-        options: &Options,
-    ) -> Result<Outputs, ProcessorError> {
-        pending::written(plan(self, normalize, inputs, options))
-    }
-
-    fn images_deferred<'a>(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'a>],
-        options: &Options,
-    ) -> Result<Deferred<'a>, ProcessorError> {
-        pending::deferred(plan(self, normalize, inputs, options))
-    }
+    // InternVL on a batch (see the module docs).
+    pending::planned_images!(plan);
 
     /// `InternVLProcessor`: `num_patches · image_seq_length` `<IMG_CONTEXT>` tokens per image.
     fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {

@@ -22,8 +22,8 @@ use super::value::{
     CLIP_MEAN, CLIP_STD,
 };
 use super::{
-    check_image, check_side, checked_len, prepare_all, resize_rgb, Deferred, Input, Options,
-    Outputs, ProcessorError, Rgb, Tensor,
+    check_image, check_side, checked_len, prepare_all, resize_rgb, Input, Options, Outputs,
+    ProcessorError, Rgb, Tensor,
 };
 use crate::memory::fallible;
 use std::borrow::Cow;
@@ -167,24 +167,8 @@ impl FamilyConfig for LlavaNextConfig {
         check_crop(self.do_center_crop, self.crop_size)
     }
 
-    /// LLaVA-NeXT on a batch (see the module docs).
-    fn images(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'_>],
-        options: &Options,
-    ) -> Result<Outputs, ProcessorError> {
-        pending::written(plan(self, normalize, inputs, options))
-    }
-
-    fn images_deferred<'a>(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'a>],
-        options: &Options,
-    ) -> Result<Deferred<'a>, ProcessorError> {
-        pending::deferred(plan(self, normalize, inputs, options))
-    }
+    // LLaVA-NeXT on a batch (see the module docs).
+    pending::planned_images!(plan);
 
     /// `LlavaNextProcessor._get_number_of_features` per image: needs [`VisionTokens`].
     fn image_tokens(&self, outputs: &Outputs, vision: Option<&VisionTokens>) -> Option<Vec<i64>> {
@@ -447,7 +431,7 @@ fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::processors::{Family, Preprocessor, TensorData};
+    use crate::processors::{Deferred, Family, Preprocessor, TensorData};
 
     const PINPOINTS: [(usize, usize); 5] =
         [(336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)];

@@ -29,9 +29,7 @@ use super::family::{
 use super::normalize::Normalize;
 use super::pending::{self, Pending, Tiles};
 use super::value::{as_bool, as_count, as_hw, hf_keys, hw_value, Common, Value, HALF};
-use super::{
-    prepare_all, resize_rgb, Deferred, Input, Options, Outputs, ProcessorError, Rgb, Tensor,
-};
+use super::{prepare_all, resize_rgb, Input, Options, Outputs, ProcessorError, Rgb, Tensor};
 use crate::image::Filter;
 
 /// Ours: transformers bounds `max_image_tiles` by nothing; the canvases and every image's
@@ -147,23 +145,7 @@ impl FamilyConfig for MllamaConfig {
         Ok(())
     }
 
-    fn images(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'_>],
-        options: &Options,
-    ) -> Result<Outputs, ProcessorError> {
-        pending::written(plan(self, normalize, inputs, options))
-    }
-
-    fn images_deferred<'a>(
-        &self,
-        normalize: &Normalize,
-        inputs: &[Input<'a>],
-        options: &Options,
-    ) -> Result<Deferred<'a>, ProcessorError> {
-        pending::deferred(plan(self, normalize, inputs, options))
-    }
+    pending::planned_images!(plan);
 
     /// `MllamaProcessor` writes nothing for an image: its `<|image|>` stays one token.
     fn image_tokens(&self, outputs: &Outputs, _vision: Option<&VisionTokens>) -> Option<Vec<i64>> {

@@ -282,18 +282,7 @@ unsafe impl Produce for Filled {
     }
 
     fn produce(&self, out: &mut [MaybeUninit<u8>], dtype: WireDtype) -> Result<(), TensorError> {
-        let expected = self
-            .wire_len(dtype)
-            .ok_or(TensorError::UnsupportedConversion {
-                from: WireDtype::Int64,
-                to: dtype,
-            })?;
-        if out.len() != expected {
-            return Err(TensorError::DestinationSize {
-                expected,
-                actual: out.len(),
-            });
-        }
+        check_destination(self.wire_len(dtype), WireDtype::Int64, dtype, out.len())?;
         // Into a message or segment, not read back here: streamed as the Qwen patches are.
         let stream = out.len() >= PRODUCE_STREAM_MIN_BYTES;
         fill(out, self.value.to_le_bytes(), self.threads, stream);
@@ -303,6 +292,21 @@ unsafe impl Produce for Filled {
     fn writers(&self) -> usize {
         self.threads
     }
+}
+
+/// What a planned tensor's `produce` checks first: that it writes `to` (`wire_len`, `None`
+/// when not; `from` is the dtype it holds), into exactly `wire_len` bytes (`actual`).
+fn check_destination(
+    wire_len: Option<usize>,
+    from: WireDtype,
+    to: WireDtype,
+    actual: usize,
+) -> Result<(), TensorError> {
+    let expected = wire_len.ok_or(TensorError::UnsupportedConversion { from, to })?;
+    if actual != expected {
+        return Err(TensorError::DestinationSize { expected, actual });
+    }
+    Ok(())
 }
 
 /// Writes `pattern` over and over into every byte of `out` (at any address, a whole number of
@@ -342,6 +346,32 @@ fn fill(out: &mut [MaybeUninit<u8>], pattern: [u8; 8], threads: usize, stream: b
         fence(stream);
     });
 }
+
+/// `FamilyConfig::images` and `images_deferred` of a family whose batch is planned by
+/// `$plan(self, normalize, inputs, options)` (a [`Plan`], or a pending tensor and the other
+/// outputs): [`written`] and [`deferred`] of the same plan.
+macro_rules! planned_images {
+    ($plan:path) => {
+        fn images(
+            &self,
+            normalize: &$crate::processors::normalize::Normalize,
+            inputs: &[$crate::processors::Input<'_>],
+            options: &$crate::processors::Options,
+        ) -> Result<$crate::processors::Outputs, $crate::processors::ProcessorError> {
+            $crate::processors::pending::written($plan(self, normalize, inputs, options))
+        }
+
+        fn images_deferred<'a>(
+            &self,
+            normalize: &$crate::processors::normalize::Normalize,
+            inputs: &[$crate::processors::Input<'a>],
+            options: &$crate::processors::Options,
+        ) -> Result<$crate::processors::Deferred<'a>, $crate::processors::ProcessorError> {
+            $crate::processors::pending::deferred($plan(self, normalize, inputs, options))
+        }
+    };
+}
+pub(crate) use planned_images;
 
 /// A planned batch: its largest tensor and any constant ones left unwritten, the other outputs
 /// computed.
@@ -411,18 +441,7 @@ unsafe impl Produce for Pending<'_> {
     }
 
     fn produce(&self, out: &mut [MaybeUninit<u8>], dtype: WireDtype) -> Result<(), TensorError> {
-        let expected = self
-            .wire_len(dtype)
-            .ok_or(TensorError::UnsupportedConversion {
-                from: WireDtype::Float32,
-                to: dtype,
-            })?;
-        if out.len() != expected {
-            return Err(TensorError::DestinationSize {
-                expected,
-                actual: out.len(),
-            });
-        }
+        check_destination(self.wire_len(dtype), WireDtype::Float32, dtype, out.len())?;
         match dtype {
             WireDtype::Float32 => self.writer.write(unaligned_of(out)),
             _ => {
