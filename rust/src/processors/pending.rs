@@ -9,8 +9,8 @@
 //! which also writes `bfloat16` directly); LLaVA-NeXT, Gemma 3, InternVL, Idefics3 and Llama 3.2
 //! Vision plan their batch as [`Tiles`] (windows of resized images, and padding), Gemma 4 as its
 //! patches (`gemma4::plan_patches`); their eager path runs the same writer on a new buffer, so
-//! both paths give the same bytes by construction. A writer is a [`WriteValues`]. A tensor of one constant value (Idefics3's `pixel_attention_mask`, all
-//! ones) is planned as a [`Filled`].
+//! both paths give the same bytes by construction. A writer is a [`WriteValues`]. A tensor of
+//! one constant value (Idefics3's `pixel_attention_mask`, all ones) is planned as a [`Filled`].
 
 use std::mem::MaybeUninit;
 
@@ -128,10 +128,9 @@ impl<'a> Pending<'a> {
 }
 
 /// The writer of every tiled family here (LLaVA-NeXT, Gemma 3, InternVL, Idefics3, Llama 3.2
-/// Vision): `pixel_values`
-/// as a run of `3 × h × w` slots, each an `h × w` window of one of `images` written
-/// channels-first (`Normalize::write_chw`: outside the image, the normalised zero) or, for a
-/// batch's padding, zeros; one slot per job.
+/// Vision): `pixel_values` as a run of `3 × h × w` slots, each an `h × w` window of one of
+/// `images` written channels-first (`Normalize::write_chw`: outside the image, the normalised
+/// zero) or, for a batch's padding, zeros; one slot per job.
 pub(crate) struct Tiles<'a> {
     pub images: Vec<Rgb<'a>>,
     /// Per slot: the image and the window's top-left corner in it, or `None` for zeros.
@@ -499,7 +498,8 @@ mod tests {
             for stream in [false, true] {
                 buffer.fill(0xAA);
                 let out = &mut buffer[offset..offset + len];
-                // SAFETY: `u8` and `MaybeUninit<u8>` have the same layout; the bytes are initialised.
+                // SAFETY: `u8` and `MaybeUninit<u8>` have the same layout; the bytes are
+                // initialised.
                 let out = unsafe {
                     std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<u8>>(), len)
                 };

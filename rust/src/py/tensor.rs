@@ -325,7 +325,8 @@ enum Item<'py> {
 }
 
 /// A pending tensor goes on the wire as it is written: `float32`, or `bfloat16` (the same
-/// values rounded); a constant one as `int64`. `context` names the source (`"sources[2]"`) in the message and the field.
+/// values rounded); a constant one as `int64`. `context` names the source (`"sources[2]"`) in
+/// the message and the field.
 fn check_pending(pending: &PyPendingTensor, to: WireDtype, context: Option<&str>) -> PyResult<()> {
     if pending.producer().wire_len(to).is_none() {
         let message = format!(
