@@ -468,7 +468,7 @@ fn plan<'a>(
         images.push(p.image);
     }
     let tiles = Tiles {
-        images,
+        images: images.into(),
         slots,
         size: (h, w),
         normalize: normalize.clone(),

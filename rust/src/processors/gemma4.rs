@@ -20,12 +20,12 @@ use super::family::{
     i64_values, FamilyConfig, Hf, Replacement, ReplacementSpec, TokenIds, VisionTokens,
 };
 use super::normalize::Normalize;
-use super::pending::{self, Pending, WriteValues};
+use super::pending::{self, Images, Pending, WriteValues};
 use super::store::Unaligned;
 use super::value::{as_count, hf_only, Common, Value, HF_COMMON};
 use super::{
-    check_side, checked_len, owned_rgb, parallel, prepare_all, recycle_images, resize_rgb, Input,
-    Options, Outputs, ProcessorError, Rgb, Tensor,
+    check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Outputs,
+    ProcessorError, Rgb, Tensor,
 };
 use crate::memory::fallible;
 
@@ -349,7 +349,7 @@ fn plan<'a>(
 /// The writer of Gemma 4's `pixel_values` (and Gemma 4 unified's): each image's patches, then
 /// zeros up to `slots` patches; one image per job.
 struct PatchWriter<'a> {
-    images: Vec<Rgb<'a>>,
+    images: Images<'a>,
     side: usize,
     slots: usize,
     lut: Box<Lut>,
@@ -380,24 +380,21 @@ unsafe impl WriteValues for PatchWriter<'_> {
         });
     }
 
-    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
-        let images = std::mem::take(&mut self.images)
-            .into_iter()
-            .map(owned_rgb)
-            .collect::<Result<_, _>>()?;
-        Ok(Box::new(PatchWriter {
+    fn into_owned(self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
+        let PatchWriter {
             images,
-            side: self.side,
-            slots: self.slots,
-            lut: self.lut.clone(),
-            threads: self.threads,
+            side,
+            slots,
+            lut,
+            threads,
+        } = *self;
+        Ok(Box::new(PatchWriter {
+            images: images.into_owned()?,
+            side,
+            slots,
+            lut,
+            threads,
         }))
-    }
-}
-
-impl Drop for PatchWriter<'_> {
-    fn drop(&mut self) {
-        recycle_images(std::mem::take(&mut self.images));
     }
 }
 
@@ -439,7 +436,7 @@ pub(crate) fn plan_patches<'a>(
         soft.push((n / per_token) as i64);
     }
     let writer = PatchWriter {
-        images: prepared,
+        images: prepared.into(),
         side,
         slots,
         lut: Box::new(*lut),

@@ -739,7 +739,7 @@ fn plan<'a>(
         images.extend(p.images);
     }
     let tiles = Tiles {
-        images,
+        images: images.into(),
         slots,
         size: (m, m),
         normalize: normalize.clone(),

@@ -426,7 +426,7 @@ fn plan<'a>(
         images.extend(p.images);
     }
     let tiles = Tiles {
-        images,
+        images: images.into(),
         slots,
         size: (h, w),
         normalize: normalize.clone(),

@@ -415,7 +415,7 @@ fn plan<'a>(
         slots.extend(std::iter::repeat_n(None, padding));
     }
     let tiles = Tiles {
-        images,
+        images: images.into(),
         slots,
         size: (h, w),
         normalize: normalize.clone(),

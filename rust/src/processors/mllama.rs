@@ -361,7 +361,7 @@ fn plan<'a>(
         images.push(p.image);
     }
     let tiles_planned = Tiles {
-        images,
+        images: images.into(),
         slots,
         size: (s, s),
         normalize: normalize.clone(),

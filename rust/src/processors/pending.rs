@@ -127,12 +127,46 @@ impl<'a> Pending<'a> {
     }
 }
 
+/// The images a planned writer reads: handed back to the buffer cache when it is dropped.
+pub(crate) struct Images<'a>(Vec<Rgb<'a>>);
+
+impl Images<'_> {
+    /// The same images owning their pixels (a borrowed input array is copied, fallibly).
+    pub fn into_owned(mut self) -> Result<Images<'static>, ProcessorError> {
+        std::mem::take(&mut self.0)
+            .into_iter()
+            .map(owned_rgb)
+            .collect::<Result<_, _>>()
+            .map(Images)
+    }
+}
+
+impl<'a> From<Vec<Rgb<'a>>> for Images<'a> {
+    fn from(images: Vec<Rgb<'a>>) -> Self {
+        Images(images)
+    }
+}
+
+impl<'a> std::ops::Deref for Images<'a> {
+    type Target = [Rgb<'a>];
+
+    fn deref(&self) -> &[Rgb<'a>] {
+        &self.0
+    }
+}
+
+impl Drop for Images<'_> {
+    fn drop(&mut self) {
+        recycle_images(std::mem::take(&mut self.0));
+    }
+}
+
 /// The writer of every tiled family here (LLaVA-NeXT, Gemma 3, InternVL, Idefics3, Llama 3.2
 /// Vision): `pixel_values` as a run of `3 × h × w` slots, each an `h × w` window of one of
 /// `images` written channels-first (`Normalize::write_chw`: outside the image, the normalised
 /// zero) or, for a batch's padding, zeros; one slot per job.
 pub(crate) struct Tiles<'a> {
-    pub images: Vec<Rgb<'a>>,
+    pub images: Images<'a>,
     /// Per slot: the image and the window's top-left corner in it, or `None` for zeros.
     pub slots: Vec<Option<(usize, (isize, isize))>>,
     /// `(h, w)` of every slot.
@@ -187,24 +221,21 @@ unsafe impl WriteValues for Tiles<'_> {
         });
     }
 
-    fn into_owned(mut self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
-        let images = std::mem::take(&mut self.images)
-            .into_iter()
-            .map(owned_rgb)
-            .collect::<Result<_, _>>()?;
-        Ok(Box::new(Tiles {
+    fn into_owned(self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
+        let Tiles {
             images,
-            slots: std::mem::take(&mut self.slots),
-            size: self.size,
-            normalize: self.normalize.clone(),
-            threads: self.threads,
+            slots,
+            size,
+            normalize,
+            threads,
+        } = *self;
+        Ok(Box::new(Tiles {
+            images: images.into_owned()?,
+            slots,
+            size,
+            normalize,
+            threads,
         }))
-    }
-}
-
-impl Drop for Tiles<'_> {
-    fn drop(&mut self) {
-        recycle_images(std::mem::take(&mut self.images));
     }
 }
 
