@@ -336,7 +336,7 @@ fn plan<'a>(
     let ratios = supported_aspect_ratios(t);
     let mut ids = Vec::with_capacity(batch);
     let mut mask = Vec::with_capacity(batch * t);
-    let mut tiles = Vec::with_capacity(batch);
+    let mut num_tiles = Vec::with_capacity(batch);
     let mut slots = Vec::with_capacity(batch * t);
     let mut images = Vec::with_capacity(batch);
     for (i, p) in prepared.into_iter().enumerate() {
@@ -347,7 +347,7 @@ fn plan<'a>(
             .map_or(0, |i| i as i64 + 1);
         ids.push(id);
         mask.extend((0..t).map(|k| i64::from(k < n.max(1))));
-        tiles.push(n as i64);
+        num_tiles.push(n as i64);
         // Outside the resized image lies the canvas's black padding: `write_chw` writes the
         // normalised value of a 0 byte there, as transformers pads the u8 image.
         slots.extend((0..t).map(|k| {
@@ -360,21 +360,21 @@ fn plan<'a>(
         }));
         images.push(p.image);
     }
-    let tiles_planned = Tiles {
+    let tiles = Tiles {
         images: images.into(),
         slots,
         size: (s, s),
         normalize: normalize.clone(),
         threads: options.threads,
     };
-    let pending = tiles_planned.pending("pixel_values", vec![1, batch, t, 3, s, s])?;
+    let pending = tiles.pending("pixel_values", vec![1, batch, t, 3, s, s])?;
     Ok((
         pending,
         Outputs {
             tensors: vec![
                 ("aspect_ratio_ids", Tensor::i64(vec![1, batch], ids)),
                 ("aspect_ratio_mask", Tensor::i64(vec![1, batch, t], mask)),
-                ("num_tiles", Tensor::i64(vec![1, batch], tiles)),
+                ("num_tiles", Tensor::i64(vec![1, batch], num_tiles)),
             ],
         },
     ))
