@@ -131,6 +131,14 @@ impl Normalize {
         }
     }
 
+    /// The AVX-512 kernel's constants, where it computes this normaliser's values (the fused
+    /// formula reproduces the table, and the CPU has AVX-512 F, BW and VBMI): for callers that
+    /// compute a run's values into a register and store them themselves.
+    #[cfg(target_arch = "x86_64")]
+    pub fn wide(&self) -> Option<avx512::Wide> {
+        self.simd.as_ref().and_then(avx2::Formula::wide)
+    }
+
     /// The output for input `value` in channel `c` (0, 1, 2).
     #[inline]
     pub fn value(&self, c: usize, value: u8) -> f32 {
@@ -471,6 +479,15 @@ pub(crate) mod avx2 {
                     Method::Fused => spread::<true>(self, pixels, runs, out, copies),
                 }
             }
+        }
+
+        /// The AVX-512 kernel's constants, when [`spread`](Self::spread) uses that kernel (the
+        /// fused method, on a CPU with it).
+        pub fn wide(&self) -> Option<super::avx512::Wide> {
+            (self.method == Method::Fused && self.wide).then_some(super::avx512::Wide {
+                split: [self.hi, self.lo],
+                channels: [self.mean, self.std, self.recip],
+            })
         }
 
         /// Channel `c` of `out.len()` interleaved RGB pixels into `out`, with the same per-value
@@ -875,6 +892,64 @@ pub(crate) mod avx512 {
     /// The three controls, one per channel (also used by `torch_simd`).
     pub(crate) const CONTROLS: [[u8; 64]; 3] = [control(0), control(1), control(2)];
 
+    /// The constants of the fused formula (as [`spread`] takes them): `split` is the rescale
+    /// factor split into two `f32`s, `channels` the mean, std and reciprocal of the std per
+    /// channel.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Wide {
+        pub split: [f32; 2],
+        pub channels: [[f32; 3]; 3],
+    }
+
+    /// [`Wide`]'s constants broadcast, and the byte controls, for [`Registers::values`].
+    #[derive(Clone, Copy)]
+    pub struct Registers {
+        controls: [__m512i; 3],
+        hi: __m512,
+        lo: __m512,
+        mean: [__m512; 3],
+        std: [__m512; 3],
+        recip: [__m512; 3],
+    }
+
+    impl Wide {
+        /// The constants in registers.
+        ///
+        /// # Safety
+        ///
+        /// The CPU must have what [`available`] checks.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+        #[inline]
+        pub unsafe fn registers(&self) -> Registers {
+            let [mean, std, recip] = self.channels;
+            Registers {
+                // SAFETY: each control is a 64-byte array, read with an unaligned load.
+                controls: CONTROLS.map(|c| unsafe { _mm512_loadu_si512(c.as_ptr().cast()) }),
+                hi: _mm512_set1_ps(self.split[0]),
+                lo: _mm512_set1_ps(self.split[1]),
+                mean: mean.map(|v| _mm512_set1_ps(v)),
+                std: std.map(|v| _mm512_set1_ps(v)),
+                recip: recip.map(|v| _mm512_set1_ps(v)),
+            }
+        }
+    }
+
+    impl Registers {
+        /// The values of channel `c` (< 3) of the (up to) 16 interleaved RGB pixels whose bytes
+        /// are `px`'s first 48: the fused formula, the same operations as every kernel of this
+        /// method (so the bits `reproduces` checked).
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+        #[inline]
+        pub fn values(&self, px: __m512i, c: usize) -> __m512 {
+            let bytes = _mm512_castsi512_si128(_mm512_permutexvar_epi8(self.controls[c], px));
+            let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+            let x = _mm512_fmadd_ps(v, self.hi, _mm512_mul_ps(v, self.lo));
+            let d = _mm512_sub_ps(x, self.mean[c]);
+            let q = _mm512_mul_ps(d, self.recip[c]);
+            _mm512_fmadd_ps(_mm512_fnmadd_ps(q, self.std[c], d), self.recip[c], q)
+        }
+    }
+
     /// As the AVX2 kernel's `spread::<true>`, with the constants `[hi, lo]` (the split rescale
     /// factor) and `[mean, std, recip]` per channel.
     ///
@@ -894,12 +969,12 @@ pub(crate) mod avx512 {
         copies: &[[usize; 3]],
     ) {
         let n = runs.width;
-        // SAFETY: each control is a 64-byte array, read with an unaligned load.
-        let controls = CONTROLS.map(|c| unsafe { _mm512_loadu_si512(c.as_ptr().cast()) });
-        let (f_hi, f_lo) = (_mm512_set1_ps(hi), _mm512_set1_ps(lo));
-        let mean = mean.map(|v| _mm512_set1_ps(v));
-        let std = std.map(|v| _mm512_set1_ps(v));
-        let recip = recip.map(|v| _mm512_set1_ps(v));
+        let wide = Wide {
+            split: [hi, lo],
+            channels: [mean, std, recip],
+        };
+        // SAFETY: the CPU features are this function's contract.
+        let registers = unsafe { wide.registers() };
         for y in 0..runs.rows {
             let (row, dst) = (y * runs.stride, y * runs.out_stride);
             // As in the AVX2 kernel: the next bytes of this row, asked for early (a prefetch
@@ -920,13 +995,7 @@ pub(crate) mod avx512 {
                     let p = pixels.as_ptr().add(row + 3 * at);
                     let px = _mm512_maskz_loadu_epi8(bytes_mask, p.cast());
                     for c in 0..3 {
-                        let bytes =
-                            _mm512_castsi512_si128(_mm512_permutexvar_epi8(controls[c], px));
-                        let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-                        let x = _mm512_fmadd_ps(v, f_hi, _mm512_mul_ps(v, f_lo));
-                        let d = _mm512_sub_ps(x, mean[c]);
-                        let q = _mm512_mul_ps(d, recip[c]);
-                        let v = _mm512_fmadd_ps(_mm512_fnmadd_ps(q, std[c], d), recip[c], q);
+                        let v = registers.values(px, c);
                         for start in copies {
                             let at = start[c] + dst + at;
                             _mm512_mask_storeu_ps(out.add(at), values_mask, v);

@@ -605,6 +605,18 @@ pub fn write_window_row(
         }
         copies[source].push([0, 1, 2].map(|c| (c * t_len + t) * block));
     }
+    #[cfg(target_arch = "x86_64")]
+    if stream && ps <= 16 && cfg!(target_endian = "little") {
+        if let Some(wide) = normalize.wide() {
+            if store::LinePacker::available() {
+                // SAFETY: `wide` is only given on a CPU with AVX-512 F, BW, VBMI and FMA
+                // (`avx512::available`), which `LinePacker::available` confirmed too.
+                unsafe { write_window_row_wide(frames, ps, m, window_row, &wide, out, element) };
+                store::fence(true);
+                return;
+            }
+        }
+    }
     let runs = Runs {
         width: ps,
         rows: ps,
@@ -677,6 +689,103 @@ pub fn write_window_row(
         }
     }
     store::fence(stream);
+}
+
+/// [`write_window_row`] with streaming stores, each patch row's values computed into registers
+/// (channel by channel, one run of `ps` values per pixel row) and streamed from there as whole
+/// cache lines by a [`store::LinePacker`]: no staging row. The values are the fused formula's
+/// ([`avx512::Registers::values`](super::normalize::avx512::Registers::values)), the same bits
+/// as every other kernel of the normaliser; as [`Element::Bf16`] each is rounded by
+/// [`store::bf16_vector`], as a staged row is.
+///
+/// Panics unless `1 ≤ ps ≤ 16` and every frame holds the window row's pixel rows.
+///
+/// # Safety
+///
+/// The CPU must have AVX-512 F, BW and VBMI and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+unsafe fn write_window_row_wide(
+    frames: &[RgbRef<'_>],
+    ps: usize,
+    m: usize,
+    window_row: usize,
+    wide: &super::normalize::avx512::Wide,
+    out: &mut [MaybeUninit<u8>],
+    element: Element,
+) {
+    use std::arch::x86_64::*;
+    assert!((1..=16).contains(&ps), "patch size {ps} outside 1..=16");
+    let width = frames[0].width;
+    let (grid_w, stride) = (width / ps, width * 3);
+    // Every pixel row of this window row lies in every frame: the loads below stay in bounds.
+    let rows = (window_row + 1) * m * ps;
+    for frame in frames {
+        assert!(
+            frame.width == width
+                && rows
+                    .checked_mul(stride)
+                    .is_some_and(|n| frame.data.len() >= n),
+            "a {}x{} frame of {} bytes has no window row {window_row} of {ps}-pixel patches",
+            frame.width,
+            frame.height,
+            frame.data.len()
+        );
+    }
+    // SAFETY: the CPU features are this function's contract.
+    let registers = unsafe { wide.registers() };
+    let mut packer = store::LinePacker::new(out);
+    let load_mask: u64 = (1u64 << (3 * ps)) - 1; // 3·ps ≤ 48 bits
+    let run_bytes = element.size() * ps;
+    let mut values = [_mm512_setzero_si512(); 16];
+    for bj in 0..grid_w / m {
+        for mi in 0..m {
+            for mj in 0..m {
+                let (i, j) = (window_row * m + mi, bj * m + mj);
+                let first = (i * ps * width + j * ps) * 3;
+                for c in 0..3 {
+                    // The frame whose channel `c` `values` holds: a frame equal to it (a still
+                    // image over the temporal patch) is stored again without computing.
+                    let mut held: Option<usize> = None;
+                    for t in 0..frames.len() {
+                        if !held.is_some_and(|h| same_frame(frames[h], frames[t])) {
+                            let data = frames[t].data;
+                            for (y, value) in values.iter_mut().enumerate().take(ps) {
+                                let at = first + y * stride;
+                                if c == 0 {
+                                    // The bytes the next patch reads in this row, asked for
+                                    // early (a prefetch never faults; `wrapping_add` claims
+                                    // nothing about the address).
+                                    _mm_prefetch::<_MM_HINT_T0>(
+                                        data.as_ptr().wrapping_add(at + 3 * ps + 128).cast(),
+                                    );
+                                }
+                                // SAFETY: the masked load reads only bytes `at..at + 3·ps`
+                                // (masked-off bytes are not accessed): pixel row `i·ps + y < rows`
+                                // from column `j·ps`, with `j·ps + ps ≤ grid_w·ps ≤ width`, inside
+                                // `data` (asserted above).
+                                let px = unsafe {
+                                    _mm512_maskz_loadu_epi8(load_mask, data.as_ptr().add(at).cast())
+                                };
+                                let v = registers.values(px, c);
+                                *value = match element {
+                                    Element::F32 => _mm512_castps_si512(v),
+                                    Element::Bf16 => store::bf16_vector(v),
+                                };
+                            }
+                            held = Some(t);
+                        }
+                        for value in &values[..ps] {
+                            // SAFETY: the CPU features are this function's contract.
+                            unsafe { packer.append(*value, run_bytes) };
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the CPU features are this function's contract.
+    unsafe { packer.finish() };
 }
 
 /// How [`write_window_row`] writes: as which [`Element`], with streaming stores or not.
@@ -1211,7 +1320,7 @@ mod tests {
         // (scalar), merge 2; every value against the documented layout, both store paths, with
         // and without SIMD.
         let normalize = Normalize::new(Some(1.0 / 255.0), Some(([0.4, 0.5, 0.6], [0.2, 0.3, 0.4])));
-        for ps in [3, 14] {
+        for ps in [3, 14, 16] {
             let (m, t_len) = (2, 3);
             let (width, height) = (4 * ps, 2 * ps);
             let frame = |seed: usize| -> Vec<u8> {
@@ -1250,12 +1359,14 @@ mod tests {
                     };
                     // Aligned outputs (values straight from the registers, or staged and
                     // streamed) and outputs at every misalignment (staged, copied as bytes).
-                    for (stream, offset) in
-                        [(false, 0), (true, 0), (false, 1), (true, 2), (false, 3)]
+                    let streamed = (0..68).map(|offset| (true, offset));
+                    for (stream, offset) in [(false, 0), (false, 1), (false, 3)]
+                        .into_iter()
+                        .chain(streamed)
                     {
                         let len = 4 * expected.len();
                         let mut buffer =
-                            vec![crate::processors::Out::new(f32::NAN); expected.len() + 1];
+                            vec![crate::processors::Out::new(f32::NAN); expected.len() + 18];
                         let bytes = &mut store::bytes_of(&mut buffer)[offset..offset + len];
                         write(bytes, Element::F32, stream);
                         // SAFETY: every byte was initialised (NaN, then maybe overwritten).
@@ -1272,16 +1383,27 @@ mod tests {
                             got, expected,
                             "ps {ps}, window row {window_row}, stream {stream}, offset {offset}"
                         );
+                        // Nothing around the output was written.
+                        let nan = f32::NAN.to_le_bytes();
+                        let all = store::bytes_of(&mut buffer);
+                        for (k, byte) in all.iter().enumerate() {
+                            if k < offset || k >= offset + len {
+                                // SAFETY: every byte was initialised (NaN).
+                                let byte = unsafe { byte.assume_init() };
+                                assert_eq!(byte, nan[k % 4], "byte {k} around offset {offset}");
+                            }
+                        }
                     }
                     // As bfloat16: each value the float32 one rounded to nearest even.
                     let expected16: Vec<u16> = expected
                         .iter()
                         .map(|&bits| crate::tensor::convert::f32_to_bf16(bits))
                         .collect();
-                    for (stream, offset) in [(false, 0), (true, 0), (false, 1), (true, 3)] {
+                    let streamed = (0..66).map(|offset| (true, offset));
+                    for (stream, offset) in [(false, 0), (false, 1)].into_iter().chain(streamed) {
                         let len = 2 * expected16.len();
-                        let mut buffer = vec![MaybeUninit::new(0xAAu8); len + offset];
-                        let bytes = &mut buffer[offset..];
+                        let mut buffer = vec![MaybeUninit::new(0xAAu8); len + offset + 64];
+                        let bytes = &mut buffer[offset..offset + len];
                         write(bytes, Element::Bf16, stream);
                         // SAFETY: every byte was initialised (0xAA, then maybe overwritten).
                         let got: Vec<u16> = bytes
@@ -1293,6 +1415,15 @@ mod tests {
                         assert_eq!(
                             got, expected16,
                             "bfloat16: ps {ps}, window row {window_row}, stream {stream}, offset {offset}"
+                        );
+                        let around = buffer[..offset].iter().chain(&buffer[offset + len..]);
+                        assert!(
+                            around
+                                // SAFETY: every byte was initialised (0xAA, then maybe
+                                // overwritten).
+                                .map(|b| unsafe { b.assume_init() })
+                                .all(|b| b == 0xAA),
+                            "bfloat16: a byte around offset {offset} was written"
                         );
                     }
                 }
