@@ -295,14 +295,15 @@ impl<'a> LinePacker<'a> {
             && is_x86_feature_detected!("avx512vbmi")
     }
 
-    /// A packer writing `dst` from its first byte. Call only when [`available`](Self::available).
+    /// A packer writing `dst` from its first byte (its methods need what
+    /// [`available`](Self::available) checks).
     pub fn new(dst: &'a mut [MaybeUninit<u8>]) -> Self {
         let misalign = dst.as_ptr() as usize % LINE;
         LinePacker {
             dst,
-            // SAFETY: `_mm512_setzero_si512` only needs AVX-512F, which the caller checked
-            // (`available`).
-            acc: unsafe { zero() },
+            // SAFETY: `__m512i` is 64 bytes of plain data (any bits are a valid value); making
+            // one from bytes runs no instruction the CPU might lack.
+            acc: unsafe { std::mem::transmute::<[u8; 64], std::arch::x86_64::__m512i>([0; 64]) },
             fill: misalign,
             line: -(misalign as isize),
             pos: 0,
@@ -421,17 +422,6 @@ pub fn bf16_vector(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512i {
     let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(0x40));
     let halves = _mm512_mask_blend_epi32(nan, rounded, quiet);
     _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(halves))
-}
-
-/// A zero vector.
-///
-/// # Safety
-///
-/// The CPU must support AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn zero() -> std::arch::x86_64::__m512i {
-    std::arch::x86_64::_mm512_setzero_si512()
 }
 
 /// A cache line.
