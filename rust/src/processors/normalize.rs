@@ -467,14 +467,7 @@ pub(crate) mod avx2 {
                     // 15-22 % faster on an Intel Xeon with AVX-512 than one masked 16-lane
                     // load and six masked stores per row.
                     Method::Fused if self.wide && runs.width > WINDOW_PIXELS => {
-                        super::avx512::spread(
-                            [self.hi, self.lo],
-                            [self.mean, self.std, self.recip],
-                            pixels,
-                            runs,
-                            out,
-                            copies,
-                        )
+                        super::avx512::spread(&self.constants(), pixels, runs, out, copies)
                     }
                     Method::Fused => spread::<true>(self, pixels, runs, out, copies),
                 }
@@ -484,10 +477,15 @@ pub(crate) mod avx2 {
         /// The AVX-512 kernel's constants, when [`spread`](Self::spread) uses that kernel (the
         /// fused method, on a CPU with it).
         pub fn wide(&self) -> Option<super::avx512::Wide> {
-            (self.method == Method::Fused && self.wide).then_some(super::avx512::Wide {
+            (self.method == Method::Fused && self.wide).then(|| self.constants())
+        }
+
+        /// The fused formula's constants, as the AVX-512 kernels take them.
+        fn constants(&self) -> super::avx512::Wide {
+            super::avx512::Wide {
                 split: [self.hi, self.lo],
                 channels: [self.mean, self.std, self.recip],
-            })
+            }
         }
 
         /// Channel `c` of `out.len()` interleaved RGB pixels into `out`, with the same per-value
@@ -950,8 +948,7 @@ pub(crate) mod avx512 {
         }
     }
 
-    /// As the AVX2 kernel's `spread::<true>`, with the constants `[hi, lo]` (the split rescale
-    /// factor) and `[mean, std, recip]` per channel.
+    /// As the AVX2 kernel's `spread::<true>`, with the fused formula's constants `wide`.
     ///
     /// # Safety
     ///
@@ -961,18 +958,13 @@ pub(crate) mod avx512 {
     /// read or written by anyone else during the call.
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
     pub unsafe fn spread(
-        [hi, lo]: [f32; 2],
-        [mean, std, recip]: [[f32; 3]; 3],
+        wide: &Wide,
         pixels: &[u8],
         runs: super::Runs,
         out: *mut f32,
         copies: &[[usize; 3]],
     ) {
         let n = runs.width;
-        let wide = Wide {
-            split: [hi, lo],
-            channels: [mean, std, recip],
-        };
         // SAFETY: the CPU features are this function's contract.
         let registers = unsafe { wide.registers() };
         for y in 0..runs.rows {

@@ -1357,8 +1357,9 @@ mod tests {
                         let writing = Writing { element, stream };
                         write_window_row(&frames, ps, m, window_row, &n, bytes, writing);
                     };
-                    // Aligned outputs (values straight from the registers, or staged and
-                    // streamed) and outputs at every misalignment (staged, copied as bytes).
+                    // Cached stores at three offsets; streaming stores (from the registers
+                    // where the CPU has AVX-512 VBMI and SIMD is on, else through a staged row)
+                    // at every offset across a cache line.
                     let streamed = (0..68).map(|offset| (true, offset));
                     for (stream, offset) in [(false, 0), (false, 1), (false, 3)]
                         .into_iter()
