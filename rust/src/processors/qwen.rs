@@ -589,6 +589,19 @@ pub fn write_window_row(
     Writing { stream, element }: Writing,
 ) {
     let (ps, m, t_len) = (patch_size, merge_size, frames.len());
+    // Streamed on a CPU with AVX-512 VBMI: from the registers, without the staging below.
+    #[cfg(target_arch = "x86_64")]
+    if stream && ps <= 16 && cfg!(target_endian = "little") {
+        if let Some(wide) = normalize.wide() {
+            if store::LinePacker::available() {
+                // SAFETY: `wide` is only given on a CPU with AVX-512 F, BW, VBMI and FMA
+                // (`avx512::available`), which `LinePacker::available` confirmed too.
+                unsafe { write_window_row_wide(frames, ps, m, window_row, &wide, out, element) };
+                store::fence(true);
+                return;
+            }
+        }
+    }
     let width = frames[0].width;
     let grid_w = width / ps;
     let block = ps * ps;
@@ -604,18 +617,6 @@ pub fn write_window_row(
             source = t;
         }
         copies[source].push([0, 1, 2].map(|c| (c * t_len + t) * block));
-    }
-    #[cfg(target_arch = "x86_64")]
-    if stream && ps <= 16 && cfg!(target_endian = "little") {
-        if let Some(wide) = normalize.wide() {
-            if store::LinePacker::available() {
-                // SAFETY: `wide` is only given on a CPU with AVX-512 F, BW, VBMI and FMA
-                // (`avx512::available`), which `LinePacker::available` confirmed too.
-                unsafe { write_window_row_wide(frames, ps, m, window_row, &wide, out, element) };
-                store::fence(true);
-                return;
-            }
-        }
     }
     let runs = Runs {
         width: ps,
