@@ -139,6 +139,14 @@ impl Normalize {
         self.simd.as_ref().and_then(avx2::Formula::wide)
     }
 
+    /// The writer of [`write_chw`](Self::write_chw)'s windows as `float32` or `bfloat16`, where
+    /// there is one: the fused formula computes this normaliser's values on an AVX-512 CPU
+    /// ([`wide`](Self::wide)).
+    #[cfg(target_arch = "x86_64")]
+    pub fn chw_writer(&self) -> Option<ChwWriter> {
+        self.wide().map(|wide| ChwWriter { wide })
+    }
+
     /// The output for input `value` in channel `c` (0, 1, 2).
     #[inline]
     pub fn value(&self, c: usize, value: u8) -> f32 {
@@ -223,13 +231,7 @@ impl Normalize {
     ) {
         debug_assert_eq!(out.len(), 3 * out_h * out_w);
         let plane = out_h * out_w;
-        let (w, h) = (src.width as isize, src.height as isize);
-        // The output columns that read inside the source: x in [x0, x1).
-        let x0 = (-left).clamp(0, out_w as isize) as usize;
-        let x1 = (w - left).clamp(x0 as isize, out_w as isize) as usize;
-        // The output rows that read inside the source: y in [y0, y1).
-        let y0 = (-top).clamp(0, out_h as isize) as usize;
-        let y1 = (h - top).clamp(y0 as isize, out_h as isize) as usize;
+        let Inside { x0, x1, y0, y1 } = Inside::new(src, top, left, out_h, out_w);
         let pad = |out: &mut [T], rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
             for c in 0..3 {
                 let zero = self.lut[c][0];
@@ -264,6 +266,60 @@ impl Normalize {
         } else {
             pad(out, 0..out_h, 0..out_w);
         }
+    }
+}
+
+/// The part of an `out_h × out_w` window at `(top, left)` of an image that lies inside it: the
+/// output columns `x0..x1` and rows `y0..y1` (empty ranges when none does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Inside {
+    x0: usize,
+    x1: usize,
+    y0: usize,
+    y1: usize,
+}
+
+impl Inside {
+    fn new(src: RgbRef<'_>, top: isize, left: isize, out_h: usize, out_w: usize) -> Self {
+        let (w, h) = (src.width as isize, src.height as isize);
+        let x0 = (-left).clamp(0, out_w as isize) as usize;
+        let x1 = (w.saturating_sub(left)).clamp(x0 as isize, out_w as isize) as usize;
+        let y0 = (-top).clamp(0, out_h as isize) as usize;
+        let y1 = (h.saturating_sub(top)).clamp(y0 as isize, out_h as isize) as usize;
+        Inside { x0, x1, y0, y1 }
+    }
+}
+
+/// [`Normalize::write_chw`] as `float32` or `bfloat16` values (AVX-512): a tensor sent as
+/// `bfloat16` written straight from the registers instead of rounded from a `float32` buffer.
+/// Obtained from [`Normalize::chw_writer`], which gives one only where the fused formula
+/// computes the normaliser's values on an AVX-512 CPU.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug)]
+pub struct ChwWriter {
+    wide: avx512::Wide,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl ChwWriter {
+    /// Writes the `out_h × out_w` window of `src` at `(top, left)` into `out` as
+    /// [`write_chw`](Normalize::write_chw) does (the same values, bit for bit), each value as
+    /// `element` (`bfloat16`: rounded as `f32_to_bf16` rounds): every byte of `out` written.
+    ///
+    /// Panics unless `out` holds exactly `3 × out_h × out_w` elements, or if `src` holds fewer
+    /// bytes than its size says.
+    pub fn write_chw(
+        &self,
+        src: RgbRef<'_>,
+        top: isize,
+        left: isize,
+        (out_h, out_w): (usize, usize),
+        out: &mut [std::mem::MaybeUninit<u8>],
+        element: super::store::Element,
+    ) {
+        // SAFETY: a `ChwWriter` exists only where the CPU has what `avx512::available` checks
+        // (`Normalize::chw_writer` gets its constants from `wide`, which requires it).
+        unsafe { avx512::write_chw(&self.wide, src, top, left, (out_h, out_w), out, element) }
     }
 }
 
@@ -863,6 +919,8 @@ pub(crate) mod avx2 {
 pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
+    use super::super::store::Element;
+
     /// Values per vector.
     const LANES: usize = 16;
 
@@ -945,6 +1003,118 @@ pub(crate) mod avx512 {
             let d = _mm512_sub_ps(x, self.mean[c]);
             let q = _mm512_mul_ps(d, self.recip[c]);
             _mm512_fmadd_ps(_mm512_fnmadd_ps(q, self.std[c], d), self.recip[c], q)
+        }
+    }
+
+    /// [`super::ChwWriter::write_chw`]: a window row at a time, in each channel plane the
+    /// normalised zero left of the image, its values 16 at a time, the zero right of it (rows
+    /// outside the image all zero); stored with masked stores of each run's own bytes.
+    ///
+    /// Panics unless `out` holds exactly `3 × out_h × out_w` elements, or if `src.data` holds
+    /// fewer than `3 × width × height` bytes.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support what [`available`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+    pub unsafe fn write_chw(
+        wide: &Wide,
+        src: super::RgbRef<'_>,
+        top: isize,
+        left: isize,
+        (out_h, out_w): (usize, usize),
+        out: &mut [std::mem::MaybeUninit<u8>],
+        element: Element,
+    ) {
+        let size = element.size();
+        let row_bytes = out_w.checked_mul(size).expect("window size overflows");
+        let plane = out_h.checked_mul(row_bytes).expect("window size overflows");
+        assert_eq!(
+            Some(out.len()),
+            plane.checked_mul(3),
+            "{out_h}x{out_w} window of {element:?} into {} bytes",
+            out.len()
+        );
+        let stride = 3 * src.width;
+        assert!(
+            stride
+                .checked_mul(src.height)
+                .is_some_and(|n| n <= src.data.len()),
+            "a {}x{} image in {} bytes",
+            src.width,
+            src.height,
+            src.data.len()
+        );
+        let super::Inside { x0, x1, y0, y1 } = super::Inside::new(src, top, left, out_h, out_w);
+        // SAFETY: the CPU features are this function's contract.
+        let registers = unsafe { wide.registers() };
+        // The normalised zero of each channel in all 64 bytes (`bfloat16` fills only the low 32
+        // of `Element::bytes`: they are repeated into the high half).
+        let zeros: [__m512i; 3] = std::array::from_fn(|c| {
+            let v = element.bytes(registers.values(_mm512_setzero_si512(), c));
+            match element {
+                Element::F32 => v,
+                Element::Bf16 => _mm512_inserti64x4::<1>(v, _mm512_castsi512_si256(v)),
+            }
+        });
+        let base = out.as_mut_ptr().cast::<u8>();
+        // Stores the first `len` (≤ 64) bytes of `v` at byte `at` of `out` and asks for the same
+        // line of the next output row.
+        let put = |at: usize, v: __m512i, len: usize| {
+            debug_assert!(len <= 64 && at + len <= 3 * plane);
+            let mask = u64::MAX >> (64 - len);
+            // SAFETY: every caller stores within one output row of one plane of `out` (`at +
+            // len ≤ 3 · plane`, `out`'s length, asserted above; `len ≤ 64` by the callers);
+            // masked-off bytes are not accessed. The prefetch never faults (`wrapping_add`
+            // claims nothing about the address).
+            unsafe {
+                _mm512_mask_storeu_epi8(base.add(at).cast(), mask, v);
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at + row_bytes).cast());
+            }
+        };
+        let pad = |at: usize, len: usize, zero: __m512i| {
+            let mut done = 0;
+            while done < len {
+                let now = (len - done).min(64);
+                put(at + done, zero, now);
+                done += now;
+            }
+        };
+        for y in 0..out_h {
+            let inside = (y0..y1).contains(&y);
+            let (left_pad, right_pad) = if inside { (x0, out_w - x1) } else { (out_w, 0) };
+            let rows: [usize; 3] = std::array::from_fn(|c| c * plane + y * row_bytes);
+            for c in 0..3 {
+                pad(rows[c], left_pad * size, zeros[c]);
+                pad(
+                    rows[c] + (out_w - right_pad) * size,
+                    right_pad * size,
+                    zeros[c],
+                );
+            }
+            if !inside {
+                continue;
+            }
+            // Inside the image: source row `y + top` ≥ 0 (as `y ≥ y0`) and < height (as
+            // `y < y1`), columns `x + left` for `x` in `x0..x1`, all in `0..width` likewise.
+            let row = (y as isize + top) as usize * stride;
+            let mut x = x0;
+            while x < x1 {
+                let count = LANES.min(x1 - x);
+                let at = row + (x as isize + left) as usize * 3;
+                let bytes_mask: u64 = (1u64 << (3 * count)) - 1; // 3·count ≤ 48 bits
+                                                                 // SAFETY: the masked load reads only bytes `at..at + 3·count` (masked-off bytes
+                                                                 // are not accessed): pixels of one row of the image, inside `src.data` (its
+                                                                 // length asserted above).
+                let px = unsafe {
+                    _mm512_maskz_loadu_epi8(bytes_mask, src.data.as_ptr().add(at).cast())
+                };
+                for (c, &dst) in rows.iter().enumerate() {
+                    let v = element.bytes(registers.values(px, c));
+                    put(dst + x * size, v, count * size);
+                }
+                x += count;
+            }
         }
     }
 
@@ -1320,5 +1490,113 @@ mod tests {
         n.write_chw(src, 5, 5, 3, 4, &mut out);
         // SAFETY: as above.
         assert!(out.iter().all(|v| unsafe { v.assume_init() } == 0.0));
+    }
+
+    /// `ChwWriter`'s windows are `write_chw`'s values, bit for bit, as `float32` and as
+    /// `bfloat16` (`f32_to_bf16` of them), at every offset of a cache line, for windows inside
+    /// the image, across each of its edges, around it and wholly outside it, of widths around
+    /// the 16-value vectors; the bytes around the output stay untouched.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn chw_writer_windows_are_write_chw_bit_for_bit() {
+        use super::super::store::Element;
+        use crate::tensor::convert::f32_to_bf16;
+        let n = Normalize::new(Some(1.0 / 255.0), Some((CLIP_MEAN, CLIP_STD)));
+        let Some(writer) = n.chw_writer() else {
+            assert!(
+                n.wide().is_none(),
+                "no writer where the AVX-512 kernel runs"
+            );
+            return;
+        };
+        let (width, height) = (37, 23);
+        let data: Vec<u8> = (0..3 * width * height)
+            .map(|i| ((i * 193 + 11) % 256) as u8)
+            .collect();
+        let src = RgbRef {
+            data: &data,
+            width,
+            height,
+        };
+        let windows: [(isize, isize, usize, usize); 9] = [
+            (0, 0, 23, 37),   // the whole image
+            (3, 5, 7, 16),    // inside, one vector a row
+            (2, 1, 9, 33),    // inside, a partial vector a row
+            (-4, -6, 30, 50), // around it
+            (20, 30, 8, 17),  // across the bottom-right corner
+            (-2, 10, 5, 1),   // one column, across the top
+            (30, 0, 3, 19),   // wholly below
+            (0, -40, 4, 20),  // wholly left
+            (5, 2, 1, 64),    // one row, across the right edge
+        ];
+        for (top, left, h, w) in windows {
+            let mut want = vec![Out::new(f32::NAN); 3 * h * w];
+            n.write_chw(src, top, left, h, w, &mut want);
+            // SAFETY: `write_chw` wrote every value.
+            let want: Vec<f32> = want.iter().map(|v| unsafe { v.assume_init() }).collect();
+            for element in [Element::F32, Element::Bf16] {
+                let expected: Vec<u8> = match element {
+                    Element::F32 => want.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    Element::Bf16 => want
+                        .iter()
+                        .flat_map(|v| f32_to_bf16(v.to_bits()).to_le_bytes())
+                        .collect(),
+                };
+                let len = expected.len();
+                for offset in 0..68 {
+                    let mut buf = vec![std::mem::MaybeUninit::new(0xA5u8); offset + len + 70];
+                    writer.write_chw(
+                        src,
+                        top,
+                        left,
+                        (h, w),
+                        &mut buf[offset..offset + len],
+                        element,
+                    );
+                    // SAFETY: every byte was initialised (to 0xA5, then maybe overwritten).
+                    let got: Vec<u8> = buf.iter().map(|b| unsafe { b.assume_init() }).collect();
+                    let window = (top, left, h, w);
+                    assert!(
+                        got[..offset].iter().all(|&b| b == 0xA5),
+                        "{window:?} {element:?} at {offset}: bytes before the output written"
+                    );
+                    assert!(
+                        got[offset + len..].iter().all(|&b| b == 0xA5),
+                        "{window:?} {element:?} at {offset}: bytes after the output written"
+                    );
+                    assert!(
+                        got[offset..offset + len] == expected[..],
+                        "{window:?} {element:?} at {offset}: values differ"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The writer refuses an output of the wrong size before writing anything.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn chw_writer_refuses_a_wrong_output_size() {
+        use super::super::store::Element;
+        let n = Normalize::new(Some(1.0 / 255.0), Some(([0.5; 3], [0.5; 3])));
+        let Some(writer) = n.chw_writer() else {
+            return;
+        };
+        let data = vec![7u8; 3 * 4 * 4];
+        let src = RgbRef {
+            data: &data,
+            width: 4,
+            height: 4,
+        };
+        let result = std::panic::catch_unwind(|| {
+            let mut out = vec![std::mem::MaybeUninit::new(0u8); 3 * 4 * 4 * 4 - 1];
+            writer.write_chw(src, 0, 0, (4, 4), &mut out, Element::F32);
+        });
+        let message = result.expect_err("a short output was accepted");
+        let text = message
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(text.contains("4x4 window of F32 into 191 bytes"), "{text}");
     }
 }

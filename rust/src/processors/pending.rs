@@ -15,7 +15,9 @@
 use std::mem::MaybeUninit;
 
 use super::normalize::Normalize;
-use super::store::{bytes_of, copy_raw, fence, unaligned_of, Unaligned, PRODUCE_STREAM_MIN_BYTES};
+use super::store::{
+    bytes_of, copy_raw, fence, unaligned_of, Element, Unaligned, PRODUCE_STREAM_MIN_BYTES,
+};
 use super::{
     checked_len, owned_rgb, parallel, recycle_images, Deferred, OutBuffer, Outputs, ProcessorError,
     Rgb, Tensor, TensorData,
@@ -31,12 +33,22 @@ use crate::tensor::TensorError;
 /// # Safety
 ///
 /// [`write`](Self::write) must write every value of `out` (all four bytes of each
-/// [`Unaligned`]): [`Pending`] then hands that memory out as initialised `float32` values or
-/// bytes (an array, a serialized request).
+/// [`Unaligned`]), and [`write_bf16`](Self::write_bf16), when it returns `true`, every byte of
+/// its `out`: [`Pending`] then hands that memory out as initialised `float32` values or bytes
+/// (an array, a serialized request).
 pub unsafe trait WriteValues: Send + Sync {
     /// Writes every value of the tensor into `out`, which holds exactly as many values (at any
     /// byte address).
     fn write(&self, out: &mut [Unaligned]);
+
+    /// Writes every value of the tensor into `out` (exactly as many `bfloat16` values, at any
+    /// byte address), each rounded as `f32_to_bf16` rounds, and returns `true`; or writes
+    /// nothing and returns `false` where this writer has no such path (the caller then rounds
+    /// the `float32` values). A caller reads the bytes only after a `true`.
+    fn write_bf16(&self, out: &mut [MaybeUninit<u8>]) -> bool {
+        let _ = out;
+        false
+    }
 
     /// The same writer owning everything it reads (an input array it would borrow from the
     /// caller is copied).
@@ -219,6 +231,32 @@ unsafe impl WriteValues for Tiles<'_> {
             }
             None => Unaligned::zero(out),
         });
+    }
+
+    /// Each image slot through [`ChwWriter::write_chw`](super::normalize::ChwWriter), each
+    /// padding slot as zeros; one slot per job as in `write`.
+    fn write_bf16(&self, out: &mut [MaybeUninit<u8>]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(writer) = self.normalize.chw_writer() {
+            let len = self.slot_len() * Element::Bf16.size();
+            assert_eq!(
+                out.len(),
+                self.slots.len() * len,
+                "{} slots of {len} bytes",
+                self.slots.len()
+            );
+            let jobs: Vec<_> = self.slots.iter().zip(out.chunks_mut(len.max(1))).collect();
+            parallel::map(jobs, self.workers(), |_, (slot, out)| match *slot {
+                Some((image, (top, left))) => {
+                    let image = self.images[image].view();
+                    writer.write_chw(image, top, left, self.size, out, Element::Bf16);
+                }
+                None => out.fill(MaybeUninit::new(0)),
+            });
+            return true;
+        }
+        let _ = out;
+        false
     }
 
     fn into_owned(self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
@@ -458,8 +496,9 @@ pub fn deferred<'a>(
 
 // SAFETY: `produce` returns `Ok` only after every byte of `out` is written: as `float32` by the
 // writer, which writes every value of its output (`WriteValues::write`), over exactly
-// `out.len() / 4` values (the length is checked first); as `bfloat16` by `convert_uninit`,
-// which initialises all of its destination when it returns `Ok`.
+// `out.len() / 4` values (the length is checked first); as `bfloat16` by the writer's
+// `write_bf16` when it returns `true` (then every byte of `out`, `out.len() / 2` values), else by
+// `convert_uninit`, which initialises all of its destination when it returns `Ok`.
 unsafe impl Produce for Pending<'_> {
     /// `float32`, or `bfloat16` (the same values rounded to nearest even).
     fn wire_len(&self, dtype: WireDtype) -> Option<usize> {
@@ -474,6 +513,7 @@ unsafe impl Produce for Pending<'_> {
         check_destination(self.wire_len(dtype), WireDtype::Float32, dtype, out.len())?;
         match dtype {
             WireDtype::Float32 => self.writer.write(unaligned_of(out)),
+            WireDtype::Bfloat16 if self.writer.write_bf16(out) => {}
             _ => {
                 // bfloat16: the float32 values first (a buffer the cache keeps for the next
                 // call), then rounded into place, as `tensors.convert` rounds them.
@@ -578,5 +618,123 @@ mod tests {
             })
         ));
         assert!(Filled::new("mask", vec![usize::MAX, 2], 1, 1).is_err());
+    }
+
+    /// Tiles of two images (windows inside, across edges, around an image) and padding slots,
+    /// with `h × w` of `size`, on `threads`.
+    fn tiles<'a>(data: &'a [Vec<u8>; 2], size: (usize, usize), threads: usize) -> Tiles<'a> {
+        use std::borrow::Cow;
+        let images: Vec<Rgb<'a>> = vec![
+            Rgb {
+                data: Cow::Borrowed(&data[0]),
+                width: 61,
+                height: 47,
+            },
+            Rgb {
+                data: Cow::Borrowed(&data[1]),
+                width: 30,
+                height: 40,
+            },
+        ];
+        let (clip_mean, clip_std) = (
+            [0.48145466, 0.4578275, 0.40821073],
+            [0.26862954, 0.26130258, 0.27577711],
+        );
+        Tiles {
+            images: images.into(),
+            slots: vec![
+                Some((0, (0, 0))),
+                None,
+                Some((1, (-3, 5))),
+                Some((0, (30, -2))),
+                Some((1, (-10, -10))),
+                None,
+            ],
+            size,
+            normalize: Normalize::new(Some(1.0 / 255.0), Some((clip_mean, clip_std))),
+            threads,
+        }
+    }
+
+    fn image_bytes() -> [Vec<u8>; 2] {
+        [
+            (0..3 * 61 * 47)
+                .map(|i| ((i * 89 + 3) % 256) as u8)
+                .collect(),
+            (0..3 * 30 * 40)
+                .map(|i| ((i * 41 + 200) % 256) as u8)
+                .collect(),
+        ]
+    }
+
+    /// `write_bf16` writes `write`'s values rounded to `bfloat16`, on one thread and on two, at
+    /// any offset; or, on a CPU without the path, nothing.
+    #[test]
+    fn tiles_bf16_are_written_values_rounded() {
+        use crate::tensor::convert::f32_to_bf16;
+        let data = image_bytes();
+        for threads in [1, 2] {
+            let tiles = tiles(&data, (21, 35), threads);
+            let mut cached = vec![MaybeUninit::new(0u8); 4 * tiles.slots.len() * tiles.slot_len()];
+            tiles.write(unaligned_of(&mut cached));
+            // SAFETY: `write` wrote every value.
+            let cached: Vec<u8> = cached.iter().map(|b| unsafe { b.assume_init() }).collect();
+            let want: Vec<u8> = cached
+                .chunks_exact(4)
+                .flat_map(|v| {
+                    let bits = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+                    f32_to_bf16(bits).to_le_bytes()
+                })
+                .collect();
+            for offset in [0, 1, 17, 63] {
+                let mut out = vec![MaybeUninit::new(0x5Au8); offset + want.len() + 64];
+                let written = tiles.write_bf16(&mut out[offset..offset + want.len()]);
+                // SAFETY: every byte was initialised above.
+                let got: Vec<u8> = out.iter().map(|b| unsafe { b.assume_init() }).collect();
+                if !written {
+                    assert!(got.iter().all(|&b| b == 0x5A), "refused, yet written");
+                    #[cfg(target_arch = "x86_64")]
+                    assert!(tiles.normalize.chw_writer().is_none());
+                    continue;
+                }
+                assert!(got[..offset].iter().all(|&b| b == 0x5A));
+                assert!(got[offset + want.len()..].iter().all(|&b| b == 0x5A));
+                assert!(
+                    got[offset..offset + want.len()] == want[..],
+                    "{threads} threads, offset {offset}"
+                );
+            }
+        }
+    }
+
+    /// Produced into a message (streamed from `PRODUCE_STREAM_MIN_BYTES` on), a tiled tensor's
+    /// bytes are its eager values', as `float32` and as `bfloat16`.
+    #[test]
+    fn tiles_produce_their_values_bytes() {
+        use crate::tensor::convert::f32_to_bf16;
+        let data = image_bytes();
+        let pending = tiles(&data, (160, 200), 2)
+            .pending("pixel_values", vec![6, 3, 160, 200])
+            .unwrap();
+        // Both dtypes as large as a message's tensors that are streamed.
+        assert!(pending.byte_len() / 2 >= PRODUCE_STREAM_MIN_BYTES);
+        let values = pending.values().unwrap();
+        for dtype in [WireDtype::Float32, WireDtype::Bfloat16] {
+            let want: Vec<u8> = match dtype {
+                WireDtype::Float32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                _ => values
+                    .iter()
+                    .flat_map(|v| f32_to_bf16(v.to_bits()).to_le_bytes())
+                    .collect(),
+            };
+            let mut out = vec![MaybeUninit::new(0u8); want.len() + 3];
+            pending.produce(&mut out[3..], dtype).unwrap();
+            // SAFETY: `produce` returned `Ok`: every byte of its destination was written.
+            let got: Vec<u8> = out[3..]
+                .iter()
+                .map(|b| unsafe { b.assume_init() })
+                .collect();
+            assert!(got == want, "{dtype:?}");
+        }
     }
 }

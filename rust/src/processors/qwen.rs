@@ -24,7 +24,7 @@ use crate::tensor::dtype::WireDtype;
 use crate::tensor::wire::Produce;
 use crate::tensor::TensorError;
 
-use super::store::PRODUCE_STREAM_MIN_BYTES;
+use super::store::{Element, PRODUCE_STREAM_MIN_BYTES, WRITE_STREAM_MIN_BYTES};
 use super::{
     checked_len, parallel, prepare_all, prepare_all_indexed, recycle_images, resize_rgb,
     split_lengths, store, Deferred, Input, Options, OutBuffer, Outputs, ProcessorError, Rgb,
@@ -769,10 +769,7 @@ unsafe fn write_window_row_wide(
                                     _mm512_maskz_loadu_epi8(load_mask, data.as_ptr().add(at).cast())
                                 };
                                 let v = registers.values(px, c);
-                                *value = match element {
-                                    Element::F32 => _mm512_castps_si512(v),
-                                    Element::Bf16 => store::bf16_vector(v),
-                                };
+                                *value = element.bytes(v);
                             }
                             held = Some(t);
                         }
@@ -794,33 +791,6 @@ unsafe fn write_window_row_wide(
 pub struct Writing {
     pub element: Element,
     pub stream: bool,
-}
-
-/// How [`Patches`] writes its values: `float32`, or `bfloat16` (rounded from the same `float32`
-/// values to the nearest even, as a `float32` tensor converted on the wire would be).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Element {
-    F32,
-    Bf16,
-}
-
-impl Element {
-    /// The element of a wire dtype, if [`Patches`] writes it.
-    pub fn of(dtype: WireDtype) -> Option<Self> {
-        match dtype {
-            WireDtype::Float32 => Some(Element::F32),
-            WireDtype::Bfloat16 => Some(Element::Bf16),
-            _ => None,
-        }
-    }
-
-    /// Bytes a value.
-    pub const fn size(self) -> usize {
-        match self {
-            Element::F32 => 4,
-            Element::Bf16 => 2,
-        }
-    }
 }
 
 fn same_frame(a: RgbRef<'_>, b: RgbRef<'_>) -> bool {
@@ -1047,13 +1017,6 @@ impl<'a> Patches<'a> {
         })
     }
 }
-
-/// [`Patches::write`] (an array the caller reads next) streams from this many bytes on, twice
-/// [`store::STREAM_MIN_BYTES`]: streamed, the patches go through a staging row copied out in a
-/// second pass, while below this size the output (a recycled buffer) stays in the last-level
-/// cache (32 MiB on the Zen 3 VM of the benchmarks) and cached stores straight from the
-/// registers were 10-25 % faster per MiniMax-M3-VL call on 8.8-10.4 MB of `pixel_values`.
-pub const WRITE_STREAM_MIN_BYTES: usize = 16 << 20;
 
 // SAFETY: `write_streaming` succeeds only on a destination of exactly `wire_len` bytes, which it splits
 // into one slice per merge-window row (the slices' lengths sum to `byte_len`); each

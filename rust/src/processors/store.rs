@@ -17,6 +17,7 @@ use std::mem::MaybeUninit;
 
 use super::Out;
 use crate::tensor::convert::f32_to_bf16;
+use crate::tensor::dtype::WireDtype;
 
 /// Outputs of at least this many bytes are written with streaming stores.
 pub const STREAM_MIN_BYTES: usize = 8 << 20;
@@ -30,6 +31,58 @@ pub const STREAM_MIN_BYTES: usize = 8 << 20;
 /// `pixel_values`), one core, whole path: 4–13% faster than with cached stores
 /// (`scripts/bench_engines.py`).
 pub const PRODUCE_STREAM_MIN_BYTES: usize = 1 << 20;
+
+/// A planned tensor written into an array the caller reads next (`Patches::write`, a pending
+/// tensor's `values`) streams from this many bytes on, twice [`STREAM_MIN_BYTES`]: below this size
+/// the output (a recycled buffer) stays in the last-level cache (32 MiB on the Zen 3 VM of the
+/// benchmarks), and cached stores straight from the registers were 10-25 % faster per
+/// MiniMax-M3-VL call on 8.8-10.4 MB of `pixel_values` than staged streaming.
+pub const WRITE_STREAM_MIN_BYTES: usize = 16 << 20;
+
+/// How a planned `float32` tensor's values are stored: as `float32`, or as `bfloat16` (rounded
+/// from the same `float32` values to the nearest even, as a `float32` tensor converted on the
+/// wire would be).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Element {
+    F32,
+    Bf16,
+}
+
+impl Element {
+    /// The element of a wire dtype, if it is one of the two.
+    pub fn of(dtype: WireDtype) -> Option<Self> {
+        match dtype {
+            WireDtype::Float32 => Some(Element::F32),
+            WireDtype::Bfloat16 => Some(Element::Bf16),
+            _ => None,
+        }
+    }
+
+    /// Bytes a value.
+    pub const fn size(self) -> usize {
+        match self {
+            Element::F32 => 4,
+            Element::Bf16 => 2,
+        }
+    }
+
+    /// The 16 values of `x` as this element's little-endian bytes, from the register's first
+    /// byte (64 bytes of `float32`, or 32 of `bfloat16` rounded by [`bf16_vector`]).
+    ///
+    /// # Safety
+    ///
+    /// Callable only where AVX-512 F and BW are enabled, as for every `#[target_feature]`
+    /// function.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    pub fn bytes(self, x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512i {
+        match self {
+            Element::F32 => std::arch::x86_64::_mm512_castps_si512(x),
+            Element::Bf16 => bf16_vector(x),
+        }
+    }
+}
 
 /// Whether an output of `len` `f32` values should be streamed.
 pub fn should_stream(len: usize) -> bool {
