@@ -21,13 +21,14 @@ use super::family::{
 };
 use super::normalize::Normalize;
 use super::pending::{self, Images, Pending, WriteValues};
-use super::store::Unaligned;
+use super::store::{Element, Unaligned};
 use super::value::{as_count, hf_only, Common, Value, HF_COMMON};
 use super::{
     check_side, checked_len, parallel, prepare_all, resize_rgb, Input, Options, Outputs,
     ProcessorError, Rgb, Tensor,
 };
 use crate::memory::fallible;
+use std::mem::MaybeUninit;
 
 /// Gemma 4: `Gemma4ImageProcessor` (its `size` is unused: the resize is driven by the patch
 /// budget); `patch_size`, `max_soft_tokens`, `pooling_kernel_size`.
@@ -295,6 +296,24 @@ fn prepare<'a>(
 /// A value per channel and `u8` input: the rescale/normalize of a family as a table.
 pub(crate) type Lut = [[f32; 256]; 3];
 
+/// The AVX-512 constants of a table's formula, where there are some (`None` elsewhere, and
+/// always off x86-64: the table is used).
+#[cfg(target_arch = "x86_64")]
+pub(crate) type Simd = Option<super::normalize::avx512::Wide>;
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) type Simd = Option<std::convert::Infallible>;
+
+/// [`Normalize::wide`], off x86-64 none.
+pub(crate) fn wide_of(normalize: &Normalize) -> Simd {
+    #[cfg(target_arch = "x86_64")]
+    return normalize.wide();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = normalize;
+        None
+    }
+}
+
 /// Writes one image's `side × side` patches in row-major order (each flattened channels-last,
 /// `(py, px, c)`, through `lut`) and the zero padding after them: every value of `out`, a whole
 /// number of patches.
@@ -324,6 +343,85 @@ fn write_patches(lut: &Lut, rgb: &Rgb<'_>, side: usize, out: &mut [Unaligned]) {
     }
 }
 
+/// [`write_patches`] with the values computed 16 at a time from the pixel bytes (AVX-512: the
+/// fused formula's arithmetic, per lane with its channel's constants, so the table's bits, which
+/// [`Normalize`] checked the formula reproduces), each stored as `element` (`bfloat16` rounded as
+/// `f32_to_bf16` rounds): every byte of `out`, a whole number of patches of `element`s.
+///
+/// Panics if `out` is not a whole number of patches or `rgb` holds fewer bytes than its size.
+///
+/// # Safety
+///
+/// The CPU must have what `normalize::avx512::available` checks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+unsafe fn write_patches_wide(
+    wide: &super::normalize::avx512::Wide,
+    rgb: &Rgb<'_>,
+    side: usize,
+    out: &mut [MaybeUninit<u8>],
+    element: Element,
+) {
+    use std::arch::x86_64::*;
+    let size = element.size();
+    let row_len = side * 3;
+    let patch_bytes = side * row_len * size;
+    let stride = rgb.width * 3;
+    assert!(
+        patch_bytes > 0 && out.len().is_multiple_of(patch_bytes),
+        "{} bytes are not whole patches of {side}x{side}",
+        out.len()
+    );
+    assert!(
+        stride
+            .checked_mul(rgb.height)
+            .is_some_and(|n| n <= rgb.data.len()),
+        "a {}x{} image in {} bytes",
+        rgb.width,
+        rgb.height,
+        rgb.data.len()
+    );
+    // SAFETY: the CPU features are this function's contract.
+    let constants = unsafe { wide.interleaved() };
+    let slots = out.len() / patch_bytes;
+    let (rows, cols) = (rgb.height / side, rgb.width / side);
+    let (src, dst) = (rgb.data.as_ptr(), out.as_mut_ptr().cast::<u8>());
+    // Bytes of `out` written so far: whole patches.
+    let mut at = 0;
+    'grid: for gy in 0..rows {
+        for gx in 0..cols {
+            if at == slots * patch_bytes {
+                break 'grid;
+            }
+            for py in 0..side {
+                // Pixel row `gy·side + py < rows·side ≤ height`, columns `gx·side ..` up to
+                // `(gx + 1)·side ≤ cols·side ≤ width`: inside `rgb.data` (asserted above).
+                let start = (gy * side + py) * stride + gx * row_len;
+                let mut off = 0;
+                while off < row_len {
+                    let count = (row_len - off).min(16);
+                    // SAFETY: the masked load reads only bytes `start + off ..` up to
+                    // `start + row_len`, inside the pixel row above; the masked store writes only
+                    // `count · size` bytes from `at + off · size`, inside this patch's row of
+                    // `out` (`at` is below `slots · patch_bytes = out.len()` and moves by whole
+                    // rows). Masked-off bytes are not accessed.
+                    unsafe {
+                        let load_mask = u64::MAX >> (64 - count);
+                        let px = _mm512_maskz_loadu_epi8(load_mask, src.add(start + off).cast());
+                        let v = constants.values(_mm512_castsi512_si128(px), off % 3);
+                        let store_mask = u64::MAX >> (64 - count * size);
+                        let bytes = element.bytes(v);
+                        _mm512_mask_storeu_epi8(dst.add(at + off * size).cast(), store_mask, bytes);
+                    }
+                    off += count;
+                }
+                at += row_len * size;
+            }
+        }
+    }
+    out[at..].fill(MaybeUninit::new(0));
+}
+
 /// Gemma 4 on a batch (see the module docs): `pixel_values` planned.
 fn plan<'a>(
     config: &Gemma4Config,
@@ -341,7 +439,7 @@ fn plan<'a>(
         config.patch_size,
         config.max_patches(),
         pool2,
-        &lut,
+        (&lut, wide_of(normalize)),
         options,
     )
 }
@@ -353,12 +451,39 @@ struct PatchWriter<'a> {
     side: usize,
     slots: usize,
     lut: Box<Lut>,
+    /// The table's values as the fused formula computes them with AVX-512, where it does
+    /// ([`Normalize::wide`]: checked to reproduce the table).
+    wide: Simd,
     threads: usize,
 }
 
 impl PatchWriter<'_> {
     fn workers(&self) -> usize {
         parallel::workers(self.threads, self.images.len())
+    }
+
+    /// Every image's patches and padding into `out` as `element`s, one image per job, with the
+    /// AVX-512 kernel; `false` (nothing written) where there is none.
+    fn write_wide(&self, out: &mut [MaybeUninit<u8>], element: Element) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(wide) = &self.wide {
+            let per_image = self.slots * self.side * self.side * 3 * element.size();
+            // `Pending` passes exactly the tensor's values; anything else would leave some
+            // unwritten.
+            assert_eq!(out.len(), self.images.len() * per_image, "patch slots");
+            if per_image == 0 {
+                return true;
+            }
+            let jobs: Vec<_> = self.images.iter().zip(out.chunks_mut(per_image)).collect();
+            parallel::map(jobs, self.workers(), |_, (rgb, out)| {
+                // SAFETY: `wide` is only set from `Normalize::wide`, which gives constants only
+                // where the CPU has what the AVX-512 kernels need.
+                unsafe { write_patches_wide(wide, rgb, self.side, out, element) }
+            });
+            return true;
+        }
+        let _ = (out, element);
+        false
     }
 }
 
@@ -368,6 +493,9 @@ impl PatchWriter<'_> {
 // callers' `prepare` refuses, would stop at the last slot).
 unsafe impl WriteValues for PatchWriter<'_> {
     fn write(&self, out: &mut [Unaligned]) {
+        if self.write_wide(pending::bytes_of_unaligned(out), Element::F32) {
+            return;
+        }
         let per_image = self.slots * self.side * self.side * 3;
         // `Pending` passes exactly the tensor's values; anything else would leave some unwritten.
         assert_eq!(out.len(), self.images.len() * per_image, "patch slots");
@@ -380,12 +508,17 @@ unsafe impl WriteValues for PatchWriter<'_> {
         });
     }
 
+    fn write_bf16(&self, out: &mut [MaybeUninit<u8>]) -> bool {
+        self.write_wide(out, Element::Bf16)
+    }
+
     fn into_owned(self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError> {
         let PatchWriter {
             images,
             side,
             slots,
             lut,
+            wide,
             threads,
         } = *self;
         Ok(Box::new(PatchWriter {
@@ -393,6 +526,7 @@ unsafe impl WriteValues for PatchWriter<'_> {
             side,
             slots,
             lut,
+            wide,
             threads,
         }))
     }
@@ -408,7 +542,7 @@ pub(crate) fn plan_patches<'a>(
     side: usize,
     slots: usize,
     per_token: usize,
-    lut: &Lut,
+    (lut, wide): (&Lut, Simd),
     options: &Options,
 ) -> Result<(Pending<'a>, Outputs), ProcessorError> {
     if prepared.is_empty() {
@@ -440,6 +574,7 @@ pub(crate) fn plan_patches<'a>(
         side,
         slots,
         lut: Box::new(*lut),
+        wide,
         threads: options.threads,
     };
     let workers = writer.workers();
@@ -516,6 +651,109 @@ mod tests {
             out.get("num_soft_tokens_per_image").unwrap().data,
             TensorData::I64(vec![2])
         );
+    }
+
+    /// The AVX-512 patch writer gives the table's values bit for bit (and, as `bfloat16`, those
+    /// rounded): rescale alone (Gemma 4's default), with normalization, and Gemma 4 unified's
+    /// torch table where its formula reproduces it; patch sides whose rows are whole vectors (16)
+    /// and not (14: runs of 16, 16 and 10 values), images of several grids, padding slots, one
+    /// thread and two.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn wide_patches_are_the_tables_values() {
+        use crate::tensor::convert::f32_to_bf16;
+        let clip = (
+            [0.48145466, 0.4578275, 0.40821073],
+            [0.26862954, 0.26130258, 0.27577711],
+        );
+        let normalizers = [
+            Normalize::new(Some(1.0 / 255.0), None),
+            Normalize::new(Some(1.0 / 255.0), Some(clip)),
+            Normalize::new(Some(0.5), None),
+        ];
+        let mut tested = 0;
+        for normalize in &normalizers {
+            let Some(wide) = normalize.wide() else {
+                assert!(!super::super::normalize::avx512::available());
+                continue;
+            };
+            let lut: Lut =
+                std::array::from_fn(|c| std::array::from_fn(|v| normalize.value(c, v as u8)));
+            for side in [16, 14] {
+                let sizes = [
+                    (3 * side, 2 * side),
+                    (side, 5 * side),
+                    (2 * side + 3, side + 1),
+                ];
+                let images: Vec<Vec<u8>> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &(w, h))| {
+                        (0..w * h * 3)
+                            .map(|i| ((i * 131 + k * 7) % 256) as u8)
+                            .collect()
+                    })
+                    .collect();
+                for threads in [1, 2] {
+                    let writer = |wide| PatchWriter {
+                        images: sizes
+                            .iter()
+                            .zip(&images)
+                            .map(|(&(width, height), data)| Rgb {
+                                data: std::borrow::Cow::Borrowed(data.as_slice()),
+                                width,
+                                height,
+                            })
+                            .collect::<Vec<_>>()
+                            .into(),
+                        side,
+                        slots: 7,
+                        lut: Box::new(lut),
+                        wide,
+                        threads,
+                    };
+                    let len = sizes.len() * 7 * side * side * 3;
+                    let mut want = vec![MaybeUninit::new(0xEEu8); 4 * len];
+                    writer(None).write(super::super::store::unaligned_of(&mut want));
+                    let mut got = vec![MaybeUninit::new(0x11u8); 4 * len];
+                    writer(Some(wide)).write(super::super::store::unaligned_of(&mut got));
+                    // SAFETY: both writers wrote every value.
+                    let (want, got): (Vec<u8>, Vec<u8>) = unsafe {
+                        (
+                            want.iter().map(|b| b.assume_init()).collect(),
+                            got.iter().map(|b| b.assume_init()).collect(),
+                        )
+                    };
+                    assert!(
+                        got == want,
+                        "side {side}, {threads} threads: float32 differs"
+                    );
+                    let rounded: Vec<u8> = want
+                        .chunks_exact(4)
+                        .flat_map(|v| {
+                            f32_to_bf16(u32::from_le_bytes([v[0], v[1], v[2], v[3]])).to_le_bytes()
+                        })
+                        .collect();
+                    let mut half = vec![MaybeUninit::new(0x22u8); 2 * len + 1];
+                    assert!(writer(Some(wide)).write_bf16(&mut half[1..]));
+                    assert!(
+                        !writer(None).write_bf16(&mut half[1..]),
+                        "a table-only writer wrote"
+                    );
+                    // SAFETY: every byte was initialised above.
+                    let half: Vec<u8> = half.iter().map(|b| unsafe { b.assume_init() }).collect();
+                    assert_eq!(half[0], 0x22, "the byte before the output was written");
+                    assert!(
+                        half[1..] == rounded[..],
+                        "side {side}, {threads} threads: bfloat16 differs"
+                    );
+                    tested += 1;
+                }
+            }
+        }
+        if super::super::normalize::avx512::available() {
+            assert_eq!(tested, 12, "every configuration ran the AVX-512 writer");
+        }
     }
 
     #[test]

@@ -152,6 +152,25 @@ fn table(config: &Gemma4Config) -> Lut {
     }
 }
 
+/// [`table`]'s values as the fused formula computes them 16 at a time, kept only where it
+/// reproduces the table ([`Normalize::from_formula`]). With normalization, the torch formula's
+/// constants. Rescale alone is `f32(x) · f32(scale)`: the formula with the factor `f32(scale)`
+/// (whose low part is then 0, so its `x·hi + x·lo` is that one rounded product) and mean 0, std
+/// 1 (which leave it as it is).
+fn formula_of(config: &Gemma4Config, lut: &Lut) -> Normalize {
+    let common = &config.common;
+    if !common.do_normalize {
+        let scale = f64::from(common.rescale_factor as f32);
+        return Normalize::from_formula(*lut, scale, [0.0; 3], [1.0; 3]);
+    }
+    let factor = if common.do_rescale {
+        common.rescale_factor
+    } else {
+        1.0
+    };
+    Normalize::from_formula(*lut, factor, common.image_mean, common.image_std)
+}
+
 /// One image, resized with torch's kernel (or as it is, with `do_resize` off: then whole
 /// kernels, at most `max_soft_tokens` of them).
 fn prepare<'a>(
@@ -218,7 +237,7 @@ fn plan<'a>(
         config.pooling_kernel_size * config.patch_size,
         config.max_soft_tokens,
         1,
-        &lut,
+        (&lut, gemma4::wide_of(&formula_of(config, &lut))),
         options,
     )
 }
@@ -341,5 +360,43 @@ mod tests {
         let pre = Preprocessor::new(Family::Gemma4Unified, &entries).unwrap();
         let err = pre.images(&[input], &Options::default()).unwrap_err();
         assert!(err.to_string().contains("48"), "{err}");
+    }
+
+    /// The table's formula is kept for the AVX-512 patch writer where it reproduces the table:
+    /// always for the default rescale (`f32(x) · f32(scale)`, one rounded product), and never
+    /// where it does not (`from_formula` checks every input).
+    #[test]
+    fn the_formula_is_kept_only_where_it_is_the_table() {
+        let Gemma4UnifiedConfig(mut config) = Gemma4UnifiedConfig::gemma4_unified();
+        let lut = table(&config);
+        let formula = formula_of(&config, &lut);
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            formula.wide().is_some(),
+            crate::processors::normalize::avx512::available(),
+            "the default rescale's formula was not kept"
+        );
+        for v in 0..=255u8 {
+            assert_eq!(
+                formula.value(1, v).to_bits(),
+                lut[1][usize::from(v)].to_bits()
+            );
+        }
+        config.common.do_normalize = true;
+        config.common.image_mean = [0.5, 0.25, 0.125];
+        config.common.image_std = [0.5, 2.0, 0.3];
+        let lut = table(&config);
+        let formula = formula_of(&config, &lut);
+        #[cfg(target_arch = "x86_64")]
+        if formula.wide().is_some() {
+            let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
+            let mut out = vec![0f32; all.len()];
+            for c in 0..3 {
+                formula.channel_into(&all, c, &mut out[..256]);
+                for v in 0..256 {
+                    assert_eq!(out[v].to_bits(), lut[c][v].to_bits(), "c {c}, v {v}");
+                }
+            }
+        }
     }
 }

@@ -27,8 +27,8 @@
 
 use super::{Out, RgbRef};
 
-/// The rescale/normalize of one configuration, as a per-channel lookup table (and, when both
-/// steps are on and the CPU has AVX2 and FMA, the same values eight at a time).
+/// The rescale/normalize of one configuration, as a per-channel lookup table (and, when the
+/// rescale is on and the CPU has AVX2 and FMA, the same values eight at a time).
 #[derive(Clone)]
 pub struct Normalize {
     lut: [[f32; 256]; 3],
@@ -75,8 +75,11 @@ impl Normalize {
         Normalize {
             lut,
             #[cfg(target_arch = "x86_64")]
+            // Rescale alone is the formula with mean 0 and std 1: `(x − 0) / 1` is `x`, bit for
+            // bit, so the table holds exactly that formula's values.
             simd: match (rescale, normalize) {
-                (Some(factor), Some((mean, std))) if avx2::available() => {
+                (Some(factor), normalize) if avx2::available() => {
+                    let (mean, std) = normalize.unwrap_or(([0.0; 3], [1.0; 3]));
                     Some(avx2::Formula::new(factor, mean, std, &lut))
                 }
                 _ => None,
@@ -990,6 +993,62 @@ pub(crate) mod avx512 {
         }
     }
 
+    /// [`Wide`]'s constants for values laid out channels-last (`R G B R G B …`, as the pixels
+    /// are): per lane, the constants of its channel, for a run whose first value is of channel
+    /// `phase` (index = phase), for [`Interleaved::values`].
+    #[derive(Clone, Copy)]
+    pub struct Interleaved {
+        hi: __m512,
+        lo: __m512,
+        mean: [__m512; 3],
+        std: [__m512; 3],
+        recip: [__m512; 3],
+    }
+
+    impl Wide {
+        /// The constants per lane, for each phase.
+        ///
+        /// # Safety
+        ///
+        /// The CPU must have what [`available`] checks.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+        #[inline]
+        pub unsafe fn interleaved(&self) -> Interleaved {
+            let [mean, std, recip] = self.channels;
+            let lanes = |values: [f32; 3], phase: usize| {
+                let per_lane: [f32; LANES] = std::array::from_fn(|k| values[(phase + k) % 3]);
+                // SAFETY: a 16-value array, read with an unaligned load.
+                unsafe { _mm512_loadu_ps(per_lane.as_ptr()) }
+            };
+            Interleaved {
+                hi: _mm512_set1_ps(self.split[0]),
+                lo: _mm512_set1_ps(self.split[1]),
+                mean: std::array::from_fn(|p| lanes(mean, p)),
+                std: std::array::from_fn(|p| lanes(std, p)),
+                recip: std::array::from_fn(|p| lanes(recip, p)),
+            }
+        }
+    }
+
+    impl Interleaved {
+        /// The values of the 16 bytes of `bytes` laid out channels-last, the first of channel
+        /// `phase` (< 3): per value, the operations of [`Registers::values`] with its channel's
+        /// constants (so the bits `reproduces` checked).
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+        #[inline]
+        pub fn values(&self, bytes: __m128i, phase: usize) -> __m512 {
+            let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+            let x = _mm512_fmadd_ps(v, self.hi, _mm512_mul_ps(v, self.lo));
+            let d = _mm512_sub_ps(x, self.mean[phase]);
+            let q = _mm512_mul_ps(d, self.recip[phase]);
+            _mm512_fmadd_ps(
+                _mm512_fnmadd_ps(q, self.std[phase], d),
+                self.recip[phase],
+                q,
+            )
+        }
+    }
+
     impl Registers {
         /// The values of channel `c` (< 3) of the (up to) 16 interleaved RGB pixels whose bytes
         /// are `px`'s first 48: the fused formula, the same operations as every kernel of this
@@ -1459,6 +1518,34 @@ mod tests {
             for (c, values) in got.iter().enumerate() {
                 for (v, &bits) in (0..=255u8).zip(values) {
                     assert_eq!(bits, n.value(c, v).to_bits(), "{config:?}, c {c}, v {v}");
+                }
+            }
+        }
+    }
+
+    /// Rescale alone runs the formula with mean 0 and std 1, which must give the table's bits
+    /// (`f32(f64(v) · factor)`) for every input, by every kernel.
+    #[test]
+    fn rescale_alone_equals_the_table_for_every_input() {
+        let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
+        for factor in [
+            1.0 / 255.0,
+            0.5,
+            1e-3,
+            3.7,
+            1.0 / 127.5,
+            0.00392156862745098,
+        ] {
+            let fast = Normalize::new(Some(factor), None);
+            #[cfg(target_arch = "x86_64")]
+            assert_eq!(fast.simd.is_some(), avx2::available(), "factor {factor}");
+            for variant in variants(&fast) {
+                let got = run(&variant, &all);
+                for (c, values) in got.iter().enumerate() {
+                    for (v, &bits) in (0..=255u8).zip(values) {
+                        let want = (f64::from(v) * factor) as f32;
+                        assert_eq!(bits, want.to_bits(), "factor {factor}, c {c}, v {v}");
+                    }
                 }
             }
         }

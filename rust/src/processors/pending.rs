@@ -55,6 +55,15 @@ pub unsafe trait WriteValues: Send + Sync {
     fn into_owned(self: Box<Self>) -> Result<Box<dyn WriteValues>, ProcessorError>;
 }
 
+/// The bytes of `values` (the same memory, viewed byte by byte).
+pub(crate) fn bytes_of_unaligned(values: &mut [Unaligned]) -> &mut [MaybeUninit<u8>] {
+    let len = std::mem::size_of_val(values);
+    // SAFETY: the pointer and length cover exactly the memory of `values`, which the result
+    // reborrows mutably; an `Unaligned` is four `MaybeUninit<u8>` (alignment 1), and whatever
+    // bytes are written make valid `Unaligned` values.
+    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) }
+}
+
 /// A `float32` tensor planned but not written (see the module docs).
 pub struct Pending<'a> {
     name: &'static str,
