@@ -343,6 +343,8 @@ fn write_patches(lut: &Lut, rgb: &Rgb<'_>, side: usize, out: &mut [Unaligned]) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+super::store::bf16_twins! {
 /// [`write_patches`] with the values computed 16 at a time from the pixel bytes (AVX-512: the
 /// fused formula's arithmetic, per lane with its channel's constants, so the table's bits, which
 /// [`Normalize`] checked the formula reproduces), each stored as `element` (`bfloat16` rounded as
@@ -352,10 +354,10 @@ fn write_patches(lut: &Lut, rgb: &Rgb<'_>, side: usize, out: &mut [Unaligned]) {
 ///
 /// # Safety
 ///
-/// The CPU must have what `normalize::avx512::available` checks.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
-unsafe fn write_patches_wide(
+/// The CPU must have what `normalize::avx512::available` checks (and AVX-512 BF16 for the twin,
+/// `write_patches_wide_bf16`, which rounds `bfloat16` with it: see
+/// [`bf16_twins`](super::store::bf16_twins)).
+unsafe fn write_patches_wide / write_patches_wide_bf16(
     wide: &super::normalize::avx512::Wide,
     rgb: &Rgb<'_>,
     side: usize,
@@ -410,7 +412,7 @@ unsafe fn write_patches_wide(
                         let px = _mm512_maskz_loadu_epi8(load_mask, src.add(start + off).cast());
                         let v = constants.values(_mm512_castsi512_si128(px), off % 3);
                         let store_mask = u64::MAX >> (64 - count * size);
-                        let bytes = element.bytes(v);
+                        let bytes = to_bytes(element, v);
                         _mm512_mask_storeu_epi8(dst.add(at + off * size).cast(), store_mask, bytes);
                     }
                     off += count;
@@ -420,6 +422,7 @@ unsafe fn write_patches_wide(
         }
     }
     out[at..].fill(MaybeUninit::new(0));
+}
 }
 
 /// Gemma 4 on a batch (see the module docs): `pixel_values` planned.
@@ -475,10 +478,18 @@ impl PatchWriter<'_> {
                 return true;
             }
             let jobs: Vec<_> = self.images.iter().zip(out.chunks_mut(per_image)).collect();
+            let hardware = element == Element::Bf16 && super::store::bf16_hardware();
             parallel::map(jobs, self.workers(), |_, (rgb, out)| {
                 // SAFETY: `wide` is only set from `Normalize::wide`, which gives constants only
-                // where the CPU has what the AVX-512 kernels need.
-                unsafe { write_patches_wide(wide, rgb, self.side, out, element) }
+                // where the CPU has what the AVX-512 kernels need; the twin runs only where
+                // `bf16_hardware` found AVX-512 BF16 as well.
+                unsafe {
+                    if hardware {
+                        write_patches_wide_bf16(wide, rgb, self.side, out, element)
+                    } else {
+                        write_patches_wide(wide, rgb, self.side, out, element)
+                    }
+                }
             });
             return true;
         }
@@ -736,6 +747,33 @@ mod tests {
                         .collect();
                     let mut half = vec![MaybeUninit::new(0x22u8); 2 * len + 1];
                     assert!(writer(Some(wide)).write_bf16(&mut half[1..]));
+                    // The build rounding with integer operations, called directly (the writer
+                    // runs the one rounding on the CPU where it can).
+                    let mut plain = vec![MaybeUninit::new(0x44u8); 2 * len];
+                    for (k, (data, &(width, height))) in images.iter().zip(&sizes).enumerate() {
+                        let rgb = Rgb {
+                            data: std::borrow::Cow::Borrowed(data.as_slice()),
+                            width,
+                            height,
+                        };
+                        let per = 2 * 7 * side * side * 3;
+                        // SAFETY: `wide` is given only where the AVX-512 kernels run.
+                        unsafe {
+                            write_patches_wide(
+                                &wide,
+                                &rgb,
+                                side,
+                                &mut plain[k * per..(k + 1) * per],
+                                Element::Bf16,
+                            )
+                        };
+                    }
+                    // SAFETY: every byte was written by the kernel.
+                    let plain: Vec<u8> = plain.iter().map(|b| unsafe { b.assume_init() }).collect();
+                    assert!(
+                        plain == rounded,
+                        "side {side}: the integer rounding differs"
+                    );
                     assert!(
                         !writer(None).write_bf16(&mut half[1..]),
                         "a table-only writer wrote"

@@ -391,10 +391,10 @@ mod tests {
         if formula.wide().is_some() {
             let all: Vec<u8> = (0..=255u8).flat_map(|v| [v, v, v]).collect();
             let mut out = vec![0f32; all.len()];
-            for c in 0..3 {
+            for (c, table) in lut.iter().enumerate() {
                 formula.channel_into(&all, c, &mut out[..256]);
-                for v in 0..256 {
-                    assert_eq!(out[v].to_bits(), lut[c][v].to_bits(), "c {c}, v {v}");
+                for (v, (got, want)) in out.iter().zip(table).enumerate() {
+                    assert_eq!(got.to_bits(), want.to_bits(), "c {c}, v {v}");
                 }
             }
         }

@@ -320,9 +320,17 @@ impl ChwWriter {
         out: &mut [std::mem::MaybeUninit<u8>],
         element: super::store::Element,
     ) {
+        let (wide, at, size) = (&self.wide, (top, left), (out_h, out_w));
         // SAFETY: a `ChwWriter` exists only where the CPU has what `avx512::available` checks
-        // (`Normalize::chw_writer` gets its constants from `wide`, which requires it).
-        unsafe { avx512::write_chw(&self.wide, src, top, left, (out_h, out_w), out, element) }
+        // (`Normalize::chw_writer` gets its constants from `wide`, which requires it); the twin
+        // runs only where `bf16_hardware` found AVX-512 BF16 as well.
+        unsafe {
+            if element == super::store::Element::Bf16 && super::store::bf16_hardware() {
+                avx512::write_chw_bf16(wide, src, at, size, out, element)
+            } else {
+                avx512::write_chw(wide, src, at, size, out, element)
+            }
+        }
     }
 }
 
@@ -922,7 +930,7 @@ pub(crate) mod avx2 {
 pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::super::store::Element;
+    use super::super::store::{bf16_twins, Element};
 
     /// Values per vector.
     const LANES: usize = 16;
@@ -1065,6 +1073,7 @@ pub(crate) mod avx512 {
         }
     }
 
+    bf16_twins! {
     /// [`super::ChwWriter::write_chw`]: a window row at a time, in each channel plane the
     /// normalised zero left of the image, its values 16 at a time, the zero right of it (rows
     /// outside the image all zero); stored with masked stores of each run's own bytes.
@@ -1074,17 +1083,17 @@ pub(crate) mod avx512 {
     ///
     /// # Safety
     ///
-    /// The CPU must support what [`available`] checks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
-    pub unsafe fn write_chw(
+    /// The CPU must support what [`available`] checks (and AVX-512 BF16 for the twin,
+    /// `write_chw_bf16`, which rounds `bfloat16` with it: see [`bf16_twins`]).
+    pub unsafe fn write_chw / write_chw_bf16(
         wide: &Wide,
         src: super::RgbRef<'_>,
-        top: isize,
-        left: isize,
-        (out_h, out_w): (usize, usize),
+        top_left: (isize, isize),
+        size: (usize, usize),
         out: &mut [std::mem::MaybeUninit<u8>],
         element: Element,
     ) {
+        let ((top, left), (out_h, out_w)) = (top_left, size);
         let size = element.size();
         let row_bytes = out_w.checked_mul(size).expect("window size overflows");
         let plane = out_h.checked_mul(row_bytes).expect("window size overflows");
@@ -1110,7 +1119,7 @@ pub(crate) mod avx512 {
         // The normalised zero of each channel in all 64 bytes (`bfloat16` fills only the low 32
         // of `Element::bytes`: they are repeated into the high half).
         let zeros: [__m512i; 3] = std::array::from_fn(|c| {
-            let v = element.bytes(registers.values(_mm512_setzero_si512(), c));
+            let v = to_bytes(element, registers.values(_mm512_setzero_si512(), c));
             match element {
                 Element::F32 => v,
                 Element::Bf16 => _mm512_inserti64x4::<1>(v, _mm512_castsi512_si256(v)),
@@ -1169,12 +1178,13 @@ pub(crate) mod avx512 {
                     _mm512_maskz_loadu_epi8(bytes_mask, src.data.as_ptr().add(at).cast())
                 };
                 for (c, &dst) in rows.iter().enumerate() {
-                    let v = element.bytes(registers.values(px, c));
+                    let v = to_bytes(element, registers.values(px, c));
                     put(dst + x * size, v, count * size);
                 }
                 x += count;
             }
         }
+    }
     }
 
     /// As the AVX2 kernel's `spread::<true>`, with the fused formula's constants `wide`.
@@ -1657,6 +1667,48 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The two builds of the window kernel (`bfloat16` rounded with integer operations, and by
+    /// the CPU) write the same bytes, where the CPU has both.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn chw_twins_write_the_same_bfloat16() {
+        use super::super::store::{bf16_hardware, Element};
+        let n = Normalize::new(Some(1.0 / 255.0), Some((CLIP_MEAN, CLIP_STD)));
+        let (Some(wide), true) = (n.wide(), bf16_hardware()) else {
+            return;
+        };
+        let data: Vec<u8> = (0..3 * 37 * 23)
+            .map(|i| ((i * 59 + 1) % 256) as u8)
+            .collect();
+        let src = RgbRef {
+            data: &data,
+            width: 37,
+            height: 23,
+        };
+        for (at, size) in [
+            ((0, 0), (23, 37)),
+            ((-4, -6), (30, 50)),
+            ((20, 30), (8, 17)),
+        ] {
+            let len = 2 * 3 * size.0 * size.1;
+            let mut a = vec![std::mem::MaybeUninit::new(1u8); len];
+            let mut b = vec![std::mem::MaybeUninit::new(2u8); len];
+            // SAFETY: `wide` and `bf16_hardware`: AVX-512 F, BW, VBMI, FMA and BF16.
+            unsafe {
+                avx512::write_chw(&wide, src, at, size, &mut a, Element::Bf16);
+                avx512::write_chw_bf16(&wide, src, at, size, &mut b, Element::Bf16);
+            }
+            // SAFETY: every byte was initialised above.
+            let (a, b): (Vec<u8>, Vec<u8>) = unsafe {
+                (
+                    a.iter().map(|x| x.assume_init()).collect(),
+                    b.iter().map(|x| x.assume_init()).collect(),
+                )
+            };
+            assert!(a == b, "{at:?} {size:?}");
         }
     }
 

@@ -595,8 +595,15 @@ pub fn write_window_row(
         if let Some(wide) = normalize.wide() {
             if store::LinePacker::available() {
                 // SAFETY: `wide` is only given on a CPU with AVX-512 F, BW, VBMI and FMA
-                // (`avx512::available`), which `LinePacker::available` confirmed too.
-                unsafe { write_window_row_wide(frames, ps, m, window_row, &wide, out, element) };
+                // (`avx512::available`), which `LinePacker::available` confirmed too; the twin
+                // runs only where `bf16_hardware` found AVX-512 BF16 as well.
+                unsafe {
+                    if element == Element::Bf16 && store::bf16_hardware() {
+                        write_window_row_wide_bf16(frames, ps, m, window_row, &wide, out, element)
+                    } else {
+                        write_window_row_wide(frames, ps, m, window_row, &wide, out, element)
+                    }
+                };
                 store::fence(true);
                 return;
             }
@@ -692,21 +699,22 @@ pub fn write_window_row(
     store::fence(stream);
 }
 
+#[cfg(target_arch = "x86_64")]
+store::bf16_twins! {
 /// [`write_window_row`] with streaming stores, each patch row's values computed into registers
 /// (channel by channel, one run of `ps` values per pixel row) and streamed from there as whole
 /// cache lines by a [`store::LinePacker`]: no staging row. The values are the fused formula's
 /// ([`avx512::Registers::values`](super::normalize::avx512::Registers::values)), the same bits
-/// as every other kernel of the normaliser; as [`Element::Bf16`] each is rounded by
-/// [`store::bf16_vector`], as a staged row is.
+/// as every other kernel of the normaliser; as [`Element::Bf16`] each is rounded as
+/// [`store::bf16_vector`] rounds, as a staged row is (by the CPU in the twin,
+/// `write_window_row_wide_bf16`: see [`store::bf16_twins`]).
 ///
 /// Panics unless `1 ≤ ps ≤ 16` and every frame holds the window row's pixel rows.
 ///
 /// # Safety
 ///
-/// The CPU must have AVX-512 F, BW and VBMI and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
-unsafe fn write_window_row_wide(
+/// The CPU must have AVX-512 F, BW and VBMI and FMA (and BF16 for the twin).
+unsafe fn write_window_row_wide / write_window_row_wide_bf16(
     frames: &[RgbRef<'_>],
     ps: usize,
     m: usize,
@@ -769,7 +777,7 @@ unsafe fn write_window_row_wide(
                                     _mm512_maskz_loadu_epi8(load_mask, data.as_ptr().add(at).cast())
                                 };
                                 let v = registers.values(px, c);
-                                *value = element.bytes(v);
+                                *value = to_bytes(element, v);
                             }
                             held = Some(t);
                         }
@@ -784,6 +792,7 @@ unsafe fn write_window_row_wide(
     }
     // SAFETY: the CPU features are this function's contract.
     unsafe { packer.finish() };
+}
 }
 
 /// How [`write_window_row`] writes: as which [`Element`], with streaming stores or not.
@@ -1276,6 +1285,52 @@ mod tests {
             err.to_string(),
             "image 0: absolute aspect ratio must be smaller than 200, got 201.0"
         );
+    }
+
+    /// The two builds of the register-streamed writer (`bfloat16` rounded with integer
+    /// operations, and by the CPU) write the same bytes, where the CPU has both.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn window_row_twins_write_the_same_bfloat16() {
+        let normalize = Normalize::new(Some(1.0 / 255.0), Some(([0.4, 0.5, 0.6], [0.2, 0.3, 0.4])));
+        let Some(wide) = normalize.wide() else {
+            return;
+        };
+        if !store::LinePacker::available() || !store::bf16_hardware() {
+            return;
+        }
+        for ps in [3, 14, 16] {
+            let (width, height) = (4 * ps, 2 * ps);
+            let data: Vec<u8> = (0..width * height * 3)
+                .map(|i| ((i * 37) % 253) as u8)
+                .collect();
+            let frame = RgbRef {
+                data: &data,
+                width,
+                height,
+            };
+            let frames = [frame, frame];
+            let len = 2 * 4 * 2 * 3 * 2 * ps * ps; // grid_w · m rows of 3·T·ps² bf16 values
+            for offset in [0, 5, 63] {
+                let mut a = vec![MaybeUninit::new(0x33u8); len + 64];
+                let mut b = vec![MaybeUninit::new(0x33u8); len + 64];
+                // SAFETY: `wide` and the checks above: AVX-512 F, BW, VBMI, FMA and BF16.
+                unsafe {
+                    let (a, b) = (&mut a[offset..offset + len], &mut b[offset..offset + len]);
+                    write_window_row_wide(&frames, ps, 2, 0, &wide, a, Element::Bf16);
+                    write_window_row_wide_bf16(&frames, ps, 2, 0, &wide, b, Element::Bf16);
+                }
+                store::fence(true);
+                // SAFETY: every byte was initialised above.
+                let (a, b): (Vec<u8>, Vec<u8>) = unsafe {
+                    (
+                        a.iter().map(|x| x.assume_init()).collect(),
+                        b.iter().map(|x| x.assume_init()).collect(),
+                    )
+                };
+                assert!(a == b, "ps {ps}, offset {offset}");
+            }
+        }
     }
 
     #[test]
