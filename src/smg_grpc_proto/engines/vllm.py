@@ -115,10 +115,11 @@ def generate_request(
     ``media`` is one :class:`PreparedMedia` per modality (the first goes to ``mm_inputs``, any
     further to ``extra_mm_inputs``). ``dtype`` converts ``pixel_values`` (e.g.
     ``"bfloat16"``: vLLM casts them to the model's dtype, so a bfloat16 model sees the same
-    values in half the bytes; the Qwen families' deferred pixel values are then written as
-    bfloat16 straight into the request); ``transport`` sends it ``"inline"``, through shared
-    memory (``"shm"``), through shared memory from ``shm_min_bytes`` on (``"auto"``) or staged
-    for a NIXL READ (``"remote"``: with ``exporter``, else that of an enclosing
+    values in half the bytes; a deferred ``pixel_values`` (the Qwen, tiled and Gemma 4
+    families) is then written as bfloat16 straight into the request); ``transport`` sends it
+    ``"inline"``, through shared memory (``"shm"``), through shared memory from
+    ``shm_min_bytes`` on (``"auto"``) or staged for a NIXL READ (``"remote"``: with
+    ``exporter``, else that of an enclosing
     :func:`smg_grpc_proto.tensors.remote_context`, else the process default; inline when the
     exporter refuses it or NIXL is missing, counted by
     :func:`smg_grpc_proto.tensors.remote_stats`; side tensors stay inline; slots staged before a
