@@ -478,11 +478,13 @@ impl PatchWriter<'_> {
                 return true;
             }
             let jobs: Vec<_> = self.images.iter().zip(out.chunks_mut(per_image)).collect();
-            let hardware = element == Element::Bf16 && super::store::bf16_hardware();
+            let hardware =
+                element == Element::Bf16 && wide.subnormal_free && super::store::bf16_hardware();
             parallel::map(jobs, self.workers(), |_, (rgb, out)| {
                 // SAFETY: `wide` is only set from `Normalize::wide`, which gives constants only
                 // where the CPU has what the AVX-512 kernels need; the twin runs only where
-                // `bf16_hardware` found AVX-512 BF16 as well.
+                // `bf16_hardware` found AVX-512 BF16 as well (and only on values that are never
+                // subnormal, which it would round wrongly).
                 unsafe {
                     if hardware {
                         write_patches_wide_bf16(wide, rgb, self.side, out, element)

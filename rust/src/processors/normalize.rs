@@ -323,9 +323,13 @@ impl ChwWriter {
         let (wide, at, size) = (&self.wide, (top, left), (out_h, out_w));
         // SAFETY: a `ChwWriter` exists only where the CPU has what `avx512::available` checks
         // (`Normalize::chw_writer` gets its constants from `wide`, which requires it); the twin
-        // runs only where `bf16_hardware` found AVX-512 BF16 as well.
+        // runs only where `bf16_hardware` found AVX-512 BF16 as well (and only on values that
+        // are never subnormal, which it would round wrongly).
         unsafe {
-            if element == super::store::Element::Bf16 && super::store::bf16_hardware() {
+            if element == super::store::Element::Bf16
+                && wide.subnormal_free
+                && super::store::bf16_hardware()
+            {
                 avx512::write_chw_bf16(wide, src, at, size, out, element)
             } else {
                 avx512::write_chw(wide, src, at, size, out, element)
@@ -434,6 +438,8 @@ pub(crate) mod avx2 {
         mean: [f32; 3],
         std: [f32; 3],
         recip: [f32; 3],
+        /// No value of the table is subnormal (see [`super::avx512::Wide::subnormal_free`]).
+        subnormal_free: bool,
     }
 
     impl Formula {
@@ -451,6 +457,7 @@ pub(crate) mod avx2 {
                 mean: mean.map(|m| m as f32),
                 std,
                 recip: std.map(|s| 1.0 / s),
+                subnormal_free: table.iter().flatten().all(|v| !v.is_subnormal()),
             };
             if !formula.reproduces(table) {
                 formula.method = Method::Literal;
@@ -552,6 +559,7 @@ pub(crate) mod avx2 {
             super::avx512::Wide {
                 split: [self.hi, self.lo],
                 channels: [self.mean, self.std, self.recip],
+                subnormal_free: self.subnormal_free,
             }
         }
 
@@ -966,6 +974,11 @@ pub(crate) mod avx512 {
     pub struct Wide {
         pub split: [f32; 2],
         pub channels: [[f32; 3]; 3],
+        /// No value the formula computes is subnormal: its table holds none of the 3 × 256
+        /// values, and the formula gives the table's values (it is only used where it
+        /// reproduces them). The CPU's `bfloat16` rounding, which flushes subnormal inputs to
+        /// zero, is then exact for every value (see `store::bf16_vector_cpu`).
+        pub subnormal_free: bool,
     }
 
     /// [`Wide`]'s constants broadcast, and the byte controls, for [`Registers::values`].
@@ -1710,6 +1723,61 @@ mod tests {
             };
             assert!(a == b, "{at:?} {size:?}");
         }
+    }
+
+    /// A normaliser whose values include subnormals is marked so (the CPU's `bfloat16` rounding
+    /// would flush them), and its windows as `bfloat16` are still `f32_to_bf16` of its values;
+    /// the usual ones are marked free of them.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn subnormal_values_keep_the_integer_rounding() {
+        use super::super::store::Element;
+        use crate::tensor::convert::f32_to_bf16;
+        let clip = Normalize::new(Some(1.0 / 255.0), Some((CLIP_MEAN, CLIP_STD)));
+        if let Some(wide) = clip.wide() {
+            assert!(wide.subnormal_free);
+        }
+        // Values of about 1e-38 (a huge std): some subnormal, some normal. The first of these
+        // whose formula reproduces its table.
+        let candidates = [3e37, 5e37, 1e38, 2e38, 3e38]
+            .map(|std| Normalize::new(Some(1.0 / 255.0), Some(([0.5, 0.25, 0.75], [std; 3]))));
+        let found = candidates.iter().find(|n| n.wide().is_some());
+        let Some(tiny) = found else {
+            assert!(!super::avx512::available(), "no candidate has the formula");
+            return;
+        };
+        let wide = tiny.wide().expect("found by it");
+        let values = (0..3).flat_map(|c| (0..=255u8).map(move |v| (c, v)));
+        let subnormal = values
+            .clone()
+            .filter(|&(c, v)| tiny.value(c, v).is_subnormal())
+            .count();
+        assert!(
+            subnormal > 0 && subnormal < 768,
+            "{subnormal} subnormal values"
+        );
+        assert!(!wide.subnormal_free);
+        let writer = tiny
+            .chw_writer()
+            .expect("a writer where there is a formula");
+        let data: Vec<u8> = (0..3 * 20 * 20).map(|i| (i % 256) as u8).collect();
+        let src = RgbRef {
+            data: &data,
+            width: 20,
+            height: 20,
+        };
+        let mut want = vec![Out::new(f32::NAN); 3 * 20 * 20];
+        tiny.write_chw(src, 0, 0, 20, 20, &mut want);
+        // SAFETY: `write_chw` wrote every value.
+        let want: Vec<u8> = want
+            .iter()
+            .flat_map(|v| f32_to_bf16(unsafe { v.assume_init() }.to_bits()).to_le_bytes())
+            .collect();
+        let mut got = vec![std::mem::MaybeUninit::new(0u8); want.len()];
+        writer.write_chw(src, 0, 0, (20, 20), &mut got, Element::Bf16);
+        // SAFETY: the writer wrote every byte.
+        let got: Vec<u8> = got.iter().map(|b| unsafe { b.assume_init() }).collect();
+        assert!(got == want, "subnormal values rounded wrongly");
     }
 
     /// The writer refuses an output of the wrong size before writing anything.

@@ -596,9 +596,10 @@ pub fn write_window_row(
             if store::LinePacker::available() {
                 // SAFETY: `wide` is only given on a CPU with AVX-512 F, BW, VBMI and FMA
                 // (`avx512::available`), which `LinePacker::available` confirmed too; the twin
-                // runs only where `bf16_hardware` found AVX-512 BF16 as well.
+                // runs only where `bf16_hardware` found AVX-512 BF16 as well (and only on values
+                // that are never subnormal, which it would round wrongly).
                 unsafe {
-                    if element == Element::Bf16 && store::bf16_hardware() {
+                    if element == Element::Bf16 && wide.subnormal_free && store::bf16_hardware() {
                         write_window_row_wide_bf16(frames, ps, m, window_row, &wide, out, element)
                     } else {
                         write_window_row_wide(frames, ps, m, window_row, &wide, out, element)
