@@ -368,7 +368,7 @@ unsafe fn write_patches_wide / write_patches_wide_bf16(
     let size = element.size();
     let row_len = side * 3;
     let patch_bytes = side * row_len * size;
-    let stride = rgb.width * 3;
+    let stride = rgb.width.saturating_mul(3);
     assert!(
         patch_bytes > 0 && out.len().is_multiple_of(patch_bytes),
         "{} bytes are not whole patches of {side}x{side}",
@@ -377,7 +377,7 @@ unsafe fn write_patches_wide / write_patches_wide_bf16(
     assert!(
         stride
             .checked_mul(rgb.height)
-            .is_some_and(|n| n <= rgb.data.len()),
+            .is_some_and(|n| n <= rgb.data.len() && stride < usize::MAX),
         "a {}x{} image in {} bytes",
         rgb.width,
         rgb.height,

@@ -283,12 +283,18 @@ struct Inside {
 }
 
 impl Inside {
+    /// Saturating throughout: a corner or size beyond `isize` (`isize::MIN` included, whose
+    /// negation overflows) gives the empty range where the exact one would be, never a range
+    /// reaching outside the image.
     fn new(src: RgbRef<'_>, top: isize, left: isize, out_h: usize, out_w: usize) -> Self {
-        let (w, h) = (src.width as isize, src.height as isize);
-        let x0 = (-left).clamp(0, out_w as isize) as usize;
-        let x1 = (w.saturating_sub(left)).clamp(x0 as isize, out_w as isize) as usize;
-        let y0 = (-top).clamp(0, out_h as isize) as usize;
-        let y1 = (h.saturating_sub(top)).clamp(y0 as isize, out_h as isize) as usize;
+        let size = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
+        let (w, h, out_w, out_h) = (size(src.width), size(src.height), size(out_w), size(out_h));
+        let x0 = 0isize.saturating_sub(left).clamp(0, out_w);
+        let x1 = w.saturating_sub(left).clamp(x0, out_w);
+        let y0 = 0isize.saturating_sub(top).clamp(0, out_h);
+        let y1 = h.saturating_sub(top).clamp(y0, out_h);
+        // All four lie in `0..=out_w` or `0..=out_h` (clamped), so they fit `usize`.
+        let [x0, x1, y0, y1] = [x0, x1, y0, y1].map(|v| v as usize);
         Inside { x0, x1, y0, y1 }
     }
 }
@@ -1116,11 +1122,11 @@ pub(crate) mod avx512 {
             "{out_h}x{out_w} window of {element:?} into {} bytes",
             out.len()
         );
-        let stride = 3 * src.width;
+        let stride = src.width.saturating_mul(3);
         assert!(
             stride
                 .checked_mul(src.height)
-                .is_some_and(|n| n <= src.data.len()),
+                .is_some_and(|n| n <= src.data.len() && stride < usize::MAX),
             "a {}x{} image in {} bytes",
             src.width,
             src.height,
@@ -1778,6 +1784,66 @@ mod tests {
         // SAFETY: the writer wrote every byte.
         let got: Vec<u8> = got.iter().map(|b| unsafe { b.assume_init() }).collect();
         assert!(got == want, "subnormal values rounded wrongly");
+    }
+
+    /// Hostile geometry: corners at `isize::MIN`/`MAX` give windows of padding only (the scalar
+    /// writer and the AVX-512 one alike), and an image whose size overflows `3 · width` is
+    /// refused before anything is read.
+    #[test]
+    fn extreme_corners_and_sizes_are_padding_or_refused() {
+        let n = Normalize::new(Some(1.0 / 255.0), Some((CLIP_MEAN, CLIP_STD)));
+        let data = vec![9u8; 3 * 4 * 4];
+        let src = RgbRef {
+            data: &data,
+            width: 4,
+            height: 4,
+        };
+        let zero: Vec<u32> = (0..3).flat_map(|c| [n.value(c, 0).to_bits(); 6]).collect();
+        for (top, left) in [
+            (isize::MIN, 0),
+            (0, isize::MIN),
+            (isize::MAX, 0),
+            (0, isize::MAX),
+        ] {
+            let mut out = vec![Out::new(f32::NAN); 3 * 2 * 3];
+            n.write_chw(src, top, left, 2, 3, &mut out);
+            // SAFETY: every value was written.
+            let got: Vec<u32> = out
+                .iter()
+                .map(|v| unsafe { v.assume_init() }.to_bits())
+                .collect();
+            assert_eq!(got, zero, "({top}, {left})");
+            #[cfg(target_arch = "x86_64")]
+            if let Some(writer) = n.chw_writer() {
+                let mut bytes = vec![std::mem::MaybeUninit::new(0u8); 4 * 3 * 2 * 3];
+                let element = super::super::store::Element::F32;
+                writer.write_chw(src, top, left, (2, 3), &mut bytes, element);
+                let got: Vec<u32> = bytes
+                    .chunks_exact(4)
+                    .map(|b| {
+                        // SAFETY: every byte was written.
+                        let b: Vec<u8> = b.iter().map(|x| unsafe { x.assume_init() }).collect();
+                        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                    })
+                    .collect();
+                assert_eq!(got, zero, "({top}, {left}), AVX-512");
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(writer) = n.chw_writer() {
+            // 3 · width wraps to 2: a 2-byte image would pass an unchecked size test.
+            let wide_src = RgbRef {
+                data: &data[..2],
+                width: usize::MAX / 3 + 1,
+                height: 1,
+            };
+            let refused = std::panic::catch_unwind(|| {
+                let mut bytes = vec![std::mem::MaybeUninit::new(0u8); 4 * 3 * 8];
+                let element = super::super::store::Element::F32;
+                writer.write_chw(wide_src, 0, 0, (1, 8), &mut bytes, element);
+            });
+            assert!(refused.is_err(), "an image whose size overflows was read");
+        }
     }
 
     /// The writer refuses an output of the wrong size before writing anything.

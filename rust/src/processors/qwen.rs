@@ -727,9 +727,12 @@ unsafe fn write_window_row_wide / write_window_row_wide_bf16(
     use std::arch::x86_64::*;
     assert!((1..=16).contains(&ps), "patch size {ps} outside 1..=16");
     let width = frames[0].width;
-    let (grid_w, stride) = (width / ps, width * 3);
+    let (grid_w, stride) = (width / ps, width.saturating_mul(3));
     // Every pixel row of this window row lies in every frame: the loads below stay in bounds.
-    let rows = (window_row + 1) * m * ps;
+    let rows = (window_row + 1)
+        .checked_mul(m)
+        .and_then(|n| n.checked_mul(ps))
+        .unwrap_or(usize::MAX);
     for frame in frames {
         assert!(
             frame.width == width
