@@ -987,16 +987,45 @@ pub(crate) mod avx512 {
         pub subnormal_free: bool,
     }
 
-    /// [`Wide`]'s constants broadcast, and the byte controls, for [`Registers::values`].
+    /// The fused formula's constants in registers: `hi`/`lo` broadcast, and per set `k` (< 3) the
+    /// mean, std and reciprocal of the std, each a vector of one channel's value
+    /// ([`Registers`]) or of each lane's channel ([`Interleaved`]).
     #[derive(Clone, Copy)]
-    pub struct Registers {
-        controls: [__m512i; 3],
+    struct Constants {
         hi: __m512,
         lo: __m512,
         mean: [__m512; 3],
         std: [__m512; 3],
         recip: [__m512; 3],
     }
+
+    impl Constants {
+        /// The fused formula on the 16 bytes of `bytes` with constant set `k`: the operations of
+        /// every kernel of this method (so the bits `reproduces` checked).
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+        #[inline]
+        fn values(&self, bytes: __m128i, k: usize) -> __m512 {
+            let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+            let x = _mm512_fmadd_ps(v, self.hi, _mm512_mul_ps(v, self.lo));
+            let d = _mm512_sub_ps(x, self.mean[k]);
+            let q = _mm512_mul_ps(d, self.recip[k]);
+            _mm512_fmadd_ps(_mm512_fnmadd_ps(q, self.std[k], d), self.recip[k], q)
+        }
+    }
+
+    /// [`Wide`]'s constants broadcast, one set per channel, and the byte controls, for
+    /// [`Registers::values`].
+    #[derive(Clone, Copy)]
+    pub struct Registers {
+        controls: [__m512i; 3],
+        constants: Constants,
+    }
+
+    /// [`Wide`]'s constants for values laid out channels-last (`R G B R G B …`, as the pixels
+    /// are): per lane, the constants of its channel, one set per phase (the channel of a run's
+    /// first value), for [`Interleaved::values`].
+    #[derive(Clone, Copy)]
+    pub struct Interleaved(Constants);
 
     impl Wide {
         /// The constants in registers.
@@ -1007,32 +1036,13 @@ pub(crate) mod avx512 {
         #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
         #[inline]
         pub unsafe fn registers(&self) -> Registers {
-            let [mean, std, recip] = self.channels;
             Registers {
                 // SAFETY: each control is a 64-byte array, read with an unaligned load.
                 controls: CONTROLS.map(|c| unsafe { _mm512_loadu_si512(c.as_ptr().cast()) }),
-                hi: _mm512_set1_ps(self.split[0]),
-                lo: _mm512_set1_ps(self.split[1]),
-                mean: mean.map(|v| _mm512_set1_ps(v)),
-                std: std.map(|v| _mm512_set1_ps(v)),
-                recip: recip.map(|v| _mm512_set1_ps(v)),
+                constants: self.constants(|values, c| _mm512_set1_ps(values[c])),
             }
         }
-    }
 
-    /// [`Wide`]'s constants for values laid out channels-last (`R G B R G B …`, as the pixels
-    /// are): per lane, the constants of its channel, for a run whose first value is of channel
-    /// `phase` (index = phase), for [`Interleaved::values`].
-    #[derive(Clone, Copy)]
-    pub struct Interleaved {
-        hi: __m512,
-        lo: __m512,
-        mean: [__m512; 3],
-        std: [__m512; 3],
-        recip: [__m512; 3],
-    }
-
-    impl Wide {
         /// The constants per lane, for each phase.
         ///
         /// # Safety
@@ -1041,18 +1051,25 @@ pub(crate) mod avx512 {
         #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
         #[inline]
         pub unsafe fn interleaved(&self) -> Interleaved {
-            let [mean, std, recip] = self.channels;
-            let lanes = |values: [f32; 3], phase: usize| {
+            Interleaved(self.constants(|values, phase| {
                 let per_lane: [f32; LANES] = std::array::from_fn(|k| values[(phase + k) % 3]);
                 // SAFETY: a 16-value array, read with an unaligned load.
                 unsafe { _mm512_loadu_ps(per_lane.as_ptr()) }
-            };
-            Interleaved {
+            }))
+        }
+
+        /// `hi`/`lo` broadcast and each set `k` of the per-channel constants as `spread(values,
+        /// k)` lays them out.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+        #[inline]
+        fn constants(&self, spread: impl Fn([f32; 3], usize) -> __m512) -> Constants {
+            let [mean, std, recip] = self.channels;
+            Constants {
                 hi: _mm512_set1_ps(self.split[0]),
                 lo: _mm512_set1_ps(self.split[1]),
-                mean: std::array::from_fn(|p| lanes(mean, p)),
-                std: std::array::from_fn(|p| lanes(std, p)),
-                recip: std::array::from_fn(|p| lanes(recip, p)),
+                mean: std::array::from_fn(|k| spread(mean, k)),
+                std: std::array::from_fn(|k| spread(std, k)),
+                recip: std::array::from_fn(|k| spread(recip, k)),
             }
         }
     }
@@ -1064,15 +1081,7 @@ pub(crate) mod avx512 {
         #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
         #[inline]
         pub fn values(&self, bytes: __m128i, phase: usize) -> __m512 {
-            let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-            let x = _mm512_fmadd_ps(v, self.hi, _mm512_mul_ps(v, self.lo));
-            let d = _mm512_sub_ps(x, self.mean[phase]);
-            let q = _mm512_mul_ps(d, self.recip[phase]);
-            _mm512_fmadd_ps(
-                _mm512_fnmadd_ps(q, self.std[phase], d),
-                self.recip[phase],
-                q,
-            )
+            self.0.values(bytes, phase)
         }
     }
 
@@ -1084,11 +1093,7 @@ pub(crate) mod avx512 {
         #[inline]
         pub fn values(&self, px: __m512i, c: usize) -> __m512 {
             let bytes = _mm512_castsi512_si128(_mm512_permutexvar_epi8(self.controls[c], px));
-            let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-            let x = _mm512_fmadd_ps(v, self.hi, _mm512_mul_ps(v, self.lo));
-            let d = _mm512_sub_ps(x, self.mean[c]);
-            let q = _mm512_mul_ps(d, self.recip[c]);
-            _mm512_fmadd_ps(_mm512_fnmadd_ps(q, self.std[c], d), self.recip[c], q)
+            self.constants.values(bytes, c)
         }
     }
 
