@@ -381,6 +381,27 @@ const JOIN: [[u8; 64]; 64] = {
     t
 };
 
+/// The first `len` (< 64) bytes of `a` followed by the first `64 − len` of `b` (one
+/// `vpermt2b`).
+///
+/// # Safety
+///
+/// Callable only where AVX-512 F, BW and VBMI are enabled, as for every `#[target_feature]`
+/// function.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[inline]
+pub fn join(
+    a: std::arch::x86_64::__m512i,
+    b: std::arch::x86_64::__m512i,
+    len: usize,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: a 64-byte row of the table (`len & 63` < 64), read with an unaligned load.
+    let indices = unsafe { _mm512_loadu_si512(JOIN[len & 63].as_ptr().cast()) };
+    _mm512_permutex2var_epi8(a, indices, b)
+}
+
 /// `vpermb` indices taking a vector's bytes from `64 − f` on, the part past a line that `f`
 /// gathered bytes and the vector completed: `REST[f][k]` is `k + 64 − f` (modulo 64: past the
 /// vector's bytes the lanes are never used).
