@@ -368,21 +368,12 @@ unsafe fn write_patches_wide / write_patches_wide_bf16(
     let size = element.size();
     let row_len = side * 3;
     let patch_bytes = side * row_len * size;
-    let stride = rgb.width.saturating_mul(3);
     assert!(
         patch_bytes > 0 && out.len().is_multiple_of(patch_bytes),
         "{} bytes are not whole patches of {side}x{side}",
         out.len()
     );
-    assert!(
-        stride
-            .checked_mul(rgb.height)
-            .is_some_and(|n| n <= rgb.data.len() && stride < usize::MAX),
-        "a {}x{} image in {} bytes",
-        rgb.width,
-        rgb.height,
-        rgb.data.len()
-    );
+    let stride = rgb.view().checked_stride();
     // SAFETY: the CPU features are this function's contract.
     let constants = unsafe { wide.interleaved() };
     let slots = out.len() / patch_bytes;
@@ -478,8 +469,7 @@ impl PatchWriter<'_> {
                 return true;
             }
             let jobs: Vec<_> = self.images.iter().zip(out.chunks_mut(per_image)).collect();
-            let hardware =
-                element == Element::Bf16 && wide.subnormal_free && super::store::bf16_hardware();
+            let hardware = wide.rounds_on_cpu(element);
             parallel::map(jobs, self.workers(), |_, (rgb, out)| {
                 // SAFETY: `wide` is only set from `Normalize::wide`, which gives constants only
                 // where the CPU has what the AVX-512 kernels need; the twin runs only where

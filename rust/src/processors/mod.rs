@@ -97,6 +97,26 @@ pub struct RgbRef<'a> {
     pub height: usize,
 }
 
+impl RgbRef<'_> {
+    /// The bytes of a row, `3 × width`, after checking that `data` holds every row: what a
+    /// kernel reading pixels with raw (masked) loads relies on.
+    ///
+    /// Panics if it does not, or if the size overflows `usize`.
+    pub fn checked_stride(&self) -> usize {
+        let stride = self.width.checked_mul(3);
+        let total = stride.and_then(|s| s.checked_mul(self.height));
+        match (stride, total) {
+            (Some(stride), Some(total)) if total <= self.data.len() => stride,
+            _ => panic!(
+                "a {}x{} image in {} bytes",
+                self.width,
+                self.height,
+                self.data.len()
+            ),
+        }
+    }
+}
+
 /// The elements of an output tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TensorData {

@@ -332,10 +332,7 @@ impl ChwWriter {
         // runs only where `bf16_hardware` found AVX-512 BF16 as well (and only on values that
         // are never subnormal, which it would round wrongly).
         unsafe {
-            if element == super::store::Element::Bf16
-                && wide.subnormal_free
-                && super::store::bf16_hardware()
-            {
+            if wide.rounds_on_cpu(element) {
                 avx512::write_chw_bf16(wide, src, at, size, out, element)
             } else {
                 avx512::write_chw(wide, src, at, size, out, element)
@@ -1028,6 +1025,14 @@ pub(crate) mod avx512 {
     pub struct Interleaved(Constants);
 
     impl Wide {
+        /// Whether values of this formula written as `element` are rounded by the CPU (the
+        /// kernels' `bf16_twins`): `bfloat16`, on a CPU with AVX-512 BF16
+        /// (`store::bf16_hardware`), from a table without a subnormal value
+        /// ([`subnormal_free`](Self::subnormal_free)).
+        pub fn rounds_on_cpu(&self, element: Element) -> bool {
+            element == Element::Bf16 && self.subnormal_free && super::super::store::bf16_hardware()
+        }
+
         /// The constants in registers.
         ///
         /// # Safety
@@ -1127,16 +1132,7 @@ pub(crate) mod avx512 {
             "{out_h}x{out_w} window of {element:?} into {} bytes",
             out.len()
         );
-        let stride = src.width.saturating_mul(3);
-        assert!(
-            stride
-                .checked_mul(src.height)
-                .is_some_and(|n| n <= src.data.len() && stride < usize::MAX),
-            "a {}x{} image in {} bytes",
-            src.width,
-            src.height,
-            src.data.len()
-        );
+        let stride = src.checked_stride();
         let super::Inside { x0, x1, y0, y1 } = super::Inside::new(src, top, left, out_h, out_w);
         // SAFETY: the CPU features are this function's contract.
         let registers = unsafe { wide.registers() };

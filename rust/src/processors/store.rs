@@ -382,7 +382,8 @@ const JOIN: [[u8; 64]; 64] = {
 };
 
 /// The first `len` (< 64) bytes of `a` followed by the first `64 − len` of `b` (one
-/// `vpermt2b`).
+/// `vpermt2b`). [`LinePacker::append`] does the same inline, its two table rows loaded together:
+/// written through this function, the Qwen float32 writer ran 10–20 % slower.
 ///
 /// # Safety
 ///
