@@ -1,5 +1,6 @@
-"""The few-ranges path of ``check_placeholders`` (Python integers) agrees with the array path
-(many ranges) on random range sets: the same verdict and the same error text."""
+"""The few-ranges paths of ``check_placeholders`` (Python integers) and ``embed_masks`` (one
+comparison per run) agree with the array paths (one pass over the prompt) on random inputs: the
+same verdict, the same masks and the same error text."""
 
 from __future__ import annotations
 
@@ -58,3 +59,36 @@ def test_shared_boundary_token(few: int, monkeypatch: pytest.MonkeyPatch) -> Non
     assert _verdict(groups, 5, ids, [7]) == "ok"
     assert "overlaps" in _verdict(groups, 5, ids, [5])
     assert "overlaps" in _verdict(groups, 5, None, [7])
+
+
+def _masks(ids: object, ranges: list[tuple[int, int]], token: int | None) -> object:
+    try:
+        masks = _decoded.embed_masks(ids, ranges, token, "mm.mm_placeholders")  # type: ignore[arg-type]
+    except PlaceholderError as exc:
+        return f"{exc} | {exc.field} | {exc.expected} | {exc.actual}"
+    return [None if m is None else (m.dtype.name, m.tolist()) for m in masks]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_embed_masks_per_run_matches_whole_prompt(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Disjoint ranges inside the prompt (as checked before embed_masks runs), over prompts short
+    # enough that the whole-prompt pass would be chosen for any number of ranges.
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(300):
+        n = rng.randint(1, 60)
+        ids = np.asarray([rng.choice([5, 7, 7, 9]) for _ in range(n)], dtype=np.int64)
+        cuts = sorted(rng.sample(range(n + 1), 2 * rng.randint(1, min(8, (n + 1) // 2))))
+        ranges = [(a, b - a) for a, b in zip(cuts[::2], cuts[1::2], strict=True)]
+        token = rng.choice([7, 7, 7, 5, None])
+        cases.append((ids, ranges, token))
+    monkeypatch.setattr(_decoded, "_FEW_RANGES", 1 << 30)
+    per_run = [_masks(*case) for case in cases]
+    monkeypatch.setattr(_decoded, "_FEW_RANGES", 0)
+    whole = [_masks(*case) for case in cases]
+    assert per_run == whole
+    assert any(isinstance(v, str) and "holds no placeholder token" in v for v in per_run)
+    assert any(isinstance(v, list) and None in v for v in per_run)
+    assert any(isinstance(v, list) and any(m is not None for m in v) for v in per_run)

@@ -272,7 +272,10 @@ def embed_masks(
         return [None] * len(ranges)
     if not ranges:
         return []
-    if len(ranges) * 64 >= ids.shape[0]:
+    # Many ranges over a short prompt: one pass over the whole prompt. A few ranges (a request
+    # of one or a handful of images, whatever its prompt): a comparison per run, without the
+    # dozen numpy calls of the whole-prompt pass (~9 µs against ~1 µs for one image).
+    if len(ranges) > _FEW_RANGES and len(ranges) * 64 >= ids.shape[0]:
         hit = ids == token
         counts = np.concatenate(([0], np.cumsum(hit, dtype=np.int64)))
         offsets = np.fromiter((r[0] for r in ranges), np.int64, len(ranges))
