@@ -84,9 +84,9 @@ def test_embed_masks_per_run_matches_whole_prompt(
         ranges = [(a, b - a) for a, b in zip(cuts[::2], cuts[1::2], strict=True)]
         token = rng.choice([7, 7, 7, 5, None])
         cases.append((ids, ranges, token))
-    monkeypatch.setattr(_decoded, "_FEW_RANGES", 1 << 30)
+    monkeypatch.setattr(_decoded, "_FEW_MASKS", 1 << 30)
     per_run = [_masks(*case) for case in cases]
-    monkeypatch.setattr(_decoded, "_FEW_RANGES", 0)
+    monkeypatch.setattr(_decoded, "_FEW_MASKS", 0)
     whole = [_masks(*case) for case in cases]
     assert per_run == whole
     assert any(isinstance(v, str) and "holds no placeholder token" in v for v in per_run)

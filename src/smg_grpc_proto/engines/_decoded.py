@@ -257,6 +257,11 @@ def _range_name(groups: Sequence[tuple[str, Sequence[tuple[int, int]]]], k: int)
     raise IndexError(k)
 
 
+#: Up to this many ranges, :func:`embed_masks` compares each run on its own (about 1.2 µs a
+#: range) instead of the whole prompt at once (about 11 µs, whatever the number of ranges).
+_FEW_MASKS = 8
+
+
 def embed_masks(
     ids: npt.NDArray[Any],
     ranges: Sequence[tuple[int, int]],
@@ -275,7 +280,7 @@ def embed_masks(
     # Many ranges over a short prompt: one pass over the whole prompt. A few ranges (a request
     # of one or a handful of images, whatever its prompt): a comparison per run, without the
     # dozen numpy calls of the whole-prompt pass (~9 µs against ~1 µs for one image).
-    if len(ranges) > _FEW_RANGES and len(ranges) * 64 >= ids.shape[0]:
+    if len(ranges) > _FEW_MASKS and len(ranges) * 64 >= ids.shape[0]:
         hit = ids == token
         counts = np.concatenate(([0], np.cumsum(hit, dtype=np.int64)))
         offsets = np.fromiter((r[0] for r in ranges), np.int64, len(ranges))
