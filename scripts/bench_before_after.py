@@ -16,7 +16,13 @@ process per interpreter and alternating which goes first, the timed stages of ou
   ``unpack``);
 * ``vision.decode`` of PNG files: the bundled photo (Grace Hopper, 512 x 600) re-encoded as RGB,
   RGBA and palette PNGs, and scaled to 1280 x 960; Pillow's decode of the same files
-  (``Image.open`` + ``convert("RGB")``) is timed in the same processes for reference.
+  (``Image.open`` + ``convert("RGB")``) is timed in the same processes for reference;
+* the same stages as ``bench_engines.py`` on requests of 1, 8 and 32 small images: thumbnails
+  of the corpus's real photos (long side 128 px, Pillow's LANCZOS; JPEG quality 90 for the
+  JPEG photos, PNG for the PNG ones), where what each request costs beyond the pixels
+  (hashing, building, parsing, checking) is most of the time.
+
+``--only thumbnails,PNG`` runs the cases whose names start with one of the given prefixes.
 
 Figures are medians over the rounds of each child's median of ``--repeat`` calls; the table
 gives before, after and after/before (below 1.00 = faster now). Only our code is timed: the
@@ -41,6 +47,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 ENGINE_CASES = ("512x600", "1280x960", "batch of 8")
 TENSOR_SIZES = (1, 25)
+THUMBNAIL_COUNTS = (1, 8, 32)
 
 
 def child(spec: dict[str, Any]) -> None:
@@ -125,6 +132,24 @@ def write_pngs(directory: Path, photo: Path) -> dict[str, Path]:
     return out
 
 
+def write_thumbnails(directory: Path, counts: tuple[int, ...]) -> dict[str, list[Path]]:
+    """Requests of ``counts`` small images: the corpus's real photos scaled to a long side of
+    128 px, each kept in its own format (JPEG quality 90 or PNG), taken in turn."""
+    from benchkit import real_photo_cases
+    from PIL import Image
+
+    sources = sorted({p for paths in real_photo_cases().values() for p in paths})
+    thumbs = []
+    for photo in sources:
+        image = Image.open(photo).convert("RGB")
+        image.thumbnail((128, 128), Image.Resampling.LANCZOS)
+        jpeg = photo.suffix.lower() in (".jpg", ".jpeg")
+        path = directory / f"thumb_{photo.stem}.{'jpg' if jpeg else 'png'}"
+        image.save(path, **({"quality": 90} if jpeg else {}))
+        thumbs.append(path)
+    return {f"thumbnails x{n}": [thumbs[i % len(thumbs)] for i in range(n)] for n in counts}
+
+
 def version(python: str) -> str:
     code = "import smg_grpc_proto, os; print(os.path.dirname(smg_grpc_proto.__file__))"
     return subprocess.run(
@@ -138,6 +163,7 @@ def main() -> None:
     parser.add_argument("--after", default=sys.executable, help="interpreter with the new build")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--only", help="comma-separated prefixes of the cases to run")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -163,6 +189,13 @@ def main() -> None:
         (f"PNG {name}", {"kind": "png", "paths": [str(path)], "repeat": args.repeat})
         for name, path in pngs.items()
     ]
+    specs += [
+        (name, {"kind": "engines", "paths": [str(p) for p in paths], "repeat": args.repeat})
+        for name, paths in write_thumbnails(directory, THUMBNAIL_COUNTS).items()
+    ]
+    if args.only:
+        prefixes = tuple(p.strip() for p in args.only.split(",") if p.strip())
+        specs = [(name, spec) for name, spec in specs if name.startswith(prefixes)]
     print(f"machine: {machine()}")
     print(f"before: {version(args.before)}\nafter: {version(args.after)}")
     print(f"{args.rounds} rounds, alternating order, fresh processes, one core\n")
