@@ -99,6 +99,15 @@ def convert_into(
     ``wire_dtype`` raises ``ValueError``.
     """
 
+def uint32_varints(values: bytes) -> bytes:
+    """The minimal varints of ``values`` (little-endian uint32s) one after the other: the payload
+    of a packed ``repeated uint32`` field (a request's token ids), for protobuf to parse in C.
+
+    :class:`~smg_grpc_proto.errors.TensorError` (``field="values"``) when ``values`` is not a
+    whole number of 4-byte items; :class:`~smg_grpc_proto.errors.TensorTypeError` for anything
+    but ``bytes``.
+    """
+
 def decode_frames(data: bytes, plan: _Plan, nonce: bytes) -> tuple[bytes, list[tuple[int, int]]]:
     """Split a serialized message into a small header and its tensor payload spans.
 

@@ -1,5 +1,7 @@
 """``vllm.generate_request`` writes short prompts' expanded ids as packed wire bytes; the request
-must hold exactly the ids (and ranges) that ``expand_placeholders`` gives, and refuse the same."""
+must hold exactly the ids (and ranges) that ``expand_placeholders`` gives, and refuse the same.
+Every builder writes longer prompts' ids through ``put_ids`` (one packed record whose varints the
+native core writes): the same message as ``extend`` gives, with or without the native core."""
 
 from __future__ import annotations
 
@@ -8,9 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from smg_grpc_proto import _core
 from smg_grpc_proto.engines import VisionModel, _media, expand_placeholders
 from smg_grpc_proto.engines import vllm as vllm_adapter
 from smg_grpc_proto.errors import PlaceholderError
+from smg_grpc_proto.generated import (
+    mlx_engine_pb2,
+    sglang_scheduler_pb2,
+    tokenspeed_scheduler_pb2,
+    trtllm_service_pb2,
+    vllm_engine_pb2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +87,36 @@ def test_packed_path_refuses_what_expand_refuses(media: Any, prompt: Any) -> Non
     with pytest.raises(PlaceholderError) as theirs:
         expand_placeholders(prompt, [media])
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize(
+    ("module", "field"),
+    [
+        (vllm_engine_pb2, "input_ids"),
+        (sglang_scheduler_pb2, "input_ids"),
+        (tokenspeed_scheduler_pb2, "input_ids"),
+        (trtllm_service_pb2, "input_token_ids"),
+        (mlx_engine_pb2, "input_ids"),
+    ],
+)
+@pytest.mark.parametrize("native", [True, False])
+def test_put_ids_equals_extend(
+    module: Any, field: str, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    edges = [0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**32 - 1]
+    rng = np.random.default_rng(7)
+    for ids in (
+        np.asarray(edges, dtype=np.uint32),
+        rng.integers(0, 2**32, 3000, dtype=np.uint64).astype(np.uint32),
+        np.zeros(0, dtype=np.uint32),
+    ):
+        if not native:
+            monkeypatch.setattr(_core, "AVAILABLE", False)
+        ours = module.GenerateRequest()
+        ours.tokenized.SetInParent()
+        _media.put_ids(ours.tokenized, field, ids)
+        plain = module.GenerateRequest()
+        plain.tokenized.SetInParent()
+        getattr(plain.tokenized, field).extend(ids.tolist())
+        assert list(getattr(ours.tokenized, field)) == ids.tolist()
+        assert ours.SerializeToString() == plain.SerializeToString()

@@ -241,6 +241,22 @@ CASES: dict[str, tuple[Callable[[], Any], type[SmgProtoError], type[Exception], 
         "numpy.ndarray",
         "list",
     ),
+    "uint32_varints: not bytes": (
+        lambda: _native.uint32_varints(bytearray(4)),  # type: ignore[arg-type]
+        TensorTypeError,
+        TypeError,
+        "values",
+        None,
+        None,
+    ),
+    "uint32_varints: a partial item": (
+        lambda: _native.uint32_varints(b"\x01\x02\x03\x04\x05\x06\x07"),
+        TensorError,
+        ValueError,
+        "values",
+        4,
+        7,
+    ),
     "convert_into: dst not an array": (
         lambda: _native.convert_into(np.zeros(2, np.float32), bytearray(8), "float32"),  # type: ignore[arg-type]
         TensorTypeError,

@@ -723,6 +723,36 @@ pub(crate) const fn varint_len(value: u64) -> usize {
     bits.div_ceil(7)
 }
 
+/// The minimal varints of `values` (little-endian `u32`s) one after the other: the payload of a
+/// packed `repeated uint32` field holding them, as protobuf writes it (a prompt's token ids,
+/// which Python would otherwise hand to protobuf one `int` object at a time).
+/// [`TensorError::PartialItem`] when `values` is not a whole number of `u32`s.
+pub fn uint32_varints(values: &[u8]) -> Result<Vec<u8>, TensorError> {
+    if !values.len().is_multiple_of(4) {
+        return Err(TensorError::PartialItem {
+            arg: "values",
+            len: values.len(),
+            itemsize: 4,
+        });
+    }
+    let words = || {
+        values
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+    };
+    let len: usize = words().map(|v| varint_len(u64::from(v))).sum();
+    let mut out =
+        crate::memory::fallible::with_capacity(len).map_err(TensorError::oom("varints"))?;
+    for mut v in words() {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    Ok(out)
+}
+
 /// Writes the minimal varint of `value` into `out` (at least 10 bytes); returns its length.
 pub(crate) fn put_varint(mut value: u64, out: &mut [u8; 10]) -> usize {
     let mut n = 0;
@@ -740,6 +770,43 @@ mod tests {
     use super::*;
 
     const NONCE: [u8; NONCE_LEN] = *b"0123456789abcdef";
+
+    /// Every varint length (1 to 5 bytes) at its edges, against `put_varint` of each value.
+    #[test]
+    fn uint32_varints_are_each_values_minimal_varint() {
+        let mut values = vec![
+            0u32,
+            1,
+            127,
+            128,
+            129,
+            300,
+            16_383,
+            16_384,
+            151_646,
+            u32::MAX,
+        ];
+        for shift in [7, 14, 21, 28] {
+            values.extend([(1u32 << shift) - 1, 1 << shift, (1 << shift) + 1]);
+        }
+        let le: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut expected = Vec::new();
+        for &v in &values {
+            let mut buf = [0u8; 10];
+            let n = put_varint(u64::from(v), &mut buf);
+            expected.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(uint32_varints(&le).unwrap(), expected);
+        assert_eq!(uint32_varints(&[]).unwrap(), Vec::<u8>::new());
+        assert!(matches!(
+            uint32_varints(&le[..7]),
+            Err(TensorError::PartialItem {
+                arg: "values",
+                len: 7,
+                itemsize: 4
+            })
+        ));
+    }
 
     fn varint(v: u64) -> Vec<u8> {
         let mut buf = [0u8; 10];

@@ -1089,8 +1089,10 @@ def _expand(
 
 
 #: Up to this many prompt tokens (before expansion), :func:`expand_packed` writes the expanded
-#: ids' wire bytes run by run; a longer prompt goes through a list of ints.
-_FEW_IDS = 512
+#: ids' wire bytes run by run in Python; a longer prompt is expanded with numpy and its varints
+#: written by the native core (:func:`put_ids`), which is faster from about 150 tokens on
+#: (measured from 17 to 8 000 tokens).
+_FEW_IDS = 128
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -1102,6 +1104,19 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def put_ids(message: Any, field: str, ids: npt.NDArray[np.uint32]) -> None:
+    """Append ``ids`` to the ``repeated uint32`` field ``field`` of ``message`` (a request's
+    ``tokenized``, holding no ids yet) as protobuf's own parser reads them: one packed record,
+    its varints written by the native core (``_native.uint32_varints``), instead of one Python
+    int per id handed to protobuf. Without the native core, ``extend``."""
+    if not _core.AVAILABLE:
+        getattr(message, field).extend(ids.tolist())
+        return
+    number = message.DESCRIPTOR.fields_by_name[field].number
+    payload = _native.uint32_varints(np.ascontiguousarray(ids, dtype="<u4").tobytes())
+    message.MergeFromString(_varint(number << 3 | 2) + _varint(len(payload)) + payload)
 
 
 def expand_packed(

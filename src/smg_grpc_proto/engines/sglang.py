@@ -30,6 +30,7 @@ from smg_grpc_proto.engines._media import (
     PreparedMedia,
     expand_placeholders,
     placeholder_ranges,
+    put_ids,
 )
 from smg_grpc_proto.engines._tensors import TensorSource, as_media_list, attach, read_tensor
 from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError
@@ -99,7 +100,7 @@ def _build(
 ) -> None:
     items = _images(media)
     ids, ranges = expand_placeholders(input_ids, items)
-    message.message.tokenized.input_ids.extend(ids.tolist())
+    put_ids(message.message.tokenized, "input_ids", ids)
     if items:
         _fill(message, items[0], ranges[0], dtype, image_data)
 

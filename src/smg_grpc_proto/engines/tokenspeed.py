@@ -31,6 +31,7 @@ from smg_grpc_proto.engines._media import (
     content_hash,
     expand_placeholders,
     placeholder_ranges,
+    put_ids,
 )
 from smg_grpc_proto.engines._tensors import (
     TensorSource,
@@ -88,7 +89,7 @@ def generate_request(
     batches = as_media_list(media, "TokenSpeed")
     ids, ranges = expand_placeholders(input_ids, batches)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
-    request.tokenized.input_ids.extend(ids.tolist())
+    put_ids(request.tokenized, "input_ids", ids)
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)

@@ -22,7 +22,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders, image_format
+from smg_grpc_proto.engines._media import (
+    PreparedMedia,
+    expand_placeholders,
+    image_format,
+    put_ids,
+)
 from smg_grpc_proto.engines._tensors import TensorSource, refuse_cross_attention
 from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError, PlaceholderError
 from smg_grpc_proto.generated import trtllm_service_pb2 as pb
@@ -117,7 +122,7 @@ def generate_request(
     ids = expand_placeholders(input_ids, [])[0]
     files = _checked_files(media, ids, image_token_id, "input_ids")
     request = pb.GenerateRequest(request_id=request_id, max_tokens=max_tokens, streaming=streaming)
-    request.tokenized.input_token_ids.extend(ids.tolist())
+    put_ids(request.tokenized, "input_token_ids", ids)
     if sampling_config is not None:
         request.sampling_config.CopyFrom(sampling_config)
     if files:

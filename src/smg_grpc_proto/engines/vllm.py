@@ -39,6 +39,7 @@ from smg_grpc_proto.engines._media import (
     PreparedMedia,
     expand_packed,
     placeholder_ranges,
+    put_ids,
 )
 from smg_grpc_proto.engines._tensors import (
     TensorSource,
@@ -142,7 +143,7 @@ def generate_request(
         request.tokenized.MergeFromString(packed)  # parsed in C: no Python int per token
     else:
         assert ids is not None
-        request.tokenized.input_ids.extend(ids.tolist())
+        put_ids(request.tokenized, "input_ids", ids)
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     if isinstance(kv_transfer_params, pb.KvTransferParams):
