@@ -10,7 +10,7 @@
 //! length, a few hundred bytes of parameters, then the file) never lines up: the file's first
 //! chunks are hashed one, two, then four at a time. [`digest`] stages the framed stream in
 //! 16 KiB pieces instead, the same bytes in the same order, so every piece starts aligned: a
-//! 12 KB file is hashed in one pass of the SIMD code, 5× faster, and a large one loses nothing.
+//! 12 KB file is hashed 1.7× faster (6.7 → 3.9 µs on a Zen 4 core), a 50 KB one 1.3×.
 
 /// The 32-byte BLAKE3 digest of `parts`, each preceded by its length as a little-endian u64.
 pub fn digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> [u8; 32] {
@@ -32,7 +32,8 @@ const STAGE: usize = 16 * 1024;
 /// and leaves its tail in the stage. The hasher sees exactly the bytes given, in order.
 struct Aligned {
     hasher: blake3::Hasher,
-    /// Never longer than [`STAGE`] (its capacity: filled without clearing it first).
+    /// The staged bytes, at most [`STAGE`] of them (allocated once with that capacity, so
+    /// nothing is zeroed or moved as it fills).
     stage: Vec<u8>,
 }
 

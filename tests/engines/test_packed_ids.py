@@ -112,11 +112,19 @@ def test_put_ids_equals_extend(
     ):
         if not native:
             monkeypatch.setattr(_core, "AVAILABLE", False)
+        # As the builders call it: on a `tokenized` not set yet (its presence and the `input`
+        # oneof must follow as with `extend`).
         ours = module.GenerateRequest()
-        ours.tokenized.SetInParent()
         _media.put_ids(ours.tokenized, field, ids)
         plain = module.GenerateRequest()
-        plain.tokenized.SetInParent()
         getattr(plain.tokenized, field).extend(ids.tolist())
         assert list(getattr(ours.tokenized, field)) == ids.tolist()
+        assert ours.HasField("tokenized") == plain.HasField("tokenized")
         assert ours.SerializeToString() == plain.SerializeToString()
+
+
+def test_put_ids_refuses_other_dtypes() -> None:
+    message = vllm_engine_pb2.GenerateRequest()
+    with pytest.raises(TypeError, match="uint32"):
+        _media.put_ids(message.tokenized, "input_ids", np.asarray([-1, 2**32 + 3], np.int64))
+    assert not message.HasField("tokenized")

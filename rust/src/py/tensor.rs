@@ -352,23 +352,6 @@ fn check_pending(pending: &PyPendingTensor, to: WireDtype, context: Option<&str>
 /// The header and the payload spans `(offset, length)` returned by `decode_frames`.
 type Decoded<'py> = (Bound<'py, PyBytes>, Vec<(usize, usize)>);
 
-/// uint32_varints(values) -> bytes
-/// --
-///
-/// The minimal varints of `values` (bytes of little-endian uint32s) one after the other: the
-/// payload of a packed `repeated uint32` field (a request's token ids) for protobuf to parse,
-/// instead of one Python int per id. `TensorError` (`field="values"`) when `values` is not a
-/// whole number of 4-byte items.
-#[pyfunction]
-fn uint32_varints<'py>(
-    py: Python<'py>,
-    values: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let values = bytes_arg(values, "values")?;
-    let out = wire::uint32_varints(values.as_bytes()).map_err(value_error)?;
-    Ok(PyBytes::new(py, &out))
-}
-
 /// decode_frames(data, plan, nonce) -> tuple[bytes, list[tuple[int, int]]]
 /// --
 ///
@@ -391,6 +374,23 @@ fn decode_frames<'py>(
         layout.write_into_uninit(out)
     })?;
     Ok((header, layout.spans().to_vec()))
+}
+
+/// uint32_varints(values) -> bytes
+/// --
+///
+/// The minimal varints of `values` (bytes of little-endian uint32s) one after the other: the
+/// payload of a packed `repeated uint32` field (a request's token ids) for protobuf to parse,
+/// instead of one Python int per id. `TensorError` (`field="values"`) when `values` is not a
+/// whole number of 4-byte items.
+#[pyfunction]
+fn uint32_varints<'py>(
+    py: Python<'py>,
+    values: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let values = bytes_arg(values, "values")?;
+    let out = wire::uint32_varints(values.as_bytes()).map_err(value_error)?;
+    Ok(PyBytes::new(py, &out))
 }
 
 /// encode_frames(header, plan, nonce, sources) -> bytes

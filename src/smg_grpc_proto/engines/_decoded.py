@@ -258,7 +258,7 @@ def _range_name(groups: Sequence[tuple[str, Sequence[tuple[int, int]]]], k: int)
 
 
 #: Up to this many ranges, :func:`embed_masks` compares each run on its own (about 1.2 µs a
-#: range) instead of the whole prompt at once (about 11 µs, whatever the number of ranges).
+#: range) instead of the whole prompt at once (9 to 12 µs, whatever the number of ranges).
 _FEW_MASKS = 8
 
 
@@ -279,7 +279,7 @@ def embed_masks(
         return []
     # Many ranges over a short prompt: one pass over the whole prompt. A few ranges (a request
     # of one or a handful of images, whatever its prompt): a comparison per run, without the
-    # dozen numpy calls of the whole-prompt pass (~9 µs against ~1 µs for one image).
+    # dozen numpy calls of the whole-prompt pass (see _FEW_MASKS).
     if len(ranges) > _FEW_MASKS and len(ranges) * 64 >= ids.shape[0]:
         hit = ids == token
         counts = np.concatenate(([0], np.cumsum(hit, dtype=np.int64)))

@@ -1107,16 +1107,21 @@ def _varint(value: int) -> bytes:
 
 
 def put_ids(message: Any, field: str, ids: npt.NDArray[np.uint32]) -> None:
-    """Append ``ids`` to the ``repeated uint32`` field ``field`` of ``message`` (a request's
-    ``tokenized``, holding no ids yet) as protobuf's own parser reads them: one packed record,
-    its varints written by the native core (``_native.uint32_varints``), instead of one Python
-    int per id handed to protobuf. Without the native core, ``extend``."""
+    """Append ``ids`` (a ``uint32`` array, as :func:`expand_placeholders` returns them) to the
+    ``repeated uint32`` field ``field`` of ``message`` (a request's ``tokenized``) as protobuf's
+    own parser reads them: one packed record, its varints written by the native core
+    (``_native.uint32_varints``), instead of one Python int per id handed to protobuf. Without
+    the native core, ``extend``. Any other dtype is refused (a cast would wrap)."""
+    if ids.dtype != np.uint32:
+        raise TypeError(f"put_ids: ids must be a uint32 array, got {ids.dtype}")
     if not _core.AVAILABLE:
         getattr(message, field).extend(ids.tolist())
         return
     number = message.DESCRIPTOR.fields_by_name[field].number
     payload = _native.uint32_varints(np.ascontiguousarray(ids, dtype="<u4").tobytes())
-    message.MergeFromString(_varint(number << 3 | 2) + _varint(len(payload)) + payload)
+    # The length's varint without the id cache (a slot per prompt length would crowd it out).
+    length = _varint.__wrapped__(len(payload))
+    message.MergeFromString(_varint(number << 3 | 2) + length + payload)
 
 
 def expand_packed(
