@@ -57,6 +57,7 @@ __all__ = [
     "processor_families",
     "resize",
     "resize_torch",
+    "uint32_varints",
 ]
 __version__: str
 
