@@ -1269,6 +1269,17 @@ pub(crate) mod avx512 {
 mod tests {
     use super::*;
 
+    /// The bits of `values`, a test buffer made with `Out::new` (every value initialised when
+    /// the buffer was made, then maybe overwritten by a writer).
+    fn bits(values: &[Out]) -> Vec<u32> {
+        // SAFETY: every element was created initialised (`Out::new`) and writers only store
+        // initialised values into it.
+        values
+            .iter()
+            .map(|v| unsafe { v.assume_init() }.to_bits())
+            .collect()
+    }
+
     const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
     const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 
@@ -1301,11 +1312,7 @@ mod tests {
             [3 * len + 1, 4 * len + 1, 5 * len + 1],
         ];
         n.deinterleave_into(pixels, Runs::one(len), &mut out, &copies);
-        // SAFETY: every value was initialised (to NaN, then maybe overwritten).
-        let out: Vec<u32> = out
-            .iter()
-            .map(|v| unsafe { v.assume_init() }.to_bits())
-            .collect();
+        let out = bits(&out);
         assert!(
             f32::from_bits(out[0]).is_nan(),
             "the value before the runs was written"
@@ -1477,20 +1484,12 @@ mod tests {
                     let copies = [[0, 2 * plane, 4 * plane], [plane, 3 * plane, 5 * plane]];
                     let mut want = vec![Out::new(f32::NAN); 6 * plane];
                     table.deinterleave_into(&pixels, runs, &mut want, &copies);
-                    // SAFETY: every value was initialised (to NaN, then overwritten).
-                    let want: Vec<u32> = want
-                        .iter()
-                        .map(|v| unsafe { v.assume_init() }.to_bits())
-                        .collect();
+                    let want = bits(&want);
                     assert!(want.iter().all(|&b| !f32::from_bits(b).is_nan()));
                     for variant in &variants {
                         let mut got = vec![Out::new(f32::NAN); 6 * plane];
                         variant.deinterleave_into(&pixels, runs, &mut got, &copies);
-                        // SAFETY: as above.
-                        let got: Vec<u32> = got
-                            .iter()
-                            .map(|v| unsafe { v.assume_init() }.to_bits())
-                            .collect();
+                        let got = bits(&got);
                         assert_eq!(got, want, "width {width}, gap {gap}");
                     }
                 }
@@ -1775,10 +1774,9 @@ mod tests {
         };
         let mut want = vec![Out::new(f32::NAN); 3 * 20 * 20];
         tiny.write_chw(src, 0, 0, 20, 20, &mut want);
-        // SAFETY: `write_chw` wrote every value.
-        let want: Vec<u8> = want
-            .iter()
-            .flat_map(|v| f32_to_bf16(unsafe { v.assume_init() }.to_bits()).to_le_bytes())
+        let want: Vec<u8> = bits(&want)
+            .into_iter()
+            .flat_map(|b| f32_to_bf16(b).to_le_bytes())
             .collect();
         let mut got = vec![std::mem::MaybeUninit::new(0u8); want.len()];
         writer.write_chw(src, 0, 0, (20, 20), &mut got, Element::Bf16);
@@ -1808,11 +1806,7 @@ mod tests {
         ] {
             let mut out = vec![Out::new(f32::NAN); 3 * 2 * 3];
             n.write_chw(src, top, left, 2, 3, &mut out);
-            // SAFETY: every value was written.
-            let got: Vec<u32> = out
-                .iter()
-                .map(|v| unsafe { v.assume_init() }.to_bits())
-                .collect();
+            let got = bits(&out);
             assert_eq!(got, zero, "({top}, {left})");
             #[cfg(target_arch = "x86_64")]
             if let Some(writer) = n.chw_writer() {
