@@ -9,6 +9,7 @@ pub mod hash;
 pub mod image;
 pub mod memory;
 pub mod processors;
+pub mod prompt;
 pub mod simd;
 pub mod tensor;
 

@@ -52,11 +52,13 @@ __all__ = [
     "media_digest",
     "media_digests",
     "normalise_config",
+    "packed_prompt",
     "png_inflate_stats",
     "processor_error_kinds",
     "processor_families",
     "resize",
     "resize_torch",
+    "uint32_list",
     "uint32_varints",
 ]
 __version__: str
@@ -98,6 +100,35 @@ def convert_into(
     :class:`PendingTensor` is written straight into ``dst`` as ``float32`` or ``bfloat16``
     (the same values rounded to nearest even), a constant ``int64`` one as ``int64``; any other
     ``wire_dtype`` raises ``ValueError``.
+    """
+
+def packed_prompt(
+    input_ids: list[int],
+    anchors: Sequence[int],
+    counts: Sequence[Sequence[int]],
+    field: int,
+) -> tuple[bytes, list[list[tuple[int, int]]]] | None:
+    """``input_ids`` with each occurrence of ``anchors[m]`` expanded to a run of
+    ``counts[m][k]`` copies of it (its ``k``-th item's token count), as the whole record of the
+    packed ``repeated uint32`` field number ``field`` (tag, length, varints) for protobuf to merge
+    into a message, and per media each item's ``(offset, length)`` in the expanded ids.
+
+    ``None`` when an id, an anchor or a count is not an ``int`` within range, when two media
+    share an anchor, when an anchor occurs other than once per item, when a count is 0 or when
+    ``field`` is not a field number: the caller's general path raises the error.
+    :class:`~smg_grpc_proto.errors.TensorTypeError` (``field="input_ids"``) when ``input_ids``
+    is not a list; :class:`~smg_grpc_proto.errors.TensorMemoryError` when the record cannot be
+    allocated.
+    """
+
+def uint32_list(values: list[int]) -> bytes | None:
+    """The little-endian uint32 bytes of ``values``, a list of ``int`` each in ``0..2**32 - 1``
+    (a prompt's token ids), read in one pass without numpy's type discovery; ``None`` as soon as
+    an item is not exactly an ``int`` or lies outside that range (numpy's path then names it).
+
+    :class:`~smg_grpc_proto.errors.TensorTypeError` (``field="values"``) for anything but a
+    ``list``; :class:`~smg_grpc_proto.errors.TensorMemoryError` when the bytes cannot be
+    allocated.
     """
 
 def uint32_varints(values: bytes) -> bytes:

@@ -11,6 +11,7 @@ mod hash;
 mod image;
 mod memory;
 mod processors;
+mod prompt;
 mod tensor;
 
 /// `smg_grpc_proto._native`: the private extension module.
@@ -24,6 +25,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     image::register(m)?;
     memory::register(m)?;
     processors::register(m)?;
+    prompt::register(m)?;
     tensor::register(m)?;
     Ok(())
 }
