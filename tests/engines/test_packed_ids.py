@@ -1,7 +1,8 @@
-"""``vllm.generate_request`` writes short prompts' expanded ids as packed wire bytes; the request
-must hold exactly the ids (and ranges) that ``expand_placeholders`` gives, and refuse the same.
-Every builder writes longer prompts' ids through ``put_ids`` (one packed record whose varints the
-native core writes): the same message as ``extend`` gives, with or without the native core."""
+"""The builders write list prompts' expanded ids as packed wire bytes (the native core's
+``packed_prompt``, or without it short prompts in Python); the request must hold exactly the ids
+(and ranges) that ``expand_placeholders`` gives, and refuse the same. Other prompts' ids go
+through ``put_ids`` (one packed record whose varints the native core writes): the same message
+as ``extend`` gives, with or without the native core."""
 
 from __future__ import annotations
 
@@ -39,9 +40,15 @@ def _prompt(token: int, head: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "head", [[], [0], [127, 128, 16383, 16384], [2**21 - 1, 2**21, 2**28, 2**32 - 1]]
+    "head",
+    [[], [0], [127, 128, 16383, 16384], [2**21 - 1, 2**21, 2**28, 2**32 - 1], [5, 2**30] * 300],
 )
-def test_packed_ids_equal_the_expanded_list(media: Any, head: list[int]) -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_packed_ids_equal_the_expanded_list(
+    media: Any, head: list[int], native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not native:
+        monkeypatch.setattr(_core, "AVAILABLE", False)
     prompt = _prompt(media.anchor, head, media.count)
     request = vllm_adapter.generate_request("r", prompt, media).message
     expanded, ranges = expand_placeholders(prompt, [media])
@@ -60,9 +67,13 @@ def test_packed_ids_equal_the_expanded_list(media: Any, head: list[int]) -> None
 
 
 @pytest.mark.parametrize("form", ["long", "array", "numpy ints"])
-def test_other_prompts_take_the_array_path(media: Any, form: str) -> None:
+def test_other_prompts_take_the_array_path(
+    media: Any, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prompt: Any = _prompt(media.anchor, [3], media.count)
     if form == "long":
+        # Without the native core (which expands lists of any length: test_listed_ids.py).
+        monkeypatch.setattr(_core, "AVAILABLE", False)
         prompt = [5] * (_media._FEW_IDS + 1) + prompt
     elif form == "array":
         prompt = np.asarray(prompt, dtype=np.uint32)

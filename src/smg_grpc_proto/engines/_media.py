@@ -1016,20 +1016,24 @@ def _anchor_runs(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[npt.NDArray[np.intp]]]:
     """The checked prompt (int64), each token's run length (1, or the item's token count at an
     anchor) and each media's anchor positions: :func:`expand_placeholders`' checks."""
-    ids = np.asarray(input_ids)
-    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-        raise PlaceholderError(
-            f"input_ids must be a 1-D sequence of integers, got shape {list(ids.shape)} "
-            f"of {ids.dtype}",
-            field="input_ids",
-        )
-    ids = ids.astype(np.int64, copy=False)
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > 0xFFFFFFFF):
-        raise PlaceholderError(
-            "input_ids: token ids must fit in uint32",
-            field="input_ids",
-            actual=[int(ids.min()), int(ids.max())],
-        )
+    listed = _listed_ids(input_ids)
+    if listed is not None:
+        ids = listed  # every id an int within uint32: the checks below hold
+    else:
+        ids = np.asarray(input_ids)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise PlaceholderError(
+                f"input_ids must be a 1-D sequence of integers, got shape {list(ids.shape)} "
+                f"of {ids.dtype}",
+                field="input_ids",
+            )
+        ids = ids.astype(np.int64, copy=False)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > 0xFFFFFFFF):
+            raise PlaceholderError(
+                "input_ids: token ids must fit in uint32",
+                field="input_ids",
+                actual=[int(ids.min()), int(ids.max())],
+            )
     repeats = np.ones(ids.shape[0], dtype=np.int64)
     positions: list[npt.NDArray[np.intp]] = []
     seen: dict[int, int] = {}
@@ -1063,14 +1067,27 @@ def _anchor_runs(
     return ids, repeats, positions
 
 
+def _listed_ids(input_ids: Sequence[int] | npt.NDArray[Any]) -> npt.NDArray[np.int64] | None:
+    """A list of Python ints, each within uint32, as int64, read by the native core in one pass
+    (numpy's ``asarray`` discovers every item's type first: 670 against 230 µs for 32 000 ids);
+    ``None`` for anything else, which :func:`_anchor_runs` checks the numpy way."""
+    if type(input_ids) is not list or not _core.AVAILABLE:
+        return None
+    raw = _native.uint32_list(input_ids)
+    return None if raw is None else np.frombuffer(raw, dtype="<u4").astype(np.int64)
+
+
 def _expand(
     ids: npt.NDArray[np.int64],
     repeats: npt.NDArray[np.int64],
     positions: list[npt.NDArray[np.intp]],
     media: Sequence[PreparedMedia],
 ) -> tuple[npt.NDArray[np.uint32], list[list[tuple[int, int]]]]:
-    expanded = np.repeat(ids, repeats).astype(np.uint32)
-    starts = np.concatenate([[0], np.cumsum(repeats)[:-1]]) if ids.size else repeats
+    # Narrowed before the repeat (the ids fit, `_anchor_runs` checked), so the expanded prompt
+    # is written once, as uint32; each run's start, the sums of the runs before it.
+    expanded = np.repeat(ids.astype(np.uint32), repeats)
+    starts = np.zeros_like(repeats)
+    np.cumsum(repeats[:-1], out=starts[1:])
     for item, where in zip(media, positions, strict=True):
         for (tokens, _), p in zip(item.replacements, where.tolist(), strict=False):
             begin = int(starts[p])
@@ -1134,9 +1151,12 @@ def expand_packed(
     expand to runs of one token (no replacement rule, no joins) the field's packed wire bytes
     (tag, length, varints: one varint per prompt token, repeated over its run) to merge into the
     message, without a Python int per expanded token; else the expanded ids (``bytes`` is then
-    ``None``)."""
+    ``None``). A list of ints is expanded by the native core whatever its length."""
     runs_of = None
     if not any(item.replacements or item.joins for item in media):
+        native = _native_runs(input_ids, media, field_number)
+        if native is not None:
+            return native[0], None, native[1]
         runs_of = _few_runs(input_ids, media)
     if runs_of is None:
         ids, repeats, positions = _anchor_runs(input_ids, media)
@@ -1151,6 +1171,41 @@ def expand_packed(
     ranges = [[(starts[p], runs[p]) for p in where] for where in anchors]
     payload = b"".join([_varint(t) * r for t, r in zip(tokens, runs, strict=True)])
     return _varint(field_number << 3 | 2) + _varint(len(payload)) + payload, None, ranges
+
+
+def put_prompt(
+    tokenized: Any,
+    field: str,
+    input_ids: Sequence[int] | npt.NDArray[Any],
+    media: Sequence[PreparedMedia],
+) -> list[list[tuple[int, int]]]:
+    """Write ``input_ids`` expanded for ``media`` (:func:`expand_placeholders`: the same checks,
+    ids and ranges) into the ``repeated uint32`` field ``field`` of ``tokenized`` (a request's
+    tokenized input, not set yet) and return the ranges: the packed record of
+    :func:`expand_packed` merged as it is where there is one, else :func:`put_ids`."""
+    number = tokenized.DESCRIPTOR.fields_by_name[field].number
+    packed, ids, ranges = expand_packed(input_ids, media, number)
+    if packed is not None:
+        tokenized.MergeFromString(packed)  # parsed in C: no Python int per token
+    else:
+        assert ids is not None
+        put_ids(tokenized, field, ids)
+    return ranges
+
+
+def _native_runs(
+    input_ids: Sequence[int] | npt.NDArray[Any],
+    media: Sequence[PreparedMedia],
+    field_number: int,
+) -> tuple[bytes, list[list[tuple[int, int]]]] | None:
+    """For a list of ints, the packed record and ranges the native core expands it to (one pass
+    over the list, one over the record: 32 000 ids in about a third of numpy's time); ``None``
+    for anything else or anything it refuses, which the other paths then check and name."""
+    if type(input_ids) is not list or not _core.AVAILABLE:
+        return None
+    anchors = [item.anchor for item in media]
+    counts = [item.token_counts for item in media]
+    return _native.packed_prompt(input_ids, anchors, counts, field_number)
 
 
 def _few_runs(

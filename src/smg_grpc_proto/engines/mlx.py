@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from smg_grpc_proto.engines._media import PreparedMedia, expand_placeholders, put_ids
+from smg_grpc_proto.engines._media import PreparedMedia, put_prompt
 from smg_grpc_proto.engines._tensors import TensorSource
 from smg_grpc_proto.errors import MultimodalNotSupportedError
 from smg_grpc_proto.generated import mlx_engine_pb2 as pb
@@ -36,7 +36,7 @@ def generate_request(
     for it, and a silently text-only answer to an image question is wrong)."""
     _refuse(media)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
-    put_ids(request.tokenized, "input_ids", expand_placeholders(input_ids, [])[0])
+    put_prompt(request.tokenized, "input_ids", input_ids, [])
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     return TensorMessage(request)

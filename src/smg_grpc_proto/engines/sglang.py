@@ -28,9 +28,8 @@ from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem
 from smg_grpc_proto.engines._media import (
     PreparedMedia,
-    expand_placeholders,
     placeholder_ranges,
-    put_ids,
+    put_prompt,
 )
 from smg_grpc_proto.engines._tensors import TensorSource, as_media_list, attach, read_tensor
 from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError
@@ -99,8 +98,7 @@ def _build(
     image_data: bool,
 ) -> None:
     items = _images(media)
-    ids, ranges = expand_placeholders(input_ids, items)
-    put_ids(message.message.tokenized, "input_ids", ids)
+    ranges = put_prompt(message.message.tokenized, "input_ids", input_ids, items)
     if items:
         _fill(message, items[0], ranges[0], dtype, image_data)
 

@@ -29,9 +29,8 @@ from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Modality
 from smg_grpc_proto.engines._media import (
     PreparedMedia,
     content_hash,
-    expand_placeholders,
     placeholder_ranges,
-    put_ids,
+    put_prompt,
 )
 from smg_grpc_proto.engines._tensors import (
     TensorSource,
@@ -87,9 +86,8 @@ def generate_request(
     with ``exporter`` (else the process default; inline when the exporter refuses it or NIXL is
     missing, counted by :func:`smg_grpc_proto.tensors.remote_stats`)."""
     batches = as_media_list(media, "TokenSpeed")
-    ids, ranges = expand_placeholders(input_ids, batches)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
-    put_ids(request.tokenized, "input_ids", ids)
+    ranges = put_prompt(request.tokenized, "input_ids", input_ids, batches)
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     message: TensorMessage[pb.GenerateRequest] = TensorMessage(request)

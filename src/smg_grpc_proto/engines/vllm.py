@@ -37,9 +37,8 @@ from smg_grpc_proto.engines import _decoded
 from smg_grpc_proto.engines._decoded import DecodedBatch, DecodedItem, Layout
 from smg_grpc_proto.engines._media import (
     PreparedMedia,
-    expand_packed,
     placeholder_ranges,
-    put_ids,
+    put_prompt,
 )
 from smg_grpc_proto.engines._tensors import (
     TensorSource,
@@ -72,7 +71,6 @@ __all__ = [
 ]
 
 _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO}
-_INPUT_IDS_FIELD: int = pb.TokenizedInput.DESCRIPTOR.fields_by_name["input_ids"].number
 
 #: Per family, the image tensors vLLM's model takes under another name than transformers'
 #: processor returns them (``None``: vLLM's model does not take it, so it is not sent). Gemma 4:
@@ -137,13 +135,8 @@ def generate_request(
     :class:`~smg_grpc_proto.errors.DisaggregationError` is raised.
     """
     batches = as_media_list(media, "vLLM")
-    packed, ids, ranges = expand_packed(input_ids, batches, _INPUT_IDS_FIELD)
     request = pb.GenerateRequest(request_id=request_id, stream=stream)
-    if packed is not None:
-        request.tokenized.MergeFromString(packed)  # parsed in C: no Python int per token
-    else:
-        assert ids is not None
-        put_ids(request.tokenized, "input_ids", ids)
+    ranges = put_prompt(request.tokenized, "input_ids", input_ids, batches)
     if sampling_params is not None:
         request.sampling_params.CopyFrom(sampling_params)
     if isinstance(kv_transfer_params, pb.KvTransferParams):
