@@ -20,7 +20,11 @@ process per interpreter and alternating which goes first, the timed stages of ou
 * the same stages as ``bench_engines.py`` on requests of 1, 8 and 32 small images: thumbnails
   of the corpus's real photos (long side 128 px, Pillow's LANCZOS; JPEG quality 90 for the
   JPEG photos, PNG for the PNG ones), where what each request costs beyond the pixels
-  (hashing, building, parsing, checking) is most of the time.
+  (hashing, building, parsing, checking) is most of the time;
+* ``vllm.generate_request`` of one image with a prompt of 500 to 32 000 tokens given as a list
+  of Python ints (random ids below Qwen2-VL's vocabulary size, the image's anchor last), and,
+  timed in the same processes for reference, protobuf's own ``extend`` of the expanded ids into
+  an empty request.
 
 ``--only thumbnails,PNG`` runs the cases whose names start with one of the given prefixes.
 
@@ -48,6 +52,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 ENGINE_CASES = ("512x600", "1280x960", "batch of 8")
 TENSOR_SIZES = (1, 25)
 THUMBNAIL_COUNTS = (1, 8, 32)
+PROMPT_TOKENS = (500, 2000, 8000, 32000)
 
 
 def child(spec: dict[str, Any]) -> None:
@@ -73,6 +78,26 @@ def child(spec: dict[str, Any]) -> None:
             time_op(lambda d=d: Image.open(io.BytesIO(d)).convert("RGB").load(), spec["repeat"])
             for d in files
         )
+    elif spec["kind"] == "prompt":
+        import numpy as np
+
+        from smg_grpc_proto.engines import VisionModel
+        from smg_grpc_proto.engines import vllm as adapter
+        from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+
+        model = VisionModel.for_family("qwen2_vl")
+        media = model.prepare([Path(spec["paths"][0]).read_bytes()], threads=1)
+        rng = np.random.default_rng(spec["tokens"])
+        prompt = [*rng.integers(0, 150_000, spec["tokens"]).tolist(), media.anchor]
+        out["generate_request"] = time_op(
+            lambda: adapter.generate_request("b", prompt, media), spec["repeat"]
+        )
+        expanded = list(adapter.generate_request("b", prompt, media).message.tokenized.input_ids)
+
+        def plain() -> None:
+            pb.GenerateRequest(request_id="b").tokenized.input_ids.extend(expanded)
+
+        out["protobuf extend (reference)"] = time_op(plain, spec["repeat"])
     else:
         from bench_tensors import ops as tensor_ops
 
@@ -192,6 +217,18 @@ def main() -> None:
     specs += [
         (name, {"kind": "engines", "paths": [str(p) for p in paths], "repeat": args.repeat})
         for name, paths in write_thumbnails(directory, THUMBNAIL_COUNTS).items()
+    ]
+    specs += [
+        (
+            f"prompt {tokens}",
+            {
+                "kind": "prompt",
+                "paths": [str(cases["512x600"][0])],
+                "tokens": tokens,
+                "repeat": args.repeat,
+            },
+        )
+        for tokens in PROMPT_TOKENS
     ]
     if args.only:
         prefixes = tuple(p.strip() for p in args.only.split(",") if p.strip())

@@ -24,9 +24,8 @@ import numpy.typing as npt
 
 from smg_grpc_proto.engines._media import (
     PreparedMedia,
-    expand_placeholders,
     image_format,
-    put_ids,
+    put_prompt,
 )
 from smg_grpc_proto.engines._tensors import TensorSource, refuse_cross_attention
 from smg_grpc_proto.errors import MultimodalError, MultimodalNotSupportedError, PlaceholderError
@@ -119,10 +118,10 @@ def generate_request(
             field="max_tokens",
             actual=max_tokens,
         )
-    ids = expand_placeholders(input_ids, [])[0]
-    files = _checked_files(media, ids, image_token_id, "input_ids")
     request = pb.GenerateRequest(request_id=request_id, max_tokens=max_tokens, streaming=streaming)
-    put_ids(request.tokenized, "input_token_ids", ids)
+    put_prompt(request.tokenized, "input_token_ids", input_ids, [])
+    ids = np.asarray(request.tokenized.input_token_ids, dtype=np.int64)
+    files = _checked_files(media, ids, image_token_id, "input_ids")
     if sampling_config is not None:
         request.sampling_config.CopyFrom(sampling_config)
     if files:
