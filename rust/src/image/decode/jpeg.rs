@@ -240,15 +240,16 @@ impl HookState {
                 desc.block_dc[..count].contains(&slot) || desc.block_ac[..count].contains(&slot)
             })
             .count();
-        let mut tables = Vec::new();
-        tables.try_reserve_exact(used).ok()?;
+        let mut tables = HuffTable::blanks(used)?;
+        let mut n = 0;
         let blocks = desc.mcus.saturating_mul(count as u64);
         let whole = blocks >= WHOLE_SYMBOLS_MIN_BLOCKS;
         let mut table = |slot: c_int| -> Option<usize> {
             let slot = usize::try_from(slot).ok().filter(|&s| s < 8)?;
             if slots[slot].is_none() {
-                tables.push(table_of(desc, slot, whole)?);
-                slots[slot] = Some(tables.len() - 1);
+                build_table(tables.get_mut(n)?, desc, slot, whole)?;
+                slots[slot] = Some(n);
+                n += 1;
             }
             slots[slot]
         };
@@ -261,6 +262,7 @@ impl HookState {
                 ac: table(desc.block_ac[b])?,
             });
         }
+        tables.truncate(n);
         Scan::new(tables, blocks, desc.restart_interval, desc.mcus, start).map(|s| (s, start))
     }
 
@@ -282,24 +284,31 @@ impl HookState {
         } else {
             &desc.block_ac
         };
-        let mut tables: Vec<HuffTable> = Vec::new();
+        // Blank tables for the slots the blocks read (none in a DC refinement), built in place.
+        let refine_dc = band.ss == 0 && band.ah != 0;
+        let distinct = (0..8)
+            .filter(|s| !refine_dc && slots[..count].contains(s))
+            .count();
+        let mut tables = HuffTable::blanks(distinct)?;
+        let mut n = 0;
         let mut built: [Option<usize>; 8] = [None; 8];
         let mut blocks = Vec::new();
         blocks.try_reserve_exact(count).ok()?;
         for (&component, &slot) in desc.block_component[..count].iter().zip(&slots[..count]) {
             let component = usize::try_from(component).ok()?;
-            if band.ss == 0 && band.ah != 0 {
+            if refine_dc {
                 blocks.push((component, 0));
                 continue;
             }
             let slot = usize::try_from(slot).ok().filter(|&s| s < 8)?;
             if built[slot].is_none() {
-                tables.try_reserve(1).ok()?;
-                tables.push(table_of(desc, slot, false)?);
-                built[slot] = Some(tables.len() - 1);
+                build_table(tables.get_mut(n)?, desc, slot, false)?;
+                built[slot] = Some(n);
+                n += 1;
             }
             blocks.push((component, built[slot]?));
         }
+        tables.truncate(n);
         ProgressiveScan::new(
             band,
             tables,
@@ -312,10 +321,10 @@ impl HookState {
     }
 }
 
-/// The decoding table in slot `slot` (0–3 DC, 4–7 AC, as `jpeg_shim.c` fills them) of the
-/// scan `desc` describes, with the whole-symbol lookups when `whole`; `None` for an empty slot
-/// or a table libjpeg would refuse.
-fn table_of(desc: &ScanDesc, slot: usize, whole: bool) -> Option<HuffTable> {
+/// Builds into `table` (blank: [`HuffTable::blanks`]) the decoding table in slot `slot` (0–3
+/// DC, 4–7 AC, as `jpeg_shim.c` fills them) of the scan `desc` describes, with the
+/// whole-symbol lookups when `whole`; `None` for an empty slot or a table libjpeg would refuse.
+fn build_table(table: &mut HuffTable, desc: &ScanDesc, slot: usize, whole: bool) -> Option<()> {
     let (counts, symbols) = (
         *desc.table_counts.get(slot)?,
         *desc.table_symbols.get(slot)?,
@@ -331,7 +340,7 @@ fn table_of(desc: &ScanDesc, slot: usize, whole: bool) -> Option<HuffTable> {
     } else {
         TableClass::Ac
     };
-    HuffTable::new(counts, symbols, class, whole)
+    table.build(counts, symbols, class, whole)
 }
 
 extern "C" fn hook_start(ctx: *mut c_void, desc: *const ScanDesc) -> c_int {

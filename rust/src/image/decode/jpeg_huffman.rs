@@ -73,7 +73,12 @@ pub(crate) enum TableClass {
 }
 
 /// One decoding table, built from a DHT segment's code counts and symbols.
-#[derive(Clone)]
+///
+/// A scan's tables are built where they stay ([`HuffTable::blanks`], [`HuffTable::build`]):
+/// returned by value, a 21 KiB table was copied two or three times on its way into the scan's
+/// list, which for a small photo cost about as much as building it. (`Copy` only so that blank
+/// tables can come from zeroed memory; nothing copies a built one.)
+#[derive(Clone, Copy)]
 pub(crate) struct HuffTable {
     /// Indexed by the next [`FAST_BITS`] bits: `length << 8 | symbol`, 0 when the code is longer.
     fast: [u16; FAST_SIZE],
@@ -95,12 +100,14 @@ impl HuffTable {
         (entry != 0).then(|| (u32::from(entry >> 8), (entry & 0xFF) as u8))
     }
 
-    /// Builds the table of `counts[1..=16]` codes per length over `symbols`, assigned as
-    /// libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the whole-symbol lookups of
-    /// [`Self::whole`] for its `class` when `whole` is set (they cost a few µs to build, more
-    /// than a scan of a few hundred blocks gains from them; without them every symbol takes the
-    /// code lookup and reads its value bits after it). `None` for tables libjpeg refuses too
-    /// (more than 256 codes, or codes that do not fit their length).
+    /// `n` blank tables (every entry zero) in zeroed memory, for [`Self::build`] to fill in
+    /// place; `None` when the memory is not there.
+    pub(crate) fn blanks(n: usize) -> Option<Vec<HuffTable>> {
+        crate::memory::fallible::zeros(n).ok()
+    }
+
+    /// [`Self::build`] into a new table, returned by value (for tests).
+    #[cfg(test)]
     pub(crate) fn new(
         counts: &[u8; 17],
         symbols: &[u8; 256],
@@ -110,10 +117,37 @@ impl HuffTable {
         let mut t = Self {
             fast: [0; FAST_SIZE],
             whole: [0; FAST_SIZE],
-            maxcode: [-1; 17],
+            maxcode: [0; 17],
             valoffset: [0; 17],
-            symbols: *symbols,
+            symbols: [0; 256],
         };
+        t.build(counts, symbols, class, whole)?;
+        Some(t)
+    }
+
+    /// Builds the table of `counts[1..=16]` codes per length over `symbols` into this blank
+    /// table (every lookup entry zero, as [`Self::blanks`] and [`Self::new`] make them),
+    /// assigned as libjpeg's `jpeg_make_d_derived_tbl` assigns them, with the whole-symbol
+    /// lookups of [`Self::whole`] for its `class` when `whole` is set (they cost a few µs to
+    /// build, more than a scan of a few hundred blocks gains from them; without them every
+    /// symbol takes the code lookup and reads its value bits after it). `None` for tables libjpeg
+    /// refuses too (more than 256 codes, or codes that do not fit their length); the table is
+    /// then partly built and must not be used.
+    pub(crate) fn build(
+        &mut self,
+        counts: &[u8; 17],
+        symbols: &[u8; 256],
+        class: TableClass,
+        whole: bool,
+    ) -> Option<()> {
+        debug_assert!(
+            self.fast.iter().all(|&e| e == 0) && self.whole.iter().all(|&e| e == 0),
+            "a table built over another"
+        );
+        let t = self;
+        t.maxcode = [-1; 17];
+        t.valoffset = [0; 17];
+        t.symbols = *symbols;
         let total: usize = counts[1..].iter().map(|&c| usize::from(c)).sum();
         if total > 256 {
             return None;
@@ -151,7 +185,7 @@ impl HuffTable {
             code <<= 1;
         }
         if !whole {
-            return Some(t);
+            return Some(());
         }
         // Every whole symbol: a short code followed by each value its size allows, when the
         // two fit in `FAST_BITS` bits (at most `FAST_SIZE` of them: they are prefix-free), as
@@ -207,9 +241,13 @@ impl HuffTable {
                 ));
             }
         }
-        Some(t)
+        Some(())
     }
 }
+
+// SAFETY: every field is an array of integers, for which all-zero bytes are valid (`0`); the
+// type is not zero-sized.
+unsafe impl crate::memory::Zeroable for HuffTable {}
 
 /// A symbol decoded with its value bits. AC: the decoder writes `value` at zigzag index
 /// `k + skip`, then goes on from there plus one. DC: `value` is the difference (`skip` 0).
@@ -1348,14 +1386,20 @@ pub(crate) mod tests {
         scan_with(s, start, true)
     }
 
-    /// [`scan`], with or without the tables' whole-symbol lookups.
+    /// [`scan`], with or without the tables' whole-symbol lookups; the tables built in place
+    /// into blank ones, as the decoder builds them.
     fn scan_with(s: &Stream, start: usize, whole: bool) -> Scan {
-        let tables = s
+        let codes: Vec<_> = s
             .tables
             .iter()
             .flat_map(|(dc, ac)| [(dc, TableClass::Dc), (ac, TableClass::Ac)])
-            .map(|(c, class)| HuffTable::new(&c.counts, &c.symbols, class, whole).expect("table"))
             .collect();
+        let mut tables = HuffTable::blanks(codes.len()).expect("memory");
+        for (table, (c, class)) in tables.iter_mut().zip(codes) {
+            table
+                .build(&c.counts, &c.symbols, class, whole)
+                .expect("table");
+        }
         Scan::new(tables, s.specs.clone(), s.restart_interval, s.mcus, start).expect("scan")
     }
 
@@ -1784,6 +1828,28 @@ pub(crate) mod tests {
         counts[16] = 255;
         counts[15] = 2; // 257 codes
         assert!(HuffTable::new(&counts, &symbols, TableClass::Dc, false).is_none());
+    }
+
+    #[test]
+    fn tables_built_in_place_read_codes_longer_than_a_lookup() {
+        // Two 13-bit codes and nothing shorter: lengths 1 to 12 hold no code, and a window of
+        // zeros must not be read as a code of any of them (libjpeg's `maxcode` of -1).
+        let mut counts = [0u8; 17];
+        counts[13] = 2;
+        let mut symbols = [0u8; 256];
+        symbols[..2].copy_from_slice(&[5, 9]);
+        // 0000000000000 (5), 0000000000001 (9), then ones.
+        let data = [0x00, 0x00, 0x00, 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF];
+        let mut blanks = HuffTable::blanks(2).expect("memory");
+        for (table, whole) in blanks.iter_mut().zip([false, true]) {
+            table
+                .build(&counts, &symbols, TableClass::Ac, whole)
+                .expect("a valid table");
+            let mut bits = Bits::at(0);
+            bits.refill(&data);
+            assert_eq!(bits.symbol(table), Ok(5));
+            assert_eq!(bits.symbol(table), Ok(9));
+        }
     }
 
     #[test]

@@ -1104,9 +1104,8 @@ mod tests {
                     assert_eq!(before, came);
                     assert!(!overwritten, "position {past} overwritten");
                     // The undo gives back the block as it came but for the correction bits.
-                    let mut scan =
-                        ProgressiveScan::new(band, vec![table.clone()], vec![(0, 0)], 0, 1, 0)
-                            .expect("an AC refinement scan");
+                    let mut scan = ProgressiveScan::new(band, vec![table], vec![(0, 0)], 0, 1, 0)
+                        .expect("an AC refinement scan");
                     let mut undone = fast;
                     scan.undo(&mut undone, before);
                     assert!(!scan.lost);
@@ -1257,7 +1256,7 @@ mod tests {
                 })
                 .collect();
             let scan = || {
-                ProgressiveScan::new(band, vec![table.clone()], vec![(0, 0)], interval, mcus, 0)
+                ProgressiveScan::new(band, vec![*table], vec![(0, 0)], interval, mcus, 0)
                     .unwrap()
                     .with_rows(w as u32)
             };
