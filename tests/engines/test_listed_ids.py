@@ -144,6 +144,30 @@ def test_long_list_prompts_refuse_what_arrays_refuse(media: dict[str, Any], bad:
         assert got[1] == expected[1]
 
 
+@pytest.mark.parametrize(
+    "module", [vllm_adapter, sglang_adapter, tokenspeed_adapter, mlx_adapter, trtllm_adapter]
+)
+def test_builders_expand_list_prompts_natively(
+    media: dict[str, Any], module: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    item = media["qwen2_vl"]
+    answers: list[Any] = []
+    real = _native.packed_prompt
+
+    def spy(*args: Any) -> Any:
+        answers.append(real(*args))
+        return answers[-1]
+
+    monkeypatch.setattr(_media._native, "packed_prompt", spy)
+    with_media = module not in (mlx_adapter, trtllm_adapter)
+    prompt = _prompt(item, 1000, seed=4) if with_media else list(range(1000))
+    args: tuple[Any, ...] = (item,) if with_media else ()
+    kwargs: dict[str, Any] = {"max_tokens": 4} if module is trtllm_adapter else {}
+    module.generate_request("r", prompt, *args, **kwargs)
+    assert len(answers) == 1
+    assert answers[0] is not None
+
+
 def test_list_prompts_take_the_native_path(
     media: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
