@@ -281,3 +281,38 @@ def test_builders_write_list_and_array_prompts_alike(
         built.append(type(request.message).FromString(tensors.serialize(request)))
     assert list(getattr(built[0].tokenized, field)) == list(getattr(built[1].tokenized, field))
     assert built[0] == built[1]
+
+
+def _outcome(prompt: Any, item: Any) -> Any:
+    """What ``expand_packed`` makes of ``prompt``: the expanded ids and ranges, or the error."""
+    number = vllm_engine_pb2.TokenizedInput.DESCRIPTOR.fields_by_name["input_ids"].number
+    try:
+        packed, ids, ranges = _media.expand_packed(prompt, [item], number)
+    except (PlaceholderError, ValueError, TypeError) as err:
+        return type(err), str(err)
+    if packed is not None:
+        ids = np.asarray(vllm_engine_pb2.TokenizedInput.FromString(packed).input_ids)
+    assert ids is not None
+    return ids.tolist(), ranges
+
+
+def test_random_prompts_expand_alike_with_and_without_the_native_core(
+    media: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A differential fuzz: random lists of edge ids, anchors in and out of place and now and
+    # then an item of another type; the native path must give what the Python and numpy paths
+    # give, results and errors alike.
+    item = media["qwen2_vl"]
+    rng = np.random.default_rng(34)
+    odd = [True, -1, 2**32, 2**64, 1.5, np.int64(3), None, "7"]
+    for trial in range(400):
+        n = int(rng.integers(0, 300))
+        prompt: list[Any] = [EDGES[i] for i in rng.integers(0, len(EDGES), n)]
+        for _ in range(int(rng.integers(0, 4))):
+            prompt.insert(int(rng.integers(0, len(prompt) + 1)), item.anchor)
+        if trial % 5 == 0 and prompt:
+            prompt[int(rng.integers(0, len(prompt)))] = odd[trial // 5 % len(odd)]
+        with monkeypatch.context() as patch:
+            patch.setattr(_core, "AVAILABLE", False)
+            expected = _outcome(prompt, item)
+        assert _outcome(prompt, item) == expected, f"trial {trial}: {prompt[:20]}"
