@@ -80,9 +80,9 @@ fn as_list<'a, 'py>(obj: &'a Bound<'py, PyAny>, field: &str) -> PyResult<&'a Bou
 ///
 /// The little-endian `uint32` bytes of `values`, a list of `int`s each in `0..=2**32 - 1` (a
 /// prompt's token ids), read in one pass: numpy's `asarray` first discovers the type of every
-/// item, at about three times the cost. `None` as soon as an item is not exactly an `int` or
-/// lies outside that range: the caller then takes numpy's path, whose checks name the problem.
-/// `TensorTypeError` (`field="values"`) when `values` is not a list.
+/// item, at about five times the cost (21 against 3.7 ns an id). `None` as soon as an item is
+/// not exactly an `int` or lies outside that range: the caller then takes numpy's path, whose
+/// checks name the problem. `TensorTypeError` (`field="values"`) when `values` is not a list.
 #[pyfunction]
 fn uint32_list<'py>(
     py: Python<'py>,
