@@ -10,7 +10,7 @@
 //! [`Refused`] here, and the caller takes that path, whose errors name the problem.
 
 use crate::memory::AllocError;
-use crate::tensor::wire::varint_len;
+use crate::tensor::wire::{put_varint, varint_len};
 
 /// One media of a prompt: its anchor token and, in prompt order, the run length of each of its
 /// items (its token count).
@@ -134,11 +134,12 @@ pub fn expand_runs(ids: &[u32], media: &[Anchor<'_>], field: u32) -> Result<Expa
     }
     o = put_words(&mut buffer, o, &ids[from..]);
     buffer.truncate(o);
-    let mut header = [0u8; HEADER];
-    let tag = put_varint(u64::from(field) << 3 | 2, &mut header);
-    let len = put_varint((o - HEADER) as u64, &mut header[tag..]);
-    let start = HEADER - (tag + len);
-    buffer[start..HEADER].copy_from_slice(&header[..tag + len]);
+    let (mut tag, mut len) = ([0u8; 10], [0u8; 10]);
+    let tag_len = put_varint(u64::from(field) << 3 | 2, &mut tag);
+    let len_len = put_varint((o - HEADER) as u64, &mut len);
+    let start = HEADER - (tag_len + len_len);
+    buffer[start..start + tag_len].copy_from_slice(&tag[..tag_len]);
+    buffer[start + tag_len..HEADER].copy_from_slice(&len[..len_len]);
     Ok(Expanded {
         buffer,
         start,
@@ -169,19 +170,6 @@ fn varint_word(value: u32) -> (u64, usize) {
     let n = varint_len(v);
     let more = 0x80_8080_8080u64 & ((1u64 << (8 * (n - 1))) - 1);
     (spread | more, n)
-}
-
-/// Writes the minimal varint of `value` at the start of `out` (room for 10 bytes); returns its
-/// length.
-fn put_varint(mut value: u64, out: &mut [u8]) -> usize {
-    let mut n = 0;
-    while value >= 0x80 {
-        out[n] = (value as u8) | 0x80;
-        value >>= 7;
-        n += 1;
-    }
-    out[n] = value as u8;
-    n + 1
 }
 
 #[cfg(test)]

@@ -1020,14 +1020,7 @@ def _anchor_runs(
     if listed is not None:
         ids = listed  # every id an int within uint32: the checks below hold
     else:
-        ids = np.asarray(input_ids)
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise PlaceholderError(
-                f"input_ids must be a 1-D sequence of integers, got shape {list(ids.shape)} "
-                f"of {ids.dtype}",
-                field="input_ids",
-            )
-        ids = ids.astype(np.int64, copy=False)
+        ids = _integer_array(input_ids).astype(np.int64, copy=False)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) > 0xFFFFFFFF):
             raise PlaceholderError(
                 "input_ids: token ids must fit in uint32",
@@ -1065,6 +1058,18 @@ def _anchor_runs(
     if positions and ids.size and int(repeats.min()) < 1:
         raise PlaceholderError("a token count below 1", field="token_counts")
     return ids, repeats, positions
+
+
+def _integer_array(input_ids: Sequence[int] | npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``input_ids`` as a numpy array, refused unless 1-D and of an integer type (or empty)."""
+    ids = np.asarray(input_ids)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise PlaceholderError(
+            f"input_ids must be a 1-D sequence of integers, got shape {list(ids.shape)} "
+            f"of {ids.dtype}",
+            field="input_ids",
+        )
+    return ids
 
 
 def _listed_ids(input_ids: Sequence[int] | npt.NDArray[Any]) -> npt.NDArray[np.int64] | None:
@@ -1297,13 +1302,7 @@ def placeholder_ranges(
     with their neighbours by the family's joins). Any other number of placeholder
     tokens, or a run split by other tokens, is a :class:`PlaceholderError` naming the numbers.
     """
-    ids = np.asarray(input_ids)
-    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-        raise PlaceholderError(
-            f"input_ids must be a 1-D sequence of integers, got shape {list(ids.shape)} "
-            f"of {ids.dtype}",
-            field="input_ids",
-        )
+    ids = _integer_array(input_ids)
     out: list[list[tuple[int, int]]] = []
     seen: dict[int, int] = {}
     for m, item in enumerate(media):
