@@ -234,6 +234,9 @@ def test_packed_prompt_runs_of_two_media() -> None:
         ([7], [7], [[-1]], 1),
         ([7], [2**32 + 7], [[1]], 1),  # an anchor outside uint32
         ([7], [7], [[1], [1]], 1),  # counts for a media not given
+        ([7], [7], [[1, 1]], 1),  # more items than the prompt has ids
+        ([7], [7, 8], [[1], []], 1),  # more media than the prompt has ids
+        ([7], [7], [range(10**12)], 1),  # a huge sequence: refused by its length, unread
         ([7], [7], [None], 1),
         ([7], [7], [[1]], 0),  # no field number
         ([7], [7], [[1]], 2**29),

@@ -96,11 +96,37 @@ fn uint32_list<'py>(
 }
 
 /// `obj`'s items as `T`s, or `None` when it is not a sequence of such ints.
-fn ints<T: for<'a, 'py> FromPyObject<'a, 'py>>(obj: &Bound<'_, PyAny>) -> Option<Vec<T>> {
-    obj.try_iter()
-        .ok()?
-        .map(|item| item.ok()?.extract::<T>().ok())
-        .collect()
+/// `obj`'s items as `T`s when it is a sized sequence of at most `most` such ints; `None`
+/// otherwise (or when the memory is not there: no list handed in makes this abort).
+fn ints<T: for<'a, 'py> FromPyObject<'a, 'py>>(
+    obj: &Bound<'_, PyAny>,
+    most: usize,
+) -> Option<Vec<T>> {
+    let len = obj.len().ok().filter(|&n| n <= most)?;
+    let mut out = crate::memory::fallible::with_capacity(len).ok()?;
+    for item in obj.try_iter().ok()? {
+        if out.len() == len {
+            return None; // more items than it said
+        }
+        out.push(item.ok()?.extract::<T>().ok()?);
+    }
+    Some(out)
+}
+
+/// `obj` as exactly `n` sequences of at most `most` ints each (the items' token counts of each
+/// media); `None` otherwise.
+fn count_lists(obj: &Bound<'_, PyAny>, n: usize, most: usize) -> Option<Vec<Vec<u64>>> {
+    if obj.len().ok()? != n {
+        return None;
+    }
+    let mut out = crate::memory::fallible::with_capacity(n).ok()?;
+    for item in obj.try_iter().ok()? {
+        if out.len() == n {
+            return None; // more items than it said
+        }
+        out.push(ints::<u64>(&item.ok()?, most)?);
+    }
+    Some(out)
 }
 
 /// The record and ranges of [`crate::prompt::Expanded`] as Python objects.
@@ -129,14 +155,16 @@ fn packed_prompt<'py>(
     let Some(ids) = read_ids(py, as_list(input_ids, "input_ids")?)? else {
         return Ok(None);
     };
-    let (Some(tokens), Some(field)) = (ints::<u32>(anchors), field.extract::<u32>().ok()) else {
+    // A media per anchor, each with at most as many items as the prompt has ids (more would be
+    // refused anyway): what is read here is bounded by the prompt.
+    let media_count = anchors.len().ok().filter(|&n| n <= ids.len().max(1));
+    let (Some(n), Some(field)) = (media_count, field.extract::<u32>().ok()) else {
         return Ok(None);
     };
-    let Some(counts) = counts.try_iter().ok().and_then(|items| {
-        items
-            .map(|c| ints::<u64>(&c.ok()?))
-            .collect::<Option<Vec<_>>>()
-    }) else {
+    let Some(tokens) = ints::<u32>(anchors, n) else {
+        return Ok(None);
+    };
+    let Some(counts) = count_lists(counts, n, ids.len()) else {
         return Ok(None);
     };
     if counts.len() != tokens.len() {
