@@ -29,7 +29,8 @@ pub enum Refused {
     AnchorCount { media: usize },
     /// An item's run is empty.
     EmptyRun { media: usize },
-    /// The expanded field would not fit in memory's address space.
+    /// The expanded field's size overflows `u64` or `usize` (a size that fits but cannot be
+    /// allocated is [`ExpandError::OutOfMemory`]).
     TooLong,
     /// The field number is not one protobuf allows (1 to 2^29 - 1).
     FieldNumber,
@@ -104,11 +105,13 @@ pub fn expand_runs(ids: &[u32], media: &[Anchor<'_>], field: u32) -> Result<Expa
     let mut added = 0u64; // tokens the runs before add
     for &(p, m) in &anchors {
         let count = media[m].counts[ranges[m].len()];
-        ranges[m].push((p as u64 + added, count));
-        runs.push(count);
-        let Some(sum) = added.checked_add(count - 1) else {
+        let (Some(offset), Some(sum)) =
+            ((p as u64).checked_add(added), added.checked_add(count - 1))
+        else {
             return refused(Refused::TooLong);
         };
+        ranges[m].push((offset, count));
+        runs.push(count);
         added = sum;
     }
     let size = (ids.len() as u64)
@@ -303,6 +306,12 @@ mod tests {
             counts: &[u64::MAX / 2, u64::MAX / 2],
         };
         assert_eq!(err(&[9, 9], &[huge]), Refused::TooLong);
+        // A run that leaves the next anchor's offset past `u64` (checked before the sum).
+        let past = Anchor {
+            token: 9,
+            counts: &[u64::MAX, 1],
+        };
+        assert_eq!(err(&[9, 1, 9], &[past]), Refused::TooLong);
         for field in [0, 1 << 29] {
             assert_eq!(
                 expand_runs(&[1], &[], field),

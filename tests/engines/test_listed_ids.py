@@ -72,11 +72,14 @@ def media() -> dict[str, Any]:
 
 
 def _prompt(media: Any, n: int, seed: int) -> list[int]:
-    """``n`` random ids (none of them the anchor) with the media's anchors spread among them and,
-    for a family with joins, tokens it joins on both sides of each anchor."""
+    """``n`` random ids (none of them the anchor; of every varint length: below 2^7, 2^14, 2^21,
+    2^28 and 2^32 in turn) with the media's anchors spread among them and, for a family with
+    joins, tokens it joins on both sides of each anchor."""
     rng = np.random.default_rng(seed)
     joinable = sorted({t for left, right, _ in media.joins or () for t in (left, right)})
-    ids = [int(t) for t in rng.integers(0, 2**32, n, dtype=np.uint64) if int(t) != media.anchor]
+    bits = [7, 14, 21, 28, 32]
+    drawn = [int(rng.integers(0, 2 ** bits[i % 5], dtype=np.uint64)) for i in range(n)]
+    ids = [t for t in drawn if t != media.anchor]
     for at in sorted(rng.integers(0, len(ids) + 1, media.count).tolist(), reverse=True):
         ids.insert(at, media.anchor)
     # Joinable tokens next to the anchors (where the replacements' edges merge with them).
@@ -142,6 +145,19 @@ def test_long_list_prompts_refuse_what_arrays_refuse(media: dict[str, Any], bad:
         # What numpy reads as integers (a bool, a numpy int) expands as the array does.
         assert got[0].tolist() == expected[0].tolist()
         assert got[1] == expected[1]
+
+
+@pytest.mark.parametrize(
+    "module", [vllm_adapter, sglang_adapter, tokenspeed_adapter, mlx_adapter, trtllm_adapter]
+)
+def test_an_empty_list_prompt_builds_what_an_empty_array_builds(module: Any) -> None:
+    kwargs: dict[str, Any] = {"max_tokens": 4} if module is trtllm_adapter else {}
+    built = [
+        module.generate_request("r", p, **kwargs).message for p in ([], np.zeros(0, dtype=np.int64))
+    ]
+    # The same presence of `tokenized` (and of the prompt oneof), the same bytes.
+    assert built[0].HasField("tokenized") == built[1].HasField("tokenized")
+    assert built[0].SerializeToString() == built[1].SerializeToString()
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ fn type_error(message: String, field: &str) -> PyErr {
 /// `*_uninit` writers do exactly that, so each output byte is written once). `PyBytes::new_with`
 /// is not used because it zero-fills the buffer first, holding the GIL: for a fresh 100 MiB
 /// output that first touch of the memory is most of the cost, and a second pass besides.
-fn new_bytes<'py, F>(
+pub(super) fn new_bytes<'py, F>(
     py: Python<'py>,
     len: usize,
     writers: usize,
@@ -92,6 +92,19 @@ where
     })
     .map_err(value_error)?;
     Ok(bytes)
+}
+
+/// A new `bytes` object holding a copy of `data`: [`new_bytes`], so that a failed allocation
+/// is a `TensorMemoryError`, not a panic.
+pub(super) fn bytes_of<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    new_bytes(py, data.len(), 1, |out| {
+        for (slot, &byte) in out.iter_mut().zip(data) {
+            slot.write(byte);
+        }
+        // SAFETY: `out` has `data.len()` bytes (`new_bytes` made it that long) and the loop
+        // above wrote every one of them; `MaybeUninit<u8>` and `u8` have the same layout.
+        Ok(unsafe { &mut *(std::ptr::from_mut(out) as *mut [u8]) })
+    })
 }
 
 /// The memory of the numpy array `array`; a non-array is a `TensorTypeError` about `arg`.
@@ -390,7 +403,7 @@ fn uint32_varints<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let values = bytes_arg(values, "values")?;
     let out = wire::uint32_varints(values.as_bytes()).map_err(value_error)?;
-    Ok(PyBytes::new(py, &out))
+    bytes_of(py, &out)
 }
 
 /// encode_frames(header, plan, nonce, sources) -> bytes

@@ -198,7 +198,7 @@ fn last_marker(data: &[u8]) -> Option<usize> {
 }
 
 /// Scans of fewer blocks decode without the tables' whole-symbol lookups
-/// ([`HuffTable::new`]): building them costs more than they save below a few hundred blocks
+/// ([`HuffTable::build`]): building them costs more than they save below a few hundred blocks
 /// (a 32 × 32 photo, 24 blocks, decoded ~50 % slower with them).
 const WHOLE_SYMBOLS_MIN_BLOCKS: u64 = 256;
 
