@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use super::errors::{self, Class};
-use super::tensor::{bytes_of, new_bytes};
+use super::tensor::bytes_of;
 use crate::prompt::{expand_runs, Anchor, ExpandError};
 use crate::tensor::TensorError;
 
@@ -106,24 +106,17 @@ fn uint32_list<'py>(
     py: Python<'py>,
     values: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-    let Some(ids) = read_ids(py, as_list(values, "values")?)? else {
+    let Some(mut ids) = read_ids(py, as_list(values, "values")?)? else {
         return Ok(None);
     };
-    // (Never `None`: the list holds a pointer per id.)
-    let Some(len) = ids.len().checked_mul(4) else {
-        return Ok(None);
-    };
-    let bytes = new_bytes(py, len, 1, |out| {
-        for (slot, id) in out.chunks_exact_mut(4).zip(&ids) {
-            for (byte, value) in slot.iter_mut().zip(id.to_le_bytes()) {
-                byte.write(value);
-            }
-        }
-        // SAFETY: `out` has `4 × ids.len()` bytes and the loop above wrote each of them (one
-        // whole chunk of 4 per id); `MaybeUninit<u8>` and `u8` have the same layout.
-        Ok(unsafe { &mut *(std::ptr::from_mut(out) as *mut [u8]) })
-    })?;
-    Ok(Some(bytes))
+    for id in &mut ids {
+        *id = id.to_le(); // the wire's byte order (a no-op on little-endian machines)
+    }
+    // SAFETY: `u32` has no padding and any bytes are valid `u8`s; the view covers exactly the
+    // `4 × ids.len()` bytes of `ids` (a size its allocation already holds, so no overflow),
+    // which outlives it (`bytes_of` copies them).
+    let view = unsafe { std::slice::from_raw_parts(ids.as_ptr().cast::<u8>(), 4 * ids.len()) };
+    Ok(Some(bytes_of(py, view)?))
 }
 
 /// `obj`'s items as `T`s when it is a sized sequence of at most `most` such ints; `None`

@@ -98,12 +98,13 @@ where
 /// is a `TensorMemoryError`, not a panic.
 pub(super) fn bytes_of<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
     new_bytes(py, data.len(), 1, |out| {
-        for (slot, &byte) in out.iter_mut().zip(data) {
-            slot.write(byte);
+        // SAFETY: `out` has `data.len()` bytes (`new_bytes` made it that long), a fresh buffer
+        // that cannot overlap `data`; the copy writes every one of them, after which the
+        // `MaybeUninit<u8>` slice is initialised and may be viewed as `[u8]` (same layout).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), out.as_mut_ptr().cast::<u8>(), data.len());
+            Ok(&mut *(std::ptr::from_mut(out) as *mut [u8]))
         }
-        // SAFETY: `out` has `data.len()` bytes (`new_bytes` made it that long) and the loop
-        // above wrote every one of them; `MaybeUninit<u8>` and `u8` have the same layout.
-        Ok(unsafe { &mut *(std::ptr::from_mut(out) as *mut [u8]) })
     })
 }
 
