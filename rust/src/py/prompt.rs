@@ -13,50 +13,30 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use super::errors::{self, Class};
-use super::tensor::bytes_of;
+use super::tensor::{bytes_of, expected, value_error};
 use crate::prompt::{expand_runs, Anchor, ExpandError};
 use crate::tensor::TensorError;
 
-/// A `TensorTypeError` about argument `field`, saying what it got.
-fn type_error(expected: &str, got: &Bound<'_, PyAny>, field: &str) -> PyErr {
-    let name = got
-        .get_type()
-        .name()
-        .map_or_else(|_| "?".to_owned(), |n| n.to_string());
-    let message = format!("{field}: expected {expected}, got {name}");
-    Python::attach(|py| errors::raise(py, Class::TensorType, &message, field, py.None(), py.None()))
-}
-
 /// The `TensorMemoryError` of a buffer of `bytes` bytes that could not be allocated.
-fn memory_error(py: Python<'_>, what: &'static str, bytes: u64) -> PyErr {
-    errors::tensor_error(py, &TensorError::OutOfMemory { what, bytes })
+fn memory_error(what: &'static str, bytes: u64) -> PyErr {
+    value_error(TensorError::OutOfMemory { what, bytes })
 }
 
-/// The items of `list`, each exactly an `int` within `u32`; `None` as soon as one is not.
+/// The items of `list`, each exactly an `int` within `u32`; `None` as soon as one is not. Read
+/// under the list's critical section: nothing else then changes the list (on a free-threaded
+/// interpreter, whose other threads would otherwise run alongside; with the GIL it costs
+/// nothing).
 fn read_ids(py: Python<'_>, list: &Bound<'_, PyList>) -> PyResult<Option<Vec<u32>>> {
+    pyo3::sync::critical_section::with_critical_section(list.as_any(), || read_items(py, list))
+}
+
+/// The loop of [`read_ids`], under the list's critical section.
+fn read_items(py: Python<'_>, list: &Bound<'_, PyList>) -> PyResult<Option<Vec<u32>>> {
     let len = list.len();
     let mut ids = crate::memory::fallible::with_capacity::<u32>(len)
-        .map_err(|e| memory_error(py, "token ids", e.bytes))?;
+        .map_err(|e| memory_error("token ids", e.bytes))?;
     // Only the address of the interpreter's `int` type object (taking it reads nothing).
     let int_type = std::ptr::addr_of_mut!(ffi::PyLong_Type);
-    // Read under the list's critical section: nothing else then changes the list (on a
-    // free-threaded interpreter, whose other threads would otherwise run alongside; with the
-    // GIL it costs nothing).
-    pyo3::sync::critical_section::with_critical_section(list.as_any(), || {
-        read_items(py, list, len, int_type, &mut ids)
-    })
-}
-
-/// The loop of [`read_ids`], under the list's critical section; `Ok(None)` when an item is not
-/// an exact `int` within `u32`.
-fn read_items(
-    py: Python<'_>,
-    list: &Bound<'_, PyList>,
-    len: usize,
-    int_type: *mut ffi::PyTypeObject,
-    ids: &mut Vec<u32>,
-) -> PyResult<Option<Vec<u32>>> {
     for i in 0..len {
         // SAFETY: `list` is a live list (a `Bound` holds a strong reference, and we are
         // attached to the interpreter); `PyList_GetItem` checks `i` against its current length
@@ -84,13 +64,13 @@ fn read_items(
         };
         ids.push(value);
     }
-    Ok(Some(std::mem::take(ids)))
+    Ok(Some(ids))
 }
 
 /// `obj` as a list, or the `TensorTypeError` saying it is not one.
 fn as_list<'a, 'py>(obj: &'a Bound<'py, PyAny>, field: &str) -> PyResult<&'a Bound<'py, PyList>> {
     obj.cast::<PyList>()
-        .map_err(|_| type_error("a list", obj, field))
+        .map_err(|_| expected("a list", obj, field))
 }
 
 /// uint32_list(values) -> bytes | None
@@ -201,7 +181,7 @@ fn packed_prompt<'py>(
     match py.detach(|| expand_runs(&ids, &media, field)) {
         Ok(expanded) => Ok(Some((bytes_of(py, expanded.record())?, expanded.ranges))),
         Err(ExpandError::Refused(_)) => Ok(None),
-        Err(ExpandError::OutOfMemory(e)) => Err(memory_error(py, "input_ids", e.bytes)),
+        Err(ExpandError::OutOfMemory(e)) => Err(memory_error("input_ids", e.bytes)),
     }
 }
 

@@ -22,7 +22,7 @@ use crate::tensor::wire::{self, Plan, Source, MAX_DEPTH};
 use crate::tensor::{TensorError, WireDtype};
 
 /// The Python exception of a [`TensorError`] (called with the GIL held).
-fn value_error(err: TensorError) -> PyErr {
+pub(super) fn value_error(err: TensorError) -> PyErr {
     Python::attach(|py| errors::tensor_error(py, &err))
 }
 
@@ -215,13 +215,17 @@ fn plan_from_py(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyResult<Pl
 
 /// `obj` as `bytes`, or a `TensorTypeError` naming the argument.
 fn bytes_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>, arg: &str) -> PyResult<&'a Bound<'py, PyBytes>> {
-    obj.cast::<PyBytes>().map_err(|_| {
-        let got = obj
-            .get_type()
-            .name()
-            .map_or_else(|_| "?".to_owned(), |n| n.to_string());
-        type_error(format!("{arg}: expected bytes, got {got}"), arg)
-    })
+    obj.cast::<PyBytes>()
+        .map_err(|_| expected("bytes", obj, arg))
+}
+
+/// The `TensorTypeError` of argument `arg`, which should have been `what`: `obj`'s type named.
+pub(super) fn expected(what: &str, obj: &Bound<'_, PyAny>, arg: &str) -> PyErr {
+    let got = obj
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+    type_error(format!("{arg}: expected {what}, got {got}"), arg)
 }
 
 /// The exception of a [`TensorError`] about `sources[i]`: the message and the field say so.
