@@ -1141,9 +1141,14 @@ def put_ids(message: Any, field: str, ids: npt.NDArray[np.uint32]) -> None:
         return
     number = message.DESCRIPTOR.fields_by_name[field].number
     payload = _native.uint32_varints(np.ascontiguousarray(ids, dtype="<u4").tobytes())
+    message.MergeFromString(_record(number, payload))
+
+
+def _record(number: int, payload: bytes) -> bytes:
+    """The wire record of the length-delimited field ``number`` holding ``payload`` (a packed
+    ``repeated uint32``: tag, length, varints)."""
     # The length's varint without the id cache (a slot per prompt length would crowd it out).
-    length = _varint.__wrapped__(len(payload))
-    message.MergeFromString(_varint(number << 3 | 2) + length + payload)
+    return _varint(number << 3 | 2) + _varint.__wrapped__(len(payload)) + payload
 
 
 def expand_packed(
@@ -1175,7 +1180,7 @@ def expand_packed(
         start += run
     ranges = [[(starts[p], runs[p]) for p in where] for where in anchors]
     payload = b"".join([_varint(t) * r for t, r in zip(tokens, runs, strict=True)])
-    return _varint(field_number << 3 | 2) + _varint(len(payload)) + payload, None, ranges
+    return _record(field_number, payload), None, ranges
 
 
 def put_prompt(
