@@ -452,8 +452,11 @@ struct PatchWriter<'a> {
 }
 
 impl PatchWriter<'_> {
+    /// Threads for the writes (automatic: as the `float32` output's size pays for).
     fn workers(&self) -> usize {
-        parallel::workers(self.threads, self.images.len())
+        let per_image = self.slots * self.side * self.side * 3 * 4;
+        let bytes = self.images.len().saturating_mul(per_image);
+        parallel::writers(self.threads, self.images.len(), bytes)
     }
 
     /// Every image's patches and padding into `out` as `element`s, one image per job, with the

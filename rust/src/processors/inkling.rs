@@ -624,7 +624,10 @@ fn convert_all<'a>(
     options: &Options,
     convert: fn(Input<'a>, &Options) -> Result<Rgb<'a>, ProcessorError>,
 ) -> Result<Vec<Rgb<'a>>, ProcessorError> {
-    let workers = parallel::workers(options.threads, inputs.len());
+    let pixels = inputs
+        .iter()
+        .fold(0u64, |sum, input| sum.saturating_add(input.cost_hint()));
+    let workers = parallel::decoders(options.threads, inputs.len(), pixels);
     // One image decodes with all the batch's threads, several with one each.
     let item = options.per_item(workers);
     let items = fallible::copied(inputs).map_err(ProcessorError::oom("batch"))?;
@@ -647,7 +650,10 @@ pub fn inkling_images(
     if let Some(frac) = config.rescale_image_frac {
         // `validate` checked the filter.
         let filter = prescale_filter(config.common.resample).unwrap_or(TorchFilter::Lanczos);
-        let workers = parallel::workers(options.threads, images.len());
+        let pixels = images.iter().fold(0u64, |sum, image| {
+            sum.saturating_add(image.width as u64 * image.height as u64)
+        });
+        let workers = parallel::decoders(options.threads, images.len(), pixels);
         let threads = options.per_item(workers).threads;
         images = parallel::map(images, workers, |i, image| {
             prescale(config, frac, filter, image, threads).map_err(|e| e.at(i))
@@ -668,7 +674,7 @@ pub fn inkling_images(
     let mut buffer = OutBuffer::new("pixel_values", len)?;
     let lengths: Vec<usize> = counts.iter().map(|n| n * per_patch).collect();
     let work: Vec<(&Rgb<'_>, &mut [Out])> = images.iter().zip(buffer.slices(&lengths)).collect();
-    let workers = parallel::workers(options.threads, work.len());
+    let workers = parallel::writers(options.threads, work.len(), 4 * len);
     parallel::map(work, workers, |_, (image, out)| {
         let cols = config.grid(image.height, image.width).1;
         for (k, slot) in out.chunks_exact_mut(per_patch).enumerate() {
@@ -726,7 +732,7 @@ pub fn inkling2_images(
         .zip(grids.iter().map(|g| g.1))
         .zip(buffer.slices(&lengths))
         .collect();
-    let workers = parallel::workers(options.threads, work.len());
+    let workers = parallel::writers(options.threads, work.len(), 4 * len);
     parallel::map(work, workers, |_, ((image, cols), out)| {
         for (k, slot) in out.chunks_exact_mut(per_patch).enumerate() {
             let origin = ((k / cols) * ph, (k % cols) * pw);

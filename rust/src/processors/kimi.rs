@@ -356,7 +356,7 @@ pub fn images(
             }
         }
     }
-    let workers = parallel::workers(options.threads, jobs.len());
+    let workers = parallel::writers(options.threads, jobs.len(), 4 * len);
     let affine = torch_affine(&config.common);
     parallel::map(jobs, workers, |_, (p, row, out)| {
         write_patch_row(&affine, p, ps, row, out);

@@ -535,7 +535,7 @@ pub fn images(
     let lengths: Vec<usize> = counts.iter().map(|n| n * 3 * s * s).collect();
     let work: Vec<(&Prepared<'_>, &mut [Bf16Out])> =
         prepared.iter().zip(buffer.slices(&lengths)).collect();
-    let workers = parallel::workers(options.threads, work.len());
+    let workers = parallel::writers(options.threads, work.len(), 2 * len);
     parallel::map(work, workers, |_, (p, out)| write(&table, p, s, out));
     // SAFETY: every value was written: the slices of `lengths` cover the buffer, and `write`
     // fills each image's `rows · cols` tiles (each `write_padded_tile` writes its whole window,

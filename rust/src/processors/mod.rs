@@ -612,12 +612,21 @@ where
     P: Send,
     F: Fn(usize, Rgb<'a>, usize) -> Result<P, ProcessorError> + Sync,
 {
-    let workers = parallel::workers(options.threads, inputs.len());
-    // One image decodes and resizes with all the batch's threads, several with one each.
+    // Pixels by the headers (bytes where a header does not say), read only when they matter: an
+    // automatic thread count for several images, or their order on several threads.
+    let costs: Vec<u64> = if inputs.len() > 1 && options.threads != 1 {
+        inputs.iter().map(Input::cost_hint).collect()
+    } else {
+        Vec::new()
+    };
+    let work = costs.iter().fold(0u64, |sum, &c| sum.saturating_add(c));
+    let workers = parallel::decoders(options.threads, inputs.len(), work);
+    // One image decodes and resizes with all the batch's threads (a batch too small to share
+    // out: each image in turn), several with one each.
     let item = options.per_item(workers);
     // the largest images first, so that none is left for last to one thread while the others idle
     let order = if workers > 1 {
-        parallel::costliest_first(&inputs.iter().map(Input::cost_hint).collect::<Vec<_>>())
+        parallel::costliest_first(&costs)
     } else {
         Vec::new()
     };
@@ -647,6 +656,40 @@ mod tests {
         assert_eq!(unsafe { buffer.finish() }, vec![1.5; 10]);
         assert!(checked_len("t", &[1 << 20, 1 << 20, 1 << 20], 4).is_err());
         assert_eq!(checked_len("t", &[2, 3], 4).unwrap(), 6);
+    }
+
+    #[test]
+    fn an_automatic_batch_shares_out_only_the_work_that_pays() {
+        // Each image's closure sees the thread count it may use itself and runs on some thread.
+        let run = |side: usize, images: usize, threads: usize| {
+            let data = vec![9u8; side * side * 3];
+            let input = Input::Pixels {
+                data: &data,
+                width: side,
+                height: side,
+                channels: 3,
+            };
+            let options = Options {
+                threads,
+                ..Options::default()
+            };
+            prepare_all_indexed(&vec![input; images], &options, |_, _, item_threads| {
+                Ok((item_threads, std::thread::current().id()))
+            })
+            .unwrap()
+        };
+        let here = std::thread::current().id();
+        // Two 128 x 128 images (32 768 pixels in all, under one thread's share): in turn on the
+        // calling thread, each with the batch's automatic count for its own decode and resize.
+        assert_eq!(run(128, 2, 0), vec![(0, here); 2]);
+        // Two 256 x 256 images (131 072 pixels: two shares): one thread each where there are two
+        // cores, each image on one.
+        let shared = run(256, 2, 0);
+        let expected = if crate::cores::count() >= 2 { 1 } else { 0 };
+        assert!(shared.iter().all(|&(t, _)| t == expected), "{shared:?}");
+        // A count the caller gave is kept, however small the batch.
+        assert!(run(16, 2, 2).iter().all(|&(t, _)| t == 1));
+        assert_eq!(run(16, 2, 1), vec![(1, here); 2]);
     }
 
     #[test]

@@ -618,7 +618,7 @@ pub fn images(
     let lengths: Vec<usize> = rows.iter().map(|r| r * patch_len).collect();
     let slices = pixel_values.slices(&lengths);
     let jobs: Vec<(&Prepared<'_>, &mut [Out])> = prepared.iter().zip(slices).collect();
-    let workers = parallel::workers(options.threads, jobs.len());
+    let workers = parallel::writers(options.threads, jobs.len(), 4 * len);
     let written = parallel::map(jobs, workers, |i, (image, out)| {
         write_image(&config.common, filter, image, patch, out).map_err(|e| e.at(i))
     });

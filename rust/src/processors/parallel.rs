@@ -13,6 +13,45 @@ pub fn workers(requested: usize, items: usize) -> usize {
     cap.min(items).max(1)
 }
 
+/// Decoded pixels (by the images' headers) a batch's decode and resize needs for each thread
+/// beyond the first when its thread count is automatic ([`workers_for`]). Measured on the AMD
+/// EPYC (Zen 3) VM of `docs/benchmarks.md`, two JPEGs of one size through Qwen2-VL (`prepare`,
+/// `generate_request`, `serialize`), two threads against one, before this limit: 2 × 128² pixels
+/// 0.76–0.99× as fast, with 41–77 % more CPU time; 2 × 192² 0.95–1.11×, 34–51 % more; 2 × 256²
+/// 1.03–1.25×, 25–46 % more; 2 × 384² 1.30–1.42×; 2 × 512² 1.44–1.48×.
+pub const MIN_PIXELS_PER_WORKER: u64 = 64 << 10;
+
+/// Output bytes a writer needs for each thread beyond the first when its thread count is
+/// automatic ([`workers_for`]). On the same VM, Qwen2-VL's patches written into a request
+/// (`serialize`), two threads against one: 2 × 0.4 MB 0.60–0.79× as fast, 2 × 0.9 MB
+/// 0.94–1.00×, 2 × 1.6 MB 1.00–1.12× with 49–60 % more CPU time, 2 × 3.7 MB 1.26–1.37×.
+pub const MIN_BYTES_PER_WORKER: u64 = 2 << 20;
+
+/// [`workers`] for `items` items that hold `work` units of work in all (pixels, bytes): with
+/// `requested` 0 (automatic) no more threads than `work` holds `min_each` units for, so that a
+/// small batch stays on the calling thread. Starting a thread and the wake-ups around it cost
+/// 50–70 µs on the benchmark VMs, more than a thumbnail's decode and resize, and the second core
+/// is then busy for nothing. A thread count the caller gave is kept as it is.
+pub fn workers_for(requested: usize, items: usize, work: u64, min_each: u64) -> usize {
+    let n = workers(requested, items);
+    if requested != 0 {
+        return n;
+    }
+    let paid = usize::try_from(work / min_each.max(1)).unwrap_or(usize::MAX);
+    n.min(paid).max(1)
+}
+
+/// [`workers_for`] a writer of `bytes` bytes of output in `items` jobs.
+pub fn writers(requested: usize, items: usize, bytes: usize) -> usize {
+    let work = u64::try_from(bytes).unwrap_or(u64::MAX);
+    workers_for(requested, items, work, MIN_BYTES_PER_WORKER)
+}
+
+/// [`workers_for`] a batch of images of `pixels` decoded pixels in all.
+pub fn decoders(requested: usize, items: usize, pixels: u64) -> usize {
+    workers_for(requested, items, pixels, MIN_PIXELS_PER_WORKER)
+}
+
 /// Applies `f` to every item on `threads` threads (the calling thread included); returns the
 /// results in the order of `items`. Items are handed out one at a time, so uneven items balance.
 pub fn map<T, R, F>(items: Vec<T>, threads: usize, f: F) -> Vec<R>
@@ -114,6 +153,28 @@ mod tests {
         assert_eq!(workers(0, 1), 1);
         assert_eq!(workers(3, 10), 3);
         assert_eq!(workers(3, 2), 2);
+    }
+
+    #[test]
+    fn automatic_thread_counts_follow_the_work() {
+        let cores = crate::cores::count();
+        let each = MIN_PIXELS_PER_WORKER;
+        // Automatic: one thread per `min_each` of work, at most one per core and per item.
+        assert_eq!(workers_for(0, 8, 0, each), 1);
+        assert_eq!(workers_for(0, 8, each - 1, each), 1);
+        assert_eq!(workers_for(0, 8, 2 * each, each), cores.min(2));
+        assert_eq!(workers_for(0, 8, 2 * each - 1, each), 1);
+        assert_eq!(workers_for(0, 2, 100 * each, each), cores.min(2));
+        assert_eq!(workers_for(0, 64, u64::MAX, each), cores.min(64));
+        assert_eq!(
+            workers_for(0, 4, 10, 0),
+            cores.min(4),
+            "no minimum: one per core"
+        );
+        // A count the caller gave is kept, whatever the work.
+        assert_eq!(workers_for(3, 10, 0, each), 3);
+        assert_eq!(workers_for(3, 2, 1, each), 2);
+        assert_eq!(workers_for(1, 10, u64::MAX, each), 1);
     }
 
     #[test]

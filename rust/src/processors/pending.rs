@@ -202,9 +202,15 @@ impl<'a> Tiles<'a> {
         3 * self.size.0 * self.size.1
     }
 
-    /// Threads [`WriteValues::write`] uses.
+    /// Threads [`WriteValues::write`] uses (automatic: as the `float32` output's size pays for,
+    /// [`parallel::MIN_BYTES_PER_WORKER`] a thread).
     pub fn workers(&self) -> usize {
-        parallel::workers(self.threads, self.slots.len())
+        let bytes = self
+            .slots
+            .len()
+            .saturating_mul(self.slot_len())
+            .saturating_mul(4);
+        parallel::writers(self.threads, self.slots.len(), bytes)
     }
 
     /// The planned tensor `name` of `shape` (as many values as the slots hold).

@@ -231,7 +231,7 @@ pub fn images(
         .iter()
         .zip(buffer.slices(&vec![n * per_crop; batch]))
         .collect();
-    let workers = parallel::workers(options.threads, work.len());
+    let workers = parallel::writers(options.threads, work.len(), 4 * len);
     parallel::map(work, workers, |_, (hd, out)| {
         // At most num_crops tiles (hd_resize's scale bound), so `used ≤ n · per_crop`.
         let used = (1 + (hd.height / TILE) * (hd.width / TILE)) * per_crop;

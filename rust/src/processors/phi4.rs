@@ -319,7 +319,7 @@ pub fn images(
         .iter()
         .zip(buffer.slices(&vec![n * per_crop; batch]))
         .collect();
-    let workers = parallel::workers(options.threads, work.len());
+    let workers = parallel::writers(options.threads, work.len(), 4 * len);
     parallel::map(work, workers, |_, (p, out)| {
         let used = (1 + p.layout.grid.0 * p.layout.grid.1) * per_crop;
         let (crops, padding) = out.split_at_mut(used);

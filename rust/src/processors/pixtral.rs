@@ -423,7 +423,7 @@ pub fn images(
     let mut pixel_values = OutBuffer::new("pixel_values", len)?;
     let slices = pixel_values.slices(&vec![per_image; prepared.len()]);
     let jobs: Vec<(&Prepared<'_>, &mut [Out])> = prepared.iter().zip(slices).collect();
-    let workers = parallel::workers(options.threads, jobs.len());
+    let workers = parallel::writers(options.threads, jobs.len(), 4 * len);
     parallel::map(jobs, workers, |_, (p, out)| {
         write_padded(p, normalize, (h, w), out)
     })

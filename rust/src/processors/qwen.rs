@@ -949,6 +949,7 @@ impl<'a> Patches<'a> {
             .iter()
             .flat_map(|g| std::iter::repeat_n(g.grid_w * m * cols * element.size(), g.grid_h / m))
             .collect();
+        let out_len = out.len();
         let mut slices = split_lengths(out, &lengths).into_iter();
         let mut jobs = Vec::with_capacity(lengths.len());
         for group in &self.groups {
@@ -962,18 +963,21 @@ impl<'a> Patches<'a> {
                 jobs.push((frames.clone(), window_row, out));
             }
         }
-        let workers = parallel::workers(self.threads, jobs.len());
-        parallel::map(jobs, workers, |_, (frames, window_row, out)| {
-            write_window_row(
-                &frames,
-                ps,
-                m,
-                window_row,
-                &self.normalize,
-                out,
-                Writing { element, stream },
-            )
-        });
+        parallel::map(
+            jobs,
+            self.writers_for(out_len),
+            |_, (frames, window_row, out)| {
+                write_window_row(
+                    &frames,
+                    ps,
+                    m,
+                    window_row,
+                    &self.normalize,
+                    out,
+                    Writing { element, stream },
+                )
+            },
+        );
         Ok(())
     }
 
@@ -981,6 +985,11 @@ impl<'a> Patches<'a> {
     fn window_rows(&self) -> usize {
         let m = self.merge_size.max(1);
         self.groups.iter().map(|g| g.grid_h / m).sum()
+    }
+
+    /// The writers of `bytes` of output (automatic: one per [`parallel::MIN_BYTES_PER_WORKER`]).
+    fn writers_for(&self, bytes: usize) -> usize {
+        parallel::writers(self.threads, self.window_rows(), bytes)
     }
 
     /// The tensor written into a new buffer (a recycled one when one fits).
@@ -1073,9 +1082,10 @@ unsafe impl Produce for Patches<'_> {
             })
     }
 
-    /// One job per merge-window row of each image, on up to the batch's thread count.
+    /// One job per merge-window row of each image, on up to the batch's thread count (an
+    /// automatic one as the `float32` output's size pays for).
     fn writers(&self) -> usize {
-        parallel::workers(self.threads, self.window_rows())
+        self.writers_for(self.byte_len())
     }
 }
 
@@ -1535,7 +1545,7 @@ mod tests {
 
     #[test]
     fn writers_are_the_write_jobs_on_the_threads_asked_for() {
-        // 224 x 224: a 16 x 16 patch grid, 8 merge-window rows per image.
+        // 224 x 224: a 16 x 16 patch grid, 8 merge-window rows per image, 1.2 MB of float32.
         let data = vec![7u8; 224 * 224 * 3];
         let input = rgb(&data, 224, 224);
         let config = QwenConfig::qwen2_vl();
@@ -1545,7 +1555,10 @@ mod tests {
             (1, 3, 3),
             (1, 64, 8),
             (2, 64, 16),
-            (2, 0, crate::cores::count().min(16)),
+            // Automatic: one writer per 2 MiB of output, at most one per core.
+            (1, 0, 1),
+            (2, 0, 1),
+            (8, 0, crate::cores::count().min(4)),
         ] {
             let options = Options {
                 threads,

@@ -246,7 +246,8 @@ class ImageProcessor:
     ``alpha="white"`` composites alpha onto white instead, as ``convert_to_rgb`` does for an
     ``Image.open``-ed image; ``alpha="drop"`` is plain ``convert("RGB")``. ``max_pixels``
     rejects larger encoded images before decoding (``None``: no limit). ``threads``: ``None``
-    uses every core.
+    (or ``0``) uses every core the batch's work pays for (a thread per 64 Ki decoded pixels and
+    per 2 MiB of output: a few small images stay on the calling thread); ``N`` uses up to ``N``.
     ``vision_tokens`` lets CLIP/LLaVA/SigLIP/LLaVA-NeXT count placeholder tokens.
     """
 
