@@ -16,6 +16,11 @@ time)`` (``time.thread_time`` / ``time.process_time``; exact for 2 cores, where 
 on the calling thread and one worker). Serial sections stay on the calling thread and show up
 as a CPU-time scaling below 2. Unpinned, of course.
 
+``--small SIDES`` (e.g. ``128,192,256,384,512``) times batches of ``--count`` copies of a real
+photo (``hubble_deep_field.jpg``) resized to each side and encoded as JPEG (quality 90), the same
+call with ``threads=1`` and ``threads=0`` alternating ``--repeat`` times: where an automatic thread
+count pays for a second thread and where it does not (medians of wall and process CPU time).
+
 ``--keep-freed-memory`` calls :func:`smg_grpc_proto.tensors.keep_freed_memory` first (256 MiB):
 the 94 MB request of the batch is then written into the previous request's pages instead of
 fresh ones that the kernel must fault in and clear (as a server that opts in would run).
@@ -74,6 +79,40 @@ def one_run(model: VisionModel, files: list[bytes], repeat: int) -> dict[str, fl
     }
 
 
+def small_batches(family: str, sides: list[int], count: int, repeat: int) -> None:
+    """The ``--small`` table: per side, the medians of ``repeat`` alternating calls."""
+    import io
+
+    from PIL import Image
+
+    photo = next(p for p in real_photo_cases()["batch of 8"] if p.name == "hubble_deep_field.jpg")
+    source = Image.open(photo).convert("RGB")
+    model = VisionModel.for_family(family)
+    print(f"| {family}: images | threads=1 / 0 µs | wall scaling | CPU µs threads=1 / 0 |")
+    print("|---|---|---|---|")
+    for side in sides:
+        buffer = io.BytesIO()
+        source.resize((side, side), Image.Resampling.BICUBIC).save(buffer, "JPEG", quality=90)
+        files = [buffer.getvalue()] * count
+        walls: dict[int, list[float]] = {1: [], 0: []}
+        cpus: dict[int, list[float]] = {1: [], 0: []}
+        for threads in (1, 0):  # warm-up
+            media = model.prepare(files, threads=threads)
+        for _ in range(repeat):
+            for threads in (1, 0):
+                wall, cpu = time.perf_counter(), time.process_time()
+                media = model.prepare(files, threads=threads)
+                ids = [1, *([media.anchor] * media.count), 2]
+                tensors.serialize(vllm_adapter.generate_request("b", ids, media))
+                walls[threads].append(time.perf_counter() - wall)
+                cpus[threads].append(time.process_time() - cpu)
+        one, many = statistics.median(walls[1]), statistics.median(walls[0])
+        print(
+            f"| {count} x {side}x{side} | {one * 1e6:.0f} / {many * 1e6:.0f} | {one / many:.2f}x | "
+            f"{statistics.median(cpus[1]) * 1e6:.0f} / {statistics.median(cpus[0]) * 1e6:.0f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--families", default="qwen2_vl,llava_next,gemma3")
@@ -81,7 +120,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--keep-freed-memory", action="store_true")
+    parser.add_argument("--small", metavar="SIDES", help="e.g. 128,192,256: small batches")
+    parser.add_argument("--count", type=int, default=2, help="images per small batch")
     args = parser.parse_args()
+    if args.small:
+        sides = [int(x) for x in args.small.split(",")]
+        for family in args.families.split(","):
+            small_batches(family, sides, args.count, args.repeat)
+        return
     if args.keep_freed_memory and not tensors.keep_freed_memory(256 << 20):
         raise SystemExit("keep_freed_memory is not available here (glibc only)")
     files = [p.read_bytes() for p in real_photo_cases()[args.case]]

@@ -17,14 +17,15 @@ pub fn workers(requested: usize, items: usize) -> usize {
 /// beyond the first when its thread count is automatic ([`workers_for`]). Measured on the AMD
 /// EPYC (Zen 3) VM of `docs/benchmarks.md`, two JPEGs of one size through Qwen2-VL (`prepare`,
 /// `generate_request`, `serialize`), two threads against one, before this limit: 2 × 128² pixels
-/// 0.76–0.99× as fast, with 41–77 % more CPU time; 2 × 192² 0.95–1.11×, 34–51 % more; 2 × 256²
+/// 0.76–0.99× as fast, with 39–77 % more CPU time; 2 × 192² 0.95–1.11×, 34–51 % more; 2 × 256²
 /// 1.03–1.25×, 25–46 % more; 2 × 384² 1.30–1.42×; 2 × 512² 1.44–1.48×.
 pub const MIN_PIXELS_PER_WORKER: u64 = 64 << 10;
 
 /// Output bytes a writer needs for each thread beyond the first when its thread count is
 /// automatic ([`workers_for`]). On the same VM, Qwen2-VL's patches written into a request
 /// (`serialize`), two threads against one: 2 × 0.4 MB 0.60–0.79× as fast, 2 × 0.9 MB
-/// 0.94–1.00×, 2 × 1.6 MB 1.00–1.12× with 49–60 % more CPU time, 2 × 3.7 MB 1.26–1.37×.
+/// 0.94–1.00×, 2 × 1.5 MB 1.06–1.12× with 49–60 % more CPU time, 2 × 3.7 MB 0.80–1.37× (three
+/// runs).
 pub const MIN_BYTES_PER_WORKER: u64 = 2 << 20;
 
 /// [`workers`] for `items` items that hold `work` units of work in all (pixels, bytes): with
