@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Multi-core scaling of a batch: ``threads=0`` (one worker per core) against ``threads=1``.
+"""Multi-core scaling of a batch: ``threads=0`` (the automatic count) against ``threads=1``.
 
     SMG_TEST_CACHE=... python scripts/bench_threads.py [--families qwen2_vl,llava_next]
         [--case "batch of 8"] [--repeat 7] [--runs 3]
@@ -96,14 +96,18 @@ def small_batches(family: str, sides: list[int], count: int, repeat: int) -> Non
         files = [buffer.getvalue()] * count
         walls: dict[int, list[float]] = {1: [], 0: []}
         cpus: dict[int, list[float]] = {1: [], 0: []}
-        for threads in (1, 0):  # warm-up
+
+        def call(threads: int, files: list[bytes] = files) -> None:
             media = model.prepare(files, threads=threads)
+            ids = [1, *([media.anchor] * media.count), 2]
+            tensors.serialize(vllm_adapter.generate_request("b", ids, media))
+
+        call(1)  # warm-up
+        call(0)
         for _ in range(repeat):
             for threads in (1, 0):
                 wall, cpu = time.perf_counter(), time.process_time()
-                media = model.prepare(files, threads=threads)
-                ids = [1, *([media.anchor] * media.count), 2]
-                tensors.serialize(vllm_adapter.generate_request("b", ids, media))
+                call(threads)
                 walls[threads].append(time.perf_counter() - wall)
                 cpus[threads].append(time.process_time() - cpu)
         one, many = statistics.median(walls[1]), statistics.median(walls[0])
@@ -120,11 +124,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--keep-freed-memory", action="store_true")
-    parser.add_argument("--small", metavar="SIDES", help="e.g. 128,192,256: small batches")
+    parser.add_argument(
+        "--small",
+        metavar="SIDES",
+        help="e.g. 128,192,256: small batches instead (--case, --runs, --keep-freed-memory unused)",
+    )
     parser.add_argument("--count", type=int, default=2, help="images per small batch")
     args = parser.parse_args()
     if args.small:
         sides = [int(x) for x in args.small.split(",")]
+        info = smg_grpc_proto.build_info()
+        print(
+            f"# {cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"native core {info['version']} ({info['profile']}); {args.count} images per batch, "
+            f"{args.repeat} calls each; load average {os.getloadavg()[0]:.1f}"
+        )
         for family in args.families.split(","):
             small_batches(family, sides, args.count, args.repeat)
         return

@@ -397,8 +397,9 @@ class Preprocessor:
         tensors by transformers' names, then ``num_image_tokens`` (int64, one per image) when
         the family can count its placeholder tokens.
 
-        ``threads`` 0 uses every core; ``alpha`` (encoded inputs) is ``"load_image"``
-        (transformers' path loading), ``"white"`` (``convert_to_rgb``) or ``"drop"``.
+        ``threads`` 0 uses every core the work pays for (a few small images stay on one);
+        ``alpha`` (encoded inputs) is ``"load_image"`` (transformers' path loading), ``"white"``
+        (``convert_to_rgb``) or ``"drop"``.
         """
 
     def videos(

@@ -139,7 +139,12 @@ def add_preprocess_parser(commands: argparse._SubParsersAction[argparse.Argument
         default=None,
         help="output format (default: npz for a .npz file, else safetensors)",
     )
-    p.add_argument("--threads", type=int, metavar="N", help="worker threads (default: every core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="worker threads (default: every core the work pays for)",
+    )
     p.add_argument(
         "--progress",
         action="store_true",

@@ -454,8 +454,9 @@ struct PatchWriter<'a> {
 impl PatchWriter<'_> {
     /// Threads for the writes (automatic: as the `float32` output's size pays for).
     fn workers(&self) -> usize {
-        let per_image = self.slots * self.side * self.side * 3 * 4;
-        let bytes = self.images.len().saturating_mul(per_image);
+        let bytes = [self.slots, self.side, self.side, 3, 4]
+            .iter()
+            .fold(self.images.len(), |n, &k| n.saturating_mul(k));
         parallel::writers(self.threads, self.images.len(), bytes)
     }
 

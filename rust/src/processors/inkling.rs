@@ -651,7 +651,7 @@ pub fn inkling_images(
         // `validate` checked the filter.
         let filter = prescale_filter(config.common.resample).unwrap_or(TorchFilter::Lanczos);
         let pixels = images.iter().fold(0u64, |sum, image| {
-            sum.saturating_add(image.width as u64 * image.height as u64)
+            sum.saturating_add((image.width as u64).saturating_mul(image.height as u64))
         });
         let workers = parallel::decoders(options.threads, images.len(), pixels);
         let threads = options.per_item(workers).threads;

@@ -147,8 +147,9 @@ pub fn composite_on_white(value: u8, alpha: u8) -> u8 {
 }
 
 /// Width × height from the header of a JPEG (first SOF marker), PNG (IHDR), GIF (logical
-/// screen) or BMP file, without decoding it; `None` for anything else or a short header. Only a
-/// scheduling hint (see [`Input::cost_hint`]): the decoder validates the file for real.
+/// screen), BMP or WebP file (the `VP8 ` frame header, the `VP8L` header or the `VP8X` canvas),
+/// without decoding it; `None` for anything else or a short header. Only a scheduling hint (see
+/// [`Input::cost_hint`]): the decoder validates the file for real.
 fn header_pixels(data: &[u8]) -> Option<u64> {
     let be16 = |at: usize| -> Option<u64> {
         Some(u64::from(u16::from_be_bytes([
@@ -179,6 +180,20 @@ fn header_pixels(data: &[u8]) -> Option<u64> {
         let h = u64::from((le(22, 4)? as u32 as i32).unsigned_abs());
         return Some(w.saturating_mul(h));
     }
+    if data.starts_with(b"RIFF") && data.get(8..12) == Some(b"WEBP") {
+        return match data.get(12..16)? {
+            // lossy: a 3-byte frame tag and the start code 9D 01 2A, then 14-bit width and height
+            b"VP8 " => Some((le(26, 2)? & 0x3FFF) * (le(28, 2)? & 0x3FFF)),
+            // lossless: the signature 0x2F, then width − 1 and height − 1 in 14 bits each
+            b"VP8L" => {
+                let bits = le(21, 4)?;
+                Some(((bits & 0x3FFF) + 1) * ((bits >> 14 & 0x3FFF) + 1))
+            }
+            // extended: flags and reserved bytes, then the canvas's width − 1 and height − 1
+            b"VP8X" => Some((le(24, 3)? + 1) * (le(27, 3)? + 1)),
+            _ => None,
+        };
+    }
     if !data.starts_with(&[0xFF, 0xD8]) {
         return None;
     }
@@ -206,8 +221,9 @@ fn header_pixels(data: &[u8]) -> Option<u64> {
 }
 
 impl<'a> Input<'a> {
-    /// A rough cost of processing this input, to hand the largest images of a batch out first:
-    /// its pixel count (read from the header of an encoded file), else its byte length.
+    /// A rough cost of processing this input: its pixel count (read from the header of an
+    /// encoded file), else its byte length. It decides how many threads an automatic batch
+    /// takes and hands the largest images out first.
     pub fn cost_hint(&self) -> u64 {
         match *self {
             Input::Pixels { width, height, .. } => (width as u64).saturating_mul(height as u64),
@@ -340,6 +356,19 @@ mod tests {
         bmp[18..22].copy_from_slice(&300i32.to_le_bytes());
         bmp[22..26].copy_from_slice(&(-200i32).to_le_bytes());
         assert_eq!(header_pixels(&bmp), Some(300 * 200));
+        // WebP: the first 40 bytes of 300 x 200 images saved by Pillow 13 (lossy, lossless, and
+        // lossy with EXIF, which makes an extended file)
+        for hex in [
+            "52494646b00000005745425056503820a40000007010009d012a2c01c8003e6d369949a42322a120",
+            "5249464624000000574542505650384c180000002f2bc1310007508a2ad4a3ff010045faff9f22fa",
+            "52494646d400000057454250565038580a000000080000002b0100c7000056503820a40000007010",
+        ] {
+            let bytes: Vec<u8> = (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            assert_eq!(header_pixels(&bytes), Some(300 * 200), "{}", &hex[24..32]);
+            assert_eq!(header_pixels(&bytes[..20]), None, "a short WebP header");
+        }
         // truncated or unknown: no hint, the byte length is used instead
         for junk in [
             &jpeg[..100],

@@ -161,7 +161,7 @@ impl Outputs {
 /// How to run a batch.
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
-    /// Threads: 0 uses one per core.
+    /// Threads: 0 uses one per core where the work pays for it ([`parallel::workers_for`]).
     pub threads: usize,
     /// Apply the EXIF orientation of encoded inputs (transformers does for paths).
     pub apply_exif: bool,
@@ -588,8 +588,8 @@ pub(crate) fn split_lengths<'a, T>(mut out: &'a mut [T], lengths: &[usize]) -> V
     parts
 }
 
-/// Phase 1 of a batch: `f` on every input on `options.threads` threads, the first error (by
-/// input index) returned. `f` gets the resize thread count to use.
+/// Phase 1 of a batch: `f` on every input on up to `options.threads` threads (automatic: one per
+/// [`parallel::MIN_PIXELS_PER_WORKER`] of the inputs), the first error (by input index) returned. `f` gets the resize thread count to use.
 pub(crate) fn prepare_all<'a, P, F>(
     inputs: &[Input<'a>],
     options: &Options,

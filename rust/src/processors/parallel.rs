@@ -13,26 +13,27 @@ pub fn workers(requested: usize, items: usize) -> usize {
     cap.min(items).max(1)
 }
 
-/// Decoded pixels (by the images' headers) a batch's decode and resize needs for each thread
-/// beyond the first when its thread count is automatic ([`workers_for`]). Measured on the AMD
-/// EPYC (Zen 3) VM of `docs/benchmarks.md`, two JPEGs of one size through Qwen2-VL (`prepare`,
-/// `generate_request`, `serialize`), two threads against one, before this limit: 2 × 128² pixels
-/// 0.76–0.99× as fast, with 39–77 % more CPU time; 2 × 192² 0.95–1.11×, 34–51 % more; 2 × 256²
-/// 1.03–1.25×, 25–46 % more; 2 × 384² 1.30–1.42×; 2 × 512² 1.44–1.48×.
+/// Decoded pixels (by the images' headers) per thread of a batch's decode and resize when its
+/// thread count is automatic ([`workers_for`]: `n` threads need `n` times this). Measured on the
+/// AMD EPYC (Zen 3) VM of `docs/benchmarks.md` (extra E), two JPEGs of one size through
+/// Qwen2-VL (`prepare`, `generate_request`, `serialize`), two threads against one, before this
+/// limit: 2 × 128² pixels 0.76–0.99× as fast, with 39–77 % more CPU time; 2 × 192² 0.95–1.11×,
+/// 34–51 % more; 2 × 256² 1.03–1.25×, 25–46 % more; 2 × 384² 1.30–1.42×; 2 × 512² 1.44–1.48×.
 pub const MIN_PIXELS_PER_WORKER: u64 = 64 << 10;
 
-/// Output bytes a writer needs for each thread beyond the first when its thread count is
-/// automatic ([`workers_for`]). On the same VM, Qwen2-VL's patches written into a request
-/// (`serialize`), two threads against one: 2 × 0.4 MB 0.60–0.79× as fast, 2 × 0.9 MB
-/// 0.94–1.00×, 2 × 1.5 MB 1.06–1.12× with 49–60 % more CPU time, 2 × 3.7 MB 0.80–1.37× (three
-/// runs).
+/// Output bytes per writing thread when the thread count is automatic ([`workers_for`]: `n`
+/// threads need `n` times this). On the same VM, Qwen2-VL's patches of two JPEGs written into a
+/// request (`serialize` alone), two threads against one: 2 × 0.47 MB 0.60–0.79× as fast,
+/// 2 × 0.92 MB 0.94–1.00×, 2 × 1.5 MB 1.06–1.12× with 49–60 % more CPU time, 2 × 3.7 MB
+/// 0.80–1.37× (three runs), 2 × 6.6 MB 1.65×.
 pub const MIN_BYTES_PER_WORKER: u64 = 2 << 20;
 
 /// [`workers`] for `items` items that hold `work` units of work in all (pixels, bytes): with
 /// `requested` 0 (automatic) no more threads than `work` holds `min_each` units for, so that a
-/// small batch stays on the calling thread. Starting a thread and the wake-ups around it cost
-/// 50–70 µs on the benchmark VMs, more than a thumbnail's decode and resize, and the second core
-/// is then busy for nothing. A thread count the caller gave is kept as it is.
+/// small batch stays on the calling thread. A parallel region costs 48–66 µs before any work on
+/// the benchmark VMs (the wake-ups between the vCPUs more than the thread's start), two thirds of
+/// the decode of a 128 × 128 JPEG, and keeps the second core busy for nothing. A thread count the
+/// caller gave is kept as it is.
 pub fn workers_for(requested: usize, items: usize, work: u64, min_each: u64) -> usize {
     let n = workers(requested, items);
     if requested != 0 {

@@ -305,8 +305,8 @@ pub struct Filled {
     threads: usize,
 }
 
-/// Bytes per thread below which filling a destination stays on one thread.
-const FILL_PIECE: usize = 1 << 20;
+/// Bytes per thread of a fill (the writers' rule, [`parallel::MIN_BYTES_PER_WORKER`]).
+const FILL_PIECE: usize = parallel::MIN_BYTES_PER_WORKER as usize;
 
 impl Filled {
     /// The tensor `name` of `shape`, every value `value`, written with up to `threads` threads

@@ -949,7 +949,6 @@ impl<'a> Patches<'a> {
             .iter()
             .flat_map(|g| std::iter::repeat_n(g.grid_w * m * cols * element.size(), g.grid_h / m))
             .collect();
-        let out_len = out.len();
         let mut slices = split_lengths(out, &lengths).into_iter();
         let mut jobs = Vec::with_capacity(lengths.len());
         for group in &self.groups {
@@ -965,7 +964,7 @@ impl<'a> Patches<'a> {
         }
         parallel::map(
             jobs,
-            self.writers_for(out_len),
+            self.writer_threads(),
             |_, (frames, window_row, out)| {
                 write_window_row(
                     &frames,
@@ -987,9 +986,12 @@ impl<'a> Patches<'a> {
         self.groups.iter().map(|g| g.grid_h / m).sum()
     }
 
-    /// The writers of `bytes` of output (automatic: one per [`parallel::MIN_BYTES_PER_WORKER`]).
-    fn writers_for(&self, bytes: usize) -> usize {
-        parallel::writers(self.threads, self.window_rows(), bytes)
+    /// The threads [`Self::write_streaming`] writes with, one job per merge-window row: up to
+    /// the batch's thread count, an automatic one as the `float32` output's size pays for
+    /// ([`parallel::writers`]; the same count for bfloat16, so that a destination prefaulted by
+    /// [`Produce::writers`] threads is written by as many).
+    fn writer_threads(&self) -> usize {
+        parallel::writers(self.threads, self.window_rows(), self.byte_len())
     }
 
     /// The tensor written into a new buffer (a recycled one when one fits).
@@ -1082,10 +1084,8 @@ unsafe impl Produce for Patches<'_> {
             })
     }
 
-    /// One job per merge-window row of each image, on up to the batch's thread count (an
-    /// automatic one as the `float32` output's size pays for).
     fn writers(&self) -> usize {
-        self.writers_for(self.byte_len())
+        self.writer_threads()
     }
 }
 

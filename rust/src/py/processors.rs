@@ -3,7 +3,7 @@
 //! tensors as `Tensor` objects numpy wraps without a copy (`__array_interface__`).
 //!
 //! Arrays are read through [`super::array`] while strong references to every input are held; all decoding, resizing and
-//! normalisation runs with the GIL released, on all cores unless `threads` says otherwise.
+//! normalisation runs with the GIL released, on all cores the work pays for unless `threads` says otherwise.
 //! Every [`ProcessorError`] is raised as the `smg_grpc_proto.errors` class of its kind, with its
 //! field, numbers and image index (see [`super::errors`]).
 
