@@ -589,7 +589,8 @@ pub(crate) fn split_lengths<'a, T>(mut out: &'a mut [T], lengths: &[usize]) -> V
 }
 
 /// Phase 1 of a batch: `f` on every input on up to `options.threads` threads (automatic: one per
-/// [`parallel::MIN_PIXELS_PER_WORKER`] of the inputs), the first error (by input index) returned. `f` gets the resize thread count to use.
+/// [`parallel::MIN_PIXELS_PER_WORKER`] of the inputs), the first error (by input index)
+/// returned. `f` gets the resize thread count to use.
 pub(crate) fn prepare_all<'a, P, F>(
     inputs: &[Input<'a>],
     options: &Options,
