@@ -962,21 +962,17 @@ impl<'a> Patches<'a> {
                 jobs.push((frames.clone(), window_row, out));
             }
         }
-        parallel::map(
-            jobs,
-            self.writer_threads(),
-            |_, (frames, window_row, out)| {
-                write_window_row(
-                    &frames,
-                    ps,
-                    m,
-                    window_row,
-                    &self.normalize,
-                    out,
-                    Writing { element, stream },
-                )
-            },
-        );
+        parallel::map(jobs, self.writers(), |_, (frames, window_row, out)| {
+            write_window_row(
+                &frames,
+                ps,
+                m,
+                window_row,
+                &self.normalize,
+                out,
+                Writing { element, stream },
+            )
+        });
         Ok(())
     }
 
@@ -984,14 +980,6 @@ impl<'a> Patches<'a> {
     fn window_rows(&self) -> usize {
         let m = self.merge_size.max(1);
         self.groups.iter().map(|g| g.grid_h / m).sum()
-    }
-
-    /// The threads [`Self::write_streaming`] writes with, one job per merge-window row: up to
-    /// the batch's thread count, an automatic one as the `float32` output's size pays for
-    /// ([`parallel::writers`]; the same count for bfloat16, so that a destination prefaulted by
-    /// [`Produce::writers`] threads is written by as many).
-    fn writer_threads(&self) -> usize {
-        parallel::writers(self.threads, self.window_rows(), self.byte_len())
     }
 
     /// The tensor written into a new buffer (a recycled one when one fits).
@@ -1084,8 +1072,12 @@ unsafe impl Produce for Patches<'_> {
             })
     }
 
+    /// The threads [`Patches::write_streaming`] writes with, one job per merge-window row: up to
+    /// the batch's thread count, an automatic one as the `float32` output's size pays for
+    /// ([`parallel::writers`]; the same count for bfloat16, so that a destination prefaulted by
+    /// this many threads is written by as many).
     fn writers(&self) -> usize {
-        self.writer_threads()
+        parallel::writers(self.threads, self.window_rows(), self.byte_len())
     }
 }
 
