@@ -369,6 +369,20 @@ mod tests {
             assert_eq!(header_pixels(&bytes), Some(300 * 200), "{}", &hex[24..32]);
             assert_eq!(header_pixels(&bytes[..20]), None, "a short WebP header");
         }
+        // Hostile WebP headers: any bytes after the signature, any length, read without a panic
+        // and within the 14- and 24-bit fields' bounds.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for n in 0..2000usize {
+            let mut bytes = b"RIFF\0\0\0\0WEBP".to_vec();
+            bytes.extend_from_slice([b"VP8 ", b"VP8L", b"VP8X"][n % 3]);
+            for _ in 0..n % 40 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                bytes.push(state as u8);
+            }
+            assert!(header_pixels(&bytes).is_none_or(|p| p <= 1 << 48));
+        }
         // truncated or unknown: no hint, the byte length is used instead
         for junk in [
             &jpeg[..100],
