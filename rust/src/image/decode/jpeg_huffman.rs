@@ -446,6 +446,15 @@ impl Bits {
         self.n -= (e & 15) as u32;
     }
 
+    /// Undoes [`Self::consume_entry`]`(e)` after a lookup of `window` (the `FAST_BITS` bits
+    /// it looked up): the bits shifted out are the top of the window.
+    #[inline(always)]
+    fn give_back(&mut self, e: u64, window: u32) {
+        let used = (e & 15) as u32;
+        self.buf = self.buf >> used | u64::from(window) << (64 - FAST_BITS);
+        self.n += used;
+    }
+
     /// `size` (1–15) bits as a signed value; needs `size` valid bits.
     #[inline(always)]
     pub(crate) fn value(&mut self, size: u32) -> i32 {
@@ -1054,16 +1063,16 @@ impl Scan {
         block: &mut [i16; 64],
     ) -> Result<(), Anomaly> {
         bits.refill(data);
-        let e = ac.whole[bits.peek(FAST_BITS) as usize];
+        let window = bits.peek(FAST_BITS);
+        let e = ac.whole[window as usize];
         if e != 0 {
             // The refill left at least 32 bits; the two symbols take at most `FAST_BITS`. Both
             // are consumed by one shift, the entry its own shift count, before it is known
             // whether the first ends the block: the next lookup waits only for this one's load
-            // and one `shlx` (3-7 % off a photo's decode, against a shift per symbol and a
-            // mask). Indices into `NATURAL_ORDER` stay below 128 (`*k < 64` before each skip,
-            // a skip is at most 64, a run at most 15); `& 127` says so to the compiler, which
-            // then drops the bounds checks (1.5-5 % of a decode).
-            let before = *bits;
+            // and one `shlx` (1-5 % off a baseline photo's decode, against a shift per symbol
+            // and a mask). Indices into `NATURAL_ORDER` stay below 128 (`*k < 64` before each
+            // skip, a skip is at most 64, a run at most 15); `& 127` says so to the compiler,
+            // which then drops the bounds checks (1.5-5 % of a decode).
             bits.consume_entry(e);
             *k += ((e >> 6) & 127) as usize;
             block[usize::from(NATURAL_ORDER[*k & 127])] = (e >> 32) as i16;
@@ -1076,9 +1085,10 @@ impl Scan {
                 *k += ((e >> 24) & 1) as usize;
             } else if e & 1 << 24 != 0 {
                 // The first symbol ended the block, so the second's bits are the next block's:
-                // given back. (An end of block has no second symbol; only a run reaching
-                // position 63 gets here.)
-                *bits = before;
+                // given back, from the window looked up (nothing else kept alive: two streams
+                // in turn are short of registers). An end of block has no second symbol; only
+                // a run reaching position 63 gets here.
+                bits.give_back(e, window);
                 bits.consume(((e >> 13) & 15) as u32);
             }
             return Ok(());
