@@ -1,10 +1,9 @@
 """Blocks with no AC coefficient (a DC symbol, then end of block), on both sides of the clamp:
 flat tiles of every grey level and of saturated colours, at qualities whose quantizers put a
-flat block's dequantized value past the sample range (a white block at quality 75 comes out of
-the IDCT above 255 and is clamped), with and without restart markers. Each file decodes to
-Pillow's pixels. (A shortcut that wrote such blocks' one value without libjpeg's IDCT was
-measured in session 36 and not kept; these tests were written for it, and bite on a wrong
-rounding or clamp there.)"""
+flat block's value past the sample range (a white block at quality 50 comes out of the IDCT at
+256 and is clamped; at 75 it is exactly 255), with and without restart markers. The images are
+large enough (256 blocks or more) for the Huffman decoder to build its whole-symbol tables.
+Each file decodes to Pillow's pixels."""
 
 from __future__ import annotations
 
@@ -21,21 +20,23 @@ QUALITIES = (1, 5, 10, 25, 50, 75, 90, 95, 100)
 
 
 def _grey_tiles() -> Image.Image:
-    """One 8 x 8 tile per grey level, 0 to 255 (a 128 x 128 image)."""
+    """One 8 x 8 tile per grey level, 0 to 255, then the same reversed (128 x 256, 512 blocks)."""
     levels = np.arange(256, dtype=np.uint8).reshape(16, 16)
-    return Image.fromarray(np.kron(levels, np.ones((8, 8), np.uint8)))
+    tiles = np.kron(levels, np.ones((8, 8), np.uint8))
+    return Image.fromarray(np.concatenate([tiles, tiles[::-1, ::-1]], axis=0))
 
 
 def _colour_tiles() -> Image.Image:
     """16 x 16 tiles (one MCU of 4:2:0) of the corners of the colour cube and values next to
-    them, then one noisy tile (blocks that keep AC terms); the row again, mirrored."""
+    them, then one noisy tile (blocks that keep AC terms); rows of them, every other one
+    mirrored (224 x 128: 672 blocks at 4:2:0)."""
     rng = np.random.default_rng(7)
     corners = [(r, g, b) for r in (0, 255) for g in (0, 255) for b in (0, 255)]
     near = [(1, 254, 128), (254, 1, 2), (3, 3, 252), (128, 128, 128), (250, 250, 250)]
     tiles = [np.full((16, 16, 3), c, np.uint8) for c in corners + near]
     tiles.append(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8))
     row = np.concatenate(tiles, axis=1)
-    return Image.fromarray(np.concatenate([row, row[:, ::-1]], axis=0))
+    return Image.fromarray(np.concatenate([row, row[:, ::-1]] * 4, axis=0))
 
 
 @pytest.mark.parametrize("quality", QUALITIES)

@@ -443,16 +443,16 @@ impl Bits {
     #[inline(always)]
     fn consume_entry(&mut self, e: u64) {
         self.buf = self.buf.wrapping_shl(e as u32);
-        self.n -= (e & 15) as u32;
+        self.n -= (e & 63) as u32; // the count the shift takes
     }
 
     /// Undoes [`Self::consume_entry`]`(e)` after a lookup of `window` (the `FAST_BITS` bits
     /// it looked up): the bits shifted out are the top of the window.
     #[inline(always)]
     fn give_back(&mut self, e: u64, window: u32) {
-        let used = (e & 15) as u32;
-        self.buf = self.buf >> used | u64::from(window) << (64 - FAST_BITS);
-        self.n += used;
+        let both = (e & 63) as u32; // both symbols' bits: at most `FAST_BITS`
+        self.buf = self.buf >> both | u64::from(window) << (64 - FAST_BITS);
+        self.n += both;
     }
 
     /// `size` (1–15) bits as a signed value; needs `size` valid bits.
@@ -1069,7 +1069,7 @@ impl Scan {
             // The refill left at least 32 bits; the two symbols take at most `FAST_BITS`. Both
             // are consumed by one shift, the entry its own shift count, before it is known
             // whether the first ends the block: the next lookup waits only for this one's load
-            // and one `shlx` (1-5 % off a baseline photo's decode, against a shift per symbol
+            // and one `shlx` (1-6 % off a baseline photo's decode, against a shift per symbol
             // and a mask). Indices into `NATURAL_ORDER` stay below 128 (`*k < 64` before each
             // skip, a skip is at most 64, a run at most 15); `& 127` says so to the compiler,
             // which then drops the bounds checks (1.5-5 % of a decode).
@@ -1087,7 +1087,7 @@ impl Scan {
                 // The first symbol ended the block, so the second's bits are the next block's:
                 // given back, from the window looked up (nothing else kept alive: two streams
                 // in turn are short of registers). An end of block has no second symbol; only
-                // a run reaching position 63 gets here.
+                // a run (or a run of 16 zeros) reaching or passing index 63 gets here.
                 bits.give_back(e, window);
                 bits.consume(((e >> 13) & 15) as u32);
             }
