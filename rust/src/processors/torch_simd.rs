@@ -575,7 +575,6 @@ mod avx512 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::Rows;
-    use crate::processors::normalize::avx2::WINDOW_MASKS;
     use std::arch::x86_64::*;
 
     /// Values per vector, and the smallest run or patch side the kernel takes.
@@ -716,11 +715,33 @@ mod avx2 {
         }
     }
 
-    /// [`Kernel::patch_chw`] with the method fixed. Each row's 48 bytes are read with three
-    /// 16-byte loads — from `pixels` when the row is whole and they lie inside it, else from a
-    /// zeroed copy of its `3·cols` bytes — and split into channels with `vpshufb`
-    /// ([`WINDOW_MASKS`]): per channel, pixels `0..8` and `ps − 8..ps`, stored as two vectors
-    /// at the start of the row's output and at `ps − 8` from it.
+    /// Per channel `c`, the `vpshufb` control that widens four pixels of each 128-bit lane to
+    /// `i32`: lane 0 takes the pixels at bytes `3j + c` of its 16 bytes (`j < 4`), lane 1 those at
+    /// `4 + 3j + c`. A lane loaded from byte `w` of a row thus gives pixels `w/3 ..` and one loaded
+    /// from `w + 8` the four after them, when `w` is a multiple of 3.
+    const WIDEN: [[i8; 32]; 3] = {
+        let mut masks = [[-1i8; 32]; 3];
+        let mut c = 0;
+        while c < 3 {
+            let mut j = 0;
+            while j < 4 {
+                masks[c][4 * j] = (3 * j + c) as i8;
+                masks[c][16 + 4 * j] = (4 + 3 * j + c) as i8;
+                j += 1;
+            }
+            c += 1;
+        }
+        masks
+    };
+
+    /// [`Kernel::patch_chw`] with the method fixed. Each row is read from its first `3·ps ≤ 48`
+    /// bytes — in `pixels` when the row is whole and they lie inside it, else a zeroed copy of
+    /// its `3·cols` bytes — as two vectors of two 16-byte lanes: bytes `0..16` and `8..24`
+    /// (pixels `0..8`), and `b..b + 16` and `b + 8..b + 24` with `b = 3·(ps − 8)` (pixels
+    /// `ps − 8..ps`, the same vector as the first when `ps` is 8). One `vpshufb` per channel
+    /// and vector ([`WIDEN`]) picks that channel's eight pixels out of the interleaved bytes
+    /// already widened to `i32`; they are stored at the start of the row's output and at
+    /// `ps − 8` from it.
     ///
     /// # Safety
     ///
@@ -735,11 +756,11 @@ mod avx2 {
         out: *mut f32,
     ) {
         debug_assert!((LANES..=MAX_PATCH).contains(&ps) && block_rows <= ps && cols <= ps);
-        let Some(controls) = WINDOW_MASKS.get(ps.wrapping_sub(LANES)) else {
+        if !(LANES..=MAX_PATCH).contains(&ps) {
             return;
-        };
-        // SAFETY: 16-byte arrays read with unaligned loads.
-        let controls = controls.map(|c| c.map(|m| unsafe { _mm_loadu_si128(m.as_ptr().cast()) }));
+        }
+        // SAFETY: 32-byte arrays read with unaligned loads.
+        let widen = WIDEN.map(|m| unsafe { _mm256_loadu_si256(m.as_ptr().cast()) });
         let consts: [(__m256, __m256, __m256); 3] = std::array::from_fn(|c| {
             (
                 _mm256_set1_ps(k.m[c]),
@@ -748,6 +769,8 @@ mod avx2 {
             )
         });
         let plane = ps * ps;
+        let len = 3 * ps;
+        let b = 3 * (ps - LANES);
         for y in 0..ps {
             let start = y.wrapping_mul(stride);
             let row = match pixels.get(start..) {
@@ -755,34 +778,29 @@ mod avx2 {
                 _ => &[],
             };
             let mut copy = [0u8; WINDOW];
-            let window = match row.first_chunk::<WINDOW>() {
+            let window: &[u8] = match row.get(..len) {
                 Some(window) if cols == ps => window,
                 _ => {
                     for (to, &from) in copy.iter_mut().zip(row.iter().take(3 * cols)) {
                         *to = from;
                     }
-                    &copy
+                    &copy[..len]
                 }
             };
             let p = window.as_ptr();
-            // SAFETY: the three 16-byte loads cover the 48 bytes of `window`.
-            let loads = unsafe {
-                [
-                    _mm_loadu_si128(p.cast()),
-                    _mm_loadu_si128(p.add(16).cast()),
-                    _mm_loadu_si128(p.add(32).cast()),
-                ]
+            // SAFETY: the four 16-byte loads read bytes `0..24` and `b..b + 24` of `window`,
+            // which holds `3·ps = b + 24 ≥ 24` bytes.
+            let (front, back) = unsafe {
+                (
+                    _mm256_loadu2_m128i(p.add(8).cast(), p.cast()),
+                    _mm256_loadu2_m128i(p.add(b + 8).cast(), p.add(b).cast()),
+                )
             };
-            for (c, (mask, &(m, s, r))) in controls.iter().zip(&consts).enumerate() {
-                let bytes = _mm_or_si128(
-                    _mm_or_si128(
-                        _mm_shuffle_epi8(loads[0], mask[0]),
-                        _mm_shuffle_epi8(loads[1], mask[1]),
-                    ),
-                    _mm_shuffle_epi8(loads[2], mask[2]),
-                );
-                let low = value::<FUSED>(floats(bytes), m, s, r);
-                let high = value::<FUSED>(floats(_mm_unpackhi_epi64(bytes, bytes)), m, s, r);
+            for (c, (&mask, &(m, s, r))) in widen.iter().zip(&consts).enumerate() {
+                let low = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(front, mask));
+                let high = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(back, mask));
+                let low = value::<FUSED>(low, m, s, r);
+                let high = value::<FUSED>(high, m, s, r);
                 let at = c * plane + y * ps;
                 // SAFETY: row `y < ps` of plane `c < 3` is `out[at..at + ps]`, inside the
                 // `3·ps²` values of the contract; the stores cover `at..at + 8` and
