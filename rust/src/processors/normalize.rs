@@ -637,19 +637,32 @@ pub(crate) mod avx2 {
         floats::<FUSED, UNIT>(bytes, ch, factor, split)
     }
 
-    /// The values of channel `ch` of the 8 bytes in the low half of `bytes`. With `UNIT` (a
-    /// rescale factor of exactly 1) the rescaled value is the byte itself, which both methods
-    /// compute exactly (`v·1 + v·0` fused, `f32(f64(v)·1)` literal), so that step is skipped.
+    /// The values of channel `ch` of the 8 bytes in the low half of `bytes` ([`widened`] of
+    /// them widened to `i32`).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     fn floats<const FUSED: bool, const UNIT: bool>(
         bytes: __m128i,
         ch: Channel,
         factor: __m256d,
+        split: (__m256, __m256),
+    ) -> __m256 {
+        widened::<FUSED, UNIT>(_mm256_cvtepu8_epi32(bytes), ch, factor, split)
+    }
+
+    /// The values of channel `ch` of the 8 bytes `v` (each widened to an `i32` lane). With `UNIT`
+    /// (a rescale factor of exactly 1) the rescaled value is the byte itself, which both methods
+    /// compute exactly (`v·1 + v·0` fused, `f32(f64(v)·1)` literal), so that step is skipped.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn widened<const FUSED: bool, const UNIT: bool>(
+        v: __m256i,
+        ch: Channel,
+        factor: __m256d,
         (f_hi, f_lo): (__m256, __m256),
     ) -> __m256 {
         if UNIT {
-            let x = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+            let x = _mm256_cvtepi32_ps(v);
             let d = _mm256_sub_ps(x, ch.mean);
             if FUSED {
                 let q = _mm256_mul_ps(d, ch.recip);
@@ -658,14 +671,14 @@ pub(crate) mod avx2 {
                 _mm256_div_ps(d, ch.std)
             }
         } else if FUSED {
-            let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+            let v = _mm256_cvtepi32_ps(v);
             let x = _mm256_fmadd_ps(v, f_hi, _mm256_mul_ps(v, f_lo));
             let d = _mm256_sub_ps(x, ch.mean);
             let q = _mm256_mul_ps(d, ch.recip);
             _mm256_fmadd_ps(_mm256_fnmadd_ps(q, ch.std, d), ch.recip, q)
         } else {
-            let first = _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(bytes));
-            let second = _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<4>(bytes)));
+            let first = _mm256_cvtepi32_pd(_mm256_castsi256_si128(v));
+            let second = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(v));
             let x = _mm256_set_m128(
                 _mm256_cvtpd_ps(_mm256_mul_pd(second, factor)),
                 _mm256_cvtpd_ps(_mm256_mul_pd(first, factor)),
@@ -674,33 +687,48 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// Widest run of the one-window path of [`spread_to`]: 16 pixels, 48 bytes, three loads.
+    /// Widest run of the one-window path of [`spread_to`]: 16 pixels, 48 bytes.
     const WINDOW_PIXELS: usize = 16;
 
-    /// `vpshufb` controls for a run of `w` pixels (`LANES ≤ w ≤ WINDOW_PIXELS`) read as three
-    /// 16-byte loads: `WINDOW_MASKS[w − LANES][c][k]` takes from load `k` the bytes of channel
-    /// `c` of pixels `0..8` into bytes 0–7 and of pixels `w − 8..w` into bytes 8–15 (the two
-    /// vectors of the run, overlapping when `w < 16`); `-128` writes 0, and the three results
-    /// are OR-ed.
-    pub(crate) const WINDOW_MASKS: [[[[i8; 16]; 3]; 3]; WINDOW_PIXELS - LANES + 1] = {
-        let mut masks = [[[[-128i8; 16]; 3]; 3]; WINDOW_PIXELS - LANES + 1];
-        let mut w = LANES;
-        while w <= WINDOW_PIXELS {
-            let mut c = 0;
-            while c < 3 {
-                let mut k = 0;
-                while k < 16 {
-                    let pixel = if k < LANES { k } else { w + k - 2 * LANES };
-                    let at = 3 * pixel + c;
-                    masks[w - LANES][c][at / 16][k] = (at % 16) as i8;
-                    k += 1;
-                }
-                c += 1;
+    /// Per channel `c`, the `vpshufb` control that widens four pixels of each 128-bit lane to
+    /// `i32`: lane 0 takes the pixels at bytes `3j + c` of its 16 bytes (`j < 4`), lane 1 those at
+    /// `4 + 3j + c`. Lanes loaded from bytes `3i` and `3i + 8` of interleaved RGB pixels thus give
+    /// channel `c` of pixels `i..i + 8` ([`window_vectors`]); `-1` writes 0.
+    pub(crate) const WIDEN: [[i8; 32]; 3] = {
+        let mut masks = [[-1i8; 32]; 3];
+        let mut c = 0;
+        while c < 3 {
+            let mut j = 0;
+            while j < 4 {
+                masks[c][4 * j] = (3 * j + c) as i8;
+                masks[c][16 + 4 * j] = (4 + 3 * j + c) as i8;
+                j += 1;
             }
-            w += 1;
+            c += 1;
         }
         masks
     };
+
+    /// The two pairs of lanes of a run of `w` pixels (`LANES ≤ w ≤ WINDOW_PIXELS`) for
+    /// [`WIDEN`]: bytes `0..16` and `8..24` (pixels `0..8`), and `b..b + 16` and `b + 8..b + 24`
+    /// with `b = 3·(w − 8)` (pixels `w − 8..w`; the first pair again when `w` is 8).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX2; `LANES ≤ w`; `p[..3·w]` must be readable.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn window_vectors(p: *const u8, w: usize) -> (__m256i, __m256i) {
+        let b = 3 * (w - LANES);
+        // SAFETY: the four 16-byte loads read bytes `0..24` and `b..b + 24` of `p`, and
+        // `b + 24 = 3·w` bytes are readable by the contract.
+        unsafe {
+            (
+                _mm256_loadu2_m128i(p.add(8).cast(), p.cast()),
+                _mm256_loadu2_m128i(p.add(b + 8).cast(), p.add(b).cast()),
+            )
+        }
+    }
 
     /// [`Formula::spread`] with the method chosen at compile time.
     ///
@@ -818,9 +846,10 @@ pub(crate) mod avx2 {
     /// [`spread`] into the `N` places `copies`.
     ///
     /// A run of 8 to 16 pixels (a patch row: 14 for Qwen2-VL and MiniMax-M3-VL, 16 for Qwen3-VL)
-    /// whose 48 bytes from its start lie within `pixels` is read with three loads and split
-    /// into its channels by three `vpshufb` per channel ([`WINDOW_MASKS`]): two vectors per
-    /// channel, the second at `width − 8`. Other runs go eight pixels at a time.
+    /// whose 48 bytes from its start lie within `pixels` is read as two vectors of two 16-byte
+    /// lanes ([`window_vectors`]), from which one `vpshufb` per channel and vector ([`WIDEN`])
+    /// picks that channel's eight pixels widened to `i32`: two vectors per channel, the second
+    /// at `width − 8`. Other runs go eight pixels at a time.
     ///
     /// # Safety
     ///
@@ -851,9 +880,8 @@ pub(crate) mod avx2 {
             let fits = |y: usize| pixels.len() - y * runs.stride >= 3 * WINDOW_PIXELS;
             first = (0..runs.rows).find(|&y| !fits(y)).unwrap_or(runs.rows);
             for (c, &ch) in channels.iter().enumerate() {
-                // SAFETY: each mask is a 16-byte array, read with an unaligned load.
-                let m = WINDOW_MASKS[n - LANES][c]
-                    .map(|m| unsafe { _mm_loadu_si128(m.as_ptr().cast()) });
+                // SAFETY: a 32-byte array, read with an unaligned load.
+                let widen = unsafe { _mm256_loadu_si256(WIDEN[c].as_ptr().cast()) };
                 for y in 0..first {
                     let (row, dst) = (y * runs.stride, y * runs.out_stride);
                     if c == 0 {
@@ -865,23 +893,21 @@ pub(crate) mod avx2 {
                                 .cast::<i8>(),
                         );
                     }
-                    // SAFETY: the 48 bytes read at `row` lie within `pixels` (`fits`, true of
-                    // rows before `first`); the vectors stored at `start[c] + dst` and
+                    // SAFETY: the `3·n ≤ 48` bytes read at `row` lie within `pixels` (`fits`,
+                    // true of rows before `first`); the vectors stored at `start[c] + dst` and
                     // `start[c] + dst + n − 8` lie within the run's `n` output values
                     // (`LANES ≤ n`), in bounds by the contract; all loads and stores are
                     // unaligned ones.
                     unsafe {
-                        let p = pixels.as_ptr().add(row);
-                        let bytes = _mm_or_si128(
-                            _mm_or_si128(
-                                _mm_shuffle_epi8(_mm_loadu_si128(p.cast()), m[0]),
-                                _mm_shuffle_epi8(_mm_loadu_si128(p.add(16).cast()), m[1]),
-                            ),
-                            _mm_shuffle_epi8(_mm_loadu_si128(p.add(32).cast()), m[2]),
+                        let (front, back) = window_vectors(pixels.as_ptr().add(row), n);
+                        let low = widened::<FUSED, UNIT>(
+                            _mm256_shuffle_epi8(front, widen),
+                            ch,
+                            factor,
+                            split,
                         );
-                        let low = floats::<FUSED, UNIT>(bytes, ch, factor, split);
-                        let high = floats::<FUSED, UNIT>(
-                            _mm_unpackhi_epi64(bytes, bytes),
+                        let high = widened::<FUSED, UNIT>(
+                            _mm256_shuffle_epi8(back, widen),
                             ch,
                             factor,
                             split,

@@ -575,6 +575,7 @@ mod avx512 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::Rows;
+    use crate::processors::normalize::avx2::{window_vectors, WIDEN};
     use std::arch::x86_64::*;
 
     /// Values per vector, and the smallest run or patch side the kernel takes.
@@ -715,33 +716,14 @@ mod avx2 {
         }
     }
 
-    /// Per channel `c`, the `vpshufb` control that widens four pixels of each 128-bit lane to
-    /// `i32`: lane 0 takes the pixels at bytes `3j + c` of its 16 bytes (`j < 4`), lane 1 those at
-    /// `4 + 3j + c`. A lane loaded from byte `w` of a row thus gives pixels `w/3 ..` and one loaded
-    /// from `w + 8` the four after them, when `w` is a multiple of 3.
-    const WIDEN: [[i8; 32]; 3] = {
-        let mut masks = [[-1i8; 32]; 3];
-        let mut c = 0;
-        while c < 3 {
-            let mut j = 0;
-            while j < 4 {
-                masks[c][4 * j] = (3 * j + c) as i8;
-                masks[c][16 + 4 * j] = (4 + 3 * j + c) as i8;
-                j += 1;
-            }
-            c += 1;
-        }
-        masks
-    };
-
     /// [`Kernel::patch_chw`] with the method fixed. Each row is read from its first `3·ps ≤ 48`
     /// bytes — in `pixels` when the row is whole and they lie inside it, else a zeroed copy of
     /// its `3·cols` bytes — as two vectors of two 16-byte lanes: bytes `0..16` and `8..24`
     /// (pixels `0..8`), and `b..b + 16` and `b + 8..b + 24` with `b = 3·(ps − 8)` (pixels
-    /// `ps − 8..ps`, the same vector as the first when `ps` is 8). One `vpshufb` per channel
-    /// and vector ([`WIDEN`]) picks that channel's eight pixels out of the interleaved bytes
-    /// already widened to `i32`; they are stored at the start of the row's output and at
-    /// `ps − 8` from it.
+    /// `ps − 8..ps`, the same vector as the first when `ps` is 8: [`window_vectors`]). One
+    /// `vpshufb` per channel and vector ([`WIDEN`]) picks that channel's eight pixels out of
+    /// the interleaved bytes, already widened to `i32`; they are stored at the start of the
+    /// row's output and at `ps − 8` from it.
     ///
     /// # Safety
     ///
@@ -770,7 +752,6 @@ mod avx2 {
         });
         let plane = ps * ps;
         let len = 3 * ps;
-        let b = 3 * (ps - LANES);
         for y in 0..ps {
             let start = y.wrapping_mul(stride);
             let row = match pixels.get(start..) {
@@ -787,15 +768,8 @@ mod avx2 {
                     &copy[..len]
                 }
             };
-            let p = window.as_ptr();
-            // SAFETY: the four 16-byte loads read bytes `0..24` and `b..b + 24` of `window`,
-            // which holds `3·ps = b + 24 ≥ 24` bytes.
-            let (front, back) = unsafe {
-                (
-                    _mm256_loadu2_m128i(p.add(8).cast(), p.cast()),
-                    _mm256_loadu2_m128i(p.add(b + 8).cast(), p.add(b).cast()),
-                )
-            };
+            // SAFETY: `window` holds `3·ps` bytes and `LANES ≤ ps` (checked above).
+            let (front, back) = unsafe { window_vectors(window.as_ptr(), ps) };
             for (c, (&mask, &(m, s, r))) in widen.iter().zip(&consts).enumerate() {
                 let low = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(front, mask));
                 let high = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(back, mask));
