@@ -209,22 +209,17 @@ fn write_window<T: Copy>(
 ) {
     debug_assert!(top + h <= canvas.height && left + w <= canvas.width && w <= out_w);
     let plane = out.len() / 3;
-    let (r, rest) = out.split_at_mut(plane);
-    let (g, b) = rest.split_at_mut(plane);
     let stride = canvas.width * 3;
-    for y in 0..h {
-        let start = (top + y) * stride + left * 3;
-        let pixels = &canvas.data[start..start + w * 3];
-        let dst = y * out_w..y * out_w + w;
-        for (((px, r), g), b) in pixels
-            .chunks_exact(3)
-            .zip(&mut r[dst.clone()])
-            .zip(&mut g[dst.clone()])
-            .zip(&mut b[dst])
-        {
-            *r = table[0][usize::from(px[0])];
-            *g = table[1][usize::from(px[1])];
-            *b = table[2][usize::from(px[2])];
+    // Plane by plane, each pass one sequential stream through one table: writing the three
+    // planes in one pass took about twice as long (Llama 4's tiles, AMD Zen 3).
+    for (c, (out, table)) in out.chunks_exact_mut(plane).zip(table).enumerate() {
+        for y in 0..h {
+            let start = (top + y) * stride + left * 3;
+            let pixels = &canvas.data[start..start + w * 3];
+            let dst = &mut out[y * out_w..y * out_w + w];
+            for (px, slot) in pixels.chunks_exact(3).zip(dst) {
+                *slot = table[usize::from(px[c])];
+            }
         }
     }
 }
