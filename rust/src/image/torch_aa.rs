@@ -272,6 +272,111 @@ fn vertical_fma<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mu
     vertical_body(weights, rows, out)
 }
 
+/// `lanes[x · LANES + l] = rows[l · n + x]` for `x < n`, `l < LANES`: LANES rows of `n` values
+/// (one after the other in `rows`) side by side, row `l` in lane `l`. With `avx` (the CPU has
+/// AVX) eight columns at a time, as 8 × 8 transposes in registers.
+fn to_lanes(rows: &[f32], n: usize, lanes: &mut [f32], avx: bool) {
+    assert!(rows.len() >= LANES * n && lanes.len() >= LANES * n);
+    let mut x = 0;
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        while x + LANES <= n {
+            // SAFETY: `avx` is only true when the CPU has AVX (`has_fma` checked AVX2); row `l`'s
+            // values `x..x + 8` lie at `l·n + x ≤ LANES·n − 8` (asserted lengths), and the 64
+            // values written at `x·LANES` end at `(x + 8)·LANES ≤ LANES·n`.
+            unsafe {
+                transpose8(
+                    rows.as_ptr().add(x),
+                    n,
+                    lanes.as_mut_ptr().add(x * LANES),
+                    LANES,
+                )
+            };
+            x += LANES;
+        }
+    }
+    let _ = avx;
+    for x in x..n {
+        for l in 0..LANES {
+            lanes[x * LANES + l] = rows[l * n + x];
+        }
+    }
+}
+
+/// The inverse of [`to_lanes`]: `rows[l · n + x] = lanes[x · LANES + l]`.
+fn from_lanes(lanes: &[f32], n: usize, rows: &mut [f32], avx: bool) {
+    assert!(rows.len() >= LANES * n && lanes.len() >= LANES * n);
+    let mut x = 0;
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        while x + LANES <= n {
+            // SAFETY: as in `to_lanes`, with the two buffers' roles exchanged.
+            unsafe {
+                transpose8(
+                    lanes.as_ptr().add(x * LANES),
+                    LANES,
+                    rows.as_mut_ptr().add(x),
+                    n,
+                )
+            };
+            x += LANES;
+        }
+    }
+    let _ = avx;
+    for x in x..n {
+        for l in 0..LANES {
+            rows[l * n + x] = lanes[x * LANES + l];
+        }
+    }
+}
+
+/// The 8 × 8 block of `f32` whose row `i` is `src[i · src_stride..][..8]`, transposed into
+/// `dst` (row `j` at `dst[j · dst_stride..][..8]`): unpacks, shuffles and lane permutes, no
+/// arithmetic, so the values are moved unchanged.
+///
+/// # Safety
+///
+/// The CPU must have AVX; the eight rows of eight values must be readable at `src` and writable
+/// at `dst` with those strides, and not overlap.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose8(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the eight unaligned loads and stores are the rows the contract makes valid.
+    unsafe {
+        let r = [0, 1, 2, 3, 4, 5, 6, 7].map(|i| _mm256_loadu_ps(src.add(i * src_stride)));
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        let out = [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ];
+        for (j, v) in out.into_iter().enumerate() {
+            _mm256_storeu_ps(dst.add(j * dst_stride), v);
+        }
+    }
+}
+
 fn has_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -545,15 +650,17 @@ pub fn resize_planes(
     let rows_side_by_side = cols.is_some() && wide.is_none();
     #[cfg(not(target_arch = "x86_64"))]
     let rows_side_by_side = cols.is_some();
-    let (mut tin, mut tout) = if rows_side_by_side {
+    // The side-by-side path's rows before and after it, one after the other (`block`: LANES
+    // input rows, then reused for LANES output rows), and the same values in lanes.
+    let (mut tin, mut tout, mut block) = if rows_side_by_side {
         (
             fallible::zeros::<f32>(in_w * LANES)?,
             fallible::zeros::<f32>(out_w * LANES)?,
+            fallible::zeros::<f32>(in_w.max(out_w) * LANES)?,
         )
     } else {
-        (Vec::new(), Vec::new())
+        (Vec::new(), Vec::new(), Vec::new())
     };
-    let mut out = fallible::zeros::<f32>(out_w)?;
     // Input rows `r0..r1` (at most LANES) of every plane, horizontally resampled (or as they
     // are), each handed to `put(r, c, row)`. With AVX-512 the horizontal pass runs 16 output
     // columns of a row at a time ([`wide`]); otherwise LANES rows at a time, one lane per row
@@ -589,18 +696,15 @@ pub fn resize_planes(
                 return;
             }
             for c in 0..planes {
-                for (lane, r) in (r0..r1).enumerate() {
-                    fill(r, c, &mut line);
-                    for (x, &v) in line.iter().enumerate() {
-                        tin[x * LANES + lane] = v;
-                    }
+                // Lanes past `r1 − r0` keep what they held: their outputs are not used.
+                for (row, r) in block.chunks_exact_mut(in_w).zip(r0..r1) {
+                    fill(r, c, row);
                 }
+                to_lanes(&block, in_w, &mut tin, fma);
                 horizontal_lanes(&tin, cols, &mut tout, fma);
-                for (lane, r) in (r0..r1).enumerate() {
-                    for (o, lanes) in out.iter_mut().zip(tout.chunks_exact(LANES)) {
-                        *o = lanes[lane];
-                    }
-                    put(r, c, &out);
+                from_lanes(&tout, out_w, &mut block, fma);
+                for (row, r) in block.chunks_exact(out_w).zip(r0..r1) {
+                    put(r, c, row);
                 }
             }
         }
@@ -818,6 +922,27 @@ mod tests {
                     want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     "{filter:?} {in_h}x{in_w} -> {oh}x{ow}"
                 );
+            }
+        }
+    }
+
+    /// The lane transposes put row `l`'s value `x` at `x · LANES + l` and back, with and
+    /// without AVX, for widths on both sides of whole 8 × 8 blocks.
+    #[test]
+    fn lanes_hold_the_rows_side_by_side() {
+        for n in [0usize, 1, 7, 8, 9, 16, 23, 64, 71] {
+            let rows: Vec<f32> = (0..LANES * n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            for avx in [false, has_fma()] {
+                let mut lanes = vec![f32::NAN; LANES * n];
+                to_lanes(&rows, n, &mut lanes, avx);
+                for l in 0..LANES {
+                    for x in 0..n {
+                        assert_eq!(lanes[x * LANES + l], rows[l * n + x], "n {n} avx {avx}");
+                    }
+                }
+                let mut back = vec![f32::NAN; LANES * n];
+                from_lanes(&lanes, n, &mut back, avx);
+                assert_eq!(back, rows, "n {n} avx {avx}");
             }
         }
     }
