@@ -395,12 +395,16 @@ fn write_image(
     let patch_len = 3 * patch * patch;
     debug_assert_eq!(out.len(), gh * gw * patch_len);
     let wide = wide::available();
+    let narrow = !wide && narrow::available();
     let consts: [(f32, f32); 3] = [fused(common, 0), fused(common, 1), fused(common, 2)];
     let fill = |r: usize, c: usize, row: &mut [f32]| {
         let src = &data[r * in_w * 3..(r + 1) * in_w * 3];
         if wide {
             // SAFETY: `wide::available()` found the features `channel` needs.
             unsafe { wide::channel(src, c, row) };
+        } else if narrow {
+            // SAFETY: `narrow::available()` found AVX2.
+            unsafe { narrow::channel(src, c, row) };
         } else {
             channel(src, c, row);
         }
@@ -427,6 +431,9 @@ fn write_image(
         if wide {
             // SAFETY: as above.
             unsafe { wide::scatter(row, m, s, patch, patch_len, first, band) };
+        } else if narrow {
+            // SAFETY: as above.
+            unsafe { narrow::scatter(row, m, s, patch, patch_len, first, band) };
         } else {
             scatter(row, m, s, patch, patch_len, first, band);
         }
@@ -558,6 +565,87 @@ mod wide {
             }
         }
     }
+}
+
+/// [`channel`] and [`scatter`] with AVX2 (8 values at a time; the same operations), for CPUs
+/// without what [`wide`] needs.
+#[cfg(target_arch = "x86_64")]
+mod narrow {
+    use std::arch::x86_64::*;
+
+    use super::super::normalize::avx2::WIDEN;
+    use super::Out;
+
+    /// Whether the running CPU has AVX2.
+    pub(super) fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+    }
+
+    /// [`super::channel`]: 8 pixels per pair of 16-byte lanes loaded 8 bytes apart, their
+    /// channel-`c` bytes picked and widened to `i32` by one `vpshufb` ([`WIDEN`]), then to `f32`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `c < 3`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn channel(src: &[u8], c: usize, row: &mut [f32]) {
+        let n = row.len().min(src.len() / 3);
+        // SAFETY: a 32-byte array (`c < 3` by the contract), read with an unaligned load.
+        let widen = unsafe { _mm256_loadu_si256(WIDEN[c].as_ptr().cast()) };
+        let mut x = 0;
+        // The lanes read bytes `3x .. 3x + 24`: within `src` while 3x + 24 ≤ src.len().
+        while x + 8 <= n && 3 * x + 24 <= src.len() {
+            // SAFETY: the loads are within `src` (loop condition); the store writes
+            // `row[x .. x + 8]`, x + 8 ≤ n ≤ row.len().
+            unsafe {
+                let p = src.as_ptr().add(3 * x);
+                let v = _mm256_loadu2_m128i(p.add(8).cast(), p.cast());
+                let values = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v, widen));
+                _mm256_storeu_ps(row.as_mut_ptr().add(x), values);
+            }
+            x += 8;
+        }
+        super::channel(&src[3 * x..], c, &mut row[x..]);
+    }
+
+    /// [`super::scatter`]: 8 values at a time (`(v − m) / s`, the same IEEE operations).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scatter(
+        row: &[f32],
+        m: f32,
+        s: f32,
+        patch: usize,
+        stride: usize,
+        first: usize,
+        out: &mut [Out],
+    ) {
+        let (mv, sv) = (_mm256_set1_ps(m), _mm256_set1_ps(s));
+        for (px, values) in row.chunks_exact(patch).enumerate() {
+            let at = first + px * stride;
+            let dst = &mut out[at..at + patch];
+            let mut k = 0;
+            while k + 8 <= patch {
+                // SAFETY: `values` and `dst` both have `patch ≥ k + 8` elements;
+                // `MaybeUninit<f32>` has the layout of `f32`.
+                unsafe {
+                    let v = _mm256_loadu_ps(values.as_ptr().add(k));
+                    let r = _mm256_div_ps(_mm256_sub_ps(v, mv), sv);
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(k).cast(), r);
+                }
+                k += 8;
+            }
+            for (slot, &v) in dst[k..].iter_mut().zip(&values[k..]) {
+                slot.write((v - m) / s);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod narrow {
+    pub(super) use super::wide::{available, channel, scatter};
 }
 
 #[cfg(not(target_arch = "x86_64"))]
