@@ -214,7 +214,24 @@ const LANES: usize = 8;
 /// lane's arithmetic is [`dot`]'s.
 #[inline(always)]
 fn horizontal_lanes_body(tin: &[f32], taps: &AaTaps, tout: &mut [f32]) {
-    for (x, o) in tout.chunks_exact_mut(LANES).enumerate() {
+    horizontal_lanes_range(tin, taps, tout, 0..tout.len() / LANES);
+}
+
+/// [`horizontal_lanes_body`] for the outputs `outs` only.
+#[inline(always)]
+fn horizontal_lanes_range(
+    tin: &[f32],
+    taps: &AaTaps,
+    tout: &mut [f32],
+    outs: std::ops::Range<usize>,
+) {
+    let skip = outs.start;
+    for (x, o) in tout
+        .chunks_exact_mut(LANES)
+        .enumerate()
+        .take(outs.end)
+        .skip(skip)
+    {
         let (start, weights) = taps.row(x);
         let Some(&w0) = weights.first() else {
             o.fill(0.0);
@@ -246,10 +263,54 @@ fn horizontal_lanes_body(tin: &[f32], taps: &AaTaps, tout: &mut [f32]) {
     }
 }
 
+/// [`horizontal_lanes_body`] with AVX2 and FMA: four outputs at a time where their tap counts
+/// agree (their sums are independent chains of multiplies and adds, which one output at a time
+/// leaves waiting on each other's latency), each lane with [`dot`]'s operations in its order:
+/// products added for the first [`rounded_taps`] taps after the first, fused after that.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn horizontal_lanes_fma(tin: &[f32], taps: &AaTaps, tout: &mut [f32]) {
-    horizontal_lanes_body(tin, taps, tout)
+    use std::arch::x86_64::*;
+    const GROUP: usize = 4;
+    let n_out = tout.len() / LANES;
+    let mut x = 0;
+    while x + GROUP <= n_out {
+        let rows: [(usize, &[f32]); GROUP] = std::array::from_fn(|k| taps.row(x + k));
+        let len = rows[0].1.len();
+        if len == 0 || rows.iter().any(|r| r.1.len() != len) {
+            // Near the edges: this output alone.
+            horizontal_lanes_range(tin, taps, tout, x..x + 1);
+            x += 1;
+            continue;
+        }
+        let bases: [&[f32]; GROUP] =
+            std::array::from_fn(|k| &tin[rows[k].0 * LANES..(rows[k].0 + len) * LANES]);
+        let plain = rounded_taps(len - 1);
+        // SAFETY: every load reads the 8 values of tap `j < len` of a base, which holds `len · 8`
+        // values (sliced above, bounds-checked); the stores write `tout[(x + k)·8..][..8]`, inside
+        // `tout` as `x + k < n_out`.
+        unsafe {
+            let load = |k: usize, j: usize| _mm256_loadu_ps(bases[k].as_ptr().add(j * LANES));
+            let weight = |k: usize, j: usize| _mm256_set1_ps(*rows[k].1.get_unchecked(j));
+            let mut acc: [__m256; GROUP] =
+                std::array::from_fn(|k| _mm256_mul_ps(load(k, 0), weight(k, 0)));
+            for j in 1..=plain.min(len - 1) {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(load(k, j), weight(k, j)));
+                }
+            }
+            for j in plain + 1..len {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(load(k, j), weight(k, j), *a);
+                }
+            }
+            for (k, a) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(tout.as_mut_ptr().add((x + k) * LANES), a);
+            }
+        }
+        x += GROUP;
+    }
+    horizontal_lanes_range(tin, taps, tout, x..n_out);
 }
 
 fn horizontal_lanes(tin: &[f32], taps: &AaTaps, tout: &mut [f32], fma: bool) {
