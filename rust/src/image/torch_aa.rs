@@ -338,6 +338,7 @@ fn vertical_fma<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mu
 /// AVX) eight columns at a time, as 8 × 8 transposes in registers.
 fn to_lanes(rows: &[f32], n: usize, lanes: &mut [f32], avx: bool) {
     assert!(rows.len() >= LANES * n && lanes.len() >= LANES * n);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut x = 0;
     #[cfg(target_arch = "x86_64")]
     if avx {
@@ -367,6 +368,7 @@ fn to_lanes(rows: &[f32], n: usize, lanes: &mut [f32], avx: bool) {
 /// The inverse of [`to_lanes`]: `rows[l · n + x] = lanes[x · LANES + l]`.
 fn from_lanes(lanes: &[f32], n: usize, rows: &mut [f32], avx: bool) {
     assert!(rows.len() >= LANES * n && lanes.len() >= LANES * n);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut x = 0;
     #[cfg(target_arch = "x86_64")]
     if avx {

@@ -741,6 +741,49 @@ mod tests {
     use super::*;
     use crate::processors::{Family, Preprocessor};
 
+    /// The AVX2 channel extraction and patch normalisation against the scalar code, bit for
+    /// bit: every channel, rows of 0 to 40 pixels (the vector loop, its tail, and rows whose
+    /// source ends right after them), patches of 8 to 20 values.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_paths_equal_the_scalar_code() {
+        if !narrow::available() {
+            return;
+        }
+        let src: Vec<u8> = (0..200).map(|i| (i * 89 + 7) as u8).collect();
+        for n in 0..=40 {
+            for c in 0..3 {
+                for slack in [0, 1, 30] {
+                    let src = &src[..3 * n + slack];
+                    let (mut want, mut got) = (vec![-1.0f32; n], vec![-2.0f32; n]);
+                    channel(src, c, &mut want);
+                    // SAFETY: `narrow::available()` found AVX2; `c < 3`.
+                    unsafe { narrow::channel(src, c, &mut got) };
+                    assert_eq!(want, got, "{n} pixels, channel {c}, slack {slack}");
+                }
+            }
+        }
+        let row: Vec<f32> = (0..240).map(|i| (i * 37 % 256) as f32).collect();
+        let (m, s) = (122.770_935_f32, 68.500_53_f32);
+        for patch in 8..=20 {
+            let cols = row.len() / patch;
+            let row = &row[..cols * patch];
+            let (stride, first) = (3 * patch, patch / 2);
+            let len = first + (cols - 1) * stride + patch;
+            let (mut want, mut got) = (vec![Out::new(0.5); len], vec![Out::new(0.5); len]);
+            scatter(row, m, s, patch, stride, first, &mut want);
+            // SAFETY: `narrow::available()` found AVX2.
+            unsafe { narrow::scatter(row, m, s, patch, stride, first, &mut got) };
+            let bits = |v: &[Out]| {
+                v.iter()
+                    // SAFETY: both were filled with initialised values, some overwritten.
+                    .map(|x| unsafe { x.assume_init() }.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&want), bits(&got), "patch {patch}");
+        }
+    }
+
     #[test]
     fn grids_as_transformers() {
         let c = NemotronConfig::nemotron_h_omni();

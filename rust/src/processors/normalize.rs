@@ -540,9 +540,9 @@ pub(crate) mod avx2 {
                 match self.method {
                     Method::Literal => spread::<false>(self, pixels, runs, out, copies),
                     // Runs of up to `WINDOW_PIXELS` (the patch rows of the Qwen layout) stay
-                    // on the AVX2 kernel's three-load path: per MiniMax-M3-VL / Qwen2-VL call
-                    // 15-22 % faster on an Intel Xeon with AVX-512 than one masked 16-lane
-                    // load and six masked stores per row.
+                    // on the AVX2 kernel's one-window path: its earlier three-load form was, per
+                    // MiniMax-M3-VL / Qwen2-VL call, 15-22 % faster on an Intel Xeon with
+                    // AVX-512 than one masked 16-lane load and six masked stores per row.
                     Method::Fused if self.wide && runs.width > WINDOW_PIXELS => {
                         super::avx512::spread(&self.constants(), pixels, runs, out, copies)
                     }
@@ -846,7 +846,7 @@ pub(crate) mod avx2 {
     /// [`spread`] into the `N` places `copies`.
     ///
     /// A run of 8 to 16 pixels (a patch row: 14 for Qwen2-VL and MiniMax-M3-VL, 16 for Qwen3-VL)
-    /// whose 48 bytes from its start lie within `pixels` is read as two vectors of two 16-byte
+    /// is read from its `3·width` bytes as two vectors of two 16-byte
     /// lanes ([`window_vectors`]), from which one `vpshufb` per channel and vector ([`WIDEN`])
     /// picks that channel's eight pixels widened to `i32`: two vectors per channel, the second
     /// at `width − 8`. Other runs go eight pixels at a time.
@@ -873,11 +873,12 @@ pub(crate) mod avx2 {
         let factor = _mm256_set1_pd(formula.factor);
         let split = (_mm256_set1_ps(formula.hi), _mm256_set1_ps(formula.lo));
         // The one-window path, channel by channel (a channel's constants and controls stay in
-        // registers; its values go to one contiguous block per copy), over the rows with 48
-        // bytes from their start inside `pixels` (a prefix of the rows); the rest below.
+        // registers; its values go to one contiguous block per copy), over the rows whose
+        // `3·n` bytes lie inside `pixels` (all of them, by the contract; checked all the same, a
+        // prefix of the rows); the rest below.
         let mut first = 0;
         if n <= WINDOW_PIXELS {
-            let fits = |y: usize| pixels.len() - y * runs.stride >= 3 * WINDOW_PIXELS;
+            let fits = |y: usize| pixels.len() - y * runs.stride >= 3 * n;
             first = (0..runs.rows).find(|&y| !fits(y)).unwrap_or(runs.rows);
             for (c, &ch) in channels.iter().enumerate() {
                 // SAFETY: a 32-byte array, read with an unaligned load.
@@ -1471,8 +1472,8 @@ mod tests {
     }
 
     /// Patch-shaped runs (several rows `stride` apart, stored twice `out_stride` apart) of every
-    /// width around the one-window path (8–16 pixels, the last rows without 48 bytes after
-    /// their start taking the general path): the table's bits, for a unit factor (torch's
+    /// width around the one-window path (8–16 pixels, the last run ending at the end of the
+    /// pixels; wider runs take the general path): the table's bits, for a unit factor (torch's
     /// fused form) and 1/255, each method.
     #[test]
     fn patch_runs_equal_the_table() {

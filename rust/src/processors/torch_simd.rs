@@ -582,7 +582,8 @@ mod avx2 {
     pub const LANES: usize = 8;
     /// The largest patch side [`Kernel::patch_chw`] takes: a row is at most two vectors.
     pub const MAX_PATCH: usize = 2 * LANES;
-    /// The bytes of a patch row of `MAX_PATCH` pixels, read as three 16-byte loads.
+    /// The bytes of a patch row of `MAX_PATCH` pixels: the zeroed copy a partial row is read
+    /// from.
     const WINDOW: usize = 3 * MAX_PATCH;
 
     /// The constants of the formula; the kernel's methods below.
@@ -819,8 +820,8 @@ mod tests {
     }
 
     /// The AVX2 kernel against the table on every patch side it takes (8 to 16), whole and
-    /// padded blocks, odd strides, rows near the end of the buffer (where its 48-byte window
-    /// does not fit), and runs of 8 to 50 values, one or several rows.
+    /// padded blocks, odd strides, a last row ending exactly at the end of the buffer (its
+    /// `3·ps` bytes read to the last one), and runs of 8 to 50 values, one or several rows.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_kernel_equals_the_table() {
