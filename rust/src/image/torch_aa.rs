@@ -334,52 +334,49 @@ fn vertical_fma<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mu
 }
 
 /// `lanes[x · LANES + l] = rows[l · n + x]` for `x < n`, `l < LANES`: LANES rows of `n` values
-/// (one after the other in `rows`) side by side, row `l` in lane `l`. With `avx` (the CPU has
-/// AVX) eight columns at a time, as 8 × 8 transposes in registers.
+/// (one after the other in `rows`) side by side, row `l` in lane `l`.
 fn to_lanes(rows: &[f32], n: usize, lanes: &mut [f32], avx: bool) {
-    assert!(rows.len() >= LANES * n && lanes.len() >= LANES * n);
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-    let mut x = 0;
-    #[cfg(target_arch = "x86_64")]
-    if avx {
-        while x + LANES <= n {
-            // SAFETY: `avx` is only true when the CPU has AVX (`has_fma` checked AVX2); row `l`'s
-            // values `x..x + 8` lie at `l·n + x ≤ LANES·n − 8` (asserted lengths), and the 64
-            // values written at `x·LANES` end at `(x + 8)·LANES ≤ LANES·n`.
-            unsafe {
-                transpose8(
-                    rows.as_ptr().add(x),
-                    n,
-                    lanes.as_mut_ptr().add(x * LANES),
-                    LANES,
-                )
-            };
-            x += LANES;
-        }
-    }
-    let _ = avx;
-    for x in x..n {
-        for l in 0..LANES {
-            lanes[x * LANES + l] = rows[l * n + x];
-        }
-    }
+    regroup(rows, (n, 1), lanes, (1, LANES), n, avx);
 }
 
 /// The inverse of [`to_lanes`]: `rows[l · n + x] = lanes[x · LANES + l]`.
 fn from_lanes(lanes: &[f32], n: usize, rows: &mut [f32], avx: bool) {
-    assert!(rows.len() >= LANES * n && lanes.len() >= LANES * n);
+    regroup(lanes, (1, LANES), rows, (n, 1), n, avx);
+}
+
+/// `dst[l·dl + x·dx] = src[l·sl + x·sx]` for `l < LANES`, `x < n`, where `(sl, sx)` and
+/// `(dl, dx)` are `(n, 1)` (rows one after the other) and `(1, LANES)` (side by side in lanes),
+/// one each way. With `avx` (the CPU has AVX) eight `x` at a time, as 8 × 8 transposes in
+/// registers.
+fn regroup(
+    src: &[f32],
+    (sl, sx): (usize, usize),
+    dst: &mut [f32],
+    (dl, dx): (usize, usize),
+    n: usize,
+    avx: bool,
+) {
+    assert!(src.len() >= LANES * n && dst.len() >= LANES * n);
+    assert!((sl, sx, dl, dx) == (n, 1, 1, LANES) || (sl, sx, dl, dx) == (1, LANES, n, 1));
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut x = 0;
     #[cfg(target_arch = "x86_64")]
     if avx {
+        // The 8 × 8 block at `x`: rows of the source are consecutive `l` (`l·sl + x·sx ..`, 8
+        // values `sx` apart, which is 1 for the rows layout) or consecutive `x` (8 lanes
+        // together); the transpose swaps the two.
+        let (src_stride, dst_stride) = if sx == 1 { (sl, dx) } else { (sx, dl) };
         while x + LANES <= n {
-            // SAFETY: as in `to_lanes`, with the two buffers' roles exchanged.
+            // SAFETY: `avx` is only true when the CPU has AVX (`has_fma` checked AVX2). In either
+            // layout the block's 64 values are `(l, x + i)` for `l, i < 8`, at most index
+            // `7·n + x + 7 < 8·n` (rows) or `(x + 7)·8 + 7 < 8·n` (lanes), inside both buffers
+            // (asserted lengths), which are distinct slices.
             unsafe {
                 transpose8(
-                    lanes.as_ptr().add(x * LANES),
-                    LANES,
-                    rows.as_mut_ptr().add(x),
-                    n,
+                    src.as_ptr().add(x * sx),
+                    src_stride,
+                    dst.as_mut_ptr().add(x * dx),
+                    dst_stride,
                 )
             };
             x += LANES;
@@ -388,7 +385,7 @@ fn from_lanes(lanes: &[f32], n: usize, rows: &mut [f32], avx: bool) {
     let _ = avx;
     for x in x..n {
         for l in 0..LANES {
-            rows[l * n + x] = lanes[x * LANES + l];
+            dst[l * dl + x * dx] = src[l * sl + x * sx];
         }
     }
 }
