@@ -486,6 +486,39 @@ fn scatter(
     }
 }
 
+/// The body of `wide::scatter` and `narrow::scatter`: [`scatter`] `$lanes` values at a time
+/// with one vector width's broadcast, load, subtraction, division and store (the same IEEE
+/// operations as the scalar code), the rest of each patch row as the scalar code.
+#[cfg(target_arch = "x86_64")]
+macro_rules! vector_scatter {
+    (
+        $lanes:literal,
+        ($set1:ident, $load:ident, $sub:ident, $div:ident, $store:ident),
+        ($row:ident, $m:ident, $s:ident, $patch:ident, $stride:ident, $first:ident, $out:ident)
+    ) => {{
+        let (mv, sv) = ($set1($m), $set1($s));
+        for (px, values) in $row.chunks_exact($patch).enumerate() {
+            let at = $first + px * $stride;
+            let dst = &mut $out[at..at + $patch];
+            let mut k = 0;
+            while k + $lanes <= $patch {
+                // SAFETY: `values` and `dst` both have `patch ≥ k + lanes` elements;
+                // `MaybeUninit<f32>` has the layout of `f32`; the caller has the vector width's
+                // target features.
+                unsafe {
+                    let v = $load(values.as_ptr().add(k));
+                    let r = $div($sub(v, mv), sv);
+                    $store(dst.as_mut_ptr().add(k).cast(), r);
+                }
+                k += $lanes;
+            }
+            for (slot, &v) in dst[k..].iter_mut().zip(&values[k..]) {
+                slot.write((v - $m) / $s);
+            }
+        }
+    }};
+}
+
 /// [`channel`] and [`scatter`] with AVX-512 (16 values at a time; the same operations).
 #[cfg(target_arch = "x86_64")]
 mod wide {
@@ -545,25 +578,17 @@ mod wide {
         first: usize,
         out: &mut [Out],
     ) {
-        let (mv, sv) = (_mm512_set1_ps(m), _mm512_set1_ps(s));
-        for (px, values) in row.chunks_exact(patch).enumerate() {
-            let at = first + px * stride;
-            let dst = &mut out[at..at + patch];
-            let mut k = 0;
-            while k + 16 <= patch {
-                // SAFETY: `values` and `dst` both have `patch ≥ k + 16` elements;
-                // `MaybeUninit<f32>` has the layout of `f32`.
-                unsafe {
-                    let v = _mm512_loadu_ps(values.as_ptr().add(k));
-                    let r = _mm512_div_ps(_mm512_sub_ps(v, mv), sv);
-                    _mm512_storeu_ps(dst.as_mut_ptr().add(k).cast(), r);
-                }
-                k += 16;
-            }
-            for (slot, &v) in dst[k..].iter_mut().zip(&values[k..]) {
-                slot.write((v - m) / s);
-            }
-        }
+        vector_scatter!(
+            16,
+            (
+                _mm512_set1_ps,
+                _mm512_loadu_ps,
+                _mm512_sub_ps,
+                _mm512_div_ps,
+                _mm512_storeu_ps
+            ),
+            (row, m, s, patch, stride, first, out)
+        );
     }
 }
 
@@ -621,25 +646,17 @@ mod narrow {
         first: usize,
         out: &mut [Out],
     ) {
-        let (mv, sv) = (_mm256_set1_ps(m), _mm256_set1_ps(s));
-        for (px, values) in row.chunks_exact(patch).enumerate() {
-            let at = first + px * stride;
-            let dst = &mut out[at..at + patch];
-            let mut k = 0;
-            while k + 8 <= patch {
-                // SAFETY: `values` and `dst` both have `patch ≥ k + 8` elements;
-                // `MaybeUninit<f32>` has the layout of `f32`.
-                unsafe {
-                    let v = _mm256_loadu_ps(values.as_ptr().add(k));
-                    let r = _mm256_div_ps(_mm256_sub_ps(v, mv), sv);
-                    _mm256_storeu_ps(dst.as_mut_ptr().add(k).cast(), r);
-                }
-                k += 8;
-            }
-            for (slot, &v) in dst[k..].iter_mut().zip(&values[k..]) {
-                slot.write((v - m) / s);
-            }
-        }
+        vector_scatter!(
+            8,
+            (
+                _mm256_set1_ps,
+                _mm256_loadu_ps,
+                _mm256_sub_ps,
+                _mm256_div_ps,
+                _mm256_storeu_ps
+            ),
+            (row, m, s, patch, stride, first, out)
+        );
     }
 }
 
