@@ -294,7 +294,8 @@ fn horizontal_lanes_fma(tin: &[f32], taps: &AaTaps, tout: &mut [f32]) {
             let weight = |k: usize, j: usize| _mm256_set1_ps(*rows[k].1.get_unchecked(j));
             let mut acc: [__m256; GROUP] =
                 std::array::from_fn(|k| _mm256_mul_ps(load(k, 0), weight(k, 0)));
-            for j in 1..=plain.min(len - 1) {
+            // `plain = rounded_taps(len − 1) ≤ len − 1`: every index below is a tap.
+            for j in 1..=plain {
                 for (k, a) in acc.iter_mut().enumerate() {
                     *a = _mm256_add_ps(*a, _mm256_mul_ps(load(k, j), weight(k, j)));
                 }
@@ -336,36 +337,34 @@ fn vertical_fma<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mu
 /// `lanes[x · LANES + l] = rows[l · n + x]` for `x < n`, `l < LANES`: LANES rows of `n` values
 /// (one after the other in `rows`) side by side, row `l` in lane `l`.
 fn to_lanes(rows: &[f32], n: usize, lanes: &mut [f32], avx: bool) {
-    regroup(rows, (n, 1), lanes, (1, LANES), n, avx);
+    regroup(rows, lanes, n, avx, true);
 }
 
 /// The inverse of [`to_lanes`]: `rows[l · n + x] = lanes[x · LANES + l]`.
 fn from_lanes(lanes: &[f32], n: usize, rows: &mut [f32], avx: bool) {
-    regroup(lanes, (1, LANES), rows, (n, 1), n, avx);
+    regroup(lanes, rows, n, avx, false);
 }
 
-/// `dst[l·dl + x·dx] = src[l·sl + x·sx]` for `l < LANES`, `x < n`, where `(sl, sx)` and
-/// `(dl, dx)` are `(n, 1)` (rows one after the other) and `(1, LANES)` (side by side in lanes),
-/// one each way. With `avx` (the CPU has AVX) eight `x` at a time, as 8 × 8 transposes in
-/// registers.
-fn regroup(
-    src: &[f32],
-    (sl, sx): (usize, usize),
-    dst: &mut [f32],
-    (dl, dx): (usize, usize),
-    n: usize,
-    avx: bool,
-) {
+/// Value `(l, x)` (`l < LANES`, `x < n`) from `src` to `dst`, one of them holding LANES rows of
+/// `n` values one after the other (at `l·n + x`) and the other the same values side by side
+/// (at `x·LANES + l`): `into_lanes` says which. With `avx` (the CPU has AVX) eight `x` at a
+/// time, as 8 × 8 transposes in registers.
+fn regroup(src: &[f32], dst: &mut [f32], n: usize, avx: bool, into_lanes: bool) {
     assert!(src.len() >= LANES * n && dst.len() >= LANES * n);
-    assert!((sl, sx, dl, dx) == (n, 1, 1, LANES) || (sl, sx, dl, dx) == (1, LANES, n, 1));
+    // Where value `(l, x)` lies: `l·(step of l) + x·(step of x)` in each layout.
+    let (rows, lanes) = ((n, 1), (1, LANES));
+    let ((sl, sx), (dl, dx)) = if into_lanes {
+        (rows, lanes)
+    } else {
+        (lanes, rows)
+    };
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut x = 0;
     #[cfg(target_arch = "x86_64")]
     if avx {
-        // The 8 × 8 block at `x`: rows of the source are consecutive `l` (`l·sl + x·sx ..`, 8
-        // values `sx` apart, which is 1 for the rows layout) or consecutive `x` (8 lanes
-        // together); the transpose swaps the two.
-        let (src_stride, dst_stride) = if sx == 1 { (sl, dx) } else { (sx, dl) };
+        // The 8 × 8 block at `x`, read and written as 8 runs of 8 consecutive values: runs of
+        // `x` `n` apart in the rows layout, runs of `l` LANES apart in the lanes layout.
+        let (src_stride, dst_stride) = if into_lanes { (n, LANES) } else { (LANES, n) };
         while x + LANES <= n {
             // SAFETY: `avx` is only true when the CPU has AVX (`has_fma` checked AVX2). In either
             // layout the block's 64 values are `(l, x + i)` for `l, i < 8`, at most index

@@ -617,10 +617,9 @@ mod narrow {
         // SAFETY: a 32-byte array (`c < 3` by the contract), read with an unaligned load.
         let widen = unsafe { _mm256_loadu_si256(WIDEN[c].as_ptr().cast()) };
         let mut x = 0;
-        // The lanes read bytes `3x .. 3x + 24`: within `src` while 3x + 24 ≤ src.len().
-        while x + 8 <= n && 3 * x + 24 <= src.len() {
-            // SAFETY: the loads are within `src` (loop condition); the store writes
-            // `row[x .. x + 8]`, x + 8 ≤ n ≤ row.len().
+        while x + 8 <= n {
+            // SAFETY: the lanes read bytes `3x .. 3x + 24`, within `src` as x + 8 ≤ n ≤
+            // src.len() / 3; the store writes `row[x .. x + 8]`, x + 8 ≤ n ≤ row.len().
             unsafe {
                 let p = src.as_ptr().add(3 * x);
                 let v = _mm256_loadu2_m128i(p.add(8).cast(), p.cast());
