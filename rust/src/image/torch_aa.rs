@@ -373,11 +373,56 @@ fn horizontal_lanes(tin: &[f32], taps: &AaTaps, tout: &mut [f32], fma: bool) {
 
 // The two passes compiled for FMA (so `mul_add` is an instruction, not a call into libm) and
 // AVX2 (so the vertical loops vectorise); the same correctly rounded operations either way.
+//
+// With up to [`REGISTER_TAPS`] taps, 16 outputs at a time take all their taps in registers and
+// are stored once (one tap at a time over the whole row loads and stores every output once per
+// tap); each element's operations and their order are still [`dot`]'s.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn vertical_fma<'r>(weights: &[f32], rows: impl Fn(usize) -> &'r [f32], out: &mut [f32]) {
-    vertical_body(weights, rows, out)
+    use std::arch::x86_64::*;
+    let (n, len) = (out.len(), weights.len());
+    if len == 0 || len > REGISTER_TAPS {
+        return vertical_body(weights, rows, out);
+    }
+    let mut ptrs = [std::ptr::null::<f32>(); REGISTER_TAPS];
+    for (j, p) in ptrs.iter_mut().enumerate().take(len) {
+        let row = rows(j);
+        if row.len() < n {
+            return vertical_body(weights, rows, out);
+        }
+        *p = row.as_ptr();
+    }
+    let plain = rounded_taps(len - 1);
+    let mut x = 0;
+    while x + 16 <= n {
+        // SAFETY: every `ptrs[j]` (`j < len`) starts a row of at least `n` values (checked
+        // above) and `x + 16 ≤ n`, so the loads at `x` and `x + 8` read inside it; the stores
+        // write `out[x..x + 16]`. AVX2 and FMA are this function's features.
+        unsafe {
+            let load = |j: usize, at: usize| _mm256_loadu_ps(ptrs[j].add(x + at));
+            let w = |j: usize| _mm256_set1_ps(*weights.get_unchecked(j));
+            let mut a = _mm256_mul_ps(load(0, 0), w(0));
+            let mut b = _mm256_mul_ps(load(0, 8), w(0));
+            for j in 1..=plain {
+                a = _mm256_add_ps(a, _mm256_mul_ps(load(j, 0), w(j)));
+                b = _mm256_add_ps(b, _mm256_mul_ps(load(j, 8), w(j)));
+            }
+            for j in plain + 1..len {
+                a = _mm256_fmadd_ps(load(j, 0), w(j), a);
+                b = _mm256_fmadd_ps(load(j, 8), w(j), b);
+            }
+            _mm256_storeu_ps(out.as_mut_ptr().add(x), a);
+            _mm256_storeu_ps(out.as_mut_ptr().add(x + 8), b);
+        }
+        x += 16;
+    }
+    vertical_body(weights, |j| &rows(j)[x..], &mut out[x..]);
 }
+
+/// Taps up to which the AVX2 vertical pass keeps its sums in registers.
+#[cfg(target_arch = "x86_64")]
+const REGISTER_TAPS: usize = 32;
 
 /// `lanes[x · LANES + l] = rows[l · n + x]` for `x < n`, `l < LANES`: LANES rows of `n` values
 /// (one after the other in `rows`) side by side, row `l` in lane `l`.
@@ -1114,6 +1159,31 @@ mod tests {
             }
         }
         assert!((1..=20).all(|n| seen.contains(&n)), "tap counts {seen:?}");
+    }
+
+    /// The vertical pass in registers equals the one-tap-at-a-time body, for tap counts on
+    /// both sides of [`REGISTER_TAPS`] and rows with and without a tail of under 16 values.
+    #[test]
+    fn vertical_equals_the_plain_body() {
+        let rows: Vec<Vec<f32>> = (0..40)
+            .map(|r| {
+                (0..53)
+                    .map(|x| ((r * 53 + x) * 7919 % 613) as f32 * 0.37 - 90.0)
+                    .collect()
+            })
+            .collect();
+        for len in 0..40 {
+            let weights: Vec<f32> = (0..len).map(|j| (j as f32 * 0.61).sin() / 3.0).collect();
+            for n in [0usize, 1, 15, 16, 17, 32, 47, 53] {
+                let row = |j: usize| &rows[j][..n];
+                let mut plain = vec![0.0f32; n];
+                let mut fast = vec![0.0f32; n];
+                vertical_body(&weights, row, &mut plain);
+                vertical(&weights, row, &mut fast, has_fma());
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&plain), "{len} taps, {n} values");
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
