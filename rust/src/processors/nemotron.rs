@@ -486,37 +486,53 @@ fn scatter(
     }
 }
 
-/// The body of `wide::scatter` and `narrow::scatter`: [`scatter`] `$lanes` values at a time
-/// with one vector width's broadcast, load, subtraction, division and store (the same IEEE
-/// operations as the scalar code), the rest of each patch row as the scalar code.
+/// `wide::scatter` and `narrow::scatter`: [`scatter`] `$lanes` values at a time with one vector
+/// width's broadcast, load, subtraction, division and store (the same IEEE operations as the
+/// scalar code), the rest of each patch row as the scalar code; the function compiled for
+/// `$features`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! vector_scatter {
     (
+        $features:literal,
         $lanes:literal,
-        ($set1:ident, $load:ident, $sub:ident, $div:ident, $store:ident),
-        ($row:ident, $m:ident, $s:ident, $patch:ident, $stride:ident, $first:ident, $out:ident)
-    ) => {{
-        let (mv, sv) = ($set1($m), $set1($s));
-        for (px, values) in $row.chunks_exact($patch).enumerate() {
-            let at = $first + px * $stride;
-            let dst = &mut $out[at..at + $patch];
-            let mut k = 0;
-            while k + $lanes <= $patch {
-                // SAFETY: `values` and `dst` both have `patch ≥ k + lanes` elements;
-                // `MaybeUninit<f32>` has the layout of `f32`; the caller has the vector width's
-                // target features.
-                unsafe {
-                    let v = $load(values.as_ptr().add(k));
-                    let r = $div($sub(v, mv), sv);
-                    $store(dst.as_mut_ptr().add(k).cast(), r);
+        ($set1:ident, $load:ident, $sub:ident, $div:ident, $store:ident)
+    ) => {
+        /// [`super::scatter`], one vector of values at a time.
+        ///
+        /// # Safety
+        /// The CPU must have the features this function is compiled for.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn scatter(
+            row: &[f32],
+            m: f32,
+            s: f32,
+            patch: usize,
+            stride: usize,
+            first: usize,
+            out: &mut [Out],
+        ) {
+            let (mv, sv) = ($set1(m), $set1(s));
+            for (px, values) in row.chunks_exact(patch).enumerate() {
+                let at = first + px * stride;
+                let dst = &mut out[at..at + patch];
+                let mut k = 0;
+                while k + $lanes <= patch {
+                    // SAFETY: `values` and `dst` both have `patch ≥ k + lanes` elements;
+                    // `MaybeUninit<f32>` has the layout of `f32`; the CPU has the features
+                    // (this function's contract).
+                    unsafe {
+                        let v = $load(values.as_ptr().add(k));
+                        let r = $div($sub(v, mv), sv);
+                        $store(dst.as_mut_ptr().add(k).cast(), r);
+                    }
+                    k += $lanes;
                 }
-                k += $lanes;
-            }
-            for (slot, &v) in dst[k..].iter_mut().zip(&values[k..]) {
-                slot.write((v - $m) / $s);
+                for (slot, &v) in dst[k..].iter_mut().zip(&values[k..]) {
+                    slot.write((v - m) / s);
+                }
             }
         }
-    }};
+    };
 }
 
 /// [`channel`] and [`scatter`] with AVX-512 (16 values at a time; the same operations).
@@ -564,32 +580,17 @@ mod wide {
         super::channel(&src[3 * x..], c, &mut row[x..]);
     }
 
-    /// [`super::scatter`]: 16 values at a time.
-    ///
-    /// # Safety
-    /// The CPU must support what [`available`] checks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    pub(super) unsafe fn scatter(
-        row: &[f32],
-        m: f32,
-        s: f32,
-        patch: usize,
-        stride: usize,
-        first: usize,
-        out: &mut [Out],
-    ) {
-        vector_scatter!(
-            16,
-            (
-                _mm512_set1_ps,
-                _mm512_loadu_ps,
-                _mm512_sub_ps,
-                _mm512_div_ps,
-                _mm512_storeu_ps
-            ),
-            (row, m, s, patch, stride, first, out)
-        );
-    }
+    vector_scatter!(
+        "avx512f,avx512bw,avx512vbmi",
+        16,
+        (
+            _mm512_set1_ps,
+            _mm512_loadu_ps,
+            _mm512_sub_ps,
+            _mm512_div_ps,
+            _mm512_storeu_ps
+        )
+    );
 }
 
 /// [`channel`] and [`scatter`] with AVX2 (8 values at a time; the same operations), for CPUs
@@ -631,32 +632,17 @@ mod narrow {
         super::channel(&src[3 * x..], c, &mut row[x..]);
     }
 
-    /// [`super::scatter`]: 8 values at a time (`(v − m) / s`, the same IEEE operations).
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn scatter(
-        row: &[f32],
-        m: f32,
-        s: f32,
-        patch: usize,
-        stride: usize,
-        first: usize,
-        out: &mut [Out],
-    ) {
-        vector_scatter!(
-            8,
-            (
-                _mm256_set1_ps,
-                _mm256_loadu_ps,
-                _mm256_sub_ps,
-                _mm256_div_ps,
-                _mm256_storeu_ps
-            ),
-            (row, m, s, patch, stride, first, out)
-        );
-    }
+    vector_scatter!(
+        "avx2",
+        8,
+        (
+            _mm256_set1_ps,
+            _mm256_loadu_ps,
+            _mm256_sub_ps,
+            _mm256_div_ps,
+            _mm256_storeu_ps
+        )
+    );
 }
 
 #[cfg(not(target_arch = "x86_64"))]
