@@ -687,6 +687,9 @@ mod tests {
         }
         // Runs of each kernel set, and plans the AVX-512 kernels took.
         let (mut ran, mut wide) = ([0usize; 2], 0usize);
+        // AVX2 horizontal plans with groups of each kind of load but the shared one (side
+        // by side in one 32-byte load, interleaved, two loads).
+        let mut loads = [0usize; 3];
         // AVX-512 plans that chose quads; forced runs of pairs and of quads.
         #[cfg(target_arch = "x86_64")]
         let (mut chose_quads, mut tapped) = (0usize, [0usize; 2]);
@@ -724,6 +727,11 @@ mod tests {
                         }
                     }
                     wide += usize::from(plan.wide.is_some());
+                    if let Some(fast) = &plan.fast {
+                        for (n, k) in loads.iter_mut().zip(fast.load_kinds()) {
+                            *n += usize::from(k > 0);
+                        }
+                    }
                     chose_quads += usize::from(
                         plan.wide.as_ref().map(|h| h.taps()) == Some(avx512::Taps::Quads),
                     );
@@ -764,6 +772,8 @@ mod tests {
             );
             if avx2::available() {
                 assert!(ran[0] > 150, "AVX2 ran {} times", ran[0]);
+                eprintln!("AVX2 plans with wide / interleaved / split groups {loads:?}");
+                assert!(loads.iter().all(|&n| n >= 10), "load kinds {loads:?}");
             }
             eprintln!("AVX-512 quads chosen {chose_quads}, forced pairs / quads {tapped:?}");
             if avx512::available() {
