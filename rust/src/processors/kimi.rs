@@ -392,7 +392,17 @@ fn write_patch_row(affine: &Affine, p: &Prepared<'_>, ps: usize, row: usize, out
     let plane = ps * ps;
     let top = row * ps;
     let rows_in = image.height.saturating_sub(top).min(ps);
-    for (j, patch) in out.chunks_exact_mut(3 * plane).enumerate() {
+    let per_patch = 3 * plane;
+    // The next patch's lines asked for while this one is computed
+    // (`store::prefetch_for_write`): a large output's stores then do not wait for memory one
+    // line at a time (`xmp_test`, 26 MB: a call 2.7–3.1 → 1.7–2.0 ms).
+    let (next, bytes) = (out.as_ptr().cast::<u8>(), size_of_val(out));
+    let patch_bytes = per_patch * size_of::<Out>();
+    for (j, patch) in out.chunks_exact_mut(per_patch).enumerate() {
+        let ahead = (j + 1) * patch_bytes;
+        if ahead < bytes {
+            super::store::prefetch_for_write(next.wrapping_add(ahead), patch_bytes);
+        }
         let left = j * ps;
         let cols_in = image.width.saturating_sub(left).min(ps);
         // The pad's 0 bytes go through the same normalisation as the pixels.
