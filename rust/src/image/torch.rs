@@ -687,8 +687,9 @@ mod tests {
         }
         // Runs of each kernel set, and plans the AVX-512 kernels took.
         let (mut ran, mut wide) = ([0usize; 2], 0usize);
-        // AVX2 horizontal plans with groups of each kind of load but the shared one (side
-        // by side in one 32-byte load, interleaved, two loads).
+        // AVX2 horizontal plans run and compared with groups of each kind of load but the
+        // shared one (side by side in one 32-byte load, interleaved, two loads).
+        #[cfg(target_arch = "x86_64")]
         let mut loads = [0usize; 3];
         // AVX-512 plans that chose quads; forced runs of pairs and of quads.
         #[cfg(target_arch = "x86_64")]
@@ -724,14 +725,15 @@ mod tests {
                         if let Some(used) = resize_simd(&src, &mut ours, &plan, 1, simd) {
                             ran[used as usize] += 1;
                             assert!(ours == want, "{simd:?} {filter:?} {w}x{h}x{c} -> {ow}x{oh}");
+                            // The AVX2 horizontal plan just compared, by the kinds it holds.
+                            if let (Simd::Avx2, Some(fast)) = (used, &plan.fast) {
+                                for (n, k) in loads.iter_mut().zip(fast.load_kinds()) {
+                                    *n += usize::from(k > 0);
+                                }
+                            }
                         }
                     }
                     wide += usize::from(plan.wide.is_some());
-                    if let Some(fast) = &plan.fast {
-                        for (n, k) in loads.iter_mut().zip(fast.load_kinds()) {
-                            *n += usize::from(k > 0);
-                        }
-                    }
                     chose_quads += usize::from(
                         plan.wide.as_ref().map(|h| h.taps()) == Some(avx512::Taps::Quads),
                     );

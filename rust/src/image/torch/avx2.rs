@@ -10,8 +10,9 @@
 //!   picked from a 16-byte window per lane by `vpshufb` (a lane's tap bytes within 16 bytes:
 //!   reductions up to about 2.5× with three channels; larger ones use the resampler's path),
 //!   four input rows at a time sharing the controls and weights; both windows come from one
-//!   load where they can (the same 16 bytes, or 32 bytes whose halves they are; past about 2×,
-//!   sixteen samples are split into two interleaved groups so that they are);
+//!   load where they can (the same 16 bytes, or 32 bytes whose halves they are; where a group
+//!   would need two loads, sixteen samples are split into two interleaved groups so that they
+//!   are, as at most reductions past about 2×);
 //! - vertical pass: 32 samples per step, each input row pair interleaved and zero-extended
 //!   once for the [`ROWS`](super::stream::ROWS) output rows of a block ([`super::stream`] drives both passes).
 
@@ -76,6 +77,7 @@ impl Built {
     /// The group of the `counts[l]` samples from `firsts[l]` in lane `l` (`counts[0] ≥ 1`,
     /// each at most [`LANE`]); `None` when a lane's samples do not fit one 16-byte window.
     fn new(k: &Int16Coeffs, c: usize, firsts: [usize; 2], counts: [usize; 2]) -> Option<Built> {
+        debug_assert!((1..=LANE).contains(&counts[0]) && counts[1] <= LANE);
         let first_byte = |j: usize| k.starts[j / c] * c + j % c;
         let lane_samples = |l: usize| firsts[l]..firsts[l] + counts[l];
         // A sample's two bytes `d` and `d + c` lie in a 16-byte window from its lane's base
@@ -157,11 +159,12 @@ impl Horizontal {
     /// `None` when some lane's taps do not fit one 16-byte window, or the precision is 0.
     ///
     /// Samples go by groups of eight, four per lane: `first..first + 4` in the low lane and
-    /// `first + 4..first + 8` in the high one. Where two such groups would need two loads per
-    /// lane pair and the samples eight apart are 16 bytes or more apart in the row (reductions
-    /// of about 2× and more), sixteen samples form two interleaved groups instead — lanes
-    /// `first..first + 4` and `first + 8..first + 12`, then `first + 4..first + 8` and
-    /// `first + 12..first + 16` — each loaded with one 32-byte load ([`Load::Wide`]).
+    /// `first + 4..first + 8` in the high one. Where either of two such groups would need two
+    /// loads per tap pair ([`Load::Split`]: most groups past a reduction of about 2×, where
+    /// neighbouring runs of four sit about 9 bytes apart), sixteen samples form two interleaved
+    /// groups instead — lanes `first..first + 4` and `first + 8..first + 12`, then
+    /// `first + 4..first + 8` and `first + 12..first + 16` — if each then takes one 32-byte
+    /// load ([`Load::Wide`]: its high lane's window starts 16 bytes after its low lane's).
     pub(super) fn new(k: &Int16Coeffs, channels: usize) -> Option<Horizontal> {
         let c = channels;
         if k.precision == 0 || c == 0 {
@@ -190,7 +193,7 @@ impl Horizontal {
         let mut first = 0;
         while first < samples {
             let a = plain(first)?;
-            if a.n == GROUP && first + 2 * GROUP <= samples {
+            if first + 2 * GROUP <= samples {
                 let b = plain(first + GROUP)?;
                 if a.load == Load::Split || b.load == Load::Split {
                     // Interleaved instead, if both then take one load per pair.
@@ -217,8 +220,9 @@ impl Horizontal {
         Some(plan)
     }
 
-    /// The groups that load a pair's lanes with one 32-byte load, side by side and
-    /// interleaved, and with two loads (the kernel's tests check that each kind ran).
+    /// The numbers of groups that load a tap pair's lanes with one 32-byte load, side by side
+    /// and interleaved, and with two loads (the kernel's tests check that plans of each kind
+    /// were run and compared).
     #[cfg(test)]
     pub(super) fn load_kinds(&self) -> [usize; 3] {
         let count = |f: &dyn Fn(&Group) -> bool| self.groups.iter().filter(|g| f(g)).count();
@@ -327,7 +331,7 @@ impl Kernels for Horizontal {
         while i < self.groups.len() {
             let g = self.groups[i];
             // SAFETY: `accumulate`'s contract: `weights` is group `i`'s first weight vector
-            // (the groups' vectors follow each other, `pairs` each, as built in `new`), and the
+            // (the groups' vectors follow each other, `pairs` each, as appended by `push`), and the
             // rows are `read_len` long (asserted). The stores write `out[r][g.out..][..16]` for
             // two full adjacent or two interleaved groups (`g.out + 16 ≤ samples`: interleaved
             // groups come in twos covering sixteen samples, built so in `new`) or
@@ -336,6 +340,12 @@ impl Kernels for Horizontal {
                 let (acc, next) = self.accumulate::<R>(i, weights, ptrs, rounding);
                 weights = next;
                 let order = if g.interleaved {
+                    // The first of two interleaved groups (the second is never reached here:
+                    // it is taken with the first).
+                    debug_assert!(self
+                        .groups
+                        .get(i + 1)
+                        .is_some_and(|h| h.interleaved && h.out == g.out + LANE));
                     Some(interleaved)
                 } else {
                     self.groups
