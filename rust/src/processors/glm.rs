@@ -693,15 +693,26 @@ fn pad_bottom_right(
     }
     super::check_side("padded image", height, width)?;
     let len = height * width * 3;
+    // A recycled buffer when one fits (its pages mapped already; its old bytes all overwritten
+    // below), else a zeroed one.
     let mut data: Vec<u8> =
-        crate::memory::zeroed(len).map_err(|bytes| ProcessorError::OutOfMemory {
+        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::OutOfMemory {
             what: "padded image",
             bytes,
         })?;
     let row = image.width * 3;
-    for (y, src) in image.data.chunks_exact(row).enumerate().take(height) {
-        let at = y * width * 3;
-        data[at..at + row].copy_from_slice(src);
+    let mut rows = image.data.chunks_exact(row);
+    for out in data.chunks_exact_mut(width * 3) {
+        // The image's row, then zeros to the canvas's width (`row ≤ width · 3`: the canvas
+        // holds the image); below the image, a row of zeros.
+        let copied = match rows.next() {
+            Some(src) => {
+                out[..row].copy_from_slice(src);
+                row
+            }
+            None => 0,
+        };
+        out[copied..].fill(0);
     }
     super::recycle_images([image]);
     Ok(Rgb {
@@ -808,5 +819,33 @@ mod tests {
         want[..6].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
         want[9..15].copy_from_slice(&[7, 8, 9, 10, 11, 12]);
         assert_eq!(&padded.data[..], &want[..]);
+    }
+
+    /// A canvas large enough to come from the buffer cache gets zeros where the image is not,
+    /// whatever the recycled buffer held.
+    #[test]
+    fn padding_overwrites_a_recycled_buffer() {
+        let (w, h, canvas) = (200, 150, (300, 320));
+        let len = canvas.0 * canvas.1 * 3;
+        // Dirty buffers of the canvas's size for the cache to hand out (another test may take
+        // one, or this one another's: every byte is checked all the same).
+        for _ in 0..4 {
+            crate::memory::recycle::give_u8(vec![0xAB; len]);
+        }
+        let pixels: Vec<u8> = (0..w * h * 3).map(|i| (i % 251) as u8).collect();
+        let image = Rgb {
+            data: std::borrow::Cow::Owned(pixels.clone()),
+            width: w,
+            height: h,
+        };
+        let padded = pad_bottom_right(image, canvas).unwrap();
+        assert_eq!((padded.height, padded.width), canvas);
+        for (y, out) in padded.data.chunks_exact(canvas.1 * 3).enumerate() {
+            let inside = if y < h { w * 3 } else { 0 };
+            if inside > 0 {
+                assert_eq!(&out[..inside], &pixels[y * w * 3..][..inside], "row {y}");
+            }
+            assert!(out[inside..].iter().all(|&b| b == 0), "padding of row {y}");
+        }
     }
 }

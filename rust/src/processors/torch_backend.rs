@@ -14,7 +14,6 @@ use super::value::Common;
 use super::{check_image, check_side, Out, ProcessorError, Rgb, RgbRef};
 use crate::image::resample::ImageRef;
 use crate::image::torch::{self, bf16_bits, bf16_value, TorchFilter};
-use crate::memory::fallible;
 
 /// A value per channel and `u8` input.
 pub type Table<T> = [[T; 256]; 3];
@@ -135,16 +134,22 @@ pub fn pad(
     check_side("padded image", h, w)?;
     let len = check_image("padded image", h, w)?;
     debug_assert!(top + src.height <= h && left + src.width <= w);
+    // A recycled buffer when one fits (its pages mapped already), else a zeroed one; every byte
+    // is written below either way.
+    let mut data =
+        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::OutOfMemory {
+            what: "padded image",
+            bytes,
+        })?;
     if (h, w) == (src.height, src.width) {
+        data.copy_from_slice(src.data);
         return Ok(Rgb {
-            data: Cow::Owned(
-                fallible::copied(src.data).map_err(ProcessorError::oom("padded image"))?,
-            ),
+            data: Cow::Owned(data),
             width: w,
             height: h,
         });
     }
-    let mut data = fallible::filled(fill, len).map_err(ProcessorError::oom("padded image"))?;
+    data.fill(fill);
     let row = src.width * 3;
     for (y, line) in src.data.chunks_exact(row).enumerate() {
         let at = ((top + y) * w + left) * 3;
@@ -327,6 +332,42 @@ pub(crate) fn check_torch_steps(common: &Common) -> Result<(), ProcessorError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A canvas large enough to come from the buffer cache is `fill` wherever the image is not,
+    /// whatever a recycled buffer held; a canvas of the image's own size is the image.
+    #[test]
+    fn pad_overwrites_a_recycled_buffer() {
+        let (w, h) = (200, 150);
+        let (ch, cw, top, left) = (330, 290, 100, 40);
+        // Dirty buffers of both sizes for the cache to hand out (another test may take one, or
+        // this one another's: every byte is checked all the same).
+        for len in [ch * cw * 3, h * w * 3] {
+            for _ in 0..3 {
+                crate::memory::recycle::give_u8(vec![0xAB; len]);
+            }
+        }
+        let pixels: Vec<u8> = (0..w * h * 3).map(|i| (i % 251) as u8).collect();
+        let src = RgbRef {
+            data: &pixels,
+            width: w,
+            height: h,
+        };
+        let same = pad(src, h, w, 0, 0, 255).unwrap();
+        assert_eq!(&same.data[..], &pixels[..]);
+        let padded = pad(src, ch, cw, top, left, 255).unwrap();
+        assert_eq!((padded.height, padded.width), (ch, cw));
+        for (y, row) in padded.data.chunks_exact(cw * 3).enumerate() {
+            for (x, px) in row.chunks_exact(3).enumerate() {
+                let inside = (top..top + h).contains(&y) && (left..left + w).contains(&x);
+                let want: &[u8] = if inside {
+                    &pixels[((y - top) * w + x - left) * 3..][..3]
+                } else {
+                    &[255; 3]
+                };
+                assert_eq!(px, want, "pixel ({y}, {x})");
+            }
+        }
+    }
 
     #[test]
     fn bf16_table_of_half() {
