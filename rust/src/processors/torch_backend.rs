@@ -141,7 +141,7 @@ pub fn pad(
             what: "padded image",
             bytes,
         })?;
-    if (h, w) == (src.height, src.width) {
+    if (h, w) == (src.height, src.width) && src.data.len() == len {
         data.copy_from_slice(src.data);
         return Ok(Rgb {
             data: Cow::Owned(data),
@@ -151,7 +151,7 @@ pub fn pad(
     }
     data.fill(fill);
     let row = src.width * 3;
-    for (y, line) in src.data.chunks_exact(row).enumerate() {
+    for (y, line) in src.data.chunks_exact(row).take(src.height).enumerate() {
         let at = ((top + y) * w + left) * 3;
         data[at..at + row].copy_from_slice(line);
     }
