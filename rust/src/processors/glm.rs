@@ -691,35 +691,9 @@ fn pad_bottom_right(
     if (image.height, image.width) == (height, width) {
         return Ok(image);
     }
-    super::check_side("padded image", height, width)?;
-    let len = height * width * 3;
-    // A recycled buffer when one fits (its pages mapped already; its old bytes all overwritten
-    // below), else a zeroed one.
-    let mut data: Vec<u8> =
-        crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::OutOfMemory {
-            what: "padded image",
-            bytes,
-        })?;
-    let row = image.width * 3;
-    let mut rows = image.data.chunks_exact(row);
-    for out in data.chunks_exact_mut(width * 3) {
-        // The image's row, then zeros to the canvas's width (`row ≤ width · 3`: the canvas
-        // holds the image); below the image, a row of zeros.
-        let copied = match rows.next() {
-            Some(src) => {
-                out[..row].copy_from_slice(src);
-                row
-            }
-            None => 0,
-        };
-        out[copied..].fill(0);
-    }
+    let padded = torch_backend::pad(image.view(), height, width, 0, 0, 0)?;
     super::recycle_images([image]);
-    Ok(Rgb {
-        data: std::borrow::Cow::Owned(data),
-        width,
-        height,
-    })
+    Ok(padded)
 }
 
 #[cfg(test)]

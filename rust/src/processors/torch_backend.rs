@@ -135,25 +135,30 @@ pub fn pad(
     let len = check_image("padded image", h, w)?;
     debug_assert!(top + src.height <= h && left + src.width <= w);
     // A recycled buffer when one fits (its pages mapped already), else a zeroed one; every byte
-    // is written below either way.
+    // is written once below either way.
     let mut data =
         crate::memory::overwritable_bytes(len).map_err(|bytes| ProcessorError::OutOfMemory {
             what: "padded image",
             bytes,
         })?;
-    if (h, w) == (src.height, src.width) && src.data.len() == len {
-        data.copy_from_slice(src.data);
-        return Ok(Rgb {
-            data: Cow::Owned(data),
-            width: w,
-            height: h,
-        });
-    }
-    data.fill(fill);
     let row = src.width * 3;
-    for (y, line) in src.data.chunks_exact(row).take(src.height).enumerate() {
-        let at = ((top + y) * w + left) * 3;
-        data[at..at + row].copy_from_slice(line);
+    for (y, out) in data.chunks_exact_mut(w * 3).enumerate() {
+        // Row `y − top` of `src` between `left` and the rest of the canvas's `fill`, or a row of
+        // `fill` above and below it (and past the rows `src` holds).
+        let line = y
+            .checked_sub(top)
+            .filter(|&r| r < src.height)
+            .and_then(|r| src.data.get(r * row..(r + 1) * row));
+        match line {
+            Some(line) => {
+                let (before, rest) = out.split_at_mut(left * 3);
+                let (inside, after) = rest.split_at_mut(row);
+                before.fill(fill);
+                inside.copy_from_slice(line);
+                after.fill(fill);
+            }
+            None => out.fill(fill),
+        }
     }
     Ok(Rgb {
         data: Cow::Owned(data),
